@@ -1,0 +1,63 @@
+"""Backend registry: name -> class, imported lazily.
+
+``register_backend(name, cls_or_path)`` plugs in a third backend; a dotted
+``"package.module:Class"`` path is imported on first use, so an optional
+dependency is only needed by the stores that use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Union
+
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+
+_REGISTRY: dict[str, Union[str, type[Backend]]] = {
+    "memmap": "cachestore.backends.memmap:MemmapBackend",
+    "lmdb": "cachestore.backends.lmdb_backend:LmdbBackend",
+    "memory": "cachestore.backends.memory:MemoryBackend",
+}
+
+
+def register_backend(name: str, backend: Union[str, type[Backend]]) -> None:
+    """Make `backend` available as ``open_store(..., backend=name)``.
+
+    Parameters
+    ----------
+    name
+        The backend's name, as stored in the store metadata.
+    backend
+        A :class:`Backend` subclass, or ``"module:Class"`` to import lazily.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("a backend name must be a non-empty string")
+    if not isinstance(backend, str) and not (isinstance(backend, type) and issubclass(backend, Backend)):
+        raise TypeError("register_backend expects a Backend subclass or a 'module:Class' string")
+    _REGISTRY[name] = backend
+
+
+def available_backends() -> list[str]:
+    """Names accepted by ``open_store(..., backend=...)``."""
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str) -> type[Backend]:
+    """The backend class registered as `name`."""
+    try:
+        entry = _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(available_backends())}") from None
+    if isinstance(entry, str):
+        module_name, _, attr = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ImportError(f"backend {name!r} needs {exc.name!r}, which is not installed "
+                              f"(pip install {exc.name})") from exc
+        entry = getattr(module, attr)
+        _REGISTRY[name] = entry
+    return entry
+
+
+__all__ = ["Backend", "Budget", "GenerationData", "GenerationInfo", "ShardWriter",
+           "register_backend", "available_backends", "get_backend"]

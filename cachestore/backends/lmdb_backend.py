@@ -1,0 +1,187 @@
+"""LMDB backend: one LMDB environment per generation directory.
+
+Dropping a generation is deleting its directory. Choices, and the failure
+each avoids:
+
+* ``writemap=False``: with a writable map, a full disk is a SIGBUS that kills
+  the process; with ordinary writes it is an ``MDB_MAP_FULL``/``ENOSPC`` error.
+* Environments are opened lazily and per pid: an LMDB handle must never cross
+  a ``fork``.
+* Shard writers buffer records and write them in one short transaction per
+  flush, because an LMDB write transaction serialises every writer process.
+* Committed generations are opened ``readonly=True, lock=False``: nobody
+  writes them any more, and no lock file is needed (or left behind).
+* Values are ``checksum (8 bytes) | record``; keys are big-endian indices so
+  the key order is the index order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from .. import codec
+from ..collate import stack_samples
+from ..disk import allocated_bytes
+from ..errors import BudgetExceededError, CorruptSampleError
+from .base import GenerationData, ShardWriter, checksum
+from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
+
+_KEY = struct.Struct(">Q")
+_SUM = struct.Struct("<Q")
+MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
+FLUSH_BYTES = 16 << 20
+
+
+def _key(index: int) -> bytes:
+    return _KEY.pack(index)
+
+
+class LmdbShard(ShardWriter):
+    def __init__(self, token: StagingToken, shard_id: str) -> None:
+        super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
+        self.dir = Path(token.path)
+        self.shard_id = shard_id
+        self._env: Any = None
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+        record = codec.encode_record(treedef, leaves, self.compress)
+        self._pending.append((_key(index), _SUM.pack(checksum([record])) + record))
+        self._pending_bytes += len(record)
+        if self._pending_bytes >= FLUSH_BYTES:
+            self._flush()
+        return len(record) + _SUM.size
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        try:
+            if self._env is None:
+                self._env = lmdb.open(str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False,
+                                      metasync=False, readahead=True, max_dbs=0, lock=True)
+            with self._env.begin(write=True) as txn:
+                for key, value in self._pending:
+                    txn.put(key, value)
+        except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
+            raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
+        except lmdb.Error as exc:
+            if "No space" in str(exc):
+                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            raise
+        self._pending = []
+        self._pending_bytes = 0
+        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
+        write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)
+
+    def _close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    def usage(self) -> int:
+        return allocated_bytes(self.dir)
+
+
+class LmdbBackend(DirectoryBackend):
+    name = "lmdb"
+
+    def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
+        return LmdbShard(token, shard_id)
+
+    def _finalize(self, staging: Path, num_samples: int | None) -> dict:
+        raw = stored = 0
+        for stats_file in staging.glob("stats-*.json"):
+            stats = json.loads(stats_file.read_text())
+            raw += stats["raw_bytes"]
+            stored += stats["stored_bytes"]
+            stats_file.unlink()
+        if not (staging / "data.mdb").exists():
+            check_complete([], num_samples, f"generation in {staging}")
+            env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
+            env.close()
+        else:
+            env = lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False, readahead=False)
+            try:
+                with env.begin() as txn:
+                    keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
+                                       dtype=np.int64)
+                env.sync(True)
+            finally:
+                env.close()
+            check_complete(keys, num_samples, f"generation in {staging}")
+        (staging / "lock.mdb").unlink(missing_ok=True)
+        n = num_samples if num_samples is not None else (int(keys.max()) + 1 if len(keys) else 0)
+        return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
+
+    def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
+        return LmdbGeneration(gen_dir, manifest, self.verify)
+
+
+class LmdbGeneration(GenerationData):
+    def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
+        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
+        self.dir = gen_dir
+        self._env: Any = None
+        self._pid = -1
+        self.env  # open now so a damaged file fails at open, not at the first read
+
+    @property
+    def env(self) -> Any:
+        if self._pid != os.getpid():
+            try:
+                self._env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
+                                      max_readers=1024, subdir=True)
+            except lmdb.Error as exc:
+                raise CorruptSampleError(f"generation {self.generation} in {self.dir} cannot be opened: {exc}") from exc
+            self._pid = os.getpid()
+        return self._env
+
+    def _decode(self, i: int, value: Any, copy: bool) -> Any:
+        if value is None:
+            raise self.corrupt(i, "its record is missing")
+        view = memoryview(value)
+        if len(view) < _SUM.size:
+            raise self.corrupt(i, "its record is truncated")
+        record = view[_SUM.size:]
+        if self.verify and checksum([record]) != _SUM.unpack_from(view)[0]:
+            raise self.corrupt(i, "checksum mismatch")
+        try:
+            treedef, leaves = codec.decode_record(record, copy=copy)
+        except CorruptSampleError as exc:
+            raise self.corrupt(i, str(exc)) from exc
+        return codec.unflatten(treedef, leaves)
+
+    def read(self, index: int, copy: bool = True) -> Any:
+        i = self.check_index(index)
+        try:
+            with self.env.begin() as txn:
+                value = txn.get(_key(i))
+        except lmdb.Error as exc:
+            raise self.corrupt(i, f"LMDB error: {exc}") from exc
+        return self._decode(i, value, copy)
+
+    def read_batch(self, indices: Any, out: Any = None) -> Any:
+        if out is not None:
+            raise ValueError("out= is only supported for generations with a fixed layout")
+        checked = [self.check_index(i) for i in indices]
+        try:
+            # bytes values (not transaction-bound buffers): the decoded views keep them alive.
+            with self.env.begin() as txn:
+                values = [txn.get(_key(i)) for i in checked]
+        except lmdb.Error as exc:
+            raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
+        return stack_samples([self._decode(i, v, copy=False) for i, v in zip(checked, values)])
+
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = None
+        self._pid = -1

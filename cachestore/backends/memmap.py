@@ -1,0 +1,265 @@
+"""The default backend: plain files, memory-mapped for reading.
+
+Inside a generation directory:
+
+* ``schema.json`` + ``col-K.bin`` - the fixed-record, columnar layout. The
+  first shard to write a sample whose leaves are all stackable claims the
+  schema (``link(2)`` of a temp file: exactly one process wins). Every sample
+  with that same structure goes to row ``index`` of one file per leaf,
+  written with ``pwrite`` (an ``ENOSPC`` is an exception there; through a
+  shared mapping it would be a SIGBUS). A batch read is then one gather per
+  leaf straight into the caller's buffer.
+* ``<shard>.seg`` - append-only records (see :mod:`cachestore.codec`) for
+  samples of any other structure, and for every sample when compressed.
+* ``<shard>.idx`` - one :data:`INDEX_DTYPE` row per sample a shard wrote,
+  appended after the data at each flush. A writer killed mid-flush leaves at
+  most a partial trailing row, which is ignored.
+* ``index.npy`` / ``shards.json`` - written at commit: rows ordered by index.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import codec
+from ..collate import stack_samples
+from ..disk import allocated_bytes
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from .base import GenerationData, ShardWriter, checksum
+from .directory import DirectoryBackend, StagingToken, check_complete
+
+INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
+                        ("length", "<i8"), ("checksum", "<u8"), ("raw", "<i8")])
+COLUMN = -1  # shard value of a row stored in the columns
+SCHEMA = "schema.json"
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _col_name(k: int) -> str:
+    return f"col-{k}.bin"
+
+
+def _load_schema(staging: Path) -> tuple | None:
+    try:
+        with open(staging / SCHEMA) as f:
+            return codec.treedef_from_json(json.load(f))
+    except FileNotFoundError:
+        return None
+
+
+class MemmapShard(ShardWriter):
+    def __init__(self, token: StagingToken, shard_id: str) -> None:
+        super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
+        self.dir = Path(token.path)
+        self.shard_id = shard_id
+        self._schema: tuple | None = None
+        self._schema_checked = False
+        self._cols: list[tuple[int, int]] = []  # (fd, row bytes)
+        self._seg_fd: int | None = None
+        self._seg_end = 0
+        self._idx_fd = os.open(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._rows: list[tuple] = []
+
+    def _claim_schema(self, treedef: tuple) -> None:
+        self._schema_checked = True
+        schema = _load_schema(self.dir)
+        if schema is None and not self.compress and codec.is_stackable(treedef) and codec.leaf_specs(treedef):
+            tmp = self.dir / f".schema-{self.shard_id}.tmp"
+            tmp.write_text(json.dumps(codec.treedef_to_json(treedef)))
+            try:
+                os.link(tmp, self.dir / SCHEMA)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+            schema = _load_schema(self.dir)
+        if schema is None or self.compress:
+            return
+        self._schema = schema
+        for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
+            fd = os.open(self.dir / _col_name(k), os.O_RDWR | os.O_CREAT, 0o644)
+            self._cols.append((fd, dtype.itemsize * int(np.prod(shape, dtype=np.int64))))
+
+    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+        try:
+            if not self._schema_checked:
+                self._claim_schema(treedef)
+            if treedef == self._schema:
+                for (fd, rowbytes), leaf in zip(self._cols, leaves):
+                    if rowbytes:
+                        os.pwrite(fd, leaf if leaf.ndim else leaf.tobytes(), index * rowbytes)
+                nbytes = sum(r for _, r in self._cols)
+                self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
+                return nbytes
+            record = codec.encode_record(treedef, leaves, self.compress)
+            if self._seg_fd is None:
+                self._seg_fd = os.open(self.dir / f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._seg_fd, record)
+            self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
+                               sum(leaf.nbytes for leaf in leaves)))
+            self._seg_end += len(record)
+            return len(record)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise BudgetExceededError(f"disk full while writing generation {self.generation} "
+                                          f"into {self.dir}: {exc}") from exc
+            raise
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        rows = np.array(self._rows, dtype=INDEX_DTYPE)
+        self._rows = []
+        try:
+            os.write(self._idx_fd, rows.tobytes())
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            raise
+
+    def _close(self) -> None:
+        for fd, _ in self._cols:
+            os.close(fd)
+        self._cols = []
+        for fd in (self._seg_fd, self._idx_fd):
+            if fd is not None:
+                os.close(fd)
+        self._seg_fd = None
+
+    def usage(self) -> int:
+        return allocated_bytes(self.dir)
+
+
+def _read_rows(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    usable = len(data) - len(data) % INDEX_DTYPE.itemsize  # a killed writer may leave half a row
+    return np.frombuffer(data[:usable], dtype=INDEX_DTYPE)
+
+
+class MemmapBackend(DirectoryBackend):
+    name = "memmap"
+    supports_zero_copy = True
+
+    def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
+        return MemmapShard(token, shard_id)
+
+    def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
+        path = Path(token.path) / f"{shard_id}.idx"
+        if path.exists():
+            os.truncate(path, min(path.stat().st_size, keep * INDEX_DTYPE.itemsize))
+
+    def _finalize(self, staging: Path, num_samples: int | None) -> dict:
+        shard_ids = sorted(p.name[:-4] for p in staging.glob("*.idx"))
+        parts = []
+        for k, shard_id in enumerate(shard_ids):
+            rows = _read_rows(staging / f"{shard_id}.idx").copy()
+            rows["shard"][rows["shard"] != COLUMN] = k
+            parts.append(rows)
+        rows = np.concatenate(parts) if parts else np.zeros(0, dtype=INDEX_DTYPE)
+        n = check_complete(rows["index"], num_samples, f"generation in {staging}")
+        rows = rows[np.argsort(rows["index"], kind="stable")]
+        schema = _load_schema(staging)
+        if schema is not None:
+            for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
+                rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                os.truncate(staging / _col_name(k), n * rowbytes)
+        np.save(staging / "index.npy", rows)
+        (staging / "shards.json").write_text(json.dumps(shard_ids))
+        in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
+        layout = "fixed" if n and in_cols == n else ("records" if in_cols == 0 else "mixed")
+        return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
+                "stored_bytes": int(rows["length"].sum())}
+
+    def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
+        return MemmapGeneration(gen_dir, manifest, self.verify)
+
+
+def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    size = path.stat().st_size if path.exists() else -1
+    if size < nbytes:
+        raise CorruptSampleError(f"data file {path} is truncated: {size} bytes, expected {nbytes}; "
+                                 "the generation is damaged (prune it and rewrite)")
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+class MemmapGeneration(GenerationData):
+    def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
+        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
+        self.layout = manifest.get("layout")
+        try:
+            self.rows = np.load(gen_dir / "index.npy")
+            shard_ids = json.loads((gen_dir / "shards.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} is unreadable: {exc}") from exc
+        if len(self.rows) != self.num_samples:
+            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} has "
+                                     f"{len(self.rows)} rows, expected {self.num_samples}")
+        self.schema = _load_schema(gen_dir)
+        self.specs = codec.leaf_specs(self.schema) if self.schema is not None else []
+        self.columns = [_map(gen_dir / _col_name(k), dtype, (self.num_samples, *shape))
+                        for k, (dtype, shape) in enumerate(self.specs)]
+        self.segments: list[np.ndarray | None] = []
+        for shard_id in shard_ids:
+            seg = gen_dir / f"{shard_id}.seg"
+            size = seg.stat().st_size if seg.exists() else 0
+            self.segments.append(np.memmap(seg, dtype=np.uint8, mode="r") if size else None)
+
+    def _record(self, i: int, row: Any) -> memoryview:
+        seg = self.segments[row["shard"]]
+        start, length = int(row["offset"]), int(row["length"])
+        if seg is None or start + length > seg.size:
+            raise self.corrupt(i, "its record lies beyond the end of the data file (truncated?)")
+        rec = seg[start:start + length]
+        if self.verify and checksum([rec]) != row["checksum"]:
+            raise self.corrupt(i, "checksum mismatch")
+        return rec
+
+    def read(self, index: int, copy: bool = True) -> Any:
+        i = self.check_index(index)
+        row = self.rows[i]
+        if row["shard"] == COLUMN:
+            leaves = [col[i, ...] for col in self.columns]
+            if self.verify and checksum(leaves) != row["checksum"]:
+                raise self.corrupt(i, "checksum mismatch")
+            if copy:
+                leaves = [np.array(leaf) for leaf in leaves]
+            return codec.unflatten(self.schema, leaves)
+        treedef, leaves = codec.decode_record(self._record(i, row), copy=copy)
+        return codec.unflatten(treedef, leaves)
+
+    def batch_layout(self) -> tuple[tuple, list] | None:
+        return (self.schema, self.specs) if self.layout == "fixed" else None
+
+    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+        if self.layout != "fixed":
+            if out is not None:
+                raise ValueError("out= is only supported for generations with a fixed layout")
+            return stack_samples([self.read(i, copy=False) for i in indices])
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
+            raise IndexError(f"index {bad} out of range for generation {self.generation} "
+                             f"of {self.num_samples} samples")
+        if out is None:
+            out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
+        for col, dest in zip(self.columns, out):
+            np.take(col, idx, axis=0, out=dest)
+        if self.verify:
+            expected = self.rows["checksum"][idx]
+            for j in range(idx.size):
+                if checksum([dest[j, ...] for dest in out]) != expected[j]:
+                    raise self.corrupt(int(idx[j]), "checksum mismatch")
+        return codec.unflatten_batch(self.schema, out)
+
+    def close(self) -> None:
+        self.columns = []
+        self.segments = []

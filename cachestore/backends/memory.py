@@ -1,0 +1,194 @@
+"""In-RAM backend: generations are numpy arrays owned by one Store instance.
+
+No disk at all; the budget is RAM (``psutil``'s available memory, or the
+store's ``disk_budget`` read as a RAM budget). State is per instance: two
+``open_store(path, backend="memory")`` calls are two independent stores, and
+a reader pickled into another process carries its arrays with it. Samples are
+copied on ``put`` so later changes by the caller never reach the store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import codec
+from ..collate import stack_samples
+from ..errors import CacheStoreError, GenerationNotFoundError
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+from .directory import check_complete
+
+_tokens = itertools.count()
+
+
+@dataclass(frozen=True)
+class MemoryToken:
+    key: int
+    generation: int
+    budget: Budget
+    num_samples: int | None
+
+
+class _Staging:
+    def __init__(self, token: MemoryToken) -> None:
+        self.token = token
+        self.samples: dict[int, tuple[tuple, list[np.ndarray]]] = {}
+        self.created = time.time()
+        self.raw_bytes = 0
+
+
+class MemoryShard(ShardWriter):
+    def __init__(self, staging: _Staging, allow_pickle: bool) -> None:
+        token = staging.token
+        super().__init__(token.generation, token.budget, token.num_samples, False, allow_pickle)
+        self.staging = staging
+
+    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+        copies = [np.array(leaf, copy=True) for leaf in leaves]
+        previous = self.staging.samples.get(index)
+        if previous is not None:
+            self.staging.raw_bytes -= sum(leaf.nbytes for leaf in previous[1])
+        self.staging.samples[index] = (treedef, copies)
+        nbytes = sum(leaf.nbytes for leaf in copies)
+        self.staging.raw_bytes += nbytes
+        return nbytes
+
+    def _flush(self) -> None:
+        pass
+
+    def usage(self) -> int:
+        return self.staging.raw_bytes
+
+
+class MemoryGeneration(GenerationData):
+    """A committed in-RAM generation: columns when every sample has one fixed structure."""
+
+    def __init__(self, generation: int, samples: dict[int, tuple[tuple, list[np.ndarray]]], n: int) -> None:
+        super().__init__(generation, n, "memory", verify=False)
+        self.created = time.time()
+        treedefs = {treedef for treedef, _ in samples.values()}
+        self.schema: tuple | None = None
+        self.columns: list[np.ndarray] = []
+        self.samples: list[tuple[tuple, list[np.ndarray]]] | None = None
+        if n and len(treedefs) == 1 and codec.is_stackable(next(iter(treedefs))):
+            self.schema = treedefs.pop()
+            self.specs = codec.leaf_specs(self.schema)
+            self.columns = [np.empty((n, *shape), dtype=dtype) for dtype, shape in self.specs]
+            for i in range(n):
+                _, leaves = samples.pop(i)  # free each sample as it is copied in
+                for col, leaf in zip(self.columns, leaves):
+                    col[i] = leaf
+            for col in self.columns:
+                col.flags.writeable = False
+        else:
+            self.samples = [samples[i] for i in range(n)]
+        self.nbytes = sum(c.nbytes for c in self.columns) + sum(
+            leaf.nbytes for _, leaves in (self.samples or []) for leaf in leaves)
+
+    def read(self, index: int, copy: bool = True) -> Any:
+        i = self.check_index(index)
+        if self.schema is not None:
+            treedef, leaves = self.schema, [col[i, ...] for col in self.columns]
+        else:
+            treedef, leaves = self.samples[i]
+        if copy:
+            leaves = [np.array(leaf) for leaf in leaves]
+        return codec.unflatten(treedef, leaves)
+
+    def batch_layout(self) -> tuple[tuple, list] | None:
+        return (self.schema, self.specs) if self.schema is not None else None
+
+    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+        if self.schema is None:
+            if out is not None:
+                raise ValueError("out= is only supported for generations with a fixed layout")
+            return stack_samples([self.read(i, copy=False) for i in indices])
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            raise IndexError(f"index out of range for generation {self.generation} of {self.num_samples} samples")
+        if out is None:
+            out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
+        for col, dest in zip(self.columns, out):
+            np.take(col, idx, axis=0, out=dest)
+        return codec.unflatten_batch(self.schema, out)
+
+    def close(self) -> None:
+        pass  # arrays are shared with readers; they go with the last reference
+
+
+class MemoryBackend(Backend):
+    name = "memory"
+    supports_multiprocess_write = False
+    supports_zero_copy = True
+    persistent = False
+
+    def __init__(self, root: str, **options: Any) -> None:
+        super().__init__(root, **options)
+        self._meta: dict | None = None
+        self._gens: dict[int, MemoryGeneration] = {}
+        self._staging: dict[int, _Staging] = {}
+
+    def read_meta(self) -> dict | None:
+        return self._meta
+
+    def write_meta(self, meta: dict) -> None:
+        self._meta = dict(meta)
+
+    def generations(self) -> list[GenerationInfo]:
+        infos = [GenerationInfo(id=g.generation, num_samples=g.num_samples, nbytes=0, committed=True,
+                                created=g.created, layout="fixed" if g.schema is not None else "records",
+                                raw_bytes=g.nbytes, stored_bytes=g.nbytes)
+                 for g in self._gens.values()]
+        infos += [GenerationInfo(id=s.token.generation, num_samples=len(s.samples), nbytes=0, committed=False,
+                                 created=s.created, raw_bytes=s.raw_bytes, stored_bytes=s.raw_bytes)
+                  for s in self._staging.values()]
+        return sorted(infos, key=lambda g: (g.id, g.committed))
+
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> MemoryToken:
+        if generation in self._gens:
+            raise CacheStoreError(f"generation {generation} of memory store {self.root} is already committed")
+        token = MemoryToken(next(_tokens), generation, budget, num_samples)
+        self._staging[token.key] = _Staging(token)
+        return token
+
+    def shard_writer(self, token: MemoryToken, shard_id: str) -> ShardWriter:
+        staging = self._staging.get(token.key)
+        if staging is None:
+            raise CacheStoreError("a memory store can only be written from the process (and Store object) "
+                                  "that opened the writer; use the memmap or lmdb backend to write from workers")
+        return MemoryShard(staging, self.allow_pickle)
+
+    def commit(self, token: MemoryToken, num_samples: int | None, extra: dict) -> GenerationInfo:
+        staging = self._staging[token.key]
+        n = check_complete(list(staging.samples), num_samples, f"generation {token.generation} of {self.root}")
+        gen = MemoryGeneration(token.generation, staging.samples, n)
+        del self._staging[token.key]
+        self._gens[token.generation] = gen
+        return GenerationInfo(id=gen.generation, num_samples=n, nbytes=0, committed=True, created=gen.created,
+                              raw_bytes=gen.nbytes, stored_bytes=gen.nbytes, extra=extra)
+
+    def discard(self, token: MemoryToken) -> None:
+        self._staging.pop(token.key, None)
+
+    def open_generation(self, generation: int) -> GenerationData:
+        gen = self._gens.get(generation)
+        if gen is None:
+            staging = any(s.token.generation == generation for s in self._staging.values())
+            state = "is still being written (not committed)" if staging else "does not exist"
+            raise GenerationNotFoundError(f"generation {generation} of memory store {self.root} {state}")
+        return gen
+
+    def remove_generation(self, generation: int) -> int:
+        self._gens.pop(generation, None)
+        return 0
+
+    def staging_usage(self) -> int:
+        return sum(s.raw_bytes for s in self._staging.values())
+
+    def close(self) -> None:
+        self._gens.clear()
+        self._staging.clear()

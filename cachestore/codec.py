@@ -1,0 +1,356 @@
+"""Sample codec: a nested sample <-> a structure description plus flat buffers.
+
+A sample is a tree of dict / list / tuple whose leaves are numpy arrays, torch
+tensors, Python scalars, str, bytes or None. :func:`flatten` splits it into a
+hashable *treedef* (containers, leaf kinds, dtypes, shapes) and a list of
+contiguous numpy arrays, one per leaf that carries bytes. Two samples with
+equal treedefs have leaves of identical sizes, which is what lets a backend
+store them in a fixed-record, columnar layout.
+
+Treedef nodes (nested tuples, so they hash and compare cheaply)::
+
+    ("d", keys, children)   dict with str keys      ("l", children)  list
+    ("u", children)         tuple                   ("n",)           None
+    ("a", dtype, shape)     numpy array             ("t", dtype, shape) torch tensor
+    ("g", dtype)            numpy scalar            ("i",) ("f",) ("b",) int / float / bool
+    ("s", n) ("y", n)       str (utf-8) / bytes of n bytes
+    ("p", n)                pickled object (only with ``allow_pickle``)
+
+A *record* is the self-describing byte form of one sample used by the
+variable-size layouts: a 16-byte header, the treedef as JSON, then each leaf,
+16-byte aligned so leaves can be viewed in place without a copy.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import CorruptSampleError, UnsupportedSampleError
+
+_MAGIC = b"CSR1"
+_HEADER = struct.Struct("<4sIII")  # magic, flags, json length, reserved
+_FLAG_ZSTD = 1
+ALIGN = 16
+
+_BFLOAT16 = "bfloat16"
+
+
+def _torch() -> Any | None:
+    """The torch module if the process already imported it (we never import it for the user)."""
+    return sys.modules.get("torch")
+
+
+def _is_tensor(x: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _tensor_to_numpy(x: Any) -> tuple[str, np.ndarray]:
+    torch = _torch()
+    x = x.detach().cpu().contiguous()
+    if x.dtype == torch.bfloat16:
+        return _BFLOAT16, x.view(torch.int16).numpy()
+    try:
+        arr = x.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise UnsupportedSampleError(f"torch tensors of dtype {x.dtype} cannot be stored: {exc}") from exc
+    return arr.dtype.str, arr
+
+
+def _numpy_to_tensor(dtype: str, arr: np.ndarray) -> Any:
+    import torch
+
+    if not arr.flags.writeable:
+        arr = arr.copy()  # torch warns on read-only buffers and may write through them
+    tensor = torch.from_numpy(arr)
+    if dtype == _BFLOAT16:
+        tensor = tensor.view(torch.bfloat16)
+    return tensor
+
+
+def flatten(sample: Any, allow_pickle: bool = False) -> tuple[tuple, list[np.ndarray]]:
+    """Split `sample` into ``(treedef, leaves)``.
+
+    Raises
+    ------
+    UnsupportedSampleError
+        For a type the codec cannot store, unless `allow_pickle` is set.
+    """
+    leaves: list[np.ndarray] = []
+    return _flatten(sample, leaves, allow_pickle), leaves
+
+
+def _pickled(x: Any, leaves: list[np.ndarray], allow_pickle: bool, what: str) -> tuple:
+    if not allow_pickle:
+        raise UnsupportedSampleError(
+            f"cannot store {what} of type {type(x).__module__}.{type(x).__qualname__}; "
+            "supported: numpy arrays, torch tensors, dict/list/tuple, str, bytes, int, float, bool, None. "
+            "Convert it, or open the store with allow_pickle=True"
+        )
+    data = np.frombuffer(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    leaves.append(data)
+    return ("p", data.size)
+
+
+def _flatten(x: Any, leaves: list[np.ndarray], allow_pickle: bool) -> tuple:
+    # Order matters: bool before int (bool is an int), np.generic before the builtins.
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject or x.dtype.kind == "V":
+            return _pickled(x, leaves, allow_pickle, "a numpy array")
+        arr = np.ascontiguousarray(x)
+        leaves.append(arr)
+        return ("a", arr.dtype.str, arr.shape)
+    if _is_tensor(x):
+        dtype, arr = _tensor_to_numpy(x)
+        leaves.append(arr)
+        return ("t", dtype, tuple(arr.shape))
+    if isinstance(x, dict):
+        if not all(type(k) is str for k in x):
+            return _pickled(x, leaves, allow_pickle, "a dict with non-str keys")
+        keys = tuple(x)
+        return ("d", keys, tuple(_flatten(x[k], leaves, allow_pickle) for k in keys))
+    if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
+        tag = "l" if type(x) is list else "u"
+        return (tag, tuple(_flatten(v, leaves, allow_pickle) for v in x))
+    if x is None:
+        return ("n",)
+    if isinstance(x, np.generic):
+        if x.dtype.hasobject or x.dtype.kind == "V":
+            return _pickled(x, leaves, allow_pickle, "a numpy scalar")
+        leaves.append(np.asarray(x))
+        return ("g", x.dtype.str)
+    if type(x) is bool:
+        leaves.append(np.array(x, dtype=np.bool_))
+        return ("b",)
+    if type(x) is int:
+        if -(2**63) <= x < 2**63:
+            leaves.append(np.array(x, dtype=np.int64))
+            return ("i",)
+        return _pickled(x, leaves, allow_pickle, "an int beyond 64 bits")
+    if type(x) is float:
+        leaves.append(np.array(x, dtype=np.float64))
+        return ("f",)
+    if type(x) is str:
+        data = np.frombuffer(x.encode("utf-8"), dtype=np.uint8)
+        leaves.append(data)
+        return ("s", data.size)
+    if type(x) is bytes:
+        data = np.frombuffer(x, dtype=np.uint8)
+        leaves.append(data)
+        return ("y", data.size)
+    return _pickled(x, leaves, allow_pickle, "a value")
+
+
+_SCALAR = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
+
+
+def leaf_specs(treedef: tuple) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """``(dtype, shape)`` of every byte-carrying leaf of `treedef`, in leaf order."""
+    out: list[tuple[np.dtype, tuple[int, ...]]] = []
+    _specs(treedef, out)
+    return out
+
+
+def _specs(node: tuple, out: list) -> None:
+    tag = node[0]
+    if tag == "d":
+        for child in node[2]:
+            _specs(child, out)
+    elif tag in ("l", "u"):
+        for child in node[1]:
+            _specs(child, out)
+    elif tag in ("a", "t"):
+        dtype = np.dtype(np.int16) if node[1] == _BFLOAT16 else np.dtype(node[1])
+        out.append((dtype, tuple(node[2])))
+    elif tag == "g":
+        out.append((np.dtype(node[1]), ()))
+    elif tag in _SCALAR:
+        out.append((_SCALAR[tag], ()))
+    elif tag in ("s", "y", "p"):
+        out.append((np.dtype(np.uint8), (node[1],)))
+
+
+def unflatten(treedef: tuple, leaves: Sequence[np.ndarray]) -> Any:
+    """Rebuild one sample from `treedef` and its leaves (inverse of :func:`flatten`)."""
+    it = iter(leaves)
+    return _build(treedef, it, _leaf_value)
+
+
+def unflatten_batch(treedef: tuple, leaves: Sequence[np.ndarray]) -> Any:
+    """Rebuild a batch from a *sample* treedef and leaves stacked along axis 0.
+
+    Arrays stay stacked (numpy as numpy, torch as torch); Python scalars become
+    one numpy array per leaf; str, bytes, None and pickled leaves become lists.
+    This is exactly what :func:`cachestore.collate.stack_samples` produces from
+    the individual samples.
+    """
+    it = iter(leaves)
+    return _build(treedef, it, _batch_value)
+
+
+def _build(node: tuple, it, leaf_fn: Callable) -> Any:
+    tag = node[0]
+    if tag == "d":
+        return {k: _build(c, it, leaf_fn) for k, c in zip(node[1], node[2])}
+    if tag == "l":
+        return [_build(c, it, leaf_fn) for c in node[1]]
+    if tag == "u":
+        return tuple(_build(c, it, leaf_fn) for c in node[1])
+    if tag == "n":
+        return leaf_fn(node, None)
+    return leaf_fn(node, next(it))
+
+
+def _leaf_value(node: tuple, arr: np.ndarray | None) -> Any:
+    tag = node[0]
+    if tag == "a":
+        return arr
+    if tag == "t":
+        return _numpy_to_tensor(node[1], arr)
+    if tag == "n":
+        return None
+    if tag == "g":
+        return arr[()]
+    if tag == "i":
+        return int(arr)
+    if tag == "f":
+        return float(arr)
+    if tag == "b":
+        return bool(arr)
+    if tag == "s":
+        return arr.tobytes().decode("utf-8")
+    if tag == "y":
+        return arr.tobytes()
+    return pickle.loads(arr.tobytes())
+
+
+def _batch_value(node: tuple, arr: np.ndarray | None) -> Any:
+    tag = node[0]
+    if tag in ("a", "g", "i", "f", "b"):
+        return arr
+    if tag == "t":
+        return _numpy_to_tensor(node[1], arr)
+    raise TypeError("unflatten_batch handles None/str/bytes leaves through lists")  # see stack path
+
+
+def is_stackable(treedef: tuple) -> bool:
+    """Whether a batch of this treedef can be gathered column-wise (no list leaves)."""
+    tag = treedef[0]
+    if tag == "d":
+        return all(is_stackable(c) for c in treedef[2])
+    if tag in ("l", "u"):
+        return all(is_stackable(c) for c in treedef[1])
+    return tag in ("a", "t", "g", "i", "f", "b")
+
+
+# --------------------------------------------------------------------- treedef <-> JSON
+
+
+def treedef_to_json(node: tuple) -> Any:
+    """A JSON-serialisable form of `node` (tuples become lists)."""
+    tag = node[0]
+    if tag == "d":
+        return ["d", list(node[1]), [treedef_to_json(c) for c in node[2]]]
+    if tag in ("l", "u"):
+        return [tag, [treedef_to_json(c) for c in node[1]]]
+    if tag in ("a", "t"):
+        return [tag, node[1], list(node[2])]
+    return list(node)
+
+
+def treedef_from_json(obj: Any) -> tuple:
+    """Inverse of :func:`treedef_to_json`."""
+    tag = obj[0]
+    if tag == "d":
+        return ("d", tuple(obj[1]), tuple(treedef_from_json(c) for c in obj[2]))
+    if tag in ("l", "u"):
+        return (tag, tuple(treedef_from_json(c) for c in obj[1]))
+    if tag in ("a", "t"):
+        return (tag, obj[1], tuple(obj[2]))
+    return tuple(obj)
+
+
+# --------------------------------------------------------------------- records
+
+_local = threading.local()
+
+
+def _zstd() -> tuple[Any, Any]:
+    # zstd contexts are not thread-safe; one pair per thread (and so per process).
+    pair = getattr(_local, "zstd", None)
+    if pair is None:
+        import zstandard
+
+        pair = (zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor())
+        _local.zstd = pair
+    return pair
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def encode_record(treedef: tuple, leaves: Sequence[np.ndarray], compress: bool = False) -> bytes:
+    """Serialise one flattened sample into a self-describing record."""
+    meta = json.dumps(treedef_to_json(treedef), separators=(",", ":")).encode()
+    parts: list[Any] = [meta, bytes(_pad(len(meta)))]
+    for leaf in leaves:
+        parts.append(memoryview(leaf).cast("B") if leaf.ndim else leaf.tobytes())
+        parts.append(bytes(_pad(leaf.nbytes)))
+    body = b"".join(parts)
+    flags = 0
+    if compress:
+        body = _zstd()[0].compress(body)
+        flags |= _FLAG_ZSTD
+    return _HEADER.pack(_MAGIC, flags, len(meta), 0) + body
+
+
+_treedef_cache: dict[bytes, tuple] = {}
+
+
+def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]:
+    """Parse a record into ``(treedef, leaves)``.
+
+    With ``copy=False`` and an uncompressed record, leaves are read-only views
+    into `buf` (valid only as long as `buf` is).
+    """
+    view = memoryview(buf).cast("B")
+    if len(view) < _HEADER.size:
+        raise CorruptSampleError("record shorter than its header")
+    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
+    if magic != _MAGIC:
+        raise CorruptSampleError("record has a bad magic number")
+    body = view[_HEADER.size:]
+    if flags & _FLAG_ZSTD:
+        try:
+            body = memoryview(_zstd()[1].decompress(body))
+        except Exception as exc:  # zstandard raises its own ZstdError
+            raise CorruptSampleError(f"record does not decompress: {exc}") from exc
+        copy = False  # the decompressed buffer is ours already
+    meta = bytes(body[:meta_len])
+    treedef = _treedef_cache.get(meta)
+    if treedef is None:
+        try:
+            treedef = treedef_from_json(json.loads(meta))
+        except (ValueError, IndexError, TypeError) as exc:
+            raise CorruptSampleError(f"record structure is unreadable: {exc}") from exc
+        if len(_treedef_cache) < 4096:  # bounded: variable-shape data would grow it forever
+            _treedef_cache[meta] = treedef
+    offset = meta_len + _pad(meta_len)
+    leaves = []
+    for dtype, shape in leaf_specs(treedef):
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if offset + nbytes > len(body):
+            raise CorruptSampleError("record is truncated")
+        arr = np.frombuffer(body, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0,
+                            offset=offset).reshape(shape)
+        leaves.append(arr.copy() if copy else arr)
+        offset += nbytes + _pad(nbytes)
+    return treedef, leaves

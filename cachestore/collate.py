@@ -1,0 +1,51 @@
+"""Stacking a list of samples into a batch: the default collate.
+
+Shared by the store (batch reads of variable-size layouts) and the loader
+(batches of freshly computed samples), so a cached epoch yields exactly the
+structure a generate epoch yields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .codec import _is_tensor
+
+
+def stack_samples(samples: Sequence[Any]) -> Any:
+    """Stack `samples` recursively.
+
+    numpy arrays and numpy scalars become one stacked numpy array, torch
+    tensors one stacked tensor, ``bool``/``int``/``float`` a numpy array
+    (``bool``, ``int64``, ``float64``); dicts, lists and tuples are stacked
+    per key / position; anything else (str, bytes, None, objects, arrays of differing shapes)
+    becomes a list. A batch of one sample is stacked like any other.
+    """
+    if len(samples) == 0:
+        raise ValueError("cannot collate an empty batch")
+    first = samples[0]
+    if isinstance(first, np.ndarray) or isinstance(first, np.generic):
+        shape = np.shape(first)
+        if all(isinstance(s, (np.ndarray, np.generic)) and np.shape(s) == shape for s in samples):
+            return np.stack(samples)
+    elif _is_tensor(first):
+        import torch
+
+        if all(_is_tensor(s) and s.shape == first.shape for s in samples):
+            return torch.stack(list(samples))
+    elif isinstance(first, dict):
+        return {k: stack_samples([s[k] for s in samples]) for k in first}
+    elif type(first) in (list, tuple):
+        n = len(first)
+        if any(len(s) != n for s in samples):
+            raise ValueError("cannot collate sequences of different lengths in one batch")
+        columns = [stack_samples([s[i] for s in samples]) for i in range(n)]
+        return columns if type(first) is list else tuple(columns)
+    elif type(first) is bool and all(type(s) is bool for s in samples):
+        return np.array(samples, dtype=np.bool_)
+    elif type(first) in (int, float) and all(type(s) in (int, float) for s in samples):
+        dtype = np.int64 if all(type(s) is int for s in samples) else np.float64
+        return np.array(samples, dtype=dtype)
+    return list(samples)

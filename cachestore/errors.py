@@ -1,0 +1,45 @@
+"""Exceptions raised by cachestore and the loader.
+
+Every error derives from :class:`CacheStoreError`; each leaf also inherits the
+builtin a caller would naturally catch (``OSError`` for disk trouble,
+``TypeError`` for a sample we cannot encode, ...), so ``except OSError`` keeps
+working in code that never heard of this package.
+"""
+
+from __future__ import annotations
+
+
+class CacheStoreError(Exception):
+    """Base class of every error raised by cachestore and the loader."""
+
+
+class BudgetExceededError(CacheStoreError, OSError):
+    """A generation would not fit (or no longer fits) in the disk or RAM budget."""
+
+
+class StoreLockedError(CacheStoreError, BlockingIOError):
+    """Another live process holds the store's writer lock."""
+
+
+class CorruptSampleError(CacheStoreError, ValueError):
+    """A stored record failed its checksum or could not be decoded."""
+
+
+class UnsupportedSampleError(CacheStoreError, TypeError):
+    """A sample contains a type the codec cannot store without pickle."""
+
+
+class FingerprintMismatchError(CacheStoreError, ValueError):
+    """The store was produced by something else than what opens it now."""
+
+
+class GenerationNotFoundError(CacheStoreError, LookupError):
+    """The requested generation does not exist or is not committed."""
+
+
+class NotAStoreError(CacheStoreError, FileNotFoundError):
+    """A path that should hold a store does not."""
+
+
+class WorkerError(CacheStoreError, RuntimeError):
+    """A loader worker died repeatedly or could not be started."""

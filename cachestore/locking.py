@@ -1,0 +1,97 @@
+"""The single-writer lock: an ``flock`` on a file that dies with its process.
+
+Why ``flock`` and not a pid file: the kernel releases it when the holder dies
+(SIGKILL included), so a crashed writer never blocks the next one, and there
+is no stale-pid guessing. The pid written into the file is only for messages.
+
+The lock file is unlinked on release so nothing is left behind. That opens a
+classic race (B opens the old inode, A unlinks it, C creates a new file: B and
+C both "hold" a lock); :meth:`WriterLock.acquire` closes it by checking, after
+locking, that the path still names the inode it locked, and retrying if not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from .errors import StoreLockedError
+
+LOCK_NAME = "writer.lock"
+
+
+def lock_holder(root: str | os.PathLike) -> int | None:
+    """Pid of the live process holding the writer lock of `root`, or ``None``."""
+    path = Path(root) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(fd) or -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (ValueError, OSError):
+        return None
+
+
+class WriterLock:
+    """Exclusive, non-blocking writer lock on a store directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.path = Path(root) / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`StoreLockedError` naming the holder."""
+        if self._fd is not None:
+            return
+        for _ in range(100):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _read_pid(fd)
+                os.close(fd)
+                who = f"process {pid}" if pid else "another process"
+                raise StoreLockedError(
+                    f"store {self.path.parent} is being written by {who}; "
+                    "only one writer at a time (wait for it to finish, or stop it)"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                self._fd = fd
+                return
+            os.close(fd)  # the file was unlinked under us by a releasing holder: retry
+        raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
+
+    def release(self) -> None:
+        """Unlink the lock file and drop the lock (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(fd)

@@ -1,0 +1,103 @@
+"""Read-only view of one committed generation, usable as a map-style dataset."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .backends.base import GenerationData
+
+
+class Reader:
+    """One committed generation of a store: ``len(reader)``, ``reader[i]``, batches.
+
+    A reader keeps seeing exactly its generation until closed, even while newer
+    ones are committed. It pickles as the store's path and options plus the
+    generation id and reopens lazily in the new process, so it can be handed to
+    ``torch.utils.data.DataLoader(reader, num_workers=...)`` as it is (an
+    in-RAM ``memory`` store's reader pickles with its arrays instead).
+
+    Examples
+    --------
+    >>> reader = cachestore.open_store("cache/train").reader()   # doctest: +SKIP
+    >>> sample = reader[0]
+    >>> batch = reader.get_batch([3, 1, 4])
+    """
+
+    def __init__(self, store_args: dict, generation: int, data: GenerationData) -> None:
+        self._store_args = store_args
+        self.generation = generation
+        self._data: GenerationData | None = data
+        self._pid = os.getpid()
+        self._persistent = store_args["backend"] != "memory"
+
+    # pickling: path + options (+ arrays for the memory backend) ----------------
+    def __getstate__(self) -> dict:
+        state = {"_store_args": self._store_args, "generation": self.generation,
+                 "_persistent": self._persistent, "_data": None, "_pid": -1}
+        if not self._persistent:
+            state["_data"] = self._data
+            state["_pid"] = os.getpid()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if not self._persistent:
+            self._pid = os.getpid()
+
+    @property
+    def data(self) -> GenerationData:
+        """The backend's handle, reopened after a fork or unpickling."""
+        if self._data is None or (self._persistent and self._pid != os.getpid()):
+            from .store import _make_backend
+
+            self._data = _make_backend(**self._store_args).open_generation(self.generation)
+            self._pid = os.getpid()
+        return self._data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        """The sample at `index`, as writable copies (safe to modify or hand to torch)."""
+        return self.data.read(index, copy=True)
+
+    def get(self, index: int, copy: bool = True) -> Any:
+        """The sample at `index`; ``copy=False`` returns read-only views of storage
+        where the backend allows (``Store.backend.supports_zero_copy``)."""
+        return self.data.read(index, copy=copy)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, out: list[np.ndarray] | None = None) -> Any:
+        """The samples at `indices`, stacked like the loader's default collate.
+
+        With a fixed layout (every sample the same structure and shapes) this is
+        one vectorised gather per leaf; `out` may then give the destination
+        arrays, one per leaf, shaped ``(len(indices), *shape)`` - see
+        :meth:`batch_layout`.
+        """
+        return self.data.read_batch(indices, out=out)
+
+    def batch_layout(self) -> tuple[tuple, list[tuple[np.dtype, tuple[int, ...]]]] | None:
+        """``(treedef, [(dtype, shape) per leaf])`` for fixed-layout generations, else ``None``."""
+        return self.data.batch_layout()
+
+    def verify(self) -> list:
+        """Check every checksum of this generation; one error per bad sample."""
+        return self.data.verify_all()
+
+    def close(self) -> None:
+        """Release maps and handles (the reader reopens if used again)."""
+        if self._data is not None and self._persistent:
+            self._data.close()
+            self._data = None
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Reader({self._store_args['path']!r}, generation={self.generation})"

@@ -1,0 +1,329 @@
+"""The public store object: generations of samples under one path."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .backends import get_backend
+from .backends.base import Backend, Budget, GenerationInfo
+from .disk import allocated_bytes, free_bytes, parse_size
+from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
+                     NotAStoreError, StoreLockedError)
+from .locking import LOCK_NAME, WriterLock, lock_holder
+from .reader import Reader
+from .writer import GenerationWriter
+
+FORMAT_VERSION = 1
+COMPRESSIONS = (None, "zstd")
+#: RAM the memory backend leaves to everything else.
+RAM_RESERVE_FRACTION = 0.10
+
+
+def _make_backend(path: str, backend: str, compression: str | None, allow_pickle: bool, verify: bool,
+                  **_: Any) -> Backend:
+    return get_backend(backend)(path, compression=compression, allow_pickle=allow_pickle, verify=verify)
+
+
+@dataclass(frozen=True)
+class Removed:
+    """One thing :meth:`Store.prune` removed (or would remove with ``dry_run``)."""
+
+    kind: str  # "generation", "staging", "temp", "lock", ...
+    path: str
+    nbytes: int
+    generation: int | None = None
+
+
+def _read_existing_backend(path: str) -> str | None:
+    import json
+
+    try:
+        with open(Path(path) / "store.json") as f:
+            return json.load(f).get("backend")
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+
+
+class Store:
+    """Generations of samples under one path. Create with :func:`open_store`."""
+
+    def __init__(self, path: str | os.PathLike, backend: str | None = None, *, compression: str | None = None,
+                 disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
+                 fingerprint: dict | None = None, producer: dict | None = None, verify: bool = True) -> None:
+        self.path = str(path)
+        existing = _read_existing_backend(self.path) if backend != "memory" else None
+        if backend is None:
+            backend = existing or "memmap"
+        elif existing is not None and existing != backend:
+            raise ValueError(f"{self.path} holds a {existing!r} store; open it with backend={existing!r} "
+                             f"(or use another path for a {backend!r} store)")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
+        self.disk_budget = parse_size(disk_budget)
+        self.readonly = readonly
+        self.allow_pickle = allow_pickle
+        self.verify_reads = verify
+        self.backend: Backend = _make_backend(self.path, backend, compression, allow_pickle, verify)
+        self.backend_name = backend
+        self.compression = compression
+        self._lock = WriterLock(self.path) if self.backend.persistent else None
+        self._writing = False
+        meta = self.backend.read_meta()
+        if meta is None:
+            if readonly:
+                raise NotAStoreError(f"{self.path} is not a cachestore store (no store.json); "
+                                     "check the path, it is the loader's cache prefix")
+            meta = {"format": FORMAT_VERSION, "backend": backend, "compression": compression,
+                    "fingerprint": fingerprint, "producer": producer, "created": time.time()}
+            self.backend.write_meta(meta)
+        else:
+            if meta.get("format", 0) > FORMAT_VERSION:
+                raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
+                                      "upgrade cachestore to read it")
+            if fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint):
+                raise FingerprintMismatchError(
+                    f"{self.path} holds samples produced by something else:\n"
+                    f"  stored:    {meta.get('fingerprint')}\n  requested: {fingerprint}\n"
+                    "Use another path (prefix) for this dataset, or remove the old samples with "
+                    f"`cachestore prune {self.path} --keep 0` (or delete the directory)"
+                )
+            if fingerprint is not None and meta.get("fingerprint") is None and not readonly:
+                meta = {**meta, "fingerprint": fingerprint, "producer": producer}
+                self.backend.write_meta(meta)
+        self.meta = meta
+
+    # pickling ------------------------------------------------------------------
+    def _args(self) -> dict:
+        return {"path": self.path, "backend": self.backend_name, "compression": self.compression,
+                "allow_pickle": self.allow_pickle, "verify": self.verify_reads}
+
+    def __reduce__(self) -> tuple:
+        if not self.backend.persistent:
+            raise TypeError("a memory store lives in one process and cannot be pickled; "
+                            "pickle its reader() instead, or use the memmap backend")
+        return (_reopen, (self._args(), self.disk_budget, self.readonly))
+
+    @property
+    def fingerprint(self) -> dict | None:
+        return self.meta.get("fingerprint")
+
+    # writing -------------------------------------------------------------------
+    def writer(self, generation: int, num_samples: int | None = None) -> GenerationWriter:
+        """Open generation `generation` for writing (one writer per store at a time).
+
+        Parameters
+        ----------
+        generation
+            Id of the generation to write; must not be committed already.
+        num_samples
+            Expected number of samples. Enables the early budget projection and
+            makes commit check that exactly these indices were written.
+
+        Raises
+        ------
+        StoreLockedError
+            Another live process (or writer) is writing this store.
+        """
+        if self.readonly:
+            raise CacheStoreError(f"{self.path} was opened readonly=True; it cannot be written")
+        return GenerationWriter(self, generation, num_samples)
+
+    def _acquire_writer(self) -> WriterLock | None:
+        if self._writing:
+            raise StoreLockedError(f"store {self.path} already has an open writer in this process")
+        if self._lock is not None:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+        self._writing = True
+        return self._lock
+
+    def _release_writer(self) -> None:
+        self._writing = False
+        if self._lock is not None:
+            self._lock.release()
+
+    def _budget(self) -> Budget:
+        used = sum(g.nbytes if self.backend.persistent else g.stored_bytes
+                   for g in self.generations() if g.committed)
+        if self.backend.persistent:
+            free, unit = free_bytes(self.path), "disk"
+        else:
+            vm = psutil.virtual_memory()
+            free, unit = max(0, int(vm.available - vm.total * RAM_RESERVE_FRACTION)), "memory"
+        available = free if self.disk_budget is None else min(free, max(0, self.disk_budget - used))
+        return Budget(available=available, limit=self.disk_budget, used=used, where=f"store {self.path}", unit=unit)
+
+    # reading -------------------------------------------------------------------
+    def generations(self) -> list[GenerationInfo]:
+        """Committed generations and staging areas, oldest first."""
+        return self.backend.generations()
+
+    def latest(self) -> int | None:
+        """Id of the newest committed generation, ``None`` when there is none."""
+        committed = [g.id for g in self.generations() if g.committed]
+        return max(committed) if committed else None
+
+    def reader(self, generation: int | None = None) -> Reader:
+        """A read-only view of a committed generation (the newest when ``None``)."""
+        if generation is None:
+            generation = self.latest()
+            if generation is None:
+                raise GenerationNotFoundError(f"store {self.path} has no committed generation yet")
+        return Reader(self._args(), generation, self.backend.open_generation(generation))
+
+    def verify(self) -> list[CorruptSampleError]:
+        """Check every checksum of every committed generation; one error per bad sample."""
+        bad: list[CorruptSampleError] = []
+        for info in self.generations():
+            if info.committed:
+                try:
+                    data = self.backend.open_generation(info.id)
+                except CorruptSampleError as exc:
+                    bad.append(exc)
+                    continue
+                try:
+                    bad.extend(data.verify_all())
+                finally:
+                    if self.backend.persistent:
+                        data.close()
+        return bad
+
+    def usage(self) -> int:
+        """Bytes the store takes on disk (allocated blocks; 0 for memory)."""
+        return allocated_bytes(self.path) if self.backend.persistent else 0
+
+    # maintenance ---------------------------------------------------------------
+    def prune(self, keep: int = 1, dry_run: bool = False, max_bytes: int | str | None = None) -> list[Removed]:
+        """Remove committed generations beyond the newest `keep`, and crash debris.
+
+        Parameters
+        ----------
+        keep
+            Number of newest committed generations to keep.
+        dry_run
+            Only report what would be removed.
+        max_bytes
+            Then remove the oldest remaining generations until the store takes
+            at most this many bytes.
+
+        Returns
+        -------
+        list of Removed
+            What was removed (or would be). Staging areas of a live writer are
+            never touched.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep must be a non-negative int, got {keep!r}")
+        max_bytes = parse_size(max_bytes)
+        holder = lock_holder(self.path) if self.backend.persistent else None
+        if self._writing:
+            holder = os.getpid()
+        removed: list[Removed] = []
+        for path, nbytes in self.backend.debris(keep_pid=holder):
+            kind = "temp" if path.endswith(".tmp") else "staging"
+            removed.append(Removed(kind, path, nbytes))
+        committed = [g for g in self.generations() if g.committed]
+        doomed = committed[:max(0, len(committed) - keep)]
+        kept = committed[len(doomed):]
+        if max_bytes is not None:
+            total = sum(g.nbytes for g in kept)
+            while kept and total > max_bytes:
+                total -= kept[0].nbytes
+                doomed.append(kept.pop(0))
+        removed += [Removed("generation", g.path or f"memory:{g.id}", g.nbytes, g.id) for g in doomed]
+        lock_file = Path(self.path) / LOCK_NAME
+        if self.backend.persistent and holder is None and lock_file.exists():
+            removed.append(Removed("lock", str(lock_file), allocated_bytes(lock_file)))
+        if dry_run:
+            return removed
+        self.backend.remove_debris(keep_pid=holder)
+        for g in doomed:
+            self.backend.remove_generation(g.id)
+        if self.backend.persistent and holder is None:
+            # Only remove the lock file while we can take it: then nobody is writing.
+            try:
+                with _TemporaryLock(self.path):
+                    pass
+            except StoreLockedError:
+                removed = [r for r in removed if r.kind != "lock"]
+        return removed
+
+    def close(self) -> None:
+        """Release the store (a memory store frees its arrays)."""
+        if self._lock is not None and not self._writing:
+            self._lock.release()
+        if not self.backend.persistent:
+            self.backend.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.path!r}, backend={self.backend_name!r})"
+
+
+class _TemporaryLock:
+    """Take and release the writer lock (release unlinks the lock file)."""
+
+    def __init__(self, path: str) -> None:
+        self.lock = WriterLock(path)
+
+    def __enter__(self) -> "_TemporaryLock":
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+def _reopen(args: dict, disk_budget: int | None, readonly: bool) -> Store:
+    return Store(args["path"], args["backend"], compression=args["compression"], disk_budget=disk_budget,
+                 allow_pickle=args["allow_pickle"], readonly=readonly, verify=args["verify"])
+
+
+def open_store(path: str | os.PathLike, backend: str | None = None, *, compression: str | None = None,
+               disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
+               fingerprint: dict | None = None, producer: dict | None = None, verify: bool = True) -> Store:
+    """Open (or create) the store at `path`.
+
+    Parameters
+    ----------
+    path
+        Directory of the store (the loader's ``prefix``); created if missing
+        unless `readonly`. For ``backend="memory"`` only a name.
+    backend
+        ``"memmap"`` (default for new stores), ``"lmdb"``, ``"memory"`` or a
+        name given to :func:`register_backend`. ``None`` opens an existing store
+        with the backend it was created with.
+    compression
+        ``None`` or ``"zstd"`` (per record) for what this process writes.
+    disk_budget
+        Bytes (or ``"20GB"``) the whole store may take. ``None``: the free space
+        of the file system minus a reserve (free RAM for ``memory``).
+    allow_pickle
+        Store samples of unsupported types with pickle instead of refusing them.
+    readonly
+        Never create or write; a missing store raises :class:`NotAStoreError`.
+    fingerprint
+        What produced the samples; opening a store recorded with another
+        fingerprint raises :class:`FingerprintMismatchError`.
+    producer
+        Free-form description of the producer, shown by ``cachestore inspect``.
+    verify
+        Check each record's checksum when it is read.
+
+    Returns
+    -------
+    Store
+    """
+    return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
+                 readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify)
