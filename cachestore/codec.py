@@ -104,7 +104,8 @@ def _flatten(x: Any, leaves: list[np.ndarray], allow_pickle: bool) -> tuple:
     if isinstance(x, np.ndarray):
         if x.dtype.hasobject or x.dtype.kind == "V":
             return _pickled(x, leaves, allow_pickle, "a numpy array")
-        arr = np.ascontiguousarray(x)
+        # np.ascontiguousarray would turn a 0-d array into shape (1,); 0-d arrays are contiguous anyway.
+        arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
         leaves.append(arr)
         return ("a", arr.dtype.str, arr.shape)
     if _is_tensor(x):
@@ -297,12 +298,21 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
+def leaf_bytes(leaf: np.ndarray) -> np.ndarray:
+    """The bytes of a contiguous leaf as a flat uint8 view (no copy).
+
+    Used instead of the leaf's own buffer: datetime64/timedelta64 arrays do
+    not export one, and ``memoryview.cast`` refuses non-native byte orders.
+    """
+    return leaf.reshape(-1).view(np.uint8)
+
+
 def encode_record(treedef: tuple, leaves: Sequence[np.ndarray], compress: bool = False) -> bytes:
     """Serialise one flattened sample into a self-describing record."""
     meta = json.dumps(treedef_to_json(treedef), separators=(",", ":")).encode()
     parts: list[Any] = [meta, bytes(_pad(len(meta)))]
     for leaf in leaves:
-        parts.append(memoryview(leaf).cast("B") if leaf.ndim else leaf.tobytes())
+        parts.append(leaf_bytes(leaf))
         parts.append(bytes(_pad(leaf.nbytes)))
     body = b"".join(parts)
     flags = 0
@@ -333,7 +343,6 @@ def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]
             body = memoryview(_zstd()[1].decompress(body))
         except Exception as exc:  # zstandard raises its own ZstdError
             raise CorruptSampleError(f"record does not decompress: {exc}") from exc
-        copy = False  # the decompressed buffer is ours already
     meta = bytes(body[:meta_len])
     treedef = _treedef_cache.get(meta)
     if treedef is None:

@@ -22,7 +22,14 @@ class StoreLockedError(CacheStoreError, BlockingIOError):
 
 
 class CorruptSampleError(CacheStoreError, ValueError):
-    """A stored record failed its checksum or could not be decoded."""
+    """A stored record failed its checksum or could not be decoded.
+
+    ``generation`` and ``index`` name the bad sample when known (``index`` is
+    ``None`` when a whole generation cannot be opened).
+    """
+
+    generation: int | None = None
+    index: int | None = None
 
 
 class UnsupportedSampleError(CacheStoreError, TypeError):

@@ -25,7 +25,7 @@ def lock_holder(root: str | os.PathLike) -> int | None:
     """Pid of the live process holding the writer lock of `root`, or ``None``."""
     path = Path(root) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)  # flock needs no write access: inspect works on a read-only store
     except FileNotFoundError:
         return None
     try:

@@ -12,6 +12,7 @@ import psutil
 
 from .backends import get_backend
 from .backends.base import Backend, Budget, GenerationInfo
+from .backends.directory import ROTATION_PREFIX
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      NotAStoreError, StoreLockedError)
@@ -34,7 +35,7 @@ def _make_backend(path: str, backend: str, compression: str | None, allow_pickle
 class Removed:
     """One thing :meth:`Store.prune` removed (or would remove with ``dry_run``)."""
 
-    kind: str  # "generation", "staging", "temp", "lock", ...
+    kind: str  # "generation", "staging", "temp", "rotation", "lock"
     path: str
     nbytes: int
     generation: int | None = None
@@ -185,6 +186,7 @@ class Store:
                 try:
                     data = self.backend.open_generation(info.id)
                 except CorruptSampleError as exc:
+                    exc.generation = info.id  # the whole generation: index stays None
                     bad.append(exc)
                     continue
                 try:
@@ -215,19 +217,36 @@ class Store:
         Returns
         -------
         list of Removed
-            What was removed (or would be). Staging areas of a live writer are
-            never touched.
+            What was removed (or would be). Staging areas of a live writer and
+            rotation windows of live processes are never touched.
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ValueError(f"keep must be a non-negative int, got {keep!r}")
         max_bytes = parse_size(max_bytes)
-        holder = lock_holder(self.path) if self.backend.persistent else None
+        persistent = self.backend.persistent
+        lock_file = Path(self.path) / LOCK_NAME
+        had_lock = persistent and lock_file.exists()  # looked at before our guard creates one
+        lock_bytes = allocated_bytes(lock_file) if had_lock else 0
+        guard: WriterLock | None = None
         if self._writing:
-            holder = os.getpid()
-        removed: list[Removed] = []
-        for path, nbytes in self.backend.debris(keep_pid=holder):
-            kind = "temp" if path.endswith(".tmp") else "staging"
-            removed.append(Removed(kind, path, nbytes))
+            holder: int | None = os.getpid()
+        elif persistent and not dry_run:
+            guard, holder = self._prune_guard()
+        else:
+            holder = lock_holder(self.path) if persistent else None
+        try:
+            # Under `guard` no writer can start, so no staging area listed here can become live
+            # before it is removed (without it a writer starting mid-prune lost its staging).
+            if holder is not None and holder < 0:
+                found = []  # a live writer whose pid is not written yet: whose staging is whose is unknown
+            elif dry_run:
+                found = self.backend.debris(keep_pid=holder)
+            else:
+                found = self.backend.remove_debris(keep_pid=holder)
+        finally:
+            if guard is not None:
+                guard.release()  # unlinks writer.lock: a stale one goes with it
+        removed = [Removed(_debris_kind(path), path, nbytes) for path, nbytes in found]
         committed = [g for g in self.generations() if g.committed]
         doomed = committed[:max(0, len(committed) - keep)]
         kept = committed[len(doomed):]
@@ -237,22 +256,25 @@ class Store:
                 total -= kept[0].nbytes
                 doomed.append(kept.pop(0))
         removed += [Removed("generation", g.path or f"memory:{g.id}", g.nbytes, g.id) for g in doomed]
-        lock_file = Path(self.path) / LOCK_NAME
-        if self.backend.persistent and holder is None and lock_file.exists():
-            removed.append(Removed("lock", str(lock_file), allocated_bytes(lock_file)))
-        if dry_run:
-            return removed
-        self.backend.remove_debris(keep_pid=holder)
-        for g in doomed:
-            self.backend.remove_generation(g.id)
-        if self.backend.persistent and holder is None:
-            # Only remove the lock file while we can take it: then nobody is writing.
-            try:
-                with _TemporaryLock(self.path):
-                    pass
-            except StoreLockedError:
-                removed = [r for r in removed if r.kind != "lock"]
+        if had_lock and holder is None:  # a lock file nobody held: a dead writer's
+            removed.append(Removed("lock", str(lock_file), lock_bytes))
+        if not dry_run:
+            for g in doomed:
+                self.backend.remove_generation(g.id)
         return removed
+
+    def _prune_guard(self) -> tuple[WriterLock | None, int | None]:
+        """Take the writer lock for a prune: ``(lock, None)``, or ``(None, pid)`` of the live writer."""
+        for _ in range(100):
+            lock = WriterLock(self.path)
+            try:
+                lock.acquire()
+                return lock, None
+            except StoreLockedError:
+                holder = lock_holder(self.path)
+                if holder is not None:
+                    return None, holder
+        raise StoreLockedError(f"store {self.path} is busy: writers keep starting; prune later")  # pragma: no cover
 
     def close(self) -> None:
         """Release the store (a memory store frees its arrays)."""
@@ -271,18 +293,9 @@ class Store:
         return f"Store({self.path!r}, backend={self.backend_name!r})"
 
 
-class _TemporaryLock:
-    """Take and release the writer lock (release unlinks the lock file)."""
-
-    def __init__(self, path: str) -> None:
-        self.lock = WriterLock(path)
-
-    def __enter__(self) -> "_TemporaryLock":
-        self.lock.acquire()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lock.release()
+def _debris_kind(path: str) -> str:
+    name = os.path.basename(path)
+    return "temp" if name.endswith(".tmp") else "rotation" if name.startswith(ROTATION_PREFIX) else "staging"
 
 
 def _reopen(args: dict, disk_budget: int | None, readonly: bool) -> Store:

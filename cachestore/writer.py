@@ -7,7 +7,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import GenerationInfo, ShardWriter
-from .errors import CacheStoreError
+from .errors import BudgetExceededError, CacheStoreError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -95,7 +95,13 @@ class GenerationWriter:
         self._check_open()
         if self._shard is None:
             self._shard = self.store.backend.shard_writer(self.token, f"owner-{os.getpid()}")
-        self._shard.put(index, sample)
+        try:
+            self._shard.put(index, sample)
+        except BudgetExceededError:
+            # The generation cannot be finished: drop its staging now (as the error says),
+            # not when the caller gets round to abort() or the writer is collected.
+            self.abort()
+            raise
 
     def shard_spec(self) -> ShardSpec:
         """A picklable spec other processes use to write into this generation."""

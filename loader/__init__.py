@@ -1,1 +1,11 @@
-"""Placeholder."""
+"""The loader: a multiprocess data loader with epoch-versioned caching and rotation.
+
+>>> from loader import CachedLoader   # doctest: +SKIP
+"""
+
+from cachestore.collate import stack_samples as default_collate
+
+from .cached_loader import CachedLoader
+from .epoch import EpochStats
+
+__all__ = ["CachedLoader", "EpochStats", "default_collate"]

@@ -45,6 +45,17 @@ def checksum(parts: Sequence[Any]) -> int:
     return h.intdigest()
 
 
+def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) -> np.ndarray:
+    """`indices` as an int64 array in ``0..n-1``; negative ones count from the end, like ``read``."""
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"index {bad} out of range for generation {generation} of {n} samples")
+    if idx.size and idx.min() < 0:
+        idx = np.where(idx < 0, idx + n, idx)
+    return idx
+
+
 @dataclass(frozen=True)
 class GenerationInfo:
     """What a store knows about one generation (committed or staging)."""
@@ -165,9 +176,13 @@ class ShardWriter(ABC):
     def close(self) -> None:
         """Flush and release files (idempotent)."""
         if not self.closed:
-            self._flush()
-            self._close()
-            self.closed = True
+            try:
+                self._flush()
+            finally:
+                # Even when the flush fails (disk full): an LMDB env or fd left open keeps the
+                # deleted staging files allocated until this object is garbage-collected.
+                self._close()
+                self.closed = True
 
     @abstractmethod
     def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
@@ -209,7 +224,9 @@ class GenerationData(ABC):
         return i
 
     def corrupt(self, index: int, why: str) -> CorruptSampleError:
-        return CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
+        exc = CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
+        exc.generation, exc.index = self.generation, index
+        return exc
 
     @abstractmethod
     def read(self, index: int, copy: bool = True) -> Any:

@@ -6,6 +6,7 @@ Layout of a store directory::
     writer.lock                    present while a writer lives (see locking.py)
     gen-000003/                    a committed generation: manifest.json + data
     .staging-000004-<pid>-<hex>/   a generation being written; never read
+    rotation-<pid>-<hex>/          a loader's disk rotation window (removed on close)
 
 Commit protocol (why each step): data files are fsync'ed first, so the
 manifest never names bytes still in the page cache only; the manifest is
@@ -15,12 +16,19 @@ is atomic, and the parent directory fsync'ed so the rename survives a power
 cut. A reader therefore sees a generation complete or not at all, and a crash
 at any point leaves only a ``.staging-*`` directory, which the next writer or
 ``prune`` removes.
+
+Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
+of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
+not create is never touched, and a symlink among the debris is unlinked, never
+followed.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -30,13 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from ..disk import allocated_bytes
-from ..errors import CacheStoreError, GenerationNotFoundError
+from ..errors import BudgetExceededError, CacheStoreError, GenerationNotFoundError
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
 
 META_NAME = "store.json"
 MANIFEST_NAME = "manifest.json"
 GEN_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
+ROTATION_PREFIX = "rotation-"
+_ROTATION_RE = re.compile(r"^rotation-(\d+)-[0-9a-f]+$")
+# Temp names made by write_json_atomic: .<name>.<pid>.<hex>.tmp
+_TMP_RE = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
 
 def gen_dirname(generation: int) -> str:
@@ -100,6 +112,40 @@ def parse_staging(name: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+def parse_rotation(name: str) -> int | None:
+    """Owner pid of a ``rotation-<pid>-<hex>`` window name, ``None`` if it is not one."""
+    match = _ROTATION_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def rotation_windows(root: str | os.PathLike) -> list[tuple[str, int, int | None]]:
+    """``(path, allocated bytes, owner pid or None)`` of each ``rotation-*`` directory in `root`."""
+    found = []
+    try:
+        entries = sorted(Path(root).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        if entry.name.startswith(ROTATION_PREFIX) and (entry.is_dir() or entry.is_symlink()):
+            found.append((str(entry), allocated_bytes(entry), parse_rotation(entry.name)))
+    return found
+
+
+def rotation_debris(root: str | os.PathLike) -> list[tuple[str, int]]:
+    """Rotation windows in `root` whose owner process is dead (a live one is in use)."""
+    return [(path, nbytes) for path, nbytes, pid in rotation_windows(root)
+            if pid is not None and not pid_alive(pid)]
+
+
+def remove_paths(paths: list[str]) -> None:
+    """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)
+
+
 class DirectoryBackend(Backend):
     """Catalog of generations as directories; subclasses store the samples."""
 
@@ -140,9 +186,13 @@ class DirectoryBackend(Backend):
                     extra=manifest.get("extra", {}),
                 ))
             elif (parsed := parse_staging(entry.name)) is not None:
+                try:
+                    created = entry.lstat().st_mtime
+                except FileNotFoundError:
+                    continue  # committed (renamed) or removed since we listed the directory
                 infos.append(GenerationInfo(
                     id=parsed[0], num_samples=0, nbytes=allocated_bytes(entry), committed=False,
-                    created=entry.stat().st_mtime, path=str(entry), owner_pid=parsed[1],
+                    created=created, path=str(entry), owner_pid=parsed[1],
                 ))
         infos.sort(key=lambda g: (g.id, g.committed))
         return infos
@@ -173,17 +223,23 @@ class DirectoryBackend(Backend):
         final = self.path / gen_dirname(token.generation)
         if final.exists():
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
-        summary = self._finalize(staging, num_samples)
-        for entry in staging.iterdir():
-            if entry.is_file():
-                fd = os.open(entry, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        manifest = {"generation": token.generation, "created": time.time(), "backend": self.name,
-                    "compression": self.compression, "extra": extra, **summary}
-        write_json_atomic(staging / MANIFEST_NAME, manifest)
+        try:
+            summary = self._finalize(staging, num_samples)
+            for entry in staging.iterdir():
+                if entry.is_file():
+                    fd = os.open(entry, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            manifest = {"generation": token.generation, "created": time.time(), "backend": self.name,
+                        "compression": self.compression, "extra": extra, **summary}
+            write_json_atomic(staging / MANIFEST_NAME, manifest)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the index or manifest did not fit
+                raise BudgetExceededError(f"disk full while committing generation {token.generation} "
+                                          f"of {self.path}: {exc}") from exc
+            raise
         os.rename(staging, final)
         fsync_dir(self.path)
         return GenerationInfo(
@@ -225,17 +281,15 @@ class DirectoryBackend(Backend):
             parsed = parse_staging(entry.name)
             if parsed is not None and parsed[1] != keep_pid:
                 found.append((str(entry), allocated_bytes(entry)))
-            elif entry.name.endswith(".tmp") and entry.name.startswith("."):
+            elif (tmp := _TMP_RE.match(entry.name)) and not pid_alive(int(tmp.group(1))):
+                # a live pid may be between writing and renaming its temp file
                 found.append((str(entry), allocated_bytes(entry)))
+        found += rotation_debris(self.path)
         return sorted(found)
 
     def remove_debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
         removed = self.debris(keep_pid)
-        for path, _ in removed:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                Path(path).unlink(missing_ok=True)
+        remove_paths([path for path, _ in removed])
         return removed
 
     def staging_usage(self) -> int:

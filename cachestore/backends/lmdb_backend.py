@@ -17,11 +17,14 @@ each avoids:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
+import threading
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lmdb
 import numpy as np
@@ -43,12 +46,57 @@ def _key(index: int) -> bytes:
     return _KEY.pack(index)
 
 
+def _disk_full(path: Path, needed: int) -> bool:
+    """Whether the file system of `path` has less than `needed` bytes left."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < needed
+
+
+# py-lmdb refuses to open an environment that is already open in this process (LMDB's fcntl
+# locks belong to the (process, file) pair: a second open would share them and drop them on
+# close), and a forked child inherits that refusal along with the parent's handles. So a
+# process keeps one Environment per generation (readers) or staging area (shard writers),
+# shared and counted. An entry inherited through fork is closed in the child - that touches
+# none of the parent's locks or reader slots - and opened afresh.
+_ENVS: dict[Any, list] = {}  # key -> [pid, env, refs]
+_ENVS_LOCK = threading.Lock()
+
+
+def _acquire_env(key: Any, opener: Callable[[], Any]) -> Any:
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is not None and entry[0] != os.getpid():
+            del _ENVS[key]
+            entry[1].close()
+            entry = None
+        if entry is None:
+            entry = [os.getpid(), opener(), 0]
+            _ENVS[key] = entry
+        entry[2] += 1
+        return entry[1]
+
+
+def _release_env(key: Any, pid: int) -> None:
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None or entry[0] != pid or pid != os.getpid():
+            return  # acquired before a fork: the child's entry is not ours to count down
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del _ENVS[key]
+            entry[1].close()
+
+
 class LmdbShard(ShardWriter):
     def __init__(self, token: StagingToken, shard_id: str) -> None:
         super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
         self.dir = Path(token.path)
         self.shard_id = shard_id
         self._env: Any = None
+        self._env_key = ("write", str(self.dir))
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
 
@@ -65,26 +113,35 @@ class LmdbShard(ShardWriter):
             return
         try:
             if self._env is None:
-                self._env = lmdb.open(str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False,
-                                      metasync=False, readahead=True, max_dbs=0, lock=True)
+                self._env = _acquire_env(self._env_key, lambda: lmdb.open(
+                    str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
+                    readahead=True, max_dbs=0, lock=True, create=False))  # never resurrect an aborted staging dir
+                self._env_pid = os.getpid()
             with self._env.begin(write=True) as txn:
                 for key, value in self._pending:
                     txn.put(key, value)
         except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
             raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
         except lmdb.Error as exc:
-            if "No space" in str(exc):
-                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
+            if "No space" in str(exc) or _disk_full(self.dir, self._pending_bytes):
+                raise BudgetExceededError(f"disk full while writing generation {self.generation} "
+                                          f"into {self.dir}: {exc}") from exc
             raise
         self._pending = []
         self._pending_bytes = 0
         stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
-        write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)
+        try:
+            write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            raise
 
     def _close(self) -> None:
         if self._env is not None:
-            self._env.close()
             self._env = None
+            _release_env(self._env_key, self._env_pid)
 
     def usage(self) -> int:
         return allocated_bytes(self.dir)
@@ -98,6 +155,7 @@ class LmdbBackend(DirectoryBackend):
 
     def _finalize(self, staging: Path, num_samples: int | None) -> dict:
         raw = stored = 0
+        keys = np.zeros(0, dtype=np.int64)
         for stats_file in staging.glob("stats-*.json"):
             stats = json.loads(stats_file.read_text())
             raw += stats["raw_bytes"]
@@ -108,14 +166,16 @@ class LmdbBackend(DirectoryBackend):
             env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
             env.close()
         else:
-            env = lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False, readahead=False)
+            key = ("write", str(staging))  # shared with any shard writer of this process still open
+            env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
+                                                      readahead=False))
             try:
                 with env.begin() as txn:
                     keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
                                        dtype=np.int64)
                 env.sync(True)
             finally:
-                env.close()
+                _release_env(key, os.getpid())
             check_complete(keys, num_samples, f"generation in {staging}")
         (staging / "lock.mdb").unlink(missing_ok=True)
         n = num_samples if num_samples is not None else (int(keys.max()) + 1 if len(keys) else 0)
@@ -136,13 +196,36 @@ class LmdbGeneration(GenerationData):
     @property
     def env(self) -> Any:
         if self._pid != os.getpid():
+            data = self.dir / "data.mdb"
             try:
-                self._env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
-                                      max_readers=1024, subdir=True)
-            except lmdb.Error as exc:
-                raise CorruptSampleError(f"generation {self.generation} in {self.dir} cannot be opened: {exc}") from exc
+                st = os.stat(data)
+            except FileNotFoundError:
+                raise CorruptSampleError(f"generation {self.generation} in {self.dir} has no data file") from None
+            # Keyed by the data file's identity, not its path: a generation removed and written
+            # again at the same path must not be served from the old, still-open environment.
+            key = ("read", st.st_dev, st.st_ino)
+            self._env = _acquire_env(key, self._open)
             self._pid = os.getpid()
+            self._release = weakref.finalize(self, _release_env, key, self._pid)
         return self._env
+
+    def _open(self) -> Any:
+        data = self.dir / "data.mdb"
+        try:
+            env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
+                            max_readers=1024, subdir=True)
+        except lmdb.Error as exc:
+            raise CorruptSampleError(f"generation {self.generation} in {self.dir} cannot be opened: {exc}") from exc
+        # LMDB maps the file and trusts its meta page: reading a page past the end of a
+        # truncated file is a SIGBUS that kills the process, so check the size up front.
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(data)
+        if size < needed:
+            env.close()
+            raise CorruptSampleError(f"data file {data} of generation {self.generation} is truncated: "
+                                     f"{size} bytes, expected at least {needed}; "
+                                     "the generation is damaged (prune it and rewrite)")
+        return env
 
     def _decode(self, i: int, value: Any, copy: bool) -> Any:
         if value is None:
@@ -182,6 +265,6 @@ class LmdbGeneration(GenerationData):
 
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():
-            self._env.close()
+            self._release()  # the environment closes with its last user in this process
         self._env = None
         self._pid = -1

@@ -31,7 +31,7 @@ from .. import codec
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-from .base import GenerationData, ShardWriter, checksum
+from .base import GenerationData, ShardWriter, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete
 
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
@@ -39,6 +39,17 @@ INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("of
 COLUMN = -1  # shard value of a row stored in the columns
 SCHEMA = "schema.json"
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _write_all(fd: int, data: Any, offset: int | None = None) -> None:
+    """Write all of `data`: a regular file takes a short write when the disk fills,
+    and only the next call reports ``ENOSPC``; ignoring the count loses bytes silently."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[n:]
+        if offset is not None:
+            offset += n
 
 
 def _col_name(k: int) -> str:
@@ -93,14 +104,14 @@ class MemmapShard(ShardWriter):
             if treedef == self._schema:
                 for (fd, rowbytes), leaf in zip(self._cols, leaves):
                     if rowbytes:
-                        os.pwrite(fd, leaf if leaf.ndim else leaf.tobytes(), index * rowbytes)
+                        _write_all(fd, codec.leaf_bytes(leaf), index * rowbytes)
                 nbytes = sum(r for _, r in self._cols)
                 self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
                 return nbytes
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
                 self._seg_fd = os.open(self.dir / f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(self._seg_fd, record)
+            _write_all(self._seg_fd, record)
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
                                sum(leaf.nbytes for leaf in leaves)))
             self._seg_end += len(record)
@@ -117,7 +128,7 @@ class MemmapShard(ShardWriter):
         rows = np.array(self._rows, dtype=INDEX_DTYPE)
         self._rows = []
         try:
-            os.write(self._idx_fd, rows.tobytes())
+            _write_all(self._idx_fd, rows.tobytes())
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
@@ -244,11 +255,7 @@ class MemmapGeneration(GenerationData):
             if out is not None:
                 raise ValueError("out= is only supported for generations with a fixed layout")
             return stack_samples([self.read(i, copy=False) for i in indices])
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
-            bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
-            raise IndexError(f"index {bad} out of range for generation {self.generation} "
-                             f"of {self.num_samples} samples")
+        idx = batch_indices(indices, self.num_samples, self.generation)
         if out is None:
             out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
         for col, dest in zip(self.columns, out):

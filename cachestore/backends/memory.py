@@ -19,7 +19,7 @@ import numpy as np
 from .. import codec
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, batch_indices
 from .directory import check_complete
 
 _tokens = itertools.count()
@@ -86,6 +86,9 @@ class MemoryGeneration(GenerationData):
                 col.flags.writeable = False
         else:
             self.samples = [samples[i] for i in range(n)]
+            for _, leaves in self.samples:  # read(copy=False) and batches hand these out: no writes through them
+                for leaf in leaves:
+                    leaf.flags.writeable = False
         self.nbytes = sum(c.nbytes for c in self.columns) + sum(
             leaf.nbytes for _, leaves in (self.samples or []) for leaf in leaves)
 
@@ -107,9 +110,7 @@ class MemoryGeneration(GenerationData):
             if out is not None:
                 raise ValueError("out= is only supported for generations with a fixed layout")
             return stack_samples([self.read(i, copy=False) for i in indices])
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
-            raise IndexError(f"index out of range for generation {self.generation} of {self.num_samples} samples")
+        idx = batch_indices(indices, self.num_samples, self.generation)
         if out is None:
             out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
         for col, dest in zip(self.columns, out):

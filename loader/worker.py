@@ -1,0 +1,192 @@
+"""The worker side: build the dataset, run tasks, write shards, fill slots.
+
+:class:`BatchProducer` holds the per-process logic and is also used in the
+training process itself when ``nb_worker=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from cachestore import codec
+from cachestore.collate import stack_samples
+from cachestore.errors import BudgetExceededError, CacheStoreError
+
+from . import messages as m
+from .shm import WorkerSegments, gather_batch, write_batch
+
+
+class SampleError(Exception):
+    """Wraps an exception from ``dataset[index]`` with the index."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(index)
+        self.index = index
+        self.cause = cause
+
+
+class BatchProducer:
+    """Turns tasks into batches: call the dataset, write the generation, read the store."""
+
+    def __init__(self, dataset: Any, collate_fn: Any, shard_id: str, allow_pickle: bool) -> None:
+        self.dataset = dataset
+        self.collate = collate_fn or stack_samples
+        self.custom_collate = collate_fn is not None
+        self.shard_id = shard_id
+        self.allow_pickle = allow_pickle
+        self._shard: Any = None
+        self._shard_token: Any = None
+        self._writing = True
+        self._reader: Any = None
+        self._reader_key: Any = None
+
+    # generation shards ---------------------------------------------------
+    def _shard_for(self, spec: Any) -> Any:
+        if self._shard_token != spec.token:
+            self.close_shard()
+            self._shard = spec.open(self.shard_id)
+            self._shard_token = spec.token
+            self._writing = True
+        return self._shard if self._writing else None
+
+    def close_shard(self) -> None:
+        shard, self._shard, self._shard_token = self._shard, None, None
+        self._writing = True
+        if shard is not None:
+            shard.close()
+
+    # reading ---------------------------------------------------------------
+    def reader(self, key: tuple) -> Any:
+        if self._reader_key != key:
+            from cachestore.reader import Reader
+            from cachestore.store import _make_backend
+
+            if self._reader is not None:
+                self._reader.close()
+            store_args, generation = key
+            self._reader = Reader(store_args, generation, _make_backend(**store_args).open_generation(generation))
+            self._reader_key = key
+        return self._reader
+
+    # tasks -----------------------------------------------------------------
+    def compute(self, task: m.Task) -> tuple[Any, int, list | None, str | None]:
+        """Samples of `task` from the dataset, written to the shard if asked, collated."""
+        shard = self._shard_for(task.shard) if task.mode == "generate" and task.shard is not None else None
+        positions = task.positions if task.positions is not None else task.indices
+        samples, written, budget_error = [], 0, None
+        records: list | None = [] if task.send_records else None
+        for index, pos in zip(task.indices.tolist(), positions.tolist()):
+            try:
+                sample = self.dataset[index]
+            except Exception as exc:
+                raise SampleError(index, exc) from exc
+            samples.append(sample)
+            if shard is not None:
+                try:
+                    shard.put(pos, sample)
+                    written += 1
+                except BudgetExceededError as exc:
+                    if task.on_budget == "error":
+                        raise
+                    budget_error = str(exc)
+                    self._writing = False  # stop writing this generation; keep serving
+                    shard = None
+            if records is not None:
+                records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+        if shard is not None:
+            shard.flush()  # before the result is sent: what was delivered is on disk
+        return self.collate(samples), written, records, budget_error
+
+    def read(self, task: m.Task) -> Any:
+        reader = self.reader(task.reader)
+        if self.custom_collate:
+            return self.collate([reader.get(int(i), copy=False) for i in task.indices])
+        return reader.get_batch(task.indices)
+
+    def produce(self, task: m.Task) -> tuple[Any, int, list | None, str | None]:
+        if task.mode == "read":
+            return self.read(task), 0, None, None
+        return self.compute(task)
+
+    def close(self) -> None:
+        try:
+            self.close_shard()
+        finally:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+
+def _failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.TaskFailed:
+    epoch, seq, part = (task.epoch, task.seq, task.part) if task is not None else (-1, -1, -1)
+    if isinstance(exc, SampleError):
+        return m.TaskFailed.from_exception(exc.cause, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
+                                           index=exc.index, kind="dataset")
+    kind = "budget" if isinstance(exc, BudgetExceededError) else (
+        "store" if isinstance(exc, CacheStoreError) else "dataset")
+    return m.TaskFailed.from_exception(exc, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
+                                       index=None, kind=kind)
+
+
+def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
+    """Run one task and put its batch into the task's slot."""
+    if task.mode == "read" and not producer.custom_collate:
+        meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
+                            producer.reader(task.reader), task.indices)
+        if meta is not None:
+            return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta)
+    batch, written, records, budget_error = producer.produce(task)
+    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, batch)
+    return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, written=written, records=records,
+                       budget_error=budget_error)
+
+
+def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
+    """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
+    parent = os.getppid()
+    if config.gpu_index is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
+    try:
+        dataset = config.dataset_class(**config.dataset_params)
+    except BaseException as exc:
+        conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
+                                              index=None, kind="init"))
+        return
+    producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
+    segments = WorkerSegments()
+    conn.send(m.Ready(config.worker_id, os.getpid()))
+    try:
+        while True:
+            # Poll with a timeout so an orphaned worker notices its parent is gone.
+            if not conn.poll(1.0):
+                if watch_parent and os.getppid() != parent:
+                    return
+                continue
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return
+            if isinstance(msg, m.Stop):
+                return
+            if isinstance(msg, m.FlushShard):
+                try:
+                    producer.close_shard()
+                    conn.send(m.ShardFlushed(config.worker_id))
+                except Exception as exc:
+                    conn.send(m.ShardFlushed(config.worker_id, error=f"{type(exc).__name__}: {exc}"))
+                continue
+            try:
+                result: Any = run_task(producer, segments, msg, config.worker_id)
+            except Exception as exc:
+                result = _failure(exc, msg, config.worker_id)
+            conn.send(result)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return
+    finally:
+        try:
+            producer.close()
+        finally:
+            segments.close()

@@ -1,0 +1,114 @@
+"""Several processes on one store: readers during a commit, a second writer, shard writers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from cachestore import StoreLockedError, open_store
+
+from .helpers import (WAIT, check_generation, contend_writer, fill_shard, fixed_sample, iterate_generation, leftovers,
+                      recv, write_generation)
+
+N = 48
+
+
+def test_readers_see_only_their_generation_while_a_writer_commits(children, events, disk_store, store_path,
+                                                                   disk_backend):
+    write_generation(disk_store, 0, N)
+    ready, committed = [events() for _ in range(2)], events()
+    procs = [children(iterate_generation, store_path, disk_backend, disk_store.reader(0), 0, N, ready[k], committed)
+             for k in range(2)]
+    for event in ready:
+        assert event.wait(WAIT), "a reader process did not start"
+    write_generation(disk_store, 1, N)  # while both children iterate generation 0
+    committed.set()
+    for _, conn in procs:
+        report = recv(conn)
+        assert report["problems"] == []
+        assert report["generations"] == [0, 0]
+        assert report["latest_after"] == 1  # they saw the commit happen, and kept reading 0
+        assert report["committed_seen"]
+    check_generation(disk_store.reader(), 1, N)
+    check_generation(disk_store.reader(0), 0, N)
+
+
+def test_second_writer_process_is_refused_naming_the_holder(children, disk_store, store_path, disk_backend):
+    write_generation(disk_store, 0, 8)
+    writer = disk_store.writer(1, 4)
+    writer.put(0, fixed_sample(1, 0))
+    proc, conn = children(contend_writer, store_path, disk_backend)
+    outcome, message, seconds = recv(conn)
+    assert outcome == "refused", message
+    assert f"process {os.getpid()}" in message
+    assert seconds < 5  # refused at once, not after waiting for the lock
+    writer.abort()
+    conn.send("released")
+    outcome, pid = recv(conn)
+    assert outcome == "holding" and pid == proc.pid
+    start = time.monotonic()
+    with pytest.raises(StoreLockedError, match=f"process {proc.pid}"):
+        disk_store.writer(1, 4)
+    assert time.monotonic() - start < 5
+    conn.send("release")
+    assert recv(conn) == ("released", proc.pid)
+    proc.join(WAIT)
+    assert proc.exitcode == 0
+    # No damage from the contention: generation 0 intact, nothing left over, writing works.
+    assert disk_store.verify() == []
+    check_generation(disk_store.reader(), 0, 8)
+    assert leftovers(store_path) == []
+    write_generation(disk_store, 1, 4)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_writer_processes_fill_one_generation(children, make_store, store_path, disk_backend, compression):
+    store = make_store(disk_backend, compression=compression)
+    workers = 3
+    with store.writer(0, N) as writer:
+        spec = writer.shard_spec()
+        procs = [children(fill_shard, spec, f"worker-{k}", list(range(k, N - 6, workers)), 0) for k in range(workers)]
+        for i in range(N - 6, N):  # the owner writes some samples itself
+            writer.put(i, fixed_sample(0, i))
+        pids = set()
+        for proc, conn in procs:
+            outcome, count, pid = recv(conn)
+            assert outcome == "done" and count > 0
+            pids.add(pid)
+            proc.join(WAIT)
+            assert proc.exitcode == 0
+        assert len(pids | {os.getpid()}) == workers + 1
+    infos = store.generations()
+    assert [(g.id, g.committed, g.num_samples) for g in infos] == [(0, True, N)]
+    check_generation(store.reader(), 0, N)
+    assert store.verify() == []
+    assert leftovers(store_path) == []
+
+
+def read_in_forked_child(reader, conn) -> None:
+    try:
+        check_generation(reader, 0, 8)
+        conn.send("ok")
+    except BaseException as exc:  # report anything: the parent asserts on the text
+        conn.send(f"{type(exc).__name__}: {exc}")
+
+
+def test_reader_opened_before_a_fork_works_in_the_child(disk_store):
+    # torch's DataLoader forks its workers on Linux with the reader already used in the parent.
+    write_generation(disk_store, 0, 8)
+    reader = disk_store.reader()
+    check_generation(reader, 0, 8)
+    fork = multiprocessing.get_context("fork")
+    parent, child = fork.Pipe()
+    proc = fork.Process(target=read_in_forked_child, args=(reader, child), daemon=True)
+    proc.start()
+    try:
+        assert recv(parent) == "ok"
+    finally:
+        proc.join(WAIT)
+        if proc.is_alive():
+            proc.kill()
+    check_generation(reader, 0, 8)  # and the parent's handles are unharmed

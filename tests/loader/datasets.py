@@ -1,0 +1,62 @@
+"""Datasets the loader tests build in worker processes (importable under spawn)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def _count(counter_dir: str | None, index: int) -> None:
+    # One tiny file append per call: a count of dataset calls across processes.
+    if counter_dir:
+        with open(os.path.join(counter_dir, f"calls-{os.getpid()}.txt"), "a") as f:
+            f.write(f"{index}\n")
+
+
+def read_calls(counter_dir: str) -> list[int]:
+    calls: list[int] = []
+    for name in os.listdir(counter_dir):
+        if name.startswith("calls-"):
+            with open(os.path.join(counter_dir, name)) as f:
+                calls += [int(line) for line in f if line.strip()]
+    return calls
+
+
+class ArangeDataset:
+    """Sample i is {"x": float32 array filled with i (+ noise if augment), "y": i}."""
+
+    def __init__(self, n: int = 100, shape: tuple = (4,), counter_dir: str | None = None,
+                 augment: bool = False, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.n = n
+        self.shape = tuple(shape)
+        self.counter_dir = counter_dir
+        self.augment = augment
+        self.fail_at = fail_at
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        _count(self.counter_dir, index)
+        if index == self.fail_at:
+            raise KeyError(f"sample {index} is broken")
+        if self.delay:
+            time.sleep(self.delay)
+        x = np.full(self.shape, index, dtype=np.float32)
+        if self.augment:
+            x = x + np.random.default_rng().random(self.shape, dtype=np.float32)
+        return {"x": x, "y": index}
+
+
+class FailingInit:
+    def __init__(self, n: int = 10) -> None:
+        raise RuntimeError("cannot open the dataset files")
+
+    def __len__(self) -> int:  # pragma: no cover
+        return 0
+
+    def __getitem__(self, index: int) -> int:  # pragma: no cover
+        return index
