@@ -87,7 +87,11 @@ class Store:
             if meta.get("format", 0) > FORMAT_VERSION:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
-            if fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint):
+            stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)
+            if stale and not readonly and not any(g.committed for g in self.backend.generations()):
+                stale = False  # nothing committed: nothing stale to serve, the new producer takes over
+                meta = {**meta, "fingerprint": None}
+            if stale:
                 raise FingerprintMismatchError(
                     f"{self.path} holds samples produced by something else:\n"
                     f"  stored:    {meta.get('fingerprint')}\n  requested: {fingerprint}\n"

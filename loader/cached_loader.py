@@ -46,6 +46,22 @@ def _distributed_defaults() -> tuple[int, int]:
     return 1, 0
 
 
+class _ConfigFactory:
+    """Builds each worker incarnation's config (a fresh shard id every time)."""
+
+    def __init__(self, dataset_class: type, params: dict, collate_fn: Callable | None,
+                 gpu_indices: list[int] | None, allow_pickle: bool) -> None:
+        self.args = (dataset_class, params, collate_fn, gpu_indices, allow_pickle)
+        self.incarnations = 0
+
+    def __call__(self, wid: int) -> WorkerConfig:
+        dataset_class, params, collate_fn, gpu_indices, allow_pickle = self.args
+        self.incarnations += 1
+        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset_class=dataset_class,
+                            dataset_params=params, collate_fn=collate_fn,
+                            gpu_index=gpu_indices[wid] if gpu_indices else None, allow_pickle=allow_pickle)
+
+
 class _Resources:
     """Everything that must be released: the shutdown path shared by close(), GC and exit."""
 
@@ -55,7 +71,13 @@ class _Resources:
         self.writer: Any = None
         self.store: Store | None = None
 
+    def discard_dead_shard(self, dead: Any) -> None:
+        """A worker died: forget what it wrote for batches that were never delivered."""
+        if self.writer is not None and self.writer.state == "open":
+            self.writer.discard_shard_tail(dead.shard_id, dead.written)
+
     def release(self) -> None:
+        """Release everything (see the shutdown note in :mod:`loader.pool`)."""
         # Order: stop the writers (workers) before removing what they write into.
         pool, self.pool = self.pool, None
         if pool is not None:
@@ -225,7 +247,6 @@ class CachedLoader:
         self.epoch_stats: list[EpochStats] = []
         self._epoch = 0
         self._active: Any = None
-        self._incarnations = 0
         self._cache_off = False
         self._base: int | None = None
 
@@ -301,26 +322,18 @@ class CachedLoader:
         if latest is not None:
             log.info("reusing generation %d of %s", latest, self._store_path())
 
-    def _worker_config(self, wid: int) -> WorkerConfig:
-        self._incarnations += 1
-        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self._incarnations}", dataset_class=self.dataset_class,
-                            dataset_params=self.dataset_params, collate_fn=self.collate_fn,
-                            gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
-                            allow_pickle=self.cache.allow_pickle if self.cache else False)
-
     def _ensure_pool(self) -> WorkerPool:
         if self._res.pool is None:
-            self._res.pool = WorkerPool(self._worker_config, self.nb_worker, self.use_threading,
+            # The pool must not reference the loader: the finalizer that releases the
+            # pool would then keep the loader alive forever.
+            make_config = _ConfigFactory(self.dataset_class, self.dataset_params, self.collate_fn, self.gpu_indices,
+                                         self.cache.allow_pickle if self.cache else False)
+            self._res.pool = WorkerPool(make_config, self.nb_worker, self.use_threading,
                                         self.start_method, self.max_worker_restarts)
-            self._res.pool.on_death = self._on_worker_death
+            self._res.pool.on_death = self._res.discard_dead_shard
         if self._res.slots is None:
             self._res.slots = SlotPool(min(self.max_queue_size, 4))
         return self._res.pool
-
-    def _on_worker_death(self, dead: Any) -> None:
-        writer = self._res.writer
-        if writer is not None and writer.state == "open":
-            writer.discard_shard_tail(dead.shard_id, dead.written)
 
     # ------------------------------------------------------------------ plan
     def _partition(self, epoch: int) -> np.ndarray:

@@ -259,7 +259,9 @@ class MemmapGeneration(GenerationData):
         if out is None:
             out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
         for col, dest in zip(self.columns, out):
-            np.take(col, idx, axis=0, out=dest)
+            # mode="clip": the indices are checked above, and the default mode="raise" makes
+            # np.take gather into a temporary and copy it into `out` (half the speed).
+            np.take(col, idx, axis=0, out=dest, mode="clip")
         if self.verify:
             expected = self.rows["checksum"][idx]
             for j in range(idx.size):

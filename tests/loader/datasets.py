@@ -60,3 +60,42 @@ class FailingInit:
 
     def __getitem__(self, index: int) -> int:  # pragma: no cover
         return index
+
+
+class KillSelfDataset(ArangeDataset):
+    """Dies with SIGKILL whenever it computes `kill_at` (a crash in native code, say)."""
+
+    def __init__(self, kill_at: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.kill_at = kill_at
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.kill_at:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+class BigSampleDataset(ArangeDataset):
+    """Samples of `mib` MiB each: a batch larger than any initial shared-memory slot."""
+
+    def __init__(self, n: int = 8, mib: float = 2.0, **kwargs) -> None:
+        side = int((mib * (1 << 20) / 4) ** 0.5)
+        super().__init__(n=n, shape=(side, side), **kwargs)
+
+
+class MixedDataset:
+    """Samples with numpy, torch, nested containers and scalars."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        import torch
+
+        return {"img": np.full((2, 3), index, np.uint8), "t": torch.full((3,), float(index)),
+                "pair": (index, float(index) / 2), "flag": index % 2 == 0, "name": f"s{index}"}

@@ -1,0 +1,55 @@
+"""Fixtures of the loader tests: leak checks for processes, shared memory and files."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import psutil
+import pytest
+
+from loader.shm import shm_dir
+
+
+def live_children() -> list[psutil.Process]:
+    """Child processes of this test process, except multiprocessing's resource tracker."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any("resource_tracker" in part for part in child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(child)
+    return out
+
+
+def my_segments() -> list[str]:
+    return glob.glob(os.path.join(shm_dir(), f"cachestore-{os.getpid()}-*"))
+
+
+def leftovers(root: str) -> list[str]:
+    """Staging directories, temp files and locks anywhere under `root`."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if name.startswith(".staging-") or name.endswith(".tmp") or name in ("writer.lock", "lock.mdb"):
+                found.append(os.path.join(dirpath, name))
+    return found
+
+
+@pytest.fixture
+def no_leaks(tmp_path):
+    """Fails the test if it leaves worker processes, segments or store debris behind."""
+    yield tmp_path
+    import gc
+
+    gc.collect()
+    children = live_children()
+    for child in children:
+        child.kill()
+    assert not children, f"processes left behind: {children}"
+    assert not my_segments(), f"shared memory left behind: {my_segments()}"
+    assert not leftovers(str(tmp_path)), f"files left behind: {leftovers(str(tmp_path))}"

@@ -1,0 +1,143 @@
+"""Worker errors, worker deaths, abandoned loaders: errors surface, nothing hangs or stays."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from cachestore import open_store
+from cachestore.errors import WorkerError
+from loader import CachedLoader
+
+from .conftest import leftovers, live_children, my_segments
+from .datasets import ArangeDataset, FailingInit, KillSelfDataset, read_calls
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_getitem_error_reraises_with_index_type_and_traceback(no_leaks, cache):
+    setting = {"prefix": str(no_leaks / "c"), "update_frequency": 2} if cache else None
+    loader = CachedLoader(ArangeDataset, {"n": 40, "fail_at": 17}, batch_size=4, nb_worker=2, cache_setting=setting)
+    start = time.monotonic()
+    with pytest.raises(KeyError) as info:
+        for _ in loader:
+            pass
+    assert time.monotonic() - start < 20
+    text = str(info.value)
+    assert "sample 17" in text and "sample 17 is broken" in text and "Worker traceback" in text
+    assert "__getitem__" in text
+    # The loader is usable again afterwards (new workers), and close leaves nothing.
+    if not cache:
+        with pytest.raises(KeyError):
+            list(loader)
+    loader.close()
+
+
+def test_constructor_failure_raises_at_construction(no_leaks):
+    with pytest.raises(RuntimeError, match="cannot open the dataset files"):
+        CachedLoader(FailingInit, {"n": 3}, batch_size=2, nb_worker=2)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_killed_worker_is_replaced_and_epoch_is_complete(no_leaks, cache):
+    setting = {"prefix": str(no_leaks / "c"), "update_frequency": 3} if cache else None
+    with CachedLoader(ArangeDataset, {"n": 60, "delay": 0.005}, batch_size=4, nb_worker=2, seed=0,
+                      max_queue_size=4, cache_setting=setting) as loader:
+        seen: list[int] = []
+        values = {}
+        for step, batch in enumerate(loader):
+            if step == 2:
+                os.kill(loader.worker_pids()[0], signal.SIGKILL)
+            for y, x in zip(batch["y"].tolist(), batch["x"]):
+                seen.append(y)
+                values[y] = np.array(x)
+        assert sorted(seen) == list(range(60)), "every index exactly once despite the death"
+        if cache:
+            # The generation written around the death is complete and correct.
+            assert loader.epoch_stats[0].committed
+            for batch in loader:
+                for y, x in zip(batch["y"].tolist(), batch["x"]):
+                    assert np.array_equal(x, values[y])
+            assert loader.epoch_stats[1].mode == "read"
+            assert not loader.store.verify()
+
+
+def test_repeated_deaths_end_in_clear_error(no_leaks):
+    loader = CachedLoader(KillSelfDataset, {"kill_at": 5, "n": 20}, batch_size=4, nb_worker=2,
+                          max_worker_restarts=2)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="max_worker_restarts=2"):
+        list(loader)
+    assert time.monotonic() - start < 60
+    loader.close()
+
+
+def test_break_close_twice_and_gc_leave_nothing(no_leaks):
+    prefix = str(no_leaks / "c")
+    loader = CachedLoader(ArangeDataset, {"n": 200, "delay": 0.002}, batch_size=4, nb_worker=2,
+                          cache_setting={"prefix": prefix, "update_frequency": 2})
+    for step, _ in enumerate(loader):
+        if step == 3:
+            break
+    assert loader.store.latest() is None, "a broken-off epoch commits nothing"
+    assert not leftovers(prefix)
+    loader.close()
+    loader.close()
+    # Garbage collection without close().
+    loader = CachedLoader(ArangeDataset, {"n": 50}, batch_size=4, nb_worker=2,
+                          cache_setting={"prefix": prefix + "2", "update_frequency": 2})
+    it = iter(loader)
+    next(it)
+    assert live_children() and my_segments()
+    del it, loader
+    gc.collect()
+    assert not live_children()
+    assert not my_segments()
+
+
+def _refresh_forever(prefix: str, calls_dir: str, conn) -> None:
+    with CachedLoader(ArangeDataset, {"n": 40, "counter_dir": calls_dir}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+        for epoch in range(10):
+            for step, _ in enumerate(loader):
+                if epoch == 2 and step == 3:
+                    conn.send("refreshing")  # mid-way through the second refresh epoch
+                    conn.recv()  # never comes: the parent kills us here
+
+
+def test_process_killed_during_refresh_leaves_previous_generation(no_leaks):
+    prefix = str(no_leaks / "c")
+    calls_dir = no_leaks / "calls"
+    calls_dir.mkdir()
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_refresh_forever, args=(prefix, str(calls_dir), child))
+    proc.start()
+    assert parent.poll(60), "child never reached the refresh epoch"
+    assert parent.recv() == "refreshing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    # Its workers notice the parent is gone and exit by themselves.
+    deadline = time.monotonic() + 15
+    while live_children() and time.monotonic() < deadline:
+        live_children()[0].wait(timeout=1)
+    store = open_store(prefix, readonly=True)
+    assert store.latest() == 0
+    assert any(not g.committed for g in store.generations()), "the crash left its staging"
+    before = len(read_calls(str(calls_dir)))
+    with CachedLoader(ArangeDataset, {"n": 40, "counter_dir": str(calls_dir)}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+        assert sorted(y for b in loader for y in b["y"].tolist()) == list(range(40))
+        assert loader.epoch_stats[0].mode == "read"
+        assert not loader.store.verify()
+    assert len(read_calls(str(calls_dir))) == before
+    # Staging left by the crash is removed by the next writer or by prune.
+    open_store(prefix).prune()
+    assert not leftovers(prefix)
