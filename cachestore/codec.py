@@ -24,6 +24,7 @@ variable-size layouts: a 16-byte header, the treedef as JSON, then each leaf,
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import struct
 import sys
@@ -322,7 +323,52 @@ def encode_record(treedef: tuple, leaves: Sequence[np.ndarray], compress: bool =
     return _HEADER.pack(_MAGIC, flags, len(meta), 0) + body
 
 
-_treedef_cache: dict[bytes, tuple] = {}
+#: Record structure JSON -> (treedef, [(dtype, shape, count, nbytes) per leaf]): parsing it and
+#: sizing its leaves again for every record cost more than reading a 48 KiB sample.
+_treedef_cache: dict[bytes, tuple[tuple, list[tuple[np.dtype, tuple, int, int]]]] = {}
+
+
+def _structure(meta: bytes) -> tuple[tuple, list[tuple[np.dtype, tuple, int, int]]]:
+    """``(treedef, [(dtype, shape, count, nbytes) per leaf])`` of a record's structure JSON."""
+    cached = _treedef_cache.get(meta)
+    if cached is None:
+        try:
+            treedef = treedef_from_json(json.loads(meta))
+            layout = [(dtype, shape, math.prod(shape), dtype.itemsize * math.prod(shape))
+                      for dtype, shape in leaf_specs(treedef)]
+        except (ValueError, IndexError, TypeError, KeyError) as exc:
+            raise CorruptSampleError(f"record structure is unreadable: {exc}") from exc
+        cached = (treedef, layout)
+        if len(_treedef_cache) < 4096:  # bounded: variable-shape data would grow it forever
+            _treedef_cache[meta] = cached
+    return cached
+
+
+def record_layout(buf: Any) -> tuple[tuple, int, list[tuple[int, int]]] | None:
+    """Where the leaves of an uncompressed record lie, so a batch can be gathered without decoding.
+
+    Returns ``(treedef, head, [(offset, nbytes) per leaf])`` with offsets from the start of
+    the record; ``head`` is the length of header plus structure JSON, so records of the same
+    length whose first ``head`` bytes are equal share this layout. ``None`` for a compressed
+    record.
+    """
+    view = memoryview(buf).cast("B")
+    if len(view) < _HEADER.size:
+        raise CorruptSampleError("record shorter than its header")
+    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
+    if magic != _MAGIC:
+        raise CorruptSampleError("record has a bad magic number")
+    if flags & _FLAG_ZSTD:
+        return None
+    head = _HEADER.size + meta_len
+    treedef, layout = _structure(bytes(view[_HEADER.size:head]))
+    offset, spans = head + _pad(meta_len), []
+    for _, _, _, nbytes in layout:
+        if offset + nbytes > len(view):
+            raise CorruptSampleError("record is truncated")
+        spans.append((offset, nbytes))
+        offset += nbytes + _pad(nbytes)
+    return treedef, head, spans
 
 
 def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]:
@@ -343,23 +389,13 @@ def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]
             body = memoryview(_zstd()[1].decompress(body))
         except Exception as exc:  # zstandard raises its own ZstdError
             raise CorruptSampleError(f"record does not decompress: {exc}") from exc
-    meta = bytes(body[:meta_len])
-    treedef = _treedef_cache.get(meta)
-    if treedef is None:
-        try:
-            treedef = treedef_from_json(json.loads(meta))
-        except (ValueError, IndexError, TypeError) as exc:
-            raise CorruptSampleError(f"record structure is unreadable: {exc}") from exc
-        if len(_treedef_cache) < 4096:  # bounded: variable-shape data would grow it forever
-            _treedef_cache[meta] = treedef
+    treedef, layout = _structure(bytes(body[:meta_len]))
     offset = meta_len + _pad(meta_len)
     leaves = []
-    for dtype, shape in leaf_specs(treedef):
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    for dtype, shape, count, nbytes in layout:
         if offset + nbytes > len(body):
             raise CorruptSampleError("record is truncated")
-        arr = np.frombuffer(body, dtype=dtype, count=nbytes // dtype.itemsize if dtype.itemsize else 0,
-                            offset=offset).reshape(shape)
+        arr = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
         leaves.append(arr.copy() if copy else arr)
         offset += nbytes + _pad(nbytes)
     return treedef, leaves

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -37,11 +39,11 @@ log = logging.getLogger(__name__)
 
 
 def _distributed_defaults() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
+    """World size and rank when torch.distributed is initialised, else (1, 0)."""
+    # Only a process that imported torch.distributed can have initialised it:
+    # importing torch here would cost a second for nothing.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
 
@@ -416,8 +418,6 @@ class CachedLoader:
             self._res.pool.restarts = 0  # max_worker_restarts counts per epoch
         sink = self._begin_generation(plan.generation) if plan.mode == "generate" else None
         store = self._res.store
-        import time
-
         t0 = time.perf_counter()
         finished = False
         try:

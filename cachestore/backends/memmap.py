@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import xxhash
 
 from .. import codec
 from ..collate import stack_samples
@@ -263,11 +264,33 @@ class MemmapGeneration(GenerationData):
             # np.take gather into a temporary and copy it into `out` (half the speed).
             np.take(col, idx, axis=0, out=dest, mode="clip")
         if self.verify:
-            expected = self.rows["checksum"][idx]
-            for j in range(idx.size):
-                if checksum([dest[j, ...] for dest in out]) != expected[j]:
-                    raise self.corrupt(int(idx[j]), "checksum mismatch")
+            self._verify_rows(idx, out)
         return codec.unflatten_batch(self.schema, out)
+
+    def _verify_rows(self, idx: np.ndarray, out: list[np.ndarray]) -> None:
+        """Check the checksum of every gathered row (what :func:`checksum` of its leaves gives).
+
+        Hashing 48 KiB takes ~1.5 us; building per-row lists of views and a hasher each time
+        cost as much again. So: flat byte rows made once per batch, one reused hasher, and
+        expected sums as Python ints.
+        """
+        flat = [dest.reshape(idx.size, count).view(np.uint8)
+                for dest, (_, shape) in zip(out, self.specs)
+                if (count := int(np.prod(shape, dtype=np.int64)))]
+        expected = self.rows["checksum"][idx].tolist()
+        if len(flat) == 1:
+            (rows,) = flat
+            bad = [j for j in range(idx.size) if xxhash.xxh3_64_intdigest(rows[j]) != expected[j]]
+        else:
+            hasher, bad = xxhash.xxh3_64(), []
+            for j in range(idx.size):
+                hasher.reset()
+                for rows in flat:
+                    hasher.update(rows[j])
+                if hasher.intdigest() != expected[j]:
+                    bad.append(j)
+        if bad:
+            raise self.corrupt(int(idx[bad[0]]), "checksum mismatch")
 
     def close(self) -> None:
         self.columns = []
