@@ -47,7 +47,10 @@ def checksum(parts: Sequence[Any]) -> int:
 
 def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) -> np.ndarray:
     """`indices` as an int64 array in ``0..n-1``; negative ones count from the end, like ``read``."""
-    idx = np.asarray(indices, dtype=np.int64)
+    idx = np.asarray(indices)
+    if idx.size and idx.dtype.kind not in "iu":  # as read(): no floats or bools taken for indices
+        raise TypeError(f"sample indices are ints, got an array of {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
     if idx.size and (idx.min() < -n or idx.max() >= n):
         bad = idx[(idx < -n) | (idx >= n)][0]
         raise IndexError(f"index {bad} out of range for generation {generation} of {n} samples")

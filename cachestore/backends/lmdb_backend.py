@@ -33,7 +33,7 @@ from .. import codec
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CorruptSampleError
-from .base import GenerationData, ShardWriter, checksum
+from .base import GenerationData, ShardWriter, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
 
 _KEY = struct.Struct(">Q")
@@ -257,7 +257,7 @@ class LmdbGeneration(GenerationData):
     def read_batch(self, indices: Any, out: Any = None) -> Any:
         if out is not None:
             raise ValueError("out= is only supported for generations with a fixed layout")
-        checked = [self.check_index(i) for i in indices]
+        checked = batch_indices(indices, self.num_samples, self.generation).tolist()
         batch = self._gather(checked) if checked else None
         if batch is not None:
             return batch
@@ -298,10 +298,11 @@ class LmdbGeneration(GenerationData):
                                   for dest, (start, nbytes) in zip(out, spans) if nbytes]
                     elif value is None or len(value) != size or value[_SUM.size:_SUM.size + head] != prefix:
                         return None
-                    elif verify and checksum([value[_SUM.size:]]) != _SUM.unpack_from(value)[0]:
-                        raise self.corrupt(i, "checksum mismatch")
                     for rows, start, nbytes in copies:
                         rows[j] = np.frombuffer(value, np.uint8, nbytes, _SUM.size + start)
+                    # Hashed after the copy, while the record is still in cache from it.
+                    if j and verify and checksum([value[_SUM.size:]]) != _SUM.unpack_from(value)[0]:
+                        raise self.corrupt(i, "checksum mismatch")
         except lmdb.Error as exc:
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
         return codec.unflatten_batch(treedef, out)

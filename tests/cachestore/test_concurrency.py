@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cachestore import StoreLockedError, open_store
+from cachestore import StoreLockedError
 
 from .helpers import (WAIT, check_generation, contend_writer, fill_shard, fixed_sample, iterate_generation, leftovers,
                       recv, write_generation)
