@@ -109,7 +109,8 @@ def _error(message: str) -> None:
 
 
 def find_stores(path: str) -> tuple[list[str], bool]:
-    """The stores at `path`: ``([path], False)``, or ``(subdirectory stores, True)`` for a parent.
+    """The stores at `path`: ``([path], False)``, or ``(subdirectory stores, True)`` for a parent
+    (``([], True)`` for a rotation prefix that holds only ``rotation-*`` windows).
 
     Raises
     ------
@@ -126,6 +127,8 @@ def find_stores(path: str) -> tuple[list[str], bool]:
         subs = [e for e in root.iterdir() if e.is_dir() and not e.is_symlink() and (e / META_NAME).is_file()]
         if subs:
             return [str(e) for e in sorted(subs, key=lambda e: _natural_key(e.name))], True
+        if rotation_windows(root):  # a rotation_setting prefix: windows only, no store
+            return [], True
     raise NotAStoreError(f"{path} is not a cachestore store: no {META_NAME} in it or in its subdirectories; "
                          "give the path the loader got as prefix")
 
@@ -200,7 +203,7 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
         print(json.dumps({"path": args.path, "stores": stores, "rotation_windows": parent_windows},
                          indent=2, default=str))
     else:
-        if is_parent:
+        if is_parent and roots:
             print(f"{args.path}: {len(roots)} stores\n")
         print("\n\n".join("\n".join(_render_store(doc)) for doc in stores))
         if parent_windows:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from cachestore import Store, open_store
+from cachestore.collate import stack_samples
 from cachestore.errors import StoreLockedError
 
 from . import sampler
@@ -31,6 +32,7 @@ from .epoch import EpochPlan, EpochStats, GenerationSink, run_inline, run_pool
 from .fingerprint import class_path, dataset_fingerprint, describe_params
 from .messages import WorkerConfig
 from .pool import WorkerPool
+from .rotation import DiskWindow, MemoryWindow, batch_sizes, rotation_schedule, run_rotation
 from .settings import CacheSettings, RotationSettings, check_int
 from .shm import SlotPool, sweep_dead_segments
 from .worker import BatchProducer
@@ -72,6 +74,7 @@ class _Resources:
         self.slots: SlotPool | None = None
         self.writer: Any = None
         self.store: Store | None = None
+        self.window: Any = None
 
     def discard_dead_shard(self, dead: Any) -> None:
         """A worker died: forget what it wrote for batches that were never delivered."""
@@ -90,6 +93,9 @@ class _Resources:
         slots, self.slots = self.slots, None
         if slots is not None:
             slots.close()
+        window, self.window = self.window, None
+        if window is not None:
+            window.close()
         store, self.store = self.store, None
         if store is not None:
             store.close()
@@ -301,6 +307,8 @@ class CachedLoader:
         self._indices = self._partition(0)
         if self.cache is not None:
             self._open_store()
+        if self.rotation is not None:
+            self._open_window()
         if self.nb_worker > 0:
             self._ensure_pool()
 
@@ -323,6 +331,29 @@ class CachedLoader:
         self._base = latest if latest is not None else 0
         if latest is not None:
             log.info("reusing generation %d of %s", latest, self._store_path())
+
+    def _open_window(self) -> None:
+        slots = self.rotation.window(len(self._indices), self.batch_size)
+        if self.rotation.medium == "disk":
+            self._res.window = DiskWindow(self.rotation.prefix, slots)
+        else:
+            self._res.window = MemoryWindow(slots)
+
+    def _switch_to_rotation(self, fits: int | None) -> None:
+        """``on_budget_exceeded="rotate"``: the cache does not fit; rotate through a disk window that does."""
+        k = self.cache.update_frequency
+        rotation = int(k) if k != math.inf else 4
+        available = self._res.store._budget().available
+        if fits and available:
+            # One file per slot: allocated in whole blocks, plus the record header.
+            per_slot = -(-(available / fits + 512) // 4096) * 4096
+            fits = int(available // per_slot)
+        size = max(1, min(fits if fits is not None else self.batch_size, len(self._indices)))
+        self.rotation = RotationSettings("disk", rotation, size, self._store_path())
+        self._open_window()
+        log.warning("the cache of %d samples does not fit the disk budget of %s: switching to disk rotation "
+                    "(rotation=%d, size=%d samples, window under %s); an epoch now serves %d batches",
+                    len(self._indices), self._store_path(), rotation, size, self._store_path(), len(self))
 
     def _ensure_pool(self) -> WorkerPool:
         if self._res.pool is None:
@@ -353,12 +384,17 @@ class CachedLoader:
         return len(self._indices) if self._started else -(-self.num_samples // self.nb_consumer)
 
     def __len__(self) -> int:
+        if self.rotation is not None:
+            return len(batch_sizes(self.samples_per_epoch, self.rotation.rotation, self.batch_size, self.drop_last))
         return sampler.num_batches(self.samples_per_epoch, self.batch_size, self.drop_last)
 
     def _plan(self, epoch: int) -> EpochPlan:
         if self.cache is None and self.nb_consumer > 1:
             self._indices = self._partition(epoch)
         order = sampler.epoch_order(len(self._indices), epoch, self.seed, self.shuffle, self.nearby_shuffle)
+        if self.rotation is not None:
+            # Generation order: the i-th generated sample is dataset index indices[order[i]].
+            return EpochPlan(epoch, "rotate", None, [], self._indices[order])
         batches = sampler.split_batches(order, self.batch_size, self.drop_last)
         store = self._res.store
         if store is None or self._cache_off:
@@ -421,7 +457,9 @@ class CachedLoader:
         t0 = time.perf_counter()
         finished = False
         try:
-            if self.nb_worker == 0 or (plan.mode == "read" and not store.backend.persistent):
+            if plan.mode == "rotate":
+                batches = self._rotation_batches(plan, stats)
+            elif self.nb_worker == 0 or (plan.mode == "read" and not store.backend.persistent):
                 reader = store.reader(plan.generation) if plan.mode == "read" else None
                 batches = run_inline(plan, self._producer, reader, sink, stats)
             else:
@@ -442,6 +480,23 @@ class CachedLoader:
                 writer, self._res.writer = self._res.writer, None
                 writer.abort()  # a broken-off or failed epoch commits nothing
 
+    def _rotation_batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
+        rng = np.random.default_rng([self.seed, plan.epoch, 2])
+        schedule = rotation_schedule(len(plan.indices), self.rotation.rotation, self._res.window.slots,
+                                     self.batch_size, self.drop_last, rng)
+        self._res.window.reset()
+        if self.nb_worker == 0:
+            def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
+                for indices in arrays:
+                    yield [self.dataset[int(i)] for i in indices]
+        else:
+            def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
+                compute = EpochPlan(plan.epoch, "compute", None, arrays, np.arange(self.num_samples))
+                return run_pool(compute, self._ensure_pool(), self._res.slots, None, None, self.max_queue_size,
+                                self.max_minibatch_length, stats, None, self._kill_pool, collate=False)
+        return run_rotation(schedule, plan.indices, self._res.window, fresh, self.collate_fn or stack_samples,
+                            stats, rng)
+
     def _finish_generation(self, plan: EpochPlan, sink: GenerationSink, stats: EpochStats) -> None:
         writer, self._res.writer = self._res.writer, None
         pool = self._res.pool
@@ -452,6 +507,8 @@ class CachedLoader:
             if errors and sink.failed is None:
                 raise RuntimeError(f"workers could not finish generation {plan.generation}: {'; '.join(errors)}")
             self._cache_off = True
+            if self.cache.on_budget_exceeded == "rotate":
+                self._switch_to_rotation(sink.fits)
             return
         info = writer.commit(extra={"epochs": [plan.epoch], "update_frequency": self.cache.update_frequency
                                     if self.cache.update_frequency != math.inf else None})

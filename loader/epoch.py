@@ -70,6 +70,7 @@ class GenerationSink:
         self.in_workers = in_workers
         self._main_shard: Any = None
         self.failed: str | None = None
+        self.fits: int | None = None  # samples that would fit the budget, when known
 
     @property
     def active(self) -> bool:
@@ -92,11 +93,13 @@ class GenerationSink:
                 return 0
         return len(records)
 
-    def over_budget(self, message: str, exc: BaseException | None = None) -> None:
+    def over_budget(self, message: str, exc: BaseException | None = None, fits: int | None = None) -> None:
         if self.policy == "error":
             raise exc if exc is not None else BudgetExceededError(message)
         if self.failed is None:
-            log.warning("cache disabled, serving uncached samples from now on: %s", message)
+            if self.policy == "stream":
+                log.warning("cache disabled, serving uncached samples from now on: %s", message)
+            self.fits = fits if fits is not None else getattr(exc, "fits_samples", None)
         self.failed = message
 
     def close_main(self) -> None:
@@ -124,7 +127,7 @@ def run_inline(plan: EpochPlan, producer: Any, reader: Any, sink: GenerationSink
             stats.computed += len(positions)
             stats.written += written
             if budget_error is not None and sink is not None:
-                sink.over_budget(budget_error)
+                sink.over_budget(budget_error, fits=producer.budget_fits)
         stats.batches += 1
         stats.samples += len(positions)
         yield batch
@@ -152,28 +155,42 @@ def concat_batches(parts: list[Any]) -> Any:
 
 def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None, reader_key: tuple | None,
              max_in_flight: int, minibatch: int | None, stats: EpochStats, prefetch_time: float | None,
-             on_failure: Callable[[], None]) -> Iterator[Any]:
-    """An epoch run by the worker pool; yields batches in order."""
-    tasks: list[list[m.Task]] = []
-    for seq, positions in enumerate(plan.batches):
-        step = minibatch or len(positions) or 1
-        tasks.append([m.Task(seq=seq, part=p, epoch=plan.epoch, indices=positions[s:s + step], mode=plan.mode)
-                      for p, s in enumerate(range(0, max(len(positions), 1), step))])
+             on_failure: Callable[[], None], collate: bool = True) -> Iterator[Any]:
+    """An epoch run by the worker pool; yields batches in order.
+
+    ``plan.batches`` may be any iterable of position arrays (it is consumed
+    ``max_in_flight`` batches ahead). With ``collate=False`` each batch is the
+    list of its samples.
+    """
+    source = iter(plan.batches)
     inflight: dict[tuple[int, int], m.Task] = {}
+    parts_of: dict[int, int] = {}
+    sizes: dict[int, int] = {}
     done: dict[int, dict[int, Any]] = {}
     submitted = delivered = 0
+    exhausted = False
     prefetch_deadline = time.monotonic() + prefetch_time if prefetch_time else None
 
-    def submit(seq: int) -> None:
-        for task in tasks[seq]:
+    def submit(seq: int, positions: np.ndarray) -> None:
+        sizes[seq] = len(positions)
+        if len(positions) == 0:
+            parts_of[seq] = 1
+            done[seq] = {0: []}
+            return
+        step = minibatch or len(positions)
+        starts = range(0, len(positions), step)
+        parts_of[seq] = len(starts)
+        for part, s in enumerate(starts):
+            chunk = positions[s:s + step]
             slot, name, size = slots.acquire()
-            fields: dict[str, Any] = {"slot": slot, "slot_name": name, "slot_size": size}
+            fields: dict[str, Any] = {"seq": seq, "part": part, "epoch": plan.epoch, "indices": chunk,
+                                      "mode": plan.mode, "slot": slot, "slot_name": name, "slot_size": size,
+                                      "collate": collate}
             if plan.mode == "read":
                 fields["reader"] = reader_key
             else:
-                positions = task.indices
-                fields["indices"] = plan.indices[positions]
-                fields["positions"] = positions
+                fields["indices"] = plan.indices[chunk]
+                fields["positions"] = chunk
                 if plan.mode == "generate" and sink is not None and sink.active:
                     if sink.in_workers:
                         fields["shard"] = sink.spec
@@ -182,29 +199,37 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
                     fields["on_budget"] = sink.policy
                 else:
                     fields["mode"] = "compute"
-            task = m.Task(**{**task.__dict__, **fields})
-            inflight[(task.seq, task.part)] = task
+            task = m.Task(**fields)
+            inflight[(seq, part)] = task
             pool.submit(task)
 
     try:
-        while delivered < len(tasks):
-            while submitted < len(tasks) and submitted - delivered < max_in_flight:
-                submit(submitted)
+        while True:
+            while not exhausted and submitted - delivered < max_in_flight:
+                positions = next(source, None)
+                if positions is None:
+                    exhausted = True
+                    break
+                submit(submitted, positions)
                 submitted += 1
+            if exhausted and delivered == submitted:
+                return
             parts = done.get(delivered)
-            prefetching = prefetch_deadline is not None and time.monotonic() < prefetch_deadline and (
-                submitted - delivered > len(done))
-            if parts is not None and len(parts) == len(tasks[delivered]) and not prefetching:
+            prefetching = (prefetch_deadline is not None and time.monotonic() < prefetch_deadline
+                           and len(inflight) > 0)
+            if parts is not None and len(parts) == parts_of[delivered] and not prefetching:
                 del done[delivered]
                 batch = parts[0] if len(parts) == 1 else concat_batches([parts[p] for p in sorted(parts)])
-                stats.batches += 1
-                stats.samples += len(plan.batches[delivered])
+                if collate:
+                    stats.batches += 1
+                    stats.samples += sizes[delivered]
                 delivered += 1
                 prefetch_deadline = None
                 yield batch
                 continue
             t0 = time.perf_counter()
-            msg = pool.next_message(timeout=None if not prefetching else max(0.0, prefetch_deadline - time.monotonic()))
+            wait = None if not prefetching else max(0.0, prefetch_deadline - time.monotonic())
+            msg = pool.next_message(timeout=wait)
             stats.wait_seconds += time.perf_counter() - t0
             if msg is None:
                 prefetch_deadline = None
@@ -224,13 +249,13 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
             done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
             if plan.mode == "read":
                 stats.read += len(task.indices)
-            else:
+            elif collate:
                 stats.computed += len(task.indices)
                 stats.written += msg.written
                 if msg.records and sink is not None:
                     stats.written += sink.put_records(msg.records)
                 if msg.budget_error is not None and sink is not None:
-                    sink.over_budget(msg.budget_error)
+                    sink.over_budget(msg.budget_error, fits=msg.budget_fits)
     finally:
         # Slots of tasks still running stay lent until their (dropped) results arrive.
         slots.orphan(inflight.values())

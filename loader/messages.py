@@ -49,6 +49,7 @@ class Task:
     send_records: bool = False
     reader: tuple | None = None
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
+    collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class BatchDone:
     written: int = 0
     records: list | None = None
     budget_error: str | None = None
+    budget_fits: int | None = None
 
 
 @dataclass(frozen=True)

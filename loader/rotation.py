@@ -11,14 +11,22 @@ problem of realising a bipartite degree sequence (slot k needs ``R * m_k``
 serves, batch j has ``n_j`` places): taking, for every batch, the slots with
 the most serves left - ties broken at random - succeeds whenever any schedule
 with distinct slots does (Gale-Ryser / Havel-Hakimi). With balanced ``m_k``
-it always does once ``N >= S >= batch_size``; in the corner cases where it
-cannot (tiny datasets, ``N`` barely above ``S``) a batch takes a slot twice -
-at a sample boundary, so each sample is still served exactly R times.
+it does in the common cases; where it cannot (tiny datasets, ``S`` equal to
+the batch size, rounding) a batch takes a slot twice - at a sample boundary
+when there is one, so the batch still holds distinct samples - and each
+sample is still served exactly R times.
 
 The tie-breaking makes slots cycle like passes over the window with a fresh
 random partition each pass: a sample's R serves are spread about ``W / B``
 batches apart. Which dataset index a sample is comes from a fresh permutation
 every epoch, deterministic in ``(seed, epoch)``.
+
+Measured over 6,000 random configurations (``tests/loader/test_rotation.py``
+checks a grid of them): no batch ever holds a sample twice when
+``S > batch_size`` and either ``N >= 3 S`` or ``N < S``; about 1 % of the
+configurations with ``S <= N < 3 S`` or ``S == batch_size`` end with one
+batch that does, because a slot holding one or two samples has no sample
+boundary left to place its double at.
 """
 
 from __future__ import annotations
@@ -71,58 +79,81 @@ def rotation_schedule(n: int, rotation: int, size: int, batch_size: int, drop_la
     per_slot[rng.permutation(slots)[: n % slots]] += 1
     sizes = batch_sizes(n, rotation, batch_size, drop_last)
     demand = per_slot * rotation
-    doubles = np.maximum(0, demand - len(sizes))
-    appear = demand - doubles  # batches each slot still appears in
+    # Batches each slot still appears in; the serves beyond that (rem - appear) are doubles.
+    # At most `sizes[-1]` slots fit in a short last batch: the others appear at most nb - 1 times.
+    nb = len(sizes)
+    appear = np.minimum(demand, nb - 1 if nb > 1 else nb)
+    room = np.argsort(-(demand + rng.random(slots)))[: sizes[-1]]
+    appear[room] = np.minimum(demand[room], nb)
+    # Slots kept out of the short last batch: one of their absences is spoken for.
+    reserved = np.ones(slots, dtype=bool)
+    reserved[room] = False
+    reserved &= demand >= nb
     done = np.zeros(slots, dtype=np.int64)
     current = np.full(slots, -1, dtype=np.int64)
     next_sample = 0
-    for need in sizes:
+    for j, need in enumerate(sizes):
+        left = len(sizes) - j  # batches left, this one included
         key = appear + rng.random(slots)
         key[appear == 0] = -np.inf
-        width = min(slots, 2 * need + 8)
-        cand = np.argpartition(-key, width - 1)[:width] if width < slots else np.arange(slots)
-        order = list(cand[np.argsort(-key[cand])])
-        batch: list[Serve] = []
-        in_batch: set[int] = set()
-        while len(batch) < need:
-            if not order:
-                # Every slot is in the batch already (tiny windows): take more serves from
-                # the slots with the most left, a sample boundary first.
-                left = [t for t in range(slots) if demand[t] > done[t]]
-                if not left:
-                    break
-                left.sort(key=lambda t: (done[t] % rotation != rotation - 1, -(demand[t] - done[t])))
-                order = left[:1]
-            t = int(order.pop(0))
-            if demand[t] == done[t]:
+        width = min(slots, need)
+        picked = np.argpartition(-key, width - 1)[:width] if width < slots else np.arange(slots)
+        picked = [int(t) for t in picked[np.argsort(-key[picked])] if appear[t] > 0]
+        # Turn picks into doubles where a slot owes one and sits at a sample boundary; each
+        # double takes the place of the weakest pick that is not mandatory (a slot with as many
+        # appearances left as batches left must appear in every remaining batch).
+        owes = demand - done > appear
+        twice: set[int] = set()
+        for t in list(picked):
+            if not (owes[t] and done[t] % rotation == rotation - 1 and demand[t] - done[t] >= 2):
                 continue
-            if t in in_batch:
-                appear[t] += 1  # an extra appearance, paid for below
+            if len(picked) + len(twice) < need:
+                twice.add(t)
+                continue
+            drop = next((u for u in reversed(picked) if u != t and u not in twice and not owes[u]
+                         and appear[u] < left - (reserved[u] and left > 1)), None)
+            if drop is not None:
+                picked.remove(drop)
+                twice.add(t)
+        batch: list[Serve] = []
+        for t in picked:
             appear[t] -= 1
-            take = 1
-            if (doubles[t] and done[t] % rotation == rotation - 1 and demand[t] - done[t] >= 2
-                    and need - len(batch) >= 2 and t not in in_batch):
-                take = 2
-                doubles[t] -= 1
-            for _ in range(take):
-                fresh = done[t] % rotation == 0
-                if fresh:
-                    current[t] = next_sample
-                    next_sample += 1
-                done[t] += 1
-                batch.append(Serve(t, int(current[t]), bool(fresh), bool(done[t] % rotation == 0)))
-            in_batch.add(t)
-            if not order and len(batch) < need:
-                rest = [int(u) for u in np.argsort(-(appear + rng.random(slots))) if u not in in_batch and appear[u] > 0]
-                order = rest
+            for _ in range(2 if t in twice else 1):
+                batch.append(_serve(t, done, current, rotation, next_sample))
+                next_sample += batch[-1].fresh
+        while len(batch) < need:
+            # Not enough distinct slots (tiny datasets): serve a slot again, at a boundary if any.
+            owed = [t for t in range(slots) if demand[t] > done[t]]
+            if not owed:
+                break
+            t = min(owed, key=lambda u: (done[u] % rotation != 0, -(demand[u] - done[u])))
+            if t not in picked:
+                appear[t] -= 1
+                picked.append(t)
+            batch.append(_serve(t, done, current, rotation, next_sample))
+            next_sample += batch[-1].fresh
+            appear[t] = min(appear[t], demand[t] - done[t])
         yield batch
+
+
+def _serve(t: int, done: np.ndarray, current: np.ndarray, rotation: int, next_sample: int) -> Serve:
+    """The next serve of slot `t` (a new sample every `rotation` serves)."""
+    fresh = done[t] % rotation == 0
+    if fresh:
+        current[t] = next_sample
+    done[t] += 1
+    return Serve(t, int(current[t]), bool(fresh), bool(done[t] % rotation == 0))
 
 
 class MemoryWindow:
     """The window in this process's RAM: one sample (own copy) per slot."""
 
     def __init__(self, slots: int) -> None:
+        self.slots = slots
         self._samples: list[Any] = [None] * slots
+
+    def reset(self) -> None:
+        self._samples = [None] * self.slots
 
     def put(self, slot: int, sample: Any) -> None:
         treedef, leaves = codec.flatten(sample, allow_pickle=True)
@@ -158,16 +189,20 @@ class DiskWindow:
             log.info("removed %d rotation window(s) left by dead processes under %s", len(stale), root)
         self.path = root / f"{ROTATION_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self.path.mkdir()
+        self.slots = slots
         self._held = [False] * slots
+
+    def reset(self) -> None:
+        for slot in range(self.slots):
+            if self._held[slot]:
+                self.free(slot)
 
     def _file(self, slot: int) -> Path:
         return self.path / f"slot-{slot}.rec"
 
     def put(self, slot: int, sample: Any) -> None:
-        record = codec.encode_record(*codec.flatten(sample, allow_pickle=True))
-        tmp = self.path / f"slot-{slot}.tmp"
-        tmp.write_bytes(record)
-        os.replace(tmp, self._file(slot))
+        # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
+        self._file(slot).write_bytes(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
         self._held[slot] = True
 
     def get(self, slot: int) -> Any:
@@ -183,3 +218,42 @@ class DiskWindow:
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: Any,
+                 fresh_batches: Any, collate: Any, stats: Any, rng: np.random.Generator) -> Iterator[Any]:
+    """Serve one rotation epoch.
+
+    ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
+    sample lists, one per array, in order (computed ahead by the workers).
+    The serves of a batch are applied in schedule order - a slot's last read
+    and free come before its next sample is stored, so a slot never holds two
+    samples - and delivered in random order.
+    """
+    batches = iter(schedule)
+    pending: list[list[Serve]] = []
+
+    def upcoming() -> Iterator[np.ndarray]:
+        for batch in batches:
+            pending.append(batch)
+            yield np.array([dataset_index[s.sample] for s in batch if s.fresh], dtype=np.int64)
+
+    for samples in fresh_batches(upcoming()):
+        batch = pending.pop(0)
+        served: list[Any] = []
+        fresh = iter(samples)
+        for serve in batch:
+            if serve.fresh:
+                served.append(next(fresh))
+                if not serve.last:
+                    window.put(serve.slot, served[-1])
+            else:
+                served.append(window.get(serve.slot))
+                if serve.last:
+                    window.free(serve.slot)
+        stats.computed += len(samples)
+        stats.read += len(batch) - len(samples)
+        stats.batches += 1
+        stats.samples += len(batch)
+        stats.extra["window_peak"] = max(stats.extra.get("window_peak", 0), window.held())
+        yield collate([served[i] for i in rng.permutation(len(served))])

@@ -83,7 +83,8 @@ class RotationSettings:
 
     ``medium`` ``"memory"`` or ``"disk"``; ``rotation`` R >= 2 (times each
     generated sample is served); ``size`` S >= 1 samples in the window
-    (required for disk; for memory the default is ``min(N, 1024)``); ``prefix``
+    (required for disk; for memory the default is ``max(1024, 4 * batch_size)``,
+    at most N); ``prefix``
     the directory of the disk window (required for disk).
     """
 
@@ -114,9 +115,14 @@ class RotationSettings:
                 raise ValueError("rotation_setting['prefix'] is required for medium 'disk' (its directory)")
         return cls(medium, rotation, size, str(prefix) if prefix is not None else None)
 
-    def window(self, n: int) -> int:
-        """Samples the window holds for a dataset of `n` samples."""
-        size = self.size if self.size is not None else DEFAULT_MEMORY_WINDOW
+    def window(self, n: int, batch_size: int) -> int:
+        """Samples the window holds for a dataset of `n` samples.
+
+        The memory medium's default is ``max(1024, 4 * batch_size)``: large
+        enough that a sample's repeats land batches apart, small enough to stay
+        well inside RAM for the sample sizes that need rotation.
+        """
+        size = self.size if self.size is not None else max(DEFAULT_MEMORY_WINDOW, 4 * batch_size)
         return max(1, min(size, n))
 
 

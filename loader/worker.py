@@ -42,6 +42,7 @@ class BatchProducer:
         self._writing = True
         self._reader: Any = None
         self._reader_key: Any = None
+        self.budget_fits: int | None = None  # from the last budget error, when known
 
     # generation shards ---------------------------------------------------
     def _shard_for(self, spec: Any) -> Any:
@@ -92,13 +93,14 @@ class BatchProducer:
                     if task.on_budget == "error":
                         raise
                     budget_error = str(exc)
+                    self.budget_fits = getattr(exc, "fits_samples", None)
                     self._writing = False  # stop writing this generation; keep serving
                     shard = None
             if records is not None:
                 records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
         if shard is not None:
             shard.flush()  # before the result is sent: what was delivered is on disk
-        return self.collate(samples), written, records, budget_error
+        return (self.collate(samples) if task.collate else samples), written, records, budget_error
 
     def read(self, task: m.Task) -> Any:
         reader = self.reader(task.reader)
@@ -133,7 +135,7 @@ def _failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.TaskF
 
 def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
     """Run one task and put its batch into the task's slot."""
-    if task.mode == "read" and not producer.custom_collate:
+    if task.mode == "read" and not producer.custom_collate and task.collate:
         meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
                             producer.reader(task.reader), task.indices)
         if meta is not None:
@@ -141,7 +143,7 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
     batch, written, records, budget_error = producer.produce(task)
     meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, batch)
     return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, written=written, records=records,
-                       budget_error=budget_error)
+                       budget_error=budget_error, budget_fits=producer.budget_fits if budget_error else None)
 
 
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:

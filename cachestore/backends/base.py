@@ -96,12 +96,14 @@ class Budget:
         needed = per_sample * num_samples
         if self.available is not None and needed > self.available:
             fits = int(self.available // per_sample) if per_sample else 0
-            raise BudgetExceededError(
+            exc = BudgetExceededError(
                 f"generation {generation} of {self.where} needs about {format_size(needed)} of {self.unit} "
                 f"({num_samples} samples x {format_size(per_sample)}) but only {format_size(self.available)} "
                 f"is available ({self._limit_text()}); a rotation window of about {fits} samples would fit: "
                 f"rotation_setting={{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}"
             )
+            exc.fits_samples = fits  # type: ignore[attr-defined]  # read by on_budget_exceeded="rotate"
+            raise exc
 
     def check_usage(self, generation: int, written: int) -> None:
         """Raise when a generation already took more than the budget allows."""
