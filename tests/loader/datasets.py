@@ -99,3 +99,10 @@ class MixedDataset:
 
         return {"img": np.full((2, 3), index, np.uint8), "t": torch.full((3,), float(index)),
                 "pair": (index, float(index) / 2), "flag": index % 2 == 0, "name": f"s{index}"}
+
+
+class AlwaysFails(ArangeDataset):
+    """Every sample raises: a rank whose data is broken."""
+
+    def __getitem__(self, index: int) -> dict:
+        raise ValueError(f"sample {index} cannot be decoded")

@@ -1,0 +1,52 @@
+"""Run under ``torchrun --nproc_per_node=2``: one CachedLoader per rank, results to JSON.
+
+Usage: ``torchrun ... ddp_script.py OUT_DIR [--fail-rank R] [--cache]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from loader import CachedLoader  # noqa: E402
+from tests.loader.datasets import AlwaysFails, ArangeDataset, read_calls  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--cache", action="store_true")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    calls = os.path.join(args.out, f"calls-rank{rank}")
+    os.makedirs(calls, exist_ok=True)
+    params = {"n": 45, "counter_dir": calls}
+    cache = {"prefix": os.path.join(args.out, "cache"), "update_frequency": 2} if args.cache else None
+    dataset = AlwaysFails if rank == args.fail_rank else ArangeDataset
+    loader = CachedLoader(dataset, params, batch_size=4, nb_worker=2, seed=7, cache_setting=cache)
+    result = {"rank": rank, "world": dist.get_world_size(), "len": len(loader), "epochs": [], "calls": []}
+    with loader:
+        for _ in range(3):
+            served = []
+            for batch in loader:
+                served += batch["y"].tolist()
+                total = torch.tensor([len(batch["y"])])
+                dist.all_reduce(total)  # lockstep, as a DDP step would be
+            result["epochs"].append(served)
+            result["calls"].append(len(read_calls(calls)))
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Several consumers: in-process partitions, and a real two-rank torchrun job (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cachestore.cli import main as cli
+from loader import CachedLoader
+
+from .datasets import ArangeDataset, read_calls
+
+SCRIPT = Path(__file__).with_name("ddp_script.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def consumer_epochs(n: int, k: int, epochs: int, **kwargs) -> list[list[list[int]]]:
+    """Per consumer, per epoch, the indices served."""
+    out = []
+    for i in range(k):
+        with CachedLoader(ArangeDataset, {"n": n}, batch_size=4, nb_worker=0, nb_consumer=k, consumer_index=i,
+                          seed=3, **kwargs) as loader:
+            out.append([[y for b in loader for y in b["y"].tolist()] for _ in range(epochs)])
+    return out
+
+
+@pytest.mark.parametrize("n,k", [(40, 2), (41, 3), (7, 4)])
+def test_consumers_are_disjoint_cover_everything_and_have_equal_lengths(n, k):
+    per = consumer_epochs(n, k, 3)
+    lengths = {len(e) for consumer in per for e in consumer}
+    assert lengths == {-(-n // k)}, "every consumer serves as many samples"
+    for e in range(3):
+        counts = Counter(y for consumer in per for y in consumer[e])
+        assert set(counts) == set(range(n))
+        assert max(counts.values()) <= 2  # padding repeats a few indices once
+        assert sum(counts.values()) - n == -(-n // k) * k - n
+    # Uncached and shuffled: the partition changes between epochs.
+    assert set(per[0][0]) != set(per[0][1])
+
+
+def test_cached_consumers_keep_their_partition_and_own_stores(tmp_path, capsys):
+    prefix = str(tmp_path / "cache")
+    per = consumer_epochs(30, 2, 3, cache_setting={"prefix": prefix, "update_frequency": 2})
+    for consumer in per:
+        assert len({frozenset(e) for e in consumer}) == 1, "a cache pins the consumer's partition"
+        assert consumer[0] != consumer[1], "but the order still changes"
+    assert sorted(os.listdir(prefix)) == ["consumer-0-of-2", "consumer-1-of-2"]
+    assert cli(["inspect", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "consumer-0-of-2" in out and "consumer-1-of-2" in out
+
+
+def test_deferred_start():
+    loader = CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, worker_per_consumer=1, nb_consumer=2)
+    with pytest.raises(RuntimeError, match="start"):
+        iter(loader)
+    loader.start(1, device="cpu")
+    with pytest.raises(RuntimeError, match="already started"):
+        loader.start(0)
+    ys = [y for b in loader for y in b["y"].tolist()]
+    assert len(ys) == 5
+    loader.close()
+    with pytest.raises(RuntimeError, match="already started"):
+        CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, nb_consumer=2, consumer_index=0).start(1)
+
+
+def _torchrun(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(SCRIPT), str(out), *extra],
+                          capture_output=True, text=True, timeout=150, env=env)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_torchrun_two_ranks_cover_disjoint_and_cache_per_rank(tmp_path):
+    run = _torchrun(tmp_path, "--cache")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert {r["world"] for r in ranks} == {2}
+    assert ranks[0]["len"] == ranks[1]["len"] == -(-23 // 4)
+    for e in range(3):
+        served = [set(r["epochs"][e]) for r in ranks]
+        assert served[0] | served[1] == set(range(45))
+        assert len(served[0] & served[1]) <= 1  # 45 = 2 x 23 - 1: one padded index
+    # update_frequency=2: epochs 0 and 2 call the dataset (23 samples per rank), epoch 1 reads the cache.
+    for r in ranks:
+        assert r["calls"] == [23, 23, 46]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["consumer-0-of-2", "consumer-1-of-2"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_torchrun_rank_that_raises_stops_both(tmp_path):
+    run = _torchrun(tmp_path, "--fail-rank", "1")
+    assert run.returncode != 0
+    assert "cannot be decoded" in run.stderr
+    assert not list(tmp_path.glob("rank*.json")), "no rank finished its epochs"
