@@ -36,3 +36,40 @@ class ExpensiveDataset:
         rng = np.random.default_rng()
         x = np.full(self.shape, index % 251, dtype=np.float32) + rng.random(self.shape, dtype=np.float32)
         return x, index
+
+
+class StoredSamples:
+    """A cheap dataset of fixed samples, to fill a store fast for throughput runs.
+
+    Sample ``i``: ``(float32 array of shape `shape`, int label)``.
+    """
+
+    def __init__(self, n: int, shape: tuple) -> None:
+        self.n = n
+        self.base = np.random.default_rng(0).random(tuple(shape), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple:
+        return self.base + np.float32(index % 7), index
+
+
+class SleepyDataset:
+    """Each sample takes `delay` seconds of wall time and no CPU (a slow network read).
+
+    Lets a benchmark see the CPU the training process burns while it waits:
+    the workers use none, so whatever the training process uses is its own.
+    """
+
+    def __init__(self, n: int = 48, delay: float = 0.1, shape: tuple = (16,)) -> None:
+        self.n = n
+        self.delay = delay
+        self.shape = tuple(shape)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple:
+        time.sleep(self.delay)
+        return np.full(self.shape, index, dtype=np.float32), index

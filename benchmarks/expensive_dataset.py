@@ -1,45 +1,45 @@
 """Expensive dataset: CachedLoader against torch's DataLoader, as ratios in one run.
 
-Scenario (issue targets, DESIGN.md):
+Scenarios (issue targets, DESIGN.md):
 
 1. A dataset burning ~5 ms of CPU per sample (N=1000, 48 KiB samples),
    10 epochs, ``update_frequency=5``, 2 workers, against
    ``torch.utils.data.DataLoader(num_workers=2)``: total time <= 0.3x torch's,
-   the refresh epoch <= 1.15x torch's mean epoch.
-2. Cached-epoch throughput: a committed store of 48 KiB samples read by a
-   CachedLoader (2 workers) vs a torch ``DataLoader(num_workers=2)`` reading
-   the same generation through ``store.reader()``: >= 2x torch's samples/s;
-   the same with small samples (16 float32 + a label): >= 10x.
+   the refresh epoch <= 1.15x torch's epoch.
+2. Cached-epoch throughput (:mod:`benchmarks.throughput`): a committed store
+   read by a CachedLoader vs a torch ``DataLoader(num_workers=2)`` reading the
+   same generation through ``store.reader()``: >= 2x torch's samples/s for
+   48 KiB samples, >= 10x for small ones (16 float32 + a label).
 3. Rotation R=4 against the plain loader (no cache): the dataset is called for
    ~1/4 of the served samples, and served samples/s >= 3x the plain loader's.
 
-Run ``python -m benchmarks.expensive_dataset`` (``--quick`` for a smaller run).
+Run ``python -m benchmarks.expensive_dataset`` (``--quick`` for a smaller run);
+``python -m benchmarks`` runs these and every other scenario and writes a report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
+import statistics
 import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
 from loader import CachedLoader
 
-from .common import median_spread, table, verdict
+from .common import summarize, table, verdict
 from .datasets import ExpensiveDataset
 
 
-def torch_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: int) -> list[float]:
+def torch_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: int,
+                 dataset_class: type = ExpensiveDataset) -> list[float]:
     """Per-epoch seconds of torch's DataLoader (epoch 0 includes starting the workers)."""
     import torch.utils.data as tud
 
     start = time.perf_counter()
-    dl = tud.DataLoader(ExpensiveDataset(**dataset_kwargs), batch_size=batch_size, shuffle=True,
+    dl = tud.DataLoader(dataset_class(**dataset_kwargs), batch_size=batch_size, shuffle=True,
                         num_workers=workers, persistent_workers=workers > 0)
     times = []
     for _ in range(epochs):
@@ -53,11 +53,12 @@ def torch_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: in
 
 
 def cached_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: int, k: float,
-                  prefix: str, rotation: dict | None = None, cache: bool = True) -> tuple[list[float], list[Any]]:
+                  prefix: str, rotation: dict | None = None, cache: bool = True,
+                  dataset_class: type = ExpensiveDataset) -> tuple[list[float], list[Any]]:
     """Per-epoch seconds of CachedLoader (epoch 0 includes construction and worker start)."""
     start = time.perf_counter()
     setting = None if rotation or not cache else {"prefix": prefix, "update_frequency": k}
-    with CachedLoader(ExpensiveDataset, dataset_kwargs, batch_size=batch_size, nb_worker=workers,
+    with CachedLoader(dataset_class, dataset_kwargs, batch_size=batch_size, nb_worker=workers,
                       cache_setting=setting, rotation_setting=rotation) as loader:
         times = []
         for _ in range(epochs):
@@ -70,131 +71,129 @@ def cached_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: i
     return times, stats
 
 
-def expensive_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batch_size: int) -> dict:
+def _per_epoch(runs: list[list[float]]) -> dict[str, list[float]]:
+    """Median, min and max of each epoch over repeated runs."""
+    columns = list(zip(*runs))
+    return {"median": [statistics.median(c) for c in columns], "min": [min(c) for c in columns],
+            "max": [max(c) for c in columns]}
+
+
+def expensive_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batch_size: int,
+                       repeats: int = 1) -> dict:
+    """Scenario 1: `epochs` epochs of CachedLoader (``update_frequency=k``) vs torch's DataLoader.
+
+    The two alternate, run by run (ours first on even runs, torch first on odd
+    ones), so that a neighbour's load on a shared machine hits both. Ratios are
+    taken within each pair of runs, then summarised over the `repeats` pairs.
+
+    Returns
+    -------
+    dict
+        Per-run epoch times of both, their per-epoch median/min/max, and the
+        ratios: total time, epoch 0 (both start their workers: spawn for ours,
+        fork for torch) and the first refresh epoch ``k`` against torch's median
+        steady epoch (1 and later) of the same pair.
+    """
     kwargs = {"n": n, "cost": cost}
-    tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
-    try:
-        ours, stats = cached_epochs(kwargs, epochs, batch_size, workers, k, f"{tmp}/cache")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    theirs = torch_epochs(kwargs, epochs, batch_size, workers)
-    refresh = [t for t, s in zip(ours, stats) if s.mode == "generate"]
-    torch_epoch = float(np.median(theirs))
+    ours_runs, torch_runs, modes = [], [], []
+    for rep in range(repeats):
+        for who in (("ours", "torch") if rep % 2 == 0 else ("torch", "ours")):
+            if who == "torch":
+                torch_runs.append(torch_epochs(kwargs, epochs, batch_size, workers))
+                continue
+            tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
+            try:
+                times, stats = cached_epochs(kwargs, epochs, batch_size, workers, k, f"{tmp}/cache")
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            ours_runs.append(times)
+            modes = [s.mode for s in stats]
+    refresh = next((e for e, mode in enumerate(modes) if mode == "generate" and e > 0), None)
+    steady = [statistics.median(t[1:]) if len(t) > 1 else t[0] for t in torch_runs]
     return {
         "n": n, "cost_ms": cost * 1e3, "epochs": epochs, "update_frequency": k, "workers": workers,
-        "ours_epochs": ours, "torch_epochs": theirs, "modes": [s.mode for s in stats],
-        "total_ratio": sum(ours) / sum(theirs),
-        "refresh_ratio": max(refresh) / torch_epoch if refresh else math.nan,
-        "refresh_ratio_steady": (refresh[-1] / torch_epoch) if len(refresh) > 1 else math.nan,
+        "batch_size": batch_size, "repeats": repeats, "modes": modes,
+        "ours_runs": ours_runs, "torch_runs": torch_runs,
+        "ours_epoch": _per_epoch(ours_runs), "torch_epoch": _per_epoch(torch_runs),
+        "ours_total": summarize([sum(t) for t in ours_runs]),
+        "torch_total": summarize([sum(t) for t in torch_runs]),
+        "total_ratio": summarize([sum(o) / sum(t) for o, t in zip(ours_runs, torch_runs)]),
+        "epoch0_ratio": summarize([o[0] / t[0] for o, t in zip(ours_runs, torch_runs)]),
+        "refresh_epoch": refresh,
+        "refresh_ratio": summarize([o[refresh] / s for o, s in zip(ours_runs, steady)]) if refresh else None,
     }
 
 
-def rotation_scenario(n: int, cost: float, rotation: int, workers: int, batch_size: int, epochs: int = 2) -> dict:
-    """Rotation R vs the plain loader: dataset cost per served sample and served samples/s."""
+def rotation_scenario(n: int, cost: float, rotation: int, workers: int, batch_size: int,
+                      repeats: int = 3) -> dict:
+    """Scenario 3: rotation R against the plain loader (no cache), epoch by epoch.
+
+    Both loaders stay open and their epochs alternate (plain, rotation, plain,
+    ...); the first epoch of each (worker start-up) is left out, the next
+    `repeats` are summarised. The window holds ``max(4 * batch_size, n // 4)``
+    samples in RAM.
+    """
     kwargs = {"n": n, "cost": cost}
-    tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
-    try:
-        plain, plain_stats = cached_epochs(kwargs, epochs, batch_size, workers, math.inf, f"{tmp}/unused",
-                                           rotation=None, cache=False)
-        rot, rot_stats = cached_epochs(kwargs, epochs, batch_size, workers, math.inf, f"{tmp}/unused",
-                                       rotation={"medium": "memory", "rotation": rotation,
-                                                 "size": max(4 * batch_size, n // 4)})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    # Steady epochs only: the first includes starting the workers.
-    plain_rate = n / plain[-1]
-    served = rotation * n
-    rot_rate = served / rot[-1]
-    fresh_per_served = rot_stats[-1].computed / rot_stats[-1].samples
-    return {"n": n, "rotation": rotation, "plain_samples_per_s": plain_rate, "rotation_samples_per_s": rot_rate,
-            "rotation_fresh_samples_per_s": rot_stats[-1].computed / rot[-1],
-            "served_ratio": rot_rate / plain_rate, "dataset_calls_per_served_sample": fresh_per_served,
-            "plain_calls_per_served_sample": plain_stats[-1].computed / plain_stats[-1].samples}
-
-
-class StoredSamples:
-    """A cheap dataset of fixed samples, to fill a store fast for throughput runs."""
-
-    def __init__(self, n: int, shape: tuple) -> None:
-        self.n = n
-        self.base = np.random.default_rng(0).random(tuple(shape), dtype=np.float32)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple:
-        return self.base + np.float32(index % 7), index
-
-
-def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, repeats: int = 3) -> dict:
-    """Cached-epoch samples/s: ours vs torch DataLoader over store.reader()."""
-    import torch.utils.data as tud
-
-    tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
-    try:
-        with CachedLoader(StoredSamples, {"n": n, "shape": shape}, batch_size=batch_size, nb_worker=workers,
-                          device="cpu", cache_setting={"prefix": f"{tmp}/cache", "update_frequency": math.inf}) as loader:
-            for _ in loader:  # the generate epoch commits the store
-                pass
-            ours = []
-            for _ in range(repeats + 1):
+    window = max(4 * batch_size, n // 4)
+    times: dict[str, list[float]] = {"plain": [], "rotation": []}
+    with CachedLoader(ExpensiveDataset, kwargs, batch_size=batch_size, nb_worker=workers) as plain, \
+            CachedLoader(ExpensiveDataset, kwargs, batch_size=batch_size, nb_worker=workers,
+                         rotation_setting={"medium": "memory", "rotation": rotation, "size": window}) as rot:
+        for _ in range(repeats + 1):
+            for name, loader in (("plain", plain), ("rotation", rot)):
                 t = time.perf_counter()
                 for _batch in loader:
                     pass
-                ours.append(time.perf_counter() - t)
-            ours = ours[1:]  # the first read epoch warms the page cache and slots
-            reader = loader.store.reader()
-            dl = tud.DataLoader(reader, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                persistent_workers=True)
-            theirs = []
-            for _ in range(repeats + 1):
-                t = time.perf_counter()
-                for _batch in dl:
-                    pass
-                theirs.append(time.perf_counter() - t)
-            theirs = theirs[1:]  # the first epoch starts the workers
-            del dl
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    ours_s, ours_spread = median_spread(ours)
-    theirs_s, theirs_spread = median_spread(theirs)
-    sample_bytes = int(np.prod(shape)) * 4 + 8
-    return {"n": n, "shape": list(shape), "sample_bytes": sample_bytes,
-            "ours_samples_per_s": n / ours_s, "ours_spread_s": ours_spread,
-            "torch_samples_per_s": n / theirs_s, "torch_spread_s": theirs_spread,
-            "ratio": theirs_s / ours_s}
+                times[name].append(time.perf_counter() - t)
+        plain_stats, rot_stats = plain.epoch_stats[1:], rot.epoch_stats[1:]
+    plain_rate = [s.samples / t for s, t in zip(plain_stats, times["plain"][1:])]
+    served_rate = [s.samples / t for s, t in zip(rot_stats, times["rotation"][1:])]
+    fresh_rate = [s.computed / t for s, t in zip(rot_stats, times["rotation"][1:])]
+    return {"n": n, "cost_ms": cost * 1e3, "rotation": rotation, "window": window, "workers": workers,
+            "batch_size": batch_size, "repeats": repeats,
+            "plain_samples_per_s": summarize(plain_rate), "served_samples_per_s": summarize(served_rate),
+            "fresh_samples_per_s": summarize(fresh_rate),
+            "served_ratio": summarize([s / p for s, p in zip(served_rate, plain_rate)]),
+            "fresh_ratio": summarize([f / p for f, p in zip(fresh_rate, plain_rate)]),
+            "dataset_calls_per_served_sample": sum(s.computed for s in rot_stats) / sum(s.samples for s in rot_stats),
+            "plain_calls_per_served_sample": sum(s.computed for s in plain_stats) / sum(s.samples for s in plain_stats)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from .throughput import throughput_scenario
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.expensive_dataset",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     n, big_n, small_n = (400, 4000, 50000) if args.quick else (1000, 10000, 200000)
     exp = expensive_scenario(n=n, cost=0.005, epochs=10, k=5, workers=2, batch_size=64)
     print("Expensive dataset (5 ms CPU/sample), 10 epochs, update_frequency=5, 2 workers")
-    rows = [[e, mode, f"{o:.2f}", f"{t:.2f}"]
-            for e, (mode, o, t) in enumerate(zip(exp["modes"], exp["ours_epochs"], exp["torch_epochs"]))]
-    rows.append(["total", "", f"{sum(exp['ours_epochs']):.2f}", f"{sum(exp['torch_epochs']):.2f}"])
+    rows = [[e, mode, f"{o:.2f}", f"{t:.2f}"] for e, (mode, o, t) in
+            enumerate(zip(exp["modes"], exp["ours_epoch"]["median"], exp["torch_epoch"]["median"]))]
+    rows.append(["total", "", f"{exp['ours_total']['median']:.2f}", f"{exp['torch_total']['median']:.2f}"])
     print(table(["epoch", "mode", "CachedLoader s", "torch DataLoader s"], rows))
     big = throughput_scenario(big_n, (3, 64, 64), 256, 2)
     small = throughput_scenario(small_n, (16,), 256, 2)
     rot = rotation_scenario(n=n, cost=0.005, rotation=4, workers=2, batch_size=64)
+    total, epoch0, refresh = (exp[key]["median"] for key in ("total_ratio", "epoch0_ratio", "refresh_ratio"))
+    calls, served = rot["dataset_calls_per_served_sample"], rot["served_ratio"]["median"]
     print()
     print(table(["measure", "ratio", "target", ""], [
-        ["total time vs torch", f"{exp['total_ratio']:.2f}x", "<= 0.30x", verdict(exp["total_ratio"] <= 0.3)],
-        ["refresh epoch vs torch epoch (worst)", f"{exp['refresh_ratio']:.2f}x", "<= 1.15x",
-         verdict(exp["refresh_ratio"] <= 1.15)],
-        ["refresh epoch vs torch epoch (2nd)", f"{exp['refresh_ratio_steady']:.2f}x", "<= 1.15x",
-         verdict(exp["refresh_ratio_steady"] <= 1.15)],
-        [f"cached 48 KiB samples/s vs torch ({big['ours_samples_per_s']:.0f} vs {big['torch_samples_per_s']:.0f})",
-         f"{big['ratio']:.1f}x", ">= 2x", verdict(big["ratio"] >= 2)],
-        [f"cached small samples/s vs torch ({small['ours_samples_per_s']:.0f} vs {small['torch_samples_per_s']:.0f})",
-         f"{small['ratio']:.1f}x", ">= 10x", verdict(small["ratio"] >= 10)],
+        ["total time vs torch", f"{total:.2f}x", "<= 0.30x", verdict(total <= 0.3)],
+        ["epoch 0 (generate, worker start-up) vs torch epoch 0", f"{epoch0:.2f}x", "<= 1.15x", verdict(epoch0 <= 1.15)],
+        [f"epoch {exp['refresh_epoch']} (refresh) vs torch epoch", f"{refresh:.2f}x", "<= 1.15x",
+         verdict(refresh <= 1.15)],
+        [f"cached 48 KiB samples/s vs torch ({big['ours_samples_per_s']['median']:.0f} vs "
+         f"{big['torch_samples_per_s']['median']:.0f})", f"{big['ratio']['median']:.1f}x", ">= 2x",
+         verdict(big["ratio"]["median"] >= 2)],
+        [f"cached small samples/s vs torch ({small['ours_samples_per_s']['median']:.0f} vs "
+         f"{small['torch_samples_per_s']['median']:.0f})", f"{small['ratio']['median']:.1f}x", ">= 10x",
+         verdict(small["ratio"]["median"] >= 10)],
         [f"rotation R=4: dataset calls per served sample (plain: {rot['plain_calls_per_served_sample']:.2f})",
-         f"{rot['dataset_calls_per_served_sample']:.2f}", "~0.25", verdict(abs(rot["dataset_calls_per_served_sample"] - 0.25) < 0.02)],
-        [f"rotation R=4: served samples/s vs plain ({rot['rotation_samples_per_s']:.0f} vs {rot['plain_samples_per_s']:.0f})",
-         f"{rot['served_ratio']:.1f}x", ">= 3x", verdict(rot["served_ratio"] >= 3)],
+         f"{calls:.2f}", "~0.25", verdict(abs(calls - 0.25) < 0.02)],
+        ["rotation R=4: served samples/s vs plain", f"{served:.1f}x", ">= 3x", verdict(served >= 3)],
     ]))
     if args.json:
         with open(args.json, "w") as f:

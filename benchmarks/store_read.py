@@ -67,7 +67,12 @@ def write_generation(store, n: int) -> None:
 
 
 def time_epochs(reader, n: int, batch: int, repeats: int, seed: int) -> float:
-    """Median seconds of `repeats` full random-order epochs (after one untimed warm-up epoch).
+    """Median seconds of `repeats` full random-order epochs (after one untimed warm-up epoch)."""
+    return statistics.median(epoch_times(reader, n, batch, repeats, seed))
+
+
+def epoch_times(reader, n: int, batch: int, repeats: int, seed: int) -> list[float]:
+    """Seconds of each of `repeats` full random-order epochs (after one untimed warm-up epoch).
 
     Where the generation has a fixed layout the batches land in arrays reused from batch
     to batch (``out=``), as the loader's shared-memory slots do; elsewhere each batch is new.
@@ -84,7 +89,7 @@ def time_epochs(reader, n: int, batch: int, repeats: int, seed: int) -> float:
             reader.get_batch(idx, out=None if out is None else [a[:idx.size] for a in out])
         if epoch:  # the first epoch maps pages in: not what a cached epoch costs
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def check_batch(reader, n: int) -> None:

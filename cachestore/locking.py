@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from .errors import StoreLockedError
 
 LOCK_NAME = "writer.lock"
+#: Seconds a writer waits out a momentary shared lock taken by `lock_holder`.
+PROBE_GRACE = 0.2
 
 
 def lock_holder(root: str | os.PathLike) -> int | None:
@@ -61,13 +64,19 @@ class WriterLock:
         """Take the lock or raise :class:`StoreLockedError` naming the holder."""
         if self._fd is not None:
             return
-        for _ in range(100):
+        deadline = time.monotonic() + PROBE_GRACE
+        for _ in range(1000):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 pid = _read_pid(fd)
                 os.close(fd)
+                if pid is None and time.monotonic() < deadline:
+                    # No pid written: most likely `lock_holder` probing with a shared lock
+                    # for a moment (inspect, prune), not a writer. Give it a few ms.
+                    time.sleep(0.005)
+                    continue
                 who = f"process {pid}" if pid else "another process"
                 raise StoreLockedError(
                     f"store {self.path.parent} is being written by {who}; "

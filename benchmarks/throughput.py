@@ -1,0 +1,86 @@
+"""Scenario 2: cached-epoch throughput per backend, against torch's DataLoader and memcpy.
+
+A CachedLoader generates one generation of :class:`~benchmarks.datasets.StoredSamples`
+(``update_frequency=inf``), then its cached epochs alternate with the epochs of
+a torch ``DataLoader(store.reader(), num_workers=workers)`` reading the same
+committed generation one sample at a time, as DESIGN.md's target says. Both
+deliver torch tensors (ours: ``device="cpu"``). The raw store gather
+(``reader.get_batch`` into reused buffers, no loader, see
+:mod:`benchmarks.store_read`) is timed on the same generation: the ceiling
+the loader could reach.
+
+For ``backend="memory"`` the store lives in the training process, so the
+loader reads cached epochs there (no workers); torch's workers are forked
+from the training process and inherit the arrays (the reader would pickle
+them by value under spawn).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from loader import CachedLoader
+
+from .common import summarize
+from .datasets import StoredSamples
+from .store_read import epoch_times
+
+
+def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, backend: str = "memmap",
+                        repeats: int = 3) -> dict:
+    """Samples/s of cached epochs: ours vs torch's DataLoader over ``store.reader()``, and the raw gather.
+
+    Parameters
+    ----------
+    n, shape
+        Samples in the store and the shape of each float32 array (plus an int label).
+    batch_size, workers
+        The same for both loaders.
+    backend
+        ``"memmap"``, ``"lmdb"`` or ``"memory"``.
+    repeats
+        Timed epochs of each, after one untimed warm-up epoch each (page
+        mapping, slots, torch's worker start-up).
+    """
+    import torch.utils.data as tud
+
+    tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
+    ours, theirs = [], []
+    try:
+        setting = {"prefix": f"{tmp}/cache", "update_frequency": math.inf, "backend": backend}
+        with CachedLoader(StoredSamples, {"n": n, "shape": shape}, batch_size=batch_size, nb_worker=workers,
+                          device="cpu", cache_setting=setting) as loader:
+            t = time.perf_counter()
+            for _ in loader:  # the generate epoch commits the store
+                pass
+            generate_s = time.perf_counter() - t
+            reader = loader.store.reader()
+            gather = epoch_times(reader, n, batch_size, repeats, seed=0)
+            dl = tud.DataLoader(reader, batch_size=batch_size, shuffle=True, num_workers=workers,
+                                persistent_workers=workers > 0)
+            for _ in range(repeats + 1):  # alternate, so a neighbour's load hits both
+                for times, batches in ((ours, loader), (theirs, dl)):
+                    t = time.perf_counter()
+                    for _batch in batches:
+                        pass
+                    times.append(time.perf_counter() - t)
+            del dl
+            modes = [s.mode for s in loader.epoch_stats]
+            reader.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ours, theirs = ours[1:], theirs[1:]
+    sample_bytes = int(np.prod(shape)) * 4 + 8
+    return {"backend": backend, "n": n, "shape": list(shape), "sample_bytes": sample_bytes,
+            "batch_size": batch_size, "workers": workers, "repeats": repeats, "modes": modes,
+            "ours_reads_in": "training process" if backend == "memory" else f"{workers} workers",
+            "generate_samples_per_s": n / generate_s,
+            "ours_samples_per_s": summarize([n / s for s in ours]),
+            "torch_samples_per_s": summarize([n / s for s in theirs]),
+            "gather_samples_per_s": summarize([n / s for s in gather]),
+            "ratio": summarize([t / o for o, t in zip(ours, theirs)])}
