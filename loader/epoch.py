@@ -20,6 +20,7 @@ from cachestore import codec
 from cachestore.errors import BudgetExceededError
 
 from . import messages as m
+from .worker import SampleError
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +111,21 @@ class GenerationSink:
 def run_inline(plan: EpochPlan, producer: Any, reader: Any, sink: GenerationSink | None,
                stats: EpochStats) -> Iterator[Any]:
     """An epoch without workers (``nb_worker=0``, or a cached epoch of an in-RAM store)."""
+    try:
+        yield from _inline_batches(plan, producer, reader, sink, stats)
+    except SampleError as exc:
+        # In-process, the dataset's own exception is the clearest error: re-raise it as it is.
+        exc.cause.add_note(f"raised by the dataset while computing sample {exc.index} of epoch {plan.epoch}")
+        raise exc.cause from None
+
+
+def _inline_batches(plan: EpochPlan, producer: Any, reader: Any, sink: GenerationSink | None,
+                    stats: EpochStats) -> Iterator[Any]:
     for positions in plan.batches:
         if plan.mode == "read":
-            if producer is not None and producer.custom_collate:
-                batch = producer.collate([reader.get(int(i), copy=False) for i in positions])
-            else:
-                batch = reader.get_batch(positions)
+            task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode="read",
+                          positions=positions)
+            batch = producer.read(task, reader)
             stats.read += len(positions)
         else:
             writing = sink is not None and sink.active
@@ -186,11 +196,11 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
             fields: dict[str, Any] = {"seq": seq, "part": part, "epoch": plan.epoch, "indices": chunk,
                                       "mode": plan.mode, "slot": slot, "slot_name": name, "slot_size": size,
                                       "collate": collate}
+            fields["indices"] = plan.indices[chunk]
+            fields["positions"] = chunk
             if plan.mode == "read":
                 fields["reader"] = reader_key
             else:
-                fields["indices"] = plan.indices[chunk]
-                fields["positions"] = chunk
                 if plan.mode == "generate" and sink is not None and sink.active:
                     if sink.in_workers:
                         fields["shard"] = sink.spec

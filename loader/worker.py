@@ -6,6 +6,7 @@ training process itself when ``nb_worker=0``.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -13,10 +14,12 @@ import numpy as np
 
 from cachestore import codec
 from cachestore.collate import stack_samples
-from cachestore.errors import BudgetExceededError, CacheStoreError
+from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
 from . import messages as m
 from .shm import WorkerSegments, gather_batch, write_batch
+
+log = logging.getLogger(__name__)
 
 
 class SampleError(Exception):
@@ -102,11 +105,25 @@ class BatchProducer:
             shard.flush()  # before the result is sent: what was delivered is on disk
         return (self.collate(samples) if task.collate else samples), written, records, budget_error
 
-    def read(self, task: m.Task) -> Any:
-        reader = self.reader(task.reader)
-        if self.custom_collate:
-            return self.collate([reader.get(int(i), copy=False) for i in task.indices])
-        return reader.get_batch(task.indices)
+    def read(self, task: m.Task, reader: Any = None) -> Any:
+        """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
+        reader = reader if reader is not None else self.reader(task.reader)
+        try:
+            if self.custom_collate:
+                return self.collate([reader.get(int(i), copy=False) for i in task.positions])
+            return reader.get_batch(task.positions)
+        except CorruptSampleError as exc:
+            return self.recompute(task, exc)
+
+    def recompute(self, task: m.Task, exc: CorruptSampleError) -> Any:
+        log.warning("%s; computing this batch from the dataset instead", exc)
+        samples = []
+        for index in task.indices.tolist():
+            try:
+                samples.append(self.dataset[index])
+            except Exception as err:
+                raise SampleError(index, err) from err
+        return self.collate(samples)
 
     def produce(self, task: m.Task) -> tuple[Any, int, list | None, str | None]:
         if task.mode == "read":
@@ -136,8 +153,11 @@ def _failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.TaskF
 def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
     """Run one task and put its batch into the task's slot."""
     if task.mode == "read" and not producer.custom_collate and task.collate:
-        meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
-                            producer.reader(task.reader), task.indices)
+        try:
+            meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
+                                producer.reader(task.reader), task.positions)
+        except CorruptSampleError as exc:
+            meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, producer.recompute(task, exc))
         if meta is not None:
             return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta)
     batch, written, records, budget_error = producer.produce(task)

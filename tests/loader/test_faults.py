@@ -45,9 +45,9 @@ def test_constructor_failure_raises_at_construction(no_leaks):
         CachedLoader(FailingInit, {"n": 3}, batch_size=2, nb_worker=2)
 
 
-@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("cache", [None, "memmap", "lmdb"])
 def test_killed_worker_is_replaced_and_epoch_is_complete(no_leaks, cache):
-    setting = {"prefix": str(no_leaks / "c"), "update_frequency": 3} if cache else None
+    setting = {"prefix": str(no_leaks / "c"), "update_frequency": 3, "backend": cache} if cache else None
     with CachedLoader(ArangeDataset, {"n": 60, "delay": 0.005}, batch_size=4, nb_worker=2, seed=0,
                       max_queue_size=4, cache_setting=setting) as loader:
         seen: list[int] = []
@@ -141,3 +141,28 @@ def test_process_killed_during_refresh_leaves_previous_generation(no_leaks):
     # Staging left by the crash is removed by the next writer or by prune.
     open_store(prefix).prune()
     assert not leftovers(prefix)
+
+
+def test_inline_getitem_error_is_the_original_exception():
+    loader = CachedLoader(ArangeDataset, {"n": 10, "fail_at": 3}, batch_size=4, nb_worker=0, shuffle=False)
+    with pytest.raises(KeyError, match="sample 3 is broken") as info:
+        list(loader)
+    assert any("sample 3" in note for note in info.value.__notes__)
+    loader.close()
+
+
+@pytest.mark.parametrize("nb_worker", [0, 2])
+def test_corrupt_cached_sample_is_recomputed(no_leaks, nb_worker):
+    prefix = no_leaks / "c"
+    calls = no_leaks / "calls"
+    calls.mkdir()
+    with CachedLoader(ArangeDataset, {"n": 24, "counter_dir": str(calls)}, batch_size=6, nb_worker=nb_worker,
+                      cache_setting={"prefix": str(prefix), "update_frequency": 5}) as loader:
+        list(loader)
+        column = next(prefix.glob("gen-*/col-0.bin"))
+        data = bytearray(column.read_bytes())
+        data[5 * 16 + 1] ^= 0xFF  # a byte of sample 5's x
+        column.write_bytes(bytes(data))
+        ys = sorted(y for b in loader for y in b["y"].tolist())
+        assert ys == list(range(24))
+        assert len(read_calls(str(calls))) == 24 + 6, "only the batch holding the bad record is recomputed"

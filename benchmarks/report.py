@@ -1,0 +1,219 @@
+"""Writing one run's results: JSON, a Markdown report and a PNG plot.
+
+matplotlib is imported only by :func:`plot` (it is a benchmark extra, not a
+dependency of the package).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .targets import MIB, TargetRow, pm, target_rows
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a ``.tmp`` name and a rename (results/*.tmp is git-ignored)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def md_table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    """A Markdown table; `align` has one letter per column (``l`` or ``r``, default: first left, rest right)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def targets_table(rows: list[TargetRow]) -> str:
+    """The table of DESIGN.md's targets (also pasted into the README)."""
+    def verdict(met: bool | None) -> str:
+        return "—" if met is None else ("met" if met else "**not met**")
+
+    return md_table(["target (DESIGN.md)", "case", "measured", "value", "goal", "result"],
+                    [[r.target, r.case, r.measured + (f" — {r.note}" if r.note else ""), r.value, r.goal,
+                      verdict(r.met)] for r in rows], "lllrrl")
+
+
+def _machine(meta: dict) -> str:
+    llc = f"{meta['llc_bytes'] / MIB:.0f} MiB" if meta.get("llc_bytes") else "unknown"
+    return (f"{meta['cpu']}, {meta['cores']} cores, {meta['ram_bytes'] / 2**30:.1f} GiB RAM, last-level cache {llc}; "
+            f"Python {meta['python']}, numpy {meta['numpy']}, torch {meta['torch']}; "
+            f"load average {meta['loadavg_start'][0]:.2f} at the start, {meta['loadavg_end'][0]:.2f} at the end")
+
+
+def _memcpy(results: dict) -> str:
+    mc = results["memcpy"]
+    return (f"memcpy (`np.copyto`, bytes copied per second): **memory-bound {pm(mc['memory_bound'], 1e-9)} GB/s** "
+            f"({mc['memory_bound_nbytes'] / MIB:.0f} MiB buffers, far beyond the last-level cache, like a random "
+            f"gather from a store that does not fit in it; the ratios use this one) and cache-resident "
+            f"{pm(mc['cache_resident'], 1e-9)} GB/s ({mc['cache_resident_nbytes'] / MIB:.0f} MiB buffers, for "
+            "reference).")
+
+
+def _expensive_section(exp: dict) -> list[str]:
+    rows = []
+    for e, mode in enumerate(exp["modes"]):
+        o, t = exp["ours_epoch"]["median"][e], exp["torch_epoch"]["median"][e]
+        rows.append([e, mode, f"{o:.2f}", f"{t:.2f}", f"{o / t:.2f}x"])
+    rows.append(["total", "", pm(exp["ours_total"]), pm(exp["torch_total"]), f"{exp['total_ratio']['median']:.2f}x"])
+    return [f"### 1. Expensive dataset: {exp['n']} samples of 48 KiB, {exp['cost_ms']:g} ms CPU each, "
+            f"{exp['epochs']} epochs, update_frequency={exp['update_frequency']}, {exp['workers']} workers, "
+            f"batch {exp['batch_size']}", "",
+            f"Seconds per epoch, median of {exp['repeats']} runs of each (alternating). Epoch 0 includes starting "
+            "the workers (ours: spawn, torch: fork).", "",
+            md_table(["epoch", "CachedLoader mode", "CachedLoader s", "torch DataLoader s", "ours / torch"], rows,
+                     "llrrr")]
+
+
+def _throughput_section(cases: list[dict], memcpy: float | None) -> list[str]:
+    rows = []
+    for c in cases:
+        ours, gather, torch = (c[k]["median"] for k in ("ours_samples_per_s", "gather_samples_per_s",
+                                                         "torch_samples_per_s"))
+        size = f"{c['sample_bytes'] / 1024:.1f} KiB" if c["sample_bytes"] > 1024 else f"{c['sample_bytes']} B"
+        gbps = ours * c["sample_bytes"]
+        rows.append([c["backend"], size, c["n"], c["ours_reads_in"], pm(c["ours_samples_per_s"], 1e-3, "{:.1f}"),
+                     f"{gbps / 1e9:.2f}", f"{gbps / memcpy:.2f}x" if memcpy else "-", f"{gather / 1e3:.1f}",
+                     pm(c["torch_samples_per_s"], 1e-3, "{:.1f}"), f"{c['ratio']['median']:.1f}x"])
+        del torch
+    c0 = cases[0]
+    return [f"### 2. Cached-epoch throughput: batch {c0['batch_size']}, {c0['workers']} workers, random order", "",
+            "k samples/s, median ± half-range of the epochs after a warm-up epoch, ours and torch alternating. "
+            "*store gather*: `reader.get_batch` into reused buffers in one process, no loader (the ceiling). "
+            "torch: `DataLoader(store.reader(), num_workers=2)`, one sample at a time.", "",
+            md_table(["backend", "sample", "samples", "ours reads in", "ours k/s", "ours GB/s", "x memcpy",
+                      "store gather k/s", "torch k/s", "ours / torch"], rows, "lrrlrrrrrr")]
+
+
+def _rotation_section(rot: dict) -> list[str]:
+    return [f"### 3. Rotation R={rot['rotation']}: {rot['n']} samples, {rot['cost_ms']:g} ms each, "
+            f"window {rot['window']} samples in RAM", "",
+            md_table(["loader", "served samples/s", "fresh (computed) samples/s", "dataset calls per served"], [
+                ["plain (no cache)", pm(rot["plain_samples_per_s"], 1, "{:.0f}"),
+                 pm(rot["plain_samples_per_s"], 1, "{:.0f}"), f"{rot['plain_calls_per_served_sample']:.3f}"],
+                [f"rotation R={rot['rotation']}", pm(rot["served_samples_per_s"], 1, "{:.0f}"),
+                 pm(rot["fresh_samples_per_s"], 1, "{:.0f}"), f"{rot['dataset_calls_per_served_sample']:.3f}"]])]
+
+
+def _memory_section(mem: dict) -> list[str]:
+    def mib(s: dict) -> str:
+        return pm(s, 1 / MIB, "{:.0f}")
+
+    metric = mem["metric"].upper()
+    how = ("PSS: shared pages split between the processes that map them, so shared memory, forked "
+           "copy-on-write pages and the store's mapped files count once" if metric == "PSS"
+           else "RSS (no smaps_rollup here: shared pages count once per process)")
+    return [f"### 4. Peak memory: expensive dataset, {mem['n']} samples, {mem['epochs']} epochs, "
+            f"update_frequency={mem['update_frequency']}", "",
+            f"Sum over the training process and all its children, sampled every {mem['interval_s']:g} s in a "
+            f"background thread; MiB, median of {mem['repeats']} runs. Metric: {how}. *added*: peak minus the same "
+            f"sum just before the loader was built. The store's generation: {mem['store_bytes'] / MIB:.0f} MiB.", "",
+            md_table(["loader", f"peak {metric}", f"added {metric}", "peak sum of RSS"], [
+                ["CachedLoader", mib(mem["ours_peak"]), mib(mem["ours_added"]), mib(mem["ours_peak_rss"])],
+                ["torch DataLoader", mib(mem["torch_peak"]), mib(mem["torch_added"]), mib(mem["torch_peak_rss"])]])]
+
+
+def _training_section(ts: dict) -> list[str]:
+    rows = []
+    for e, mode in enumerate(ts["modes"]):
+        rows.append([e, mode, f"{ts['ours_epoch_s'][e]:.2f}", f"{ts['ours_wait_fraction'][e]['median']:.1%}",
+                     f"{ts['ours_loader_wait_fraction'][e]['median']:.1%}", f"{ts['torch_epoch_s'][e]:.2f}",
+                     f"{ts['torch_wait_fraction'][e]['median']:.1%}"])
+    return [f"### 5. Simulated training step: {ts['step_ms']:g} ms sleep per batch of {ts['batch_size']}, "
+            f"{ts['n']} samples, {ts['cost_ms']:g} ms each, update_frequency={ts['update_frequency']}", "",
+            "Share of each epoch the loop spent waiting in `iter()`/`next()` (median of "
+            f"{ts['repeats']} runs; epoch 0 includes building the loader). *own record*: the `wait_seconds` "
+            "CachedLoader records in `epoch_stats` (time blocked on its workers only). Background refresh is "
+            "not implemented, so refresh epochs wait like a plain loader.", "",
+            md_table(["epoch", "mode", "ours s", "ours waits", "ours (own record)", "torch s", "torch waits"],
+                     rows, "llrrrrr")]
+
+
+def _latency_section(results: dict) -> list[str]:
+    lines = ["### Start-up and idle", ""]
+    first = results.get("first_batch")
+    if first:
+        lines.append(f"Seconds from construction to the first batch (batch {first['batch_size']} of "
+                     f"{first['shape']} float32, {first['workers']} workers, cheap dataset, warm, median of "
+                     f"{first['repeats']}): ours with a committed store {pm(first['ours_committed_store'])}, "
+                     f"ours with an empty store {pm(first['ours_empty_store'])}, torch {pm(first['torch'])}.")
+    idle = results.get("idle_cpu")
+    if idle:
+        lines.append("")
+        lines.append(f"CPU of the training process while it waits (dataset sleeping {idle['delay_s']:g} s per "
+                     f"sample, {idle['batches_per_s']:g} batches/s, no cache): ours "
+                     f"{pm(idle['ours_cpu_share'], 100, '{:.2f}')} % of a core, torch "
+                     f"{pm(idle['torch_cpu_share'], 100, '{:.2f}')} %.")
+    return lines
+
+
+def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
+    """The full report: machine, memcpy, targets table, one section per scenario, the plot."""
+    meta = results["meta"]
+    out = [f"# Benchmarks, {meta['date']}", "",
+           f"`{meta['command']}` on {_machine(meta)}. Took {meta['duration_s'] / 60:.1f} min. Figures are medians "
+           "over repetitions, ± half the min-max range; ours and torch run alternately, so a neighbour's load "
+           "hits both.", ""]
+    if "memcpy" in results:
+        out += [_memcpy(results), ""]
+    out += ["## Targets", "", targets_table(rows), ""]
+    if png_name:
+        out += [f"![per-epoch time and throughput]({png_name})", ""]
+    out += ["## Details", ""]
+    sections = [("expensive", _expensive_section), ("rotation", _rotation_section), ("memory", _memory_section),
+                ("training_step", _training_section)]
+    if results.get("throughput"):
+        out += _throughput_section(results["throughput"], results.get("memcpy", {}).get("memory_bound", {})
+                                   .get("median")) + [""]
+    for key, section in sections:
+        if results.get(key):
+            out += section(results[key]) + [""]
+    if results.get("first_batch") or results.get("idle_cpu"):
+        out += _latency_section(results) + [""]
+    return "\n".join(out)
+
+
+def plot(results: dict, path: Path) -> bool:
+    """Per-epoch time (ours vs torch), throughput vs memcpy, small samples/s, wait share; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import epochs_panel, small_panel, throughput_panel, wait_panel
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    epochs_panel(axes[0][0], results.get("expensive"))
+    throughput_panel(axes[0][1], results.get("throughput"), results.get("memcpy"))
+    small_panel(axes[1][0], results.get("throughput"))
+    wait_panel(axes[1][1], results.get("training_step"))
+    fig.suptitle(f"cachestore CachedLoader vs torch DataLoader, {results['meta']['date']} "
+                 f"({results['meta']['cores']} cores)")
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+def write_reports(results: dict, out_dir: Path, stem: str) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` (when matplotlib is there) into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = target_rows(results)
+    results["targets"] = [r.as_dict() for r in rows]
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    png = out_dir / f"{stem}.png"
+    if plot(results, png):
+        paths["png"] = png
+    _write_atomic(paths["json"], (json.dumps(results, indent=1) + "\n").encode())
+    _write_atomic(paths["md"], markdown(results, rows, png.name if "png" in paths else None).encode())
+    return paths
