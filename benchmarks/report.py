@@ -74,14 +74,12 @@ def _expensive_section(exp: dict) -> list[str]:
 def _throughput_section(cases: list[dict], memcpy: float | None) -> list[str]:
     rows = []
     for c in cases:
-        ours, gather, torch = (c[k]["median"] for k in ("ours_samples_per_s", "gather_samples_per_s",
-                                                         "torch_samples_per_s"))
+        ours, gather = c["ours_samples_per_s"]["median"], c["gather_samples_per_s"]["median"]
         size = f"{c['sample_bytes'] / 1024:.1f} KiB" if c["sample_bytes"] > 1024 else f"{c['sample_bytes']} B"
         gbps = ours * c["sample_bytes"]
         rows.append([c["backend"], size, c["n"], c["ours_reads_in"], pm(c["ours_samples_per_s"], 1e-3, "{:.1f}"),
                      f"{gbps / 1e9:.2f}", f"{gbps / memcpy:.2f}x" if memcpy else "-", f"{gather / 1e3:.1f}",
                      pm(c["torch_samples_per_s"], 1e-3, "{:.1f}"), f"{c['ratio']['median']:.1f}x"])
-        del torch
     c0 = cases[0]
     return [f"### 2. Cached-epoch throughput: batch {c0['batch_size']}, {c0['workers']} workers, random order", "",
             "k samples/s, median ± half-range of the epochs after a warm-up epoch, ours and torch alternating. "

@@ -176,11 +176,18 @@ class Store:
 
     def reader(self, generation: int | None = None) -> Reader:
         """A read-only view of a committed generation (the newest when ``None``)."""
-        if generation is None:
-            generation = self.latest()
-            if generation is None:
+        if generation is not None:
+            return Reader(self._args(), generation, self.backend.open_generation(generation))
+        while True:
+            newest = self.latest()
+            if newest is None:
                 raise GenerationNotFoundError(f"store {self.path} has no committed generation yet")
-        return Reader(self._args(), generation, self.backend.open_generation(generation))
+            try:
+                return Reader(self._args(), newest, self.backend.open_generation(newest))
+            except GenerationNotFoundError:
+                # Pruned between listing and opening: a newer one was committed; take that.
+                if self.latest() in (None, newest):
+                    raise
 
     def verify(self) -> list[CorruptSampleError]:
         """Check every checksum of every committed generation; one error per bad sample."""

@@ -53,7 +53,7 @@ def _reader(path: str, committed, results, stop) -> None:
     store = open_store(path, readonly=True)
     checked = 0
     try:
-        while committed.value < 6 and not stop.is_set():
+        while (checked < 3 or committed.value < 6) and not stop.is_set():
             reader = store.reader()  # newest committed generation
             g = reader.generation
             for i in range(len(reader)):

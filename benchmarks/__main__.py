@@ -1,0 +1,177 @@
+"""``python -m benchmarks``: every scenario in one run, written as JSON, Markdown and a PNG plot.
+
+How much faster than torch's ``DataLoader`` is CachedLoader, and how close to
+the machine's limits (memcpy bandwidth) does it get? Each scenario lives in its
+own module; this one picks the sizes (a full run takes about 5-8 minutes on 2
+cores, ``--quick`` about 2), runs them and hands the results to
+:mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
+
+Only light imports at module level: loader workers start with spawn and import
+this module again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SCENARIOS = ["memcpy", "throughput", "expensive", "rotation", "memory", "training_step", "latency"]
+
+#: Sizes of a full run and of ``--quick``.
+SIZES: dict[str, dict[str, Any]] = {
+    "full": {"expensive": {"n": 1000, "repeats": 3}, "big_n": 10000, "small_n": 100000, "tp_repeats": 3,
+             "rotation": {"n": 1000, "repeats": 3}, "memory": {"n": 1000, "epochs": 4, "k": 2, "repeats": 2},
+             "training_step": {"n": 1000, "epochs": 6, "k": 3, "repeats": 2},
+             "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1}},
+    "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
+              "rotation": {"n": 300, "repeats": 2}, "memory": {"n": 300, "epochs": 4, "k": 2, "repeats": 1},
+              "training_step": {"n": 320, "epochs": 4, "k": 2, "repeats": 1},
+              "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1}},
+}
+COST, WORKERS, BATCH, TP_BATCH, STEP = 0.005, 2, 64, 256, 0.05
+BACKENDS = ["memmap", "lmdb", "memory"]
+
+
+def _meta(argv: list[str], quick: bool) -> dict:
+    import numpy
+    import psutil
+    import torch
+
+    from .common import llc_bytes
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import multiprocessing as mp
+
+    return {"date": datetime.date.today().isoformat(), "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join(["python -m benchmarks", *argv]).strip(), "quick": quick,
+            "cpu": cpu, "cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total, "llc_bytes": llc_bytes(),
+            "platform": platform.platform(), "python": platform.python_version(), "numpy": numpy.__version__,
+            "torch": torch.__version__, "torch_start_method": mp.get_start_method(), "ours_start_method": "spawn",
+            "loadavg_start": list(os.getloadavg())}
+
+
+def _memcpy(results: dict, sizes: dict) -> None:
+    from .common import memcpy_bandwidth, memory_bound_nbytes
+
+    big = memory_bound_nbytes()
+    results["memcpy"] = {"memory_bound_nbytes": big, "cache_resident_nbytes": 12 << 20,
+                         "memory_bound": [memcpy_bandwidth(big, repeats=7)],
+                         "cache_resident": [memcpy_bandwidth(12 << 20, repeats=30)]}
+
+
+def _throughput(results: dict, sizes: dict) -> None:
+    from .common import memcpy_bandwidth
+    from .throughput import throughput_scenario
+
+    cases = []
+    mc = results.get("memcpy")
+    for shape, n in (((3, 64, 64), sizes["big_n"]), ((16,), sizes["small_n"])):
+        for backend in BACKENDS:
+            if mc is not None:  # memcpy again before every case: its median is the run's figure
+                mc["memory_bound"].append(memcpy_bandwidth(mc["memory_bound_nbytes"], repeats=7))
+                mc["cache_resident"].append(memcpy_bandwidth(mc["cache_resident_nbytes"], repeats=30))
+            _log(f"  throughput {backend} {shape} n={n}")
+            cases.append(throughput_scenario(n, shape, TP_BATCH, WORKERS, backend, sizes["tp_repeats"]))
+    results["throughput"] = cases
+
+
+def _expensive(results: dict, sizes: dict) -> None:
+    from .expensive_dataset import expensive_scenario
+
+    results["expensive"] = expensive_scenario(cost=COST, epochs=10, k=5, workers=WORKERS, batch_size=BATCH,
+                                              **sizes["expensive"])
+
+
+def _rotation(results: dict, sizes: dict) -> None:
+    from .expensive_dataset import rotation_scenario
+
+    results["rotation"] = rotation_scenario(cost=COST, rotation=4, workers=WORKERS, batch_size=BATCH,
+                                            **sizes["rotation"])
+
+
+def _memory(results: dict, sizes: dict) -> None:
+    from .memory import memory_scenario
+
+    results["memory"] = memory_scenario(cost=COST, workers=WORKERS, batch_size=BATCH, **sizes["memory"])
+
+
+def _training_step(results: dict, sizes: dict) -> None:
+    from .training_step import training_step_scenario
+
+    results["training_step"] = training_step_scenario(cost=COST, workers=WORKERS, batch_size=BATCH, step=STEP,
+                                                      **sizes["training_step"])
+
+
+def _latency(results: dict, sizes: dict) -> None:
+    from .latency import first_batch_scenario, idle_cpu_scenario
+
+    results["first_batch"] = first_batch_scenario(sizes["first_batch_repeats"], workers=WORKERS)
+    results["idle_cpu"] = idle_cpu_scenario(workers=WORKERS, **sizes["idle"])
+
+
+RUNNERS: dict[str, Callable[[dict, dict], None]] = {
+    "memcpy": _memcpy, "throughput": _throughput, "expensive": _expensive, "rotation": _rotation,
+    "memory": _memory, "training_step": _training_step, "latency": _latency}
+
+_T0 = [time.perf_counter()]  # reset by main()
+
+
+def _log(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0[0]:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the scenarios and write the reports; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run every benchmark scenario (CachedLoader vs torch's DataLoader, and vs memcpy) and write "
+                    "benchmarks/results/<date>.json, .md and .png. A report, not a test: missed targets do not "
+                    "change the exit status.")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions (about 2 minutes)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"output directory (default {RESULTS})")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
+                        help=f"run only these scenarios (of: {', '.join(SCENARIOS)})")
+    args = parser.parse_args(argv)
+    _T0[0] = time.perf_counter()
+    sizes = SIZES["quick" if args.quick else "full"]
+    results: dict[str, Any] = {"meta": _meta(argv, args.quick)}
+    for name in args.only or SCENARIOS:
+        _log(f"{name} ...")
+        RUNNERS[name](results, sizes)
+    if "memcpy" in results:  # measured at the start and before every throughput case
+        from .common import memcpy_bandwidth, summarize
+
+        mc = results["memcpy"]
+        mc["memory_bound"].append(memcpy_bandwidth(mc["memory_bound_nbytes"], repeats=7))
+        mc["cache_resident"].append(memcpy_bandwidth(mc["cache_resident_nbytes"], repeats=30))
+        for key in ("memory_bound", "cache_resident"):
+            mc[key] = summarize(mc[key])
+    meta = results["meta"]
+    meta["duration_s"] = time.perf_counter() - _T0[0]
+    meta["loadavg_end"] = list(os.getloadavg())
+    from .report import write_reports
+
+    stem = meta["date"] + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+    paths = write_reports(results, args.out, stem)
+    print(paths["md"].read_text())
+    _log("wrote " + ", ".join(str(p) for p in paths.values()))
+    if "png" not in paths:
+        _log("no plot: matplotlib is not installed (pip install -e '.[bench]')")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
