@@ -144,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"output directory (default {RESULTS})")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
                         help=f"run only these scenarios (of: {', '.join(SCENARIOS)})")
+    parser.add_argument("--from-json", type=Path, metavar="JSON",
+                        help="run nothing: rewrite the .md and .png of an earlier run from its JSON, beside it")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        import json
+
+        from .report import write_reports
+
+        results = json.loads(args.from_json.read_text())
+        paths = write_reports(results, args.from_json.parent, args.from_json.stem)
+        _log("wrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
     _T0[0] = time.perf_counter()
     sizes = SIZES["quick" if args.quick else "full"]
     results: dict[str, Any] = {"meta": _meta(argv, args.quick)}

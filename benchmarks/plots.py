@@ -33,12 +33,13 @@ def epochs_panel(ax: Any, exp: dict | None) -> None:
         e = exp[key]
         _bars(ax, x + offset, 0.4, e["median"], e["min"], e["max"], color=color, label=label)
     ax.set_yscale("log")
+    ax.set_ylim(top=20 * max(exp["torch_epoch"]["max"] + exp["ours_epoch"]["max"]))  # room for the legend
     ax.set_xticks(x, [f"{e}\n{'gen' if m == 'generate' else m}" for e, m in enumerate(exp["modes"])])
     ax.set_xlabel("epoch (CachedLoader mode)")
     ax.set_ylabel("seconds (log scale)")
     ax.set_title(f"{title}\n{exp['n']} samples x {exp['cost_ms']:g} ms, K={exp['update_frequency']}, "
                  f"{exp['workers']} workers; total {exp['total_ratio']['median']:.2f}x torch")
-    ax.legend(loc="center right")
+    ax.legend(loc="upper center", ncol=2, fontsize="small")
 
 
 def throughput_panel(ax: Any, cases: list[dict] | None, memcpy: dict | None) -> None:
@@ -50,7 +51,7 @@ def throughput_panel(ax: Any, cases: list[dict] | None, memcpy: dict | None) -> 
     x = np.arange(len(big))
     for offset, key, color, label in ((-0.27, "ours_samples_per_s", OURS, "CachedLoader"),
                                       (0.0, "gather_samples_per_s", GATHER, "store gather (no loader)"),
-                                      (0.27, "torch_samples_per_s", TORCH, "torch DataLoader(store.reader())")):
+                                      (0.27, "torch_samples_per_s", TORCH, "torch DataLoader")):
         scale = [c["sample_bytes"] / 1e9 for c in big]
         _bars(ax, x + offset, 0.27, [c[key]["median"] * s for c, s in zip(big, scale)],
               [c[key]["min"] * s for c, s in zip(big, scale)], [c[key]["max"] * s for c, s in zip(big, scale)],
@@ -58,7 +59,7 @@ def throughput_panel(ax: Any, cases: list[dict] | None, memcpy: dict | None) -> 
     if memcpy:
         bound = memcpy["memory_bound"]["median"] / 1e9
         ax.axhline(bound, color="black", linestyle="--",
-                   label=f"memcpy, memory-bound ({memcpy['memory_bound_nbytes'] >> 20} MiB): {bound:.1f}")
+                   label=f"memcpy, memory-bound: {bound:.1f}")
         ax.axhline(bound / 2, color="black", linestyle=":", label="target: 0.5x memcpy")
         resident = memcpy["cache_resident"]["median"] / 1e9
         ax.set_title(f"{title}\n(cache-resident memcpy, {memcpy['cache_resident_nbytes'] >> 20} MiB: "
@@ -69,7 +70,8 @@ def throughput_panel(ax: Any, cases: list[dict] | None, memcpy: dict | None) -> 
         ax.set_title(title)
     ax.set_xticks(x, [c["backend"] for c in big])
     ax.set_ylabel("GB/s")
-    ax.legend(fontsize="small", loc="upper right")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.5)  # room for the legend
+    ax.legend(fontsize="small", loc="upper left", ncol=2)
 
 
 def small_panel(ax: Any, cases: list[dict] | None) -> None:
@@ -85,10 +87,11 @@ def small_panel(ax: Any, cases: list[dict] | None) -> None:
         _bars(ax, x + offset, 0.27, [c[key]["median"] for c in small], [c[key]["min"] for c in small],
               [c[key]["max"] for c in small], color=color, label=label)
     ax.set_yscale("log")
+    ax.set_ylim(top=ax.get_ylim()[1] * 100)  # room for the legend
     ax.set_xticks(x, [f"{c['backend']}\n{c['ratio']['median']:.1f}x torch" for c in small])
     ax.set_ylabel("samples/s (log scale)")
     ax.set_title(title)
-    ax.legend(fontsize="small", loc="upper left")
+    ax.legend(fontsize="small", loc="upper center", ncol=2)
 
 
 def wait_panel(ax: Any, ts: dict | None) -> None:
@@ -106,6 +109,7 @@ def wait_panel(ax: Any, ts: dict | None) -> None:
     ax.set_xticks(x, [f"{e}\n{'gen' if m == 'generate' else m}" for e, m in enumerate(ts["modes"])])
     ax.set_xlabel("epoch (CachedLoader mode)")
     ax.set_ylabel("% of the epoch waiting")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 135)  # room for the legend
+    ax.set_yticks(range(0, 101, 20))
     ax.set_title(f"{title}\n{ts['step_ms']:g} ms step per batch; refresh epochs wait (no background refresh)")
-    ax.legend(fontsize="small", loc="upper right")
+    ax.legend(fontsize="small", loc="upper center", ncol=2)

@@ -40,6 +40,10 @@ def targets_table(rows: list[TargetRow]) -> str:
                       verdict(r.met)] for r in rows], "lllrrl")
 
 
+def _runs(n: int) -> str:
+    return f"{n} run" + ("s" if n != 1 else "")
+
+
 def _machine(meta: dict) -> str:
     llc = f"{meta['llc_bytes'] / MIB:.0f} MiB" if meta.get("llc_bytes") else "unknown"
     return (f"{meta['cpu']}, {meta['cores']} cores, {meta['ram_bytes'] / 2**30:.1f} GiB RAM, last-level cache {llc}; "
@@ -65,7 +69,7 @@ def _expensive_section(exp: dict) -> list[str]:
     return [f"### 1. Expensive dataset: {exp['n']} samples of 48 KiB, {exp['cost_ms']:g} ms CPU each, "
             f"{exp['epochs']} epochs, update_frequency={exp['update_frequency']}, {exp['workers']} workers, "
             f"batch {exp['batch_size']}", "",
-            f"Seconds per epoch, median of {exp['repeats']} runs of each (alternating). Epoch 0 includes starting "
+            f"Seconds per epoch, median of {_runs(exp['repeats'])} of each (alternating). Epoch 0 includes starting "
             "the workers (ours: spawn, torch: fork).", "",
             md_table(["epoch", "CachedLoader mode", "CachedLoader s", "torch DataLoader s", "ours / torch"], rows,
                      "llrrr")]
@@ -110,7 +114,7 @@ def _memory_section(mem: dict) -> list[str]:
     return [f"### 4. Peak memory: expensive dataset, {mem['n']} samples, {mem['epochs']} epochs, "
             f"update_frequency={mem['update_frequency']}", "",
             f"Sum over the training process and all its children, sampled every {mem['interval_s']:g} s in a "
-            f"background thread; MiB, median of {mem['repeats']} runs. Metric: {how}. *added*: peak minus the same "
+            f"background thread; MiB, median of {_runs(mem['repeats'])}. Metric: {how}. *added*: peak minus the same "
             f"sum just before the loader was built. The store's generation: {mem['store_bytes'] / MIB:.0f} MiB.", "",
             md_table(["loader", f"peak {metric}", f"added {metric}", "peak sum of RSS"], [
                 ["CachedLoader", mib(mem["ours_peak"]), mib(mem["ours_added"]), mib(mem["ours_peak_rss"])],
@@ -126,7 +130,7 @@ def _training_section(ts: dict) -> list[str]:
     return [f"### 5. Simulated training step: {ts['step_ms']:g} ms sleep per batch of {ts['batch_size']}, "
             f"{ts['n']} samples, {ts['cost_ms']:g} ms each, update_frequency={ts['update_frequency']}", "",
             "Share of each epoch the loop spent waiting in `iter()`/`next()` (median of "
-            f"{ts['repeats']} runs; epoch 0 includes building the loader). *own record*: the `wait_seconds` "
+            f"{_runs(ts['repeats'])}; epoch 0 includes building the loader). *own record*: the `wait_seconds` "
             "CachedLoader records in `epoch_stats` (time blocked on its workers only). Background refresh is "
             "not implemented, so refresh epochs wait like a plain loader.", "",
             md_table(["epoch", "mode", "ours s", "ours waits", "ours (own record)", "torch s", "torch waits"],
@@ -164,11 +168,9 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     if png_name:
         out += [f"![per-epoch time and throughput]({png_name})", ""]
     out += ["## Details", ""]
-    sections = [("expensive", _expensive_section), ("rotation", _rotation_section), ("memory", _memory_section),
-                ("training_step", _training_section)]
-    if results.get("throughput"):
-        out += _throughput_section(results["throughput"], results.get("memcpy", {}).get("memory_bound", {})
-                                   .get("median")) + [""]
+    memcpy = results.get("memcpy", {}).get("memory_bound", {}).get("median")
+    sections = [("expensive", _expensive_section), ("throughput", lambda cases: _throughput_section(cases, memcpy)),
+                ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section)]
     for key, section in sections:
         if results.get(key):
             out += section(results[key]) + [""]

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachestore import codec
+from cachestore.backends.directory import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +83,13 @@ def sweep_dead_segments() -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(_SHM_DIR, "cachestore-*")):
         parts = os.path.basename(path).split("-")
-        if len(parts) > 2 and parts[1].isdigit() and not _alive(int(parts[1])):
+        if len(parts) > 2 and parts[1].isdigit() and not pid_alive(int(parts[1])):
             try:
                 os.unlink(path)
                 removed.append(path)
             except OSError:
                 pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ----------------------------------------------------------------------- layout

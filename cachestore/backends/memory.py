@@ -19,7 +19,7 @@ import numpy as np
 from .. import codec
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, batch_indices
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, batch_indices, gather_columns
 from .directory import check_complete
 
 _tokens = itertools.count()
@@ -111,12 +111,7 @@ class MemoryGeneration(GenerationData):
                 raise ValueError("out= is only supported for generations with a fixed layout")
             return stack_samples([self.read(i, copy=False) for i in indices])
         idx = batch_indices(indices, self.num_samples, self.generation)
-        if out is None:
-            out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in self.specs]
-        for col, dest in zip(self.columns, out):
-            # mode="clip": the indices are checked above, and the default mode="raise" makes
-            # np.take gather into a temporary and copy it into `out` (half the speed).
-            np.take(col, idx, axis=0, out=dest, mode="clip")
+        out = gather_columns(self.columns, self.specs, idx, out)
         return codec.unflatten_batch(self.schema, out)
 
     def close(self) -> None:
