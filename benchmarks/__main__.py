@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import sys
@@ -27,11 +28,11 @@ SCENARIOS = ["memcpy", "throughput", "expensive", "rotation", "memory", "trainin
 #: Sizes of a full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"expensive": {"n": 1000, "repeats": 3}, "big_n": 10000, "small_n": 100000, "tp_repeats": 3,
-             "rotation": {"n": 1000, "repeats": 3}, "memory": {"n": 1000, "epochs": 4, "k": 2, "repeats": 2},
+             "rotation": {"n": 1000, "repeats": 3}, "memory": {"n": 1000, "epochs": 4, "k": 2, "cached_n": 4000, "repeats": 2},
              "training_step": {"n": 1000, "epochs": 6, "k": 3, "repeats": 2},
              "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1}},
     "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
-              "rotation": {"n": 300, "repeats": 2}, "memory": {"n": 300, "epochs": 4, "k": 2, "repeats": 1},
+              "rotation": {"n": 300, "repeats": 2}, "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
               "training_step": {"n": 320, "epochs": 4, "k": 2, "repeats": 1},
               "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1}},
 }
@@ -102,9 +103,16 @@ def _rotation(results: dict, sizes: dict) -> None:
 
 
 def _memory(results: dict, sizes: dict) -> None:
+    from .datasets import ExpensiveDataset, StoredSamples
     from .memory import memory_scenario
 
-    results["memory"] = memory_scenario(cost=COST, workers=WORKERS, batch_size=BATCH, **sizes["memory"])
+    m = sizes["memory"]
+    results["memory"] = [
+        memory_scenario(ExpensiveDataset, {"n": m["n"], "cost": COST}, m["epochs"], m["k"], WORKERS, BATCH,
+                        m["repeats"], label=f"expensive dataset, batches of {BATCH} x 48 KiB"),
+        memory_scenario(StoredSamples, {"n": m["cached_n"], "shape": (3, 64, 64)}, 3, math.inf, WORKERS, TP_BATCH,
+                        m["repeats"], label=f"cheap dataset, 1 generate + 2 cached epochs, batches of {TP_BATCH} x 48 KiB"),
+    ]
 
 
 def _training_step(results: dict, sizes: dict) -> None:

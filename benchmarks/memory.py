@@ -113,20 +113,20 @@ class PeakMemory:
         self._sample()
 
 
-def memory_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batch_size: int,
-                    repeats: int = 1, interval: float = 0.1) -> dict:
+def memory_scenario(dataset_class: type, kwargs: dict, epochs: int, k: float, workers: int, batch_size: int,
+                    repeats: int = 1, interval: float = 0.1, label: str = "") -> dict:
     """Peak memory of CachedLoader (`epochs` epochs, ``update_frequency=k``) vs torch's DataLoader.
 
-    Ours and torch alternate run by run on the expensive dataset. "Added" is
-    the peak minus the tree's memory just before the run (the training
-    process as it was, and any child already running). The allowance of the
-    target is one generation of the store (``GenerationInfo.nbytes``): its pages
-    are mapped by the readers, so they appear in the PSS of the processes.
+    Both load ``dataset_class(**kwargs)`` (torch without any cache), alternating
+    run by run. "Added" is the peak minus the tree's memory just before the
+    run (the training process as it was, and any child already running). The
+    allowance of the target is one generation of the store
+    (``GenerationInfo.nbytes``): its pages are mapped by the readers, so they
+    appear in the PSS of the processes.
     """
-    import torch.utils.data  # noqa: F401  a training process has torch loaded: in both baselines, not in torch's share
+    import torch.utils.data  # noqa: F401  a training process has torch loaded: in both baselines
 
     metric = "pss" if has_pss() else "rss"
-    kwargs = {"n": n, "cost": cost}
     runs: dict[str, list[dict]] = {"ours": [], "torch": []}
     store_bytes = 0
     for rep in range(repeats):
@@ -135,9 +135,10 @@ def memory_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batc
             try:
                 with PeakMemory(interval) as mem:
                     if who == "ours":
-                        cached_epochs(kwargs, epochs, batch_size, workers, k, f"{tmp}/cache")
+                        cached_epochs(kwargs, epochs, batch_size, workers, k, f"{tmp}/cache",
+                                      dataset_class=dataset_class)
                     else:
-                        torch_epochs(kwargs, epochs, batch_size, workers)
+                        torch_epochs(kwargs, epochs, batch_size, workers, dataset_class=dataset_class)
                 if who == "ours":
                     with open_store(f"{tmp}/cache", readonly=True) as store:
                         store_bytes = max([g.nbytes for g in store.generations() if g.committed] + [store_bytes])
@@ -145,12 +146,11 @@ def memory_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batc
                 shutil.rmtree(tmp, ignore_errors=True)
             runs[who].append({"baseline": mem.baseline, "peak": mem.peak, "samples": mem.samples})
     added = {who: [r["peak"][metric] - r["baseline"][metric] for r in rs] for who, rs in runs.items()}
-    return {"n": n, "cost_ms": cost * 1e3, "epochs": epochs, "update_frequency": k, "workers": workers,
-            "batch_size": batch_size, "repeats": repeats, "interval_s": interval, "metric": metric,
-            "runs": runs, "store_bytes": store_bytes,
+    return {"label": label, "dataset": dataset_class.__name__, "kwargs": kwargs, "epochs": epochs,
+            "update_frequency": None if k == float("inf") else k, "workers": workers, "batch_size": batch_size,
+            "repeats": repeats, "interval_s": interval, "metric": metric, "runs": runs, "store_bytes": store_bytes,
             "ours_peak": summarize([r["peak"][metric] for r in runs["ours"]]),
             "torch_peak": summarize([r["peak"][metric] for r in runs["torch"]]),
             "ours_peak_rss": summarize([r["peak"]["rss"] for r in runs["ours"]]),
             "torch_peak_rss": summarize([r["peak"]["rss"] for r in runs["torch"]]),
-            "ours_added": summarize(added["ours"]), "torch_added": summarize(added["torch"]),
-            "excess_over_torch": summarize([o - t for o, t in zip(added["ours"], added["torch"])])}
+            "ours_added": summarize(added["ours"]), "torch_added": summarize(added["torch"])}

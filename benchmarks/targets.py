@@ -1,9 +1,10 @@
 """DESIGN.md's performance targets, checked against one run's results.
 
 Each target becomes one or more rows: what DESIGN.md asks, what was measured
-(median ± half the min-max range over the repetitions), the ratio the target
-is about, the goal, and whether the median meets it. A report, not a test:
-nothing fails when a target is missed.
+(median ± half the min-max range over the repetitions), the value the goal is
+about (its median, with the min-max range over the repetitions in brackets),
+the goal, and whether the median meets it. A report, not a test: nothing fails
+when a target is missed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Callable
 
 MIB = 1 << 20
 
+Figure = float | dict  # a single number, or a summary (median, min, max, ...) of repetitions
+
 
 @dataclass(frozen=True)
 class TargetRow:
@@ -21,10 +24,10 @@ class TargetRow:
     target: str  # what DESIGN.md asks, in short
     case: str  # which measurement (backend, epoch, ...)
     measured: str  # the figures behind the value
-    value: str  # the figure the goal is about, formatted ("3.4x", "2.1%", "0.27 s")
-    number: float  # the same, as a number (for the JSON)
+    value: str  # the figure the goal is about, formatted ("3.4x (3.1-3.6)", "2.1%", "0.27 s")
+    number: float  # its median, as a number (for the JSON)
     goal: str  # e.g. ">= 2x"
-    met: bool | None  # None: no verdict (informational row)
+    met: bool  # whether the median meets the goal
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -36,37 +39,55 @@ def pm(summary: dict, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(summary['median'] * scale)} ± {fmt.format(summary['spread'] * scale)}"
 
 
-def times(r: float) -> tuple[str, float]:
-    return f"{r:.2f}x", r
+def _value(fmt: Callable[[float], str], figure: Figure) -> tuple[str, float]:
+    """``(text, median)``: a summary shows its min-max range after the median."""
+    if not isinstance(figure, dict):
+        return fmt(figure), figure
+    text = fmt(figure["median"])
+    if figure["n"] > 1:
+        text += f" ({fmt(figure['min'])}–{fmt(figure['max'])})"
+    return text, figure["median"]
 
 
-def percent(r: float) -> tuple[str, float]:
-    return f"{r:.1%}", r
+def times(figure: Figure) -> tuple[str, float]:
+    return _value(lambda r: f"{r:.2f}x", figure)
 
 
-def seconds(r: float) -> tuple[str, float]:
-    return f"{r:.2f} s", r
+def percent(figure: Figure) -> tuple[str, float]:
+    return _value(lambda r: f"{r:.1%}", figure)
+
+
+def seconds(figure: Figure) -> tuple[str, float]:
+    return _value(lambda r: f"{r:.2f} s", figure)
+
+
+def _scaled(summary: dict, factor: float) -> dict:
+    return {**summary, **{k: summary[k] * factor for k in ("median", "min", "max", "spread")}}
+
+
+def _row(target: str, case: str, measured: str, value: tuple[str, float], goal: str,
+         ok: Callable[[float], bool], note: str = "") -> TargetRow:
+    text, number = value
+    return TargetRow(target, case, measured, text, number, goal, bool(ok(number)), note)
 
 
 def _throughput_rows(results: dict) -> list[TargetRow]:
     rows = []
     memcpy = results.get("memcpy", {}).get("memory_bound", {}).get("median")
-    for case in results.get("throughput", []):
+    for case in results.get("throughput") or []:
         big = case["sample_bytes"] > 1024
-        size = "48 KiB" if big else "small"
         ours, torch = case["ours_samples_per_s"], case["torch_samples_per_s"]
         where = f"{case['backend']} (ours read in {case['ours_reads_in']})"
         if big and memcpy:
-            gbps = ours["median"] * case["sample_bytes"] / 1e9
-            ratio = ours["median"] * case["sample_bytes"] / memcpy
-            rows.append(TargetRow("cached epoch 48 KiB >= 0.5x memcpy", where,
-                                  f"{gbps:.2f} GB/s vs memcpy {memcpy / 1e9:.2f} GB/s (memory-bound)",
-                                  *times(ratio), ">= 0.5x", ratio >= 0.5))
+            share = _scaled(ours, case["sample_bytes"] / memcpy)
+            rows.append(_row("cached epoch, 48 KiB samples: >= 0.5x memcpy", where,
+                             f"{ours['median'] * case['sample_bytes'] / 1e9:.2f} GB/s vs memcpy "
+                             f"{memcpy / 1e9:.2f} GB/s (memory-bound)",
+                             times(share), ">= 0.5x", lambda r: r >= 0.5))
         goal = 2.0 if big else 10.0
-        ratio = case["ratio"]["median"]
-        rows.append(TargetRow(f"cached epoch {size} >= {goal:g}x torch", where,
-                              f"{pm(ours, 1e-3, '{:.1f}')} vs {pm(torch, 1e-3, '{:.1f}')} k samples/s",
-                              *times(ratio), f">= {goal:g}x", ratio >= goal))
+        rows.append(_row(f"cached epoch, {'48 KiB' if big else 'small'} samples: >= {goal:g}x torch", where,
+                         f"{pm(ours, 1e-3, '{:.1f}')} vs {pm(torch, 1e-3, '{:.1f}')} k samples/s",
+                         times(case["ratio"]), f">= {goal:g}x", lambda r: r >= goal))
     return rows
 
 
@@ -74,36 +95,46 @@ def _expensive_rows(results: dict) -> list[TargetRow]:
     exp = results.get("expensive")
     if not exp:
         return []
-    total, e0 = exp["total_ratio"]["median"], exp["epoch0_ratio"]["median"]
-    rows = [TargetRow(f"expensive dataset, {exp['epochs']} epochs, K={exp['update_frequency']}: "
-                      "total <= 0.3x torch", f"{exp['n']} samples, {exp['cost_ms']:g} ms each",
-                      f"{pm(exp['ours_total'])} s vs {pm(exp['torch_total'])} s", *times(total), "<= 0.3x", total <= 0.3),
-            TargetRow("generate epoch <= 1.15x a plain (torch) epoch", "epoch 0 (both start workers)",
-                      f"{exp['ours_epoch']['median'][0]:.2f} s vs {exp['torch_epoch']['median'][0]:.2f} s",
-                      *times(e0), "<= 1.15x", e0 <= 1.15, "ours spawns its workers, torch forks")]
+    plain = "generate epoch <= 1.15x a plain (torch) epoch"
+    rows = [_row(f"expensive dataset, {exp['epochs']} epochs, K={exp['update_frequency']}: total <= 0.3x torch",
+                 f"{exp['n']} samples, {exp['cost_ms']:g} ms each",
+                 f"{pm(exp['ours_total'])} s vs {pm(exp['torch_total'])} s", times(exp["total_ratio"]),
+                 "<= 0.3x", lambda r: r <= 0.3),
+            _row(plain, "epoch 0 (both start their workers)",
+                 f"{exp['ours_epoch']['median'][0]:.2f} s vs {exp['torch_epoch']['median'][0]:.2f} s",
+                 times(exp["epoch0_ratio"]), "<= 1.15x", lambda r: r <= 1.15,
+                 "ours spawns its workers, torch forks")]
     if exp.get("refresh_ratio"):
-        e, ratio = exp["refresh_epoch"], exp["refresh_ratio"]["median"]
-        rows.append(TargetRow("generate epoch <= 1.15x a plain (torch) epoch", f"epoch {e} (refresh)",
-                              f"{exp['ours_epoch']['median'][e]:.2f} s vs torch's median epoch",
-                              *times(ratio), "<= 1.15x", ratio <= 1.15))
+        e = exp["refresh_epoch"]
+        rows.append(_row(plain, f"epoch {e} (refresh)",
+                         f"{exp['ours_epoch']['median'][e]:.2f} s vs torch's median epoch "
+                         f"{_median(exp['torch_epoch']['median'][1:]):.2f} s",
+                         times(exp["refresh_ratio"]), "<= 1.15x", lambda r: r <= 1.15))
     return rows
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
 
 
 def _training_rows(results: dict) -> list[TargetRow]:
     ts = results.get("training_step")
     if not ts:
         return []
-    worst = ts["ours_worst_after_first"]
-    worst_e = max(range(1, ts["epochs"]), key=lambda e: ts["ours_wait_fraction"][e]["median"])
-    rows = [TargetRow("training step: no epoch after the first waits > 5%", "worst epoch after the first",
-                      f"epoch {worst_e} ({ts['modes'][worst_e]}) waits {worst:.1%}; torch "
-                      f"{max(f['median'] for f in ts['torch_wait_fraction'][1:]):.1%}",
-                      *percent(worst), "<= 5%", worst <= 0.05,
-                      "background refresh is not implemented: refresh epochs compute while the loop waits")]
-    cached = ts.get("ours_worst_cached_after_first")
-    if cached is not None:
-        rows.append(TargetRow("training step: no epoch after the first waits > 5%", "worst cached (read) epoch",
-                              f"waits {cached:.1%} of the epoch", *percent(cached), "<= 5%", cached <= 0.05))
+    fractions = ts["ours_wait_fraction"]
+    torch_worst = max(f["median"] for f in ts["torch_wait_fraction"][1:])
+    target = "training step: no epoch after the first waits > 5%"
+    worst = max(range(1, ts["epochs"]), key=lambda e: fractions[e]["median"])
+    rows = [_row(target, "worst epoch after the first",
+                 f"epoch {worst} ({ts['modes'][worst]}); torch's worst {torch_worst:.1%}",
+                 percent(fractions[worst]), "<= 5%", lambda r: r <= 0.05,
+                 "background refresh is not implemented: refresh epochs compute while the loop waits")]
+    cached = [e for e in range(1, ts["epochs"]) if ts["modes"][e] == "read"]
+    if cached:
+        e = max(cached, key=lambda e: fractions[e]["median"])
+        rows.append(_row(target, "worst cached (read) epoch", f"epoch {e}", percent(fractions[e]), "<= 5%",
+                         lambda r: r <= 0.05))
     return rows
 
 
@@ -111,28 +142,27 @@ def _rotation_rows(results: dict) -> list[TargetRow]:
     rot = results.get("rotation")
     if not rot:
         return []
-    r, calls, served = rot["rotation"], rot["dataset_calls_per_served_sample"], rot["served_ratio"]["median"]
-    return [TargetRow(f"rotation R={r}: fresh samples per served ~ 1/R", f"{rot['n']} samples, window {rot['window']}",
-                      "dataset calls / samples served (steady epochs)", f"{calls:.3f}", calls, f"{1 / r:.2f} ± 0.02",
-                      abs(calls - 1 / r) <= 0.02),
-            TargetRow(f"rotation R={r}: served samples/s >= 3x plain", "vs the same loader without cache",
-                      f"{pm(rot['served_samples_per_s'], 1, '{:.0f}')} vs "
-                      f"{pm(rot['plain_samples_per_s'], 1, '{:.0f}')} samples/s",
-                      *times(served), ">= 3x", served >= 3)]
+    r, calls = rot["rotation"], rot["dataset_calls_per_served_sample"]
+    return [_row(f"rotation R={r}: fresh samples per served ~ 1/R", f"{rot['n']} samples, window {rot['window']}",
+                 "dataset calls / samples served (steady epochs)", (f"{calls:.3f}", calls), f"{1 / r:.2f} ± 0.02",
+                 lambda c: abs(c - 1 / r) <= 0.02),
+            _row(f"rotation R={r}: served samples/s >= 3x plain", "vs the same loader without cache",
+                 f"{pm(rot['served_samples_per_s'], 1, '{:.0f}')} vs "
+                 f"{pm(rot['plain_samples_per_s'], 1, '{:.0f}')} samples/s",
+                 times(rot["served_ratio"]), ">= 3x", lambda s: s >= 3)]
 
 
 def _memory_rows(results: dict) -> list[TargetRow]:
-    mem = results.get("memory")
-    if not mem:
-        return []
-    ours, torch, store = mem["ours_peak"]["median"], mem["torch_peak"]["median"], mem["store_bytes"]
-    ratio = ours / (torch + store)
-    return [TargetRow("peak memory <= torch's + the store's pages",
-                      f"all processes, sum of {mem['metric'].upper()}",
-                      f"{ours / MIB:.0f} MiB vs torch {torch / MIB:.0f} + store {store / MIB:.0f} MiB",
-                      *times(ratio), "<= 1x", ratio <= 1,
-                      f"added by the loader: {mem['ours_added']['median'] / MIB:.0f} MiB vs "
-                      f"torch {mem['torch_added']['median'] / MIB:.0f} MiB")]
+    rows = []
+    for mem in results.get("memory") or []:
+        ours, torch, store = mem["ours_peak"]["median"], mem["torch_peak"]["median"], mem["store_bytes"]
+        rows.append(_row("peak memory <= torch's + the store's pages",
+                         f"{mem['label']}; all processes, sum of {mem['metric'].upper()}",
+                         f"{ours / MIB:.0f} MiB vs torch {torch / MIB:.0f} + store {store / MIB:.0f} MiB",
+                         times(_scaled(mem["ours_peak"], 1 / (torch + store))), "<= 1x", lambda r: r <= 1,
+                         f"added by the loader: {mem['ours_added']['median'] / MIB:.0f} MiB vs "
+                         f"torch {mem['torch_added']['median'] / MIB:.0f} MiB"))
+    return rows
 
 
 def _latency_rows(results: dict) -> list[TargetRow]:
@@ -141,17 +171,15 @@ def _latency_rows(results: dict) -> list[TargetRow]:
     if first:
         for key, case in (("ours_committed_store", "committed store (read epoch)"),
                           ("ours_empty_store", "empty store (generate epoch)")):
-            s = first[key]["median"]
-            rows.append(TargetRow("first batch within 1 s of construction (warm)", case,
-                                  f"{pm(first[key])} s (torch: {first['torch']['median']:.2f} s)",
-                                  *seconds(s), "<= 1 s", s <= 1.0))
+            rows.append(_row("first batch within 1 s of construction (warm)", case,
+                             f"torch: {first['torch']['median']:.2f} s", seconds(first[key]), "<= 1 s",
+                             lambda s: s <= 1.0))
     idle = results.get("idle_cpu")
     if idle:
-        share = idle["ours_cpu_share"]["median"]
-        rows.append(TargetRow("no CPU in the training process while it waits", "sleeping dataset, no cache",
-                              f"{share:.2%} of a core (torch: {idle['torch_cpu_share']['median']:.2%})",
-                              *percent(share), "<= 1% of a core", share <= 0.01,
-                              f"{idle['batches_per_s']:g} batches/s handed over"))
+        rows.append(_row("no CPU in the training process while it waits", "sleeping dataset, no cache",
+                         f"share of a core; torch: {idle['torch_cpu_share']['median']:.2%}",
+                         percent(idle["ours_cpu_share"]), "<= 1% of a core", lambda s: s <= 0.01,
+                         f"{idle['batches_per_s']:g} batches/s handed over"))
     return rows
 
 

@@ -6,7 +6,9 @@ the newest generation committed by an earlier run with the same fingerprint
 (0 when there is none). A committed generation is read; a missing one is
 generated - every sample computed by the workers, written into the store and
 served at once - and committed at the end of the epoch. A broken-off epoch
-commits nothing. After a commit, older generations are pruned.
+commits nothing. After a commit, older generations are pruned. With
+``background_refresh`` the next generation is computed by idle workers during
+the cached epochs before it (:mod:`loader.refresh`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from . import sampler
 from .device import DeviceMover
 from .epoch import EpochPlan, EpochStats, GenerationSink, run_inline, run_pool
 from .fingerprint import class_path, dataset_fingerprint, describe_params
-from .messages import WorkerConfig
 from .pool import WorkerPool
+from .refresh import BackgroundRefresh
+from .resources import ConfigFactory, Resources
 from .rotation import DiskWindow, MemoryWindow, batch_sizes, rotation_schedule, run_rotation
 from .settings import CacheSettings, RotationSettings, check_int
 from .shm import SlotPool, sweep_dead_segments
@@ -48,57 +51,6 @@ def _distributed_defaults() -> tuple[int, int]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
-
-
-class _ConfigFactory:
-    """Builds each worker incarnation's config (a fresh shard id every time)."""
-
-    def __init__(self, dataset_class: type, params: dict, collate_fn: Callable | None,
-                 gpu_indices: list[int] | None, allow_pickle: bool) -> None:
-        self.args = (dataset_class, params, collate_fn, gpu_indices, allow_pickle)
-        self.incarnations = 0
-
-    def __call__(self, wid: int) -> WorkerConfig:
-        dataset_class, params, collate_fn, gpu_indices, allow_pickle = self.args
-        self.incarnations += 1
-        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset_class=dataset_class,
-                            dataset_params=params, collate_fn=collate_fn,
-                            gpu_index=gpu_indices[wid] if gpu_indices else None, allow_pickle=allow_pickle)
-
-
-class _Resources:
-    """Everything that must be released: the shutdown path shared by close(), GC and exit."""
-
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.slots: SlotPool | None = None
-        self.writer: Any = None
-        self.store: Store | None = None
-        self.window: Any = None
-
-    def discard_dead_shard(self, dead: Any) -> None:
-        """A worker died: forget what it wrote for batches that were never delivered."""
-        if self.writer is not None and self.writer.state == "open":
-            self.writer.discard_shard_tail(dead.shard_id, dead.written)
-
-    def release(self) -> None:
-        """Release everything (see the shutdown note in :mod:`loader.pool`)."""
-        # Order: stop the writers (workers) before removing what they write into.
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.shutdown()
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            writer.abort()
-        slots, self.slots = self.slots, None
-        if slots is not None:
-            slots.close()
-        window, self.window = self.window, None
-        if window is not None:
-            window.close()
-        store, self.store = self.store, None
-        if store is not None:
-            store.close()
 
 
 class CachedLoader:
@@ -186,8 +138,8 @@ class CachedLoader:
         start_method: str = "spawn",
         max_worker_restarts: int = 3,
     ) -> None:
-        self._res = _Resources()
-        self._finalizer = weakref.finalize(self, _Resources.release, self._res)
+        self._res = Resources()
+        self._finalizer = weakref.finalize(self, Resources.release, self._res)
         self._closed = False
         if not isinstance(dataset_class, type):
             raise ValueError(f"dataset_class must be a class, got {dataset_class!r}")
@@ -256,6 +208,8 @@ class CachedLoader:
         self._epoch = 0
         self._active: Any = None
         self._cache_off = False
+        self._refresh: BackgroundRefresh | None = None
+        self._refresh_off = False
         self._base: int | None = None
 
         # Built here too: its length and fingerprint are needed, and a constructor
@@ -359,7 +313,7 @@ class CachedLoader:
         if self._res.pool is None:
             # The pool must not reference the loader: the finalizer that releases the
             # pool would then keep the loader alive forever.
-            make_config = _ConfigFactory(self.dataset_class, self.dataset_params, self.collate_fn, self.gpu_indices,
+            make_config = ConfigFactory(self.dataset_class, self.dataset_params, self.collate_fn, self.gpu_indices,
                                          self.cache.allow_pickle if self.cache else False)
             self._res.pool = WorkerPool(make_config, self.nb_worker, self.use_threading,
                                         self.start_method, self.max_worker_restarts)
@@ -402,6 +356,9 @@ class CachedLoader:
         k = self.cache.update_frequency
         generation = self._base + (0 if k == math.inf else epoch // int(k))
         committed = {g.id for g in store.generations() if g.committed}
+        if generation not in committed and self._refresh is not None and self._refresh.generation == generation:
+            if self._complete_refresh(epoch):
+                committed.add(generation)
         return EpochPlan(epoch, "read" if generation in committed else "generate", generation, batches, self._indices)
 
     # ------------------------------------------------------------------ iteration
@@ -447,15 +404,17 @@ class CachedLoader:
         return GenerationSink(writer, self.cache.on_budget_exceeded, in_workers)
 
     def _run_epoch(self, epoch: int) -> Iterator[Any]:
+        start = time.perf_counter()
         plan = self._plan(epoch)
         stats = EpochStats(epoch, plan.mode, plan.generation)
+        stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.epoch_stats.append(stats)
         if self._res.pool is not None:
             self._res.pool.restarts = 0  # max_worker_restarts counts per epoch
         sink = self._begin_generation(plan.generation) if plan.mode == "generate" else None
         store = self._res.store
-        t0 = time.perf_counter()
         finished = False
+        t0 = start
         try:
             if plan.mode == "rotate":
                 batches = self._rotation_batches(plan, stats)
@@ -464,9 +423,12 @@ class CachedLoader:
                 batches = run_inline(plan, self._producer, reader, sink, stats)
             else:
                 reader_key = (store._args(), plan.generation) if plan.mode == "read" else None
+                if plan.mode == "read":
+                    self._maybe_start_refresh(plan)
                 batches = run_pool(plan, self._ensure_pool(), self._res.slots, sink, reader_key,
                                    self.max_queue_size, self.max_minibatch_length, stats,
-                                   self.prefetch_time if epoch == 0 else None, self._kill_pool)
+                                   self.prefetch_time if epoch == 0 else None, self._kill_pool,
+                                   background=self._refresh)
             for batch in batches:
                 wait = time.perf_counter()
                 yield self._mover(batch) if self._mover is not None else batch
@@ -522,9 +484,61 @@ class CachedLoader:
         pool, self._res.pool = self._res.pool, None
         if pool is not None:
             pool.kill()
-        writer, self._res.writer = self._res.writer, None
-        if writer is not None:
+        for writer in (self._res.writer, self._res.background):
+            if writer is not None:
+                writer.abort()
+        self._res.writer = self._res.background = None
+        self._refresh = None
+
+    # ------------------------------------------------------------------ background refresh
+    def _maybe_start_refresh(self, plan: EpochPlan) -> None:
+        """At a read epoch of generation g, start computing g + 1 in the background (opt-in)."""
+        cache, store = self.cache, self._res.store
+        if (not cache.background_refresh or self._refresh is not None or self._refresh_off
+                or cache.update_frequency == math.inf or not store.backend.persistent):
+            return
+        generations = {g.id: g for g in store.generations() if g.committed}
+        nxt = plan.generation + 1
+        if nxt in generations:
+            return
+        budget = store._budget()
+        current = generations.get(plan.generation)
+        if budget.available is not None and current is not None and current.nbytes > budget.available:
+            log.info("background refresh needs room for a second generation (about %d bytes, %d available): "
+                     "generation %d will be written during its own epoch instead", current.nbytes,
+                     budget.available, nxt)
+            self._refresh_off = True
+            return
+        writer = store.writer(nxt, num_samples=len(self._indices))
+        self._res.background = writer
+        self._ensure_pool().reset_generation()
+        sink = GenerationSink(writer, "stream", not self.use_threading)
+        self._refresh = BackgroundRefresh(nxt, sink, self._indices, max(1, self.batch_size // 4), self.nb_worker)
+
+    def _complete_refresh(self, epoch: int) -> bool:
+        """The first epoch of the refreshed generation: finish, commit; ``False`` to write it the usual way."""
+        refresh, self._refresh = self._refresh, None
+        writer, self._res.background = self._res.background, None
+        pool = self._ensure_pool()
+        try:
+            refresh.finish(pool)
+            errors = pool.flush_shards() if refresh.sink.in_workers else []
+            refresh.sink.close_main()
+            if refresh.sink.failed is not None or errors:
+                writer.abort()
+                self._refresh_off = True
+                log.warning("background refresh of generation %d gave up (%s); writing it during epoch %d "
+                            "instead", refresh.generation, refresh.sink.failed or "; ".join(errors), epoch)
+                return False
+            writer.commit(extra={"epochs": [epoch], "background": True,
+                                 "update_frequency": self.cache.update_frequency})
+        except BaseException:
             writer.abort()
+            self._kill_pool()
+            raise
+        self._res.store.prune(keep=1)
+        log.info("committed generation %d, computed in the background", refresh.generation)
+        return True
 
     # ------------------------------------------------------------------ info & shutdown
     @property

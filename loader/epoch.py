@@ -165,12 +165,13 @@ def concat_batches(parts: list[Any]) -> Any:
 
 def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None, reader_key: tuple | None,
              max_in_flight: int, minibatch: int | None, stats: EpochStats, prefetch_time: float | None,
-             on_failure: Callable[[], None], collate: bool = True) -> Iterator[Any]:
+             on_failure: Callable[[], None], collate: bool = True, background: Any = None) -> Iterator[Any]:
     """An epoch run by the worker pool; yields batches in order.
 
     ``plan.batches`` may be any iterable of position arrays (it is consumed
     ``max_in_flight`` batches ahead). With ``collate=False`` each batch is the
-    list of its samples.
+    list of its samples. `background` (a :class:`loader.refresh.BackgroundRefresh`)
+    gets the workers' spare time.
     """
     source = iter(plan.batches)
     inflight: dict[tuple[int, int], m.Task] = {}
@@ -213,6 +214,39 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
             inflight[(seq, part)] = task
             pool.submit(task)
 
+    def receive(msg: Any) -> None:
+        if msg is None:
+            return
+        if background is not None:
+            try:
+                if background.handle(msg):
+                    return
+            except BaseException:
+                on_failure()
+                raise
+        if isinstance(msg, m.TaskFailed):
+            if msg.epoch != plan.epoch and msg.kind != "init":
+                return  # from an abandoned epoch
+            on_failure()
+            pid = next((w.pid for w in pool.workers if w.worker_id == msg.worker_id), None)
+            raise msg.exception(pid=pid, epoch=plan.epoch)
+        if not isinstance(msg, m.BatchDone):
+            return
+        if msg.epoch != plan.epoch:
+            slots.release_task(msg)
+            return
+        task = inflight.pop((msg.seq, msg.part))
+        done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
+        if plan.mode == "read":
+            stats.read += len(task.indices)
+        elif collate:
+            stats.computed += len(task.indices)
+            stats.written += msg.written
+            if msg.records and sink is not None:
+                stats.written += sink.put_records(msg.records)
+            if msg.budget_error is not None and sink is not None:
+                sink.over_budget(msg.budget_error, fits=msg.budget_fits)
+
     try:
         while True:
             while not exhausted and submitted - delivered < max_in_flight:
@@ -224,6 +258,11 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
                 submitted += 1
             if exhausted and delivered == submitted:
                 return
+            if background is not None:
+                # Keep idle workers busy even while every batch is ready ahead of the loop.
+                background.pump(pool)
+                while (msg := pool.next_message(timeout=0)) is not None:
+                    receive(msg)
             parts = done.get(delivered)
             prefetching = (prefetch_deadline is not None and time.monotonic() < prefetch_deadline
                            and len(inflight) > 0)
@@ -243,29 +282,7 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
             stats.wait_seconds += time.perf_counter() - t0
             if msg is None:
                 prefetch_deadline = None
-                continue
-            if isinstance(msg, m.TaskFailed):
-                if msg.epoch != plan.epoch and msg.kind != "init":
-                    continue  # from an abandoned epoch
-                on_failure()
-                pid = next((w.pid for w in pool.workers if w.worker_id == msg.worker_id), None)
-                raise msg.exception(pid=pid, epoch=plan.epoch)
-            if not isinstance(msg, m.BatchDone):
-                continue
-            if msg.epoch != plan.epoch:
-                slots.release_task(msg)
-                continue
-            task = inflight.pop((msg.seq, msg.part))
-            done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
-            if plan.mode == "read":
-                stats.read += len(task.indices)
-            elif collate:
-                stats.computed += len(task.indices)
-                stats.written += msg.written
-                if msg.records and sink is not None:
-                    stats.written += sink.put_records(msg.records)
-                if msg.budget_error is not None and sink is not None:
-                    sink.over_budget(msg.budget_error, fits=msg.budget_fits)
+            receive(msg)
     finally:
         # Slots of tasks still running stay lent until their (dropped) results arrive.
         slots.orphan(inflight.values())

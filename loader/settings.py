@@ -34,7 +34,9 @@ class CacheSettings:
     ``compression`` ``None`` or ``"zstd"``; ``disk_budget`` bytes or ``"20GB"``;
     ``on_budget_exceeded`` ``"error"`` (default), ``"stream"`` or ``"rotate"``;
     ``verify`` checks record checksums on read (default ``True``);
-    ``allow_pickle`` stores otherwise unsupported sample types with pickle.
+    ``allow_pickle`` stores otherwise unsupported sample types with pickle;
+    ``background_refresh`` computes the next generation with idle workers during
+    the cached epochs before it (default ``False``; see :mod:`loader.refresh`).
     """
 
     prefix: str
@@ -45,9 +47,10 @@ class CacheSettings:
     on_budget_exceeded: str = "error"
     verify: bool = True
     allow_pickle: bool = False
+    background_refresh: bool = False
 
     KEYS = frozenset({"prefix", "update_frequency", "backend", "compression", "disk_budget",
-                      "on_budget_exceeded", "verify", "allow_pickle"})
+                      "on_budget_exceeded", "verify", "allow_pickle", "background_refresh"})
 
     @classmethod
     def parse(cls, setting: dict) -> "CacheSettings":
@@ -74,7 +77,8 @@ class CacheSettings:
         if policy not in BUDGET_POLICIES:
             raise ValueError(f"cache_setting['on_budget_exceeded'] must be one of {BUDGET_POLICIES}, got {policy!r}")
         return cls(str(prefix), k, backend, compression, budget, policy,
-                   bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)))
+                   bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)),
+                   bool(setting.get("background_refresh", False)))
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,8 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
         if meta is not None:
             return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta)
     batch, written, records, budget_error = producer.produce(task)
-    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, batch)
+    # A task without a slot (background refresh) only writes the store.
+    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, batch) if task.slot >= 0 else None
     return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, written=written, records=records,
                        budget_error=budget_error, budget_fits=producer.budget_fits if budget_error else None)
 

@@ -1,0 +1,93 @@
+"""Background refresh (opt-in): the next generation is computed while the current one is read.
+
+While the epochs of generation ``g`` are served from the store, the workers
+are mostly idle. With ``cache_setting={..., "background_refresh": True}`` the
+loader opens generation ``g + 1`` at the first read epoch of ``g`` and hands
+its samples to the workers in small chunks - at most one chunk per worker at a
+time, so a read task never waits behind more than one chunk. At the first
+epoch of ``g + 1`` the rest (if any) is finished, the generation committed,
+and the epoch reads it like any other: the refresh epoch costs what a cached
+epoch costs.
+
+It needs room for two generations; without it (or when the budget runs out
+meanwhile) the loader logs why and falls back to writing the next generation
+during its own epoch (write-through).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import numpy as np
+
+from . import messages as m
+from .epoch import GenerationSink
+
+log = logging.getLogger(__name__)
+
+#: Epoch number carried by background tasks (never a real epoch).
+BACKGROUND_EPOCH = -2
+
+
+class BackgroundRefresh:
+    """Generation `generation`, computed a chunk at a time by otherwise idle workers."""
+
+    def __init__(self, generation: int, sink: GenerationSink, indices: np.ndarray, chunk: int,
+                 nb_worker: int) -> None:
+        self.generation = generation
+        self.sink = sink
+        self.indices = indices
+        positions = np.arange(len(indices), dtype=np.int64)
+        self.todo = collections.deque(positions[i:i + chunk] for i in range(0, len(positions), chunk))
+        self.inflight: dict[int, m.Task] = {}
+        self.max_inflight = max(1, nb_worker)
+        self.computed = 0
+        self._seq = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.todo and not self.inflight
+
+    def pump(self, pool: Any) -> None:
+        """Hand out chunks while fewer than one per worker are running."""
+        while self.todo and len(self.inflight) < self.max_inflight and self.sink.active:
+            positions = self.todo.popleft()
+            task = m.Task(seq=self._seq, part=0, epoch=BACKGROUND_EPOCH, indices=self.indices[positions],
+                          positions=positions, mode="generate", collate=False, on_budget="stream",
+                          shard=self.sink.spec if self.sink.in_workers else None,
+                          send_records=not self.sink.in_workers)
+            self.inflight[self._seq] = task
+            self._seq += 1
+            pool.submit(task)
+        if not self.sink.active:
+            self.todo.clear()
+
+    def handle(self, msg: Any) -> bool:
+        """Take `msg` if it belongs to the refresh; raise a dataset error it reports."""
+        if getattr(msg, "epoch", None) != BACKGROUND_EPOCH:
+            return False
+        task = self.inflight.pop(msg.seq, None)
+        if isinstance(msg, m.TaskFailed):
+            raise msg.exception()
+        if task is not None:
+            self.computed += len(task.indices)
+            if msg.records:
+                self.sink.put_records(msg.records)
+            if msg.budget_error is not None:
+                self.sink.over_budget(msg.budget_error)
+        return True
+
+    def finish(self, pool: Any) -> None:
+        """Compute what is left with every worker (the epoch that needs it waits for it)."""
+        if self.todo or self.inflight:
+            log.info("background refresh of generation %d: %d chunks left, finishing them now",
+                     self.generation, len(self.todo) + len(self.inflight))
+        while not self.done:
+            self.max_inflight = 2 * len(pool.workers)
+            self.pump(pool)
+            if self.inflight:
+                msg = pool.next_message()
+                if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
+                    raise msg.exception()

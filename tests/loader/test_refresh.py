@@ -1,0 +1,55 @@
+"""Background refresh: the next generation is computed during the cached epochs before it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loader import CachedLoader
+
+from .datasets import ArangeDataset, read_calls
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def served(loader) -> dict[int, np.ndarray]:
+    return {y: np.array(x) for b in loader for y, x in zip(b["y"].tolist(), b["x"])}
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_refresh_epochs_read_a_generation_computed_in_the_background(no_leaks, backend):
+    calls = no_leaks / "calls"
+    calls.mkdir()
+    n, k = 48, 3
+    with CachedLoader(ArangeDataset, {"n": n, "counter_dir": str(calls), "augment": True}, batch_size=8,
+                      nb_worker=2, seed=1, cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": k,
+                                                          "backend": backend, "background_refresh": True}) as loader:
+        epochs = [served(loader) for _ in range(7)]
+        modes = [s.mode for s in loader.epoch_stats]
+        gens = [s.generation for s in loader.epoch_stats]
+    assert modes == ["generate"] + ["read"] * 6, "refresh epochs read what the background wrote"
+    assert gens == [0, 0, 0, 1, 1, 1, 2]
+    # Generations 0-2 whole; generation 3 started in the background when epoch 6 began.
+    assert 3 * n <= len(read_calls(str(calls))) <= 4 * n
+    for e in range(7):
+        assert sorted(epochs[e]) == list(range(n))
+        ref = epochs[e - e % k]
+        assert all(np.array_equal(epochs[e][i], ref[i]) for i in range(n))
+    assert not all(np.array_equal(epochs[0][i], epochs[3][i]) for i in range(n))
+
+
+def test_refresh_survives_a_broken_off_epoch_and_close_aborts_it(no_leaks):
+    prefix = no_leaks / "c"
+    with CachedLoader(ArangeDataset, {"n": 40}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": str(prefix), "update_frequency": 2,
+                                     "background_refresh": True}) as loader:
+        list(loader)
+        for step, _ in enumerate(loader):  # a read epoch that starts the refresh, broken off
+            if step == 2:
+                break
+        assert sorted(y for b in loader for y in b["y"].tolist()) == list(range(40))
+        assert loader.epoch_stats[-1].mode == "read" and loader.epoch_stats[-1].generation == 1
+        it = iter(loader)  # epoch 3 starts generation 2 in the background; close aborts it
+        next(it)
+        del it
+    assert [p.name for p in prefix.iterdir() if p.name.startswith("gen-")] == ["gen-000001"]
