@@ -20,7 +20,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from typing import Any
 
 import psutil

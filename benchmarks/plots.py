@@ -83,7 +83,7 @@ def small_panel(ax: Any, cases: list[dict] | None) -> None:
     x = np.arange(len(small))
     for offset, key, color, label in ((-0.27, "ours_samples_per_s", OURS, "CachedLoader"),
                                       (0.0, "gather_samples_per_s", GATHER, "store gather (no loader)"),
-                                      (0.27, "torch_samples_per_s", TORCH, "torch DataLoader(store.reader())")):
+                                      (0.27, "torch_samples_per_s", TORCH, "torch DataLoader")):
         _bars(ax, x + offset, 0.27, [c[key]["median"] for c in small], [c[key]["min"] for c in small],
               [c[key]["max"] for c in small], color=color, label=label)
     ax.set_yscale("log")
@@ -95,21 +95,24 @@ def small_panel(ax: Any, cases: list[dict] | None) -> None:
 
 
 def wait_panel(ax: Any, ts: dict | None) -> None:
-    """Share of each epoch the training loop waited on data, ours vs torch."""
+    """Share of each epoch the training loop waited on data: ours with and without background refresh, torch."""
     title = "Simulated training step: share of the epoch spent waiting for data"
     if not ts:
         return _empty(ax, title)
-    x = np.arange(len(ts["modes"]))
-    for offset, key, color, label in ((-0.2, "ours_wait_fraction", OURS, "CachedLoader"),
-                                      (0.2, "torch_wait_fraction", TORCH, "torch DataLoader")):
-        f = ts[key]
-        _bars(ax, x + offset, 0.4, [100 * s["median"] for s in f], [100 * s["min"] for s in f],
+    x = np.arange(ts["epochs"])
+    for offset, key, color, label in ((-0.27, "refresh", OURS, "CachedLoader, background_refresh"),
+                                      (0.0, "ours", GATHER, "CachedLoader, default"),
+                                      (0.27, "torch", TORCH, "torch DataLoader")):
+        f = ts[key]["wait_fraction"]
+        _bars(ax, x + offset, 0.27, [100 * s["median"] for s in f], [100 * s["min"] for s in f],
               [100 * s["max"] for s in f], color=color, label=label)
     ax.axhline(5, color="black", linestyle=":", label="target: <= 5% after the first epoch")
-    ax.set_xticks(x, [f"{e}\n{'gen' if m == 'generate' else m}" for e, m in enumerate(ts["modes"])])
-    ax.set_xlabel("epoch (CachedLoader mode)")
+    modes = ts["ours"]["modes"]
+    ax.set_xticks(x, [f"{e}\n{'gen' if m == 'generate' else m}" for e, m in enumerate(modes)])
+    ax.set_xlabel("epoch (mode of the default CachedLoader)")
     ax.set_ylabel("% of the epoch waiting")
     ax.set_ylim(0, 135)  # room for the legend
     ax.set_yticks(range(0, 101, 20))
-    ax.set_title(f"{title}\n{ts['step_ms']:g} ms step per batch; refresh epochs wait (no background refresh)")
+    ax.set_title(f"{title}\n{ts['step_ms']:g} ms step per batch, {ts['n']} samples x {ts['cost_ms']:g} ms, "
+                 f"K={ts['update_frequency']}")
     ax.legend(fontsize="small", loc="upper center", ncol=2)

@@ -4,14 +4,18 @@ The training loop sleeps `step` seconds per batch (a GPU step: the training
 process uses no CPU, the workers have every core). Per epoch we record the
 wall time and the time spent getting batches - inside ``iter()`` and
 ``next()``, the final ``next()`` that ends the epoch included - the same way
-for both loaders (:class:`~benchmarks.common.WaitClock`). Epoch 0 also counts
+for every loader (:class:`~benchmarks.common.WaitClock`). Epoch 0 also counts
 constructing the loader and starting its workers. For CachedLoader the
-``wait_seconds`` it records itself (``loader.epoch_stats``) are kept beside:
-that is the time its training-process side blocked on the workers, without
-the work it does itself (e.g. reading an in-RAM store, committing).
+``wait_seconds`` it records itself (``loader.epoch_stats``) are kept beside.
 
-Background refresh (DESIGN.md) is not implemented: refresh epochs compute
-every sample while the loop waits, like any plain loader.
+Three loaders: CachedLoader with ``background_refresh=True`` (idle workers
+compute the next generation during the cached epochs, so a refresh epoch
+reads at cache speed: DESIGN.md's target), CachedLoader as configured by
+default (write-through: a refresh epoch computes its samples while the loop
+waits) and torch's DataLoader. Background refresh can only keep up when the
+cached epochs leave the workers enough time: ``(K - 1) * batches * step``
+must exceed ``n * cost / workers`` (:func:`idle_margin`); the sizes in
+``benchmarks/__main__.py`` leave about a 2x margin.
 """
 
 from __future__ import annotations
@@ -20,15 +24,18 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from loader import CachedLoader
 
 from .common import WaitClock, summarize
 from .datasets import ExpensiveDataset
 
+#: The loaders compared, in the order of the first repetition.
+LOADERS = ["refresh", "ours", "torch"]
 
-def _epochs(make: Any, epochs: int, step: float) -> tuple[list[float], list[float], Any]:
+
+def _epochs(make: Callable[[], Any], epochs: int, step: float) -> tuple[list[float], list[float], Any]:
     """Run `epochs` epochs of the loader `make()` builds, sleeping `step` per batch.
 
     Returns per-epoch wall seconds, per-epoch wait seconds and the loader.
@@ -48,13 +55,15 @@ def _epochs(make: Any, epochs: int, step: float) -> tuple[list[float], list[floa
     return walls, waits, loader
 
 
-def _ours(kwargs: dict, epochs: int, k: int, workers: int, batch_size: int, step: float) -> dict:
+def _ours(kwargs: dict, epochs: int, k: int, workers: int, batch_size: int, step: float,
+          background_refresh: bool) -> dict:
     tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
     loader = None
     try:
         def make() -> CachedLoader:
             return CachedLoader(ExpensiveDataset, kwargs, batch_size=batch_size, nb_worker=workers,
-                                cache_setting={"prefix": f"{tmp}/cache", "update_frequency": k})
+                                cache_setting={"prefix": f"{tmp}/cache", "update_frequency": k,
+                                               "background_refresh": background_refresh})
         walls, waits, loader = _epochs(make, epochs, step)
         stats = list(loader.epoch_stats)
     finally:
@@ -62,7 +71,7 @@ def _ours(kwargs: dict, epochs: int, k: int, workers: int, batch_size: int, step
             loader.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return {"wall": walls, "wait": waits, "modes": [s.mode for s in stats],
-            "loader_wait": [s.wait_seconds for s in stats]}
+            "computed": [s.computed for s in stats], "loader_wait": [s.wait_seconds for s in stats]}
 
 
 def _torch(kwargs: dict, epochs: int, workers: int, batch_size: int, step: float) -> dict:
@@ -76,35 +85,40 @@ def _torch(kwargs: dict, epochs: int, workers: int, batch_size: int, step: float
     return {"wall": walls, "wait": waits}
 
 
+def _summary(runs: list[dict], epochs: int) -> dict:
+    """Per-epoch medians of the wall time and of the waiting shares over the runs of one loader."""
+    out = {"epoch_s": [statistics.median(r["wall"][e] for r in runs) for e in range(epochs)],
+           "wait_fraction": [summarize([r["wait"][e] / r["wall"][e] for r in runs]) for e in range(epochs)]}
+    if "modes" in runs[0]:
+        out["modes"] = runs[0]["modes"]
+        out["computed"] = runs[0]["computed"]
+        out["loader_wait_fraction"] = [summarize([r["loader_wait"][e] / r["wall"][e] for r in runs])
+                                       for e in range(epochs)]
+    return out
+
+
+def idle_margin(n: int, cost: float, k: int, workers: int, batch_size: int, step: float) -> float:
+    """Worker time the K - 1 cached epochs leave idle (the loop's steps), over the time a generation takes."""
+    return (k - 1) * -(-n // batch_size) * step * workers / (n * cost)
+
+
 def training_step_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batch_size: int,
                            step: float, repeats: int = 1) -> dict:
-    """Per-epoch wait fraction of CachedLoader (``update_frequency=k``) and torch's DataLoader.
+    """Per-epoch wait shares of CachedLoader (with and without background refresh) and torch's DataLoader.
 
-    Runs alternate (ours first on even repetitions); per epoch the fractions
-    ``wait / wall`` are summarised over the `repeats` runs.
+    The loaders take turns (the order rotates every repetition); per epoch the
+    shares ``wait / wall`` are summarised over the `repeats` runs of each.
     """
     kwargs = {"n": n, "cost": cost}
-    runs: dict[str, list[dict]] = {"ours": [], "torch": []}
+    runs: dict[str, list[dict]] = {name: [] for name in LOADERS}
     for rep in range(repeats):
-        for who in (("ours", "torch") if rep % 2 == 0 else ("torch", "ours")):
-            if who == "ours":
-                runs["ours"].append(_ours(kwargs, epochs, k, workers, batch_size, step))
+        for name in LOADERS[rep % 3:] + LOADERS[:rep % 3]:
+            if name == "torch":
+                runs[name].append(_torch(kwargs, epochs, workers, batch_size, step))
             else:
-                runs["torch"].append(_torch(kwargs, epochs, workers, batch_size, step))
-
-    def fractions(who: str, key: str = "wait") -> list[dict]:
-        return [summarize([r[key][e] / r["wall"][e] for r in runs[who]]) for e in range(epochs)]
-
-    ours_frac = fractions("ours")
-    later = [f["median"] for e, f in enumerate(ours_frac) if e > 0]
-    later_cached = [f["median"] for e, (f, mode) in enumerate(zip(ours_frac, runs["ours"][0]["modes"]))
-                    if e > 0 and mode == "read"]
+                runs[name].append(_ours(kwargs, epochs, k, workers, batch_size, step, name == "refresh"))
     return {"n": n, "cost_ms": cost * 1e3, "epochs": epochs, "update_frequency": k, "workers": workers,
             "batch_size": batch_size, "step_ms": step * 1e3, "repeats": repeats,
-            "modes": runs["ours"][0]["modes"], "runs": runs,
-            "ours_wait_fraction": ours_frac, "ours_loader_wait_fraction": fractions("ours", "loader_wait"),
-            "torch_wait_fraction": fractions("torch"),
-            "ours_epoch_s": [statistics.median(r["wall"][e] for r in runs["ours"]) for e in range(epochs)],
-            "torch_epoch_s": [statistics.median(r["wall"][e] for r in runs["torch"]) for e in range(epochs)],
-            "ours_worst_after_first": max(later) if later else None,
-            "ours_worst_cached_after_first": max(later_cached) if later_cached else None}
+            "batches_per_epoch": -(-n // batch_size), "idle_margin": idle_margin(n, cost, k, workers, batch_size, step),
+            "runs": runs,
+            **{name: _summary(runs[name], epochs) for name in LOADERS}}
