@@ -42,6 +42,9 @@ from .worker import BatchProducer
 
 log = logging.getLogger(__name__)
 
+#: Batches read ahead per worker in cached epochs (like torch's prefetch_factor=2).
+READ_AHEAD_PER_WORKER = 2
+
 
 def _distributed_defaults() -> tuple[int, int]:
     """World size and rank when torch.distributed is initialised, else (1, 0)."""
@@ -425,8 +428,11 @@ class CachedLoader:
                 reader_key = (store._args(), plan.generation) if plan.mode == "read" else None
                 if plan.mode == "read":
                     self._maybe_start_refresh(plan)
+                # Reading a batch takes milliseconds: a deep queue would only hold memory.
+                depth = self.max_queue_size if plan.mode != "read" else min(self.max_queue_size,
+                                                                           READ_AHEAD_PER_WORKER * self.nb_worker + 2)
                 batches = run_pool(plan, self._ensure_pool(), self._res.slots, sink, reader_key,
-                                   self.max_queue_size, self.max_minibatch_length, stats,
+                                   depth, self.max_minibatch_length, stats,
                                    self.prefetch_time if epoch == 0 else None, self._kill_pool,
                                    background=self._refresh)
             for batch in batches:

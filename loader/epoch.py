@@ -180,6 +180,7 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
     done: dict[int, dict[int, Any]] = {}
     submitted = delivered = 0
     exhausted = False
+    background_start = background.computed if background is not None else 0
     prefetch_deadline = time.monotonic() + prefetch_time if prefetch_time else None
 
     def submit(seq: int, positions: np.ndarray) -> None:
@@ -286,3 +287,5 @@ def run_pool(plan: EpochPlan, pool: Any, slots: Any, sink: GenerationSink | None
     finally:
         # Slots of tasks still running stay lent until their (dropped) results arrive.
         slots.orphan(inflight.values())
+        if background is not None:
+            stats.extra["background_computed"] = background.computed - background_start

@@ -14,6 +14,10 @@ from typing import Any, Callable
 import numpy as np
 
 
+#: Epoch number carried by background-refresh tasks (never a real epoch).
+BACKGROUND_EPOCH = -2
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """What a worker needs to build its dataset and run tasks."""

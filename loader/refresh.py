@@ -3,8 +3,10 @@
 While the epochs of generation ``g`` are served from the store, the workers
 are mostly idle. With ``cache_setting={..., "background_refresh": True}`` the
 loader opens generation ``g + 1`` at the first read epoch of ``g`` and hands
-its samples to the workers in small chunks - at most one chunk per worker at a
-time, so a read task never waits behind more than one chunk. At the first
+its samples to the workers in small chunks, a few per worker queued ahead so
+the workers stay busy while the training loop runs; a worker always takes a
+batch task before a queued chunk, so a batch waits at most for the chunk being
+computed. At the first
 epoch of ``g + 1`` the rest (if any) is finished, the generation committed,
 and the epoch reads it like any other: the refresh epoch costs what a cached
 epoch costs.
@@ -27,8 +29,9 @@ from .epoch import GenerationSink
 
 log = logging.getLogger(__name__)
 
-#: Epoch number carried by background tasks (never a real epoch).
-BACKGROUND_EPOCH = -2
+BACKGROUND_EPOCH = m.BACKGROUND_EPOCH
+#: Chunks queued per worker: enough to cover a training step without the loop pumping.
+CHUNKS_PER_WORKER = 4
 
 
 class BackgroundRefresh:
@@ -42,7 +45,7 @@ class BackgroundRefresh:
         positions = np.arange(len(indices), dtype=np.int64)
         self.todo = collections.deque(positions[i:i + chunk] for i in range(0, len(positions), chunk))
         self.inflight: dict[int, m.Task] = {}
-        self.max_inflight = max(1, nb_worker)
+        self.max_inflight = CHUNKS_PER_WORKER * max(1, nb_worker)
         self.computed = 0
         self._seq = 0
 

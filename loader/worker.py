@@ -6,6 +6,7 @@ training process itself when ``nb_worker=0``.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from typing import Any
@@ -167,6 +168,15 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
                        budget_error=budget_error, budget_fits=producer.budget_fits if budget_error else None)
 
 
+def _next(waiting: collections.deque) -> Any:
+    """The first message that is not a background chunk, else the oldest chunk."""
+    for i, msg in enumerate(waiting):
+        if not (isinstance(msg, m.Task) and msg.epoch == m.BACKGROUND_EPOCH):
+            del waiting[i]
+            return msg
+    return waiting.popleft()
+
+
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
     parent = os.getppid()
@@ -181,17 +191,20 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
     segments = WorkerSegments()
     conn.send(m.Ready(config.worker_id, os.getpid()))
+    waiting: collections.deque = collections.deque()
     try:
         while True:
-            # Poll with a timeout so an orphaned worker notices its parent is gone.
-            if not conn.poll(1.0):
-                if watch_parent and os.getppid() != parent:
-                    return
-                continue
             try:
-                msg = conn.recv()
+                while conn.poll(0):  # take all that was sent: a batch may overtake background chunks
+                    waiting.append(conn.recv())
             except (EOFError, OSError):
                 return
+            if not waiting:
+                # Poll with a timeout so an orphaned worker notices its parent is gone.
+                if not conn.poll(1.0) and watch_parent and os.getppid() != parent:
+                    return
+                continue
+            msg = _next(waiting)
             if isinstance(msg, m.Stop):
                 return
             if isinstance(msg, m.FlushShard):
