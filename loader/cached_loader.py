@@ -519,7 +519,7 @@ class CachedLoader:
         self._res.background = writer
         self._ensure_pool().reset_generation()
         sink = GenerationSink(writer, "stream", not self.use_threading)
-        self._refresh = BackgroundRefresh(nxt, sink, self._indices, max(1, self.batch_size // 4), self.nb_worker)
+        self._refresh = BackgroundRefresh(nxt, sink, self._indices, max(1, self.batch_size // 8), self.nb_worker)
 
     def _complete_refresh(self, epoch: int) -> bool:
         """The first epoch of the refreshed generation: finish, commit; ``False`` to write it the usual way."""
