@@ -30,9 +30,9 @@ class EpochPlan:
     """What one epoch does.
 
     ``mode``: ``"compute"`` (dataset only), ``"generate"`` (dataset, written into
-    ``generation``), ``"read"`` (served from committed ``generation``).
-    ``batches`` hold store positions; ``indices`` maps a position to the
-    dataset index.
+    ``generation``), ``"read"`` (served from committed ``generation``),
+    ``"rotate"`` (see :mod:`loader.rotation`). ``batches`` hold store
+    positions; ``indices`` maps a position to the dataset index.
     """
 
     epoch: int
@@ -141,8 +141,8 @@ def _inline_batches(plan: EpochPlan, producer: Any, reader: Any, sink: Generatio
         stats.batches += 1
         stats.samples += len(positions)
         yield batch
-    if sink is not None and sink.active:
-        producer.close_shard()
+    if sink is not None:
+        producer.close_shard()  # before the loader commits or discards the generation
 
 
 def concat_batches(parts: list[Any]) -> Any:

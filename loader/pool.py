@@ -214,18 +214,6 @@ class WorkerPool:
                 raise msg.exception()
         return errors
 
-    def drain(self, timeout: float = 60.0) -> bool:
-        """Wait for every outstanding task to finish (results are dropped)."""
-        deadline = time.monotonic() + timeout
-        while self.outstanding():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            msg = self.next_message(timeout=remaining)
-            if msg is None:
-                return False
-        return True
-
     def shutdown(self) -> None:
         """Stop every worker (see the shutdown note). Idempotent."""
         if self.closed:
