@@ -81,6 +81,7 @@ class WorkerPool:
         self.workers: list[WorkerHandle] = []
         self.on_death: Callable[[WorkerHandle], None] | None = None
         self.closed = False
+        self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
         for wid in range(nb_worker):
             self.workers.append(self._start(wid))
 
@@ -194,24 +195,29 @@ class WorkerPool:
         for task in dead.outstanding:
             replacement.outstanding.append(task)
             self._send(replacement, task)
+        if dead.worker_id in self._flushing:
+            self._send(replacement, m.FlushShard())  # its predecessor's shard is on disk already
 
     def flush_shards(self, timeout: float = 120.0) -> list[str]:
         """Ask every worker to close its shard; wait for all; return their errors."""
         for w in self.workers:
             self._send(w, m.FlushShard())
-        pending = {w.worker_id for w in self.workers}
-        errors: list[str] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            msg = self.next_message(timeout=max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                raise WorkerError(f"workers {sorted(pending)} did not close their shards within {timeout:.0f} s")
-            if isinstance(msg, m.ShardFlushed):
-                pending.discard(msg.worker_id)
-                if msg.error:
-                    errors.append(msg.error)
-            elif isinstance(msg, m.TaskFailed) and msg.kind == "init":
-                raise msg.exception()
+        pending = self._flushing = {w.worker_id for w in self.workers}
+        try:
+            errors: list[str] = []
+            deadline = time.monotonic() + timeout
+            while pending:
+                msg = self.next_message(timeout=max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise WorkerError(f"workers {sorted(pending)} did not close their shards within {timeout:.0f} s")
+                if isinstance(msg, m.ShardFlushed):
+                    pending.discard(msg.worker_id)
+                    if msg.error:
+                        errors.append(msg.error)
+                elif isinstance(msg, m.TaskFailed) and msg.kind == "init":
+                    raise msg.exception()
+        finally:
+            self._flushing = set()
         return errors
 
     def shutdown(self) -> None:

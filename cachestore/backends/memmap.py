@@ -112,6 +112,7 @@ class MemmapShard(ShardWriter):
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
                 self._seg_fd = os.open(self.dir / f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends
             _write_all(self._seg_fd, record)
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
                                sum(leaf.nbytes for leaf in leaves)))
