@@ -33,6 +33,18 @@ from .common import summarize, table, verdict
 from .datasets import ExpensiveDataset
 
 
+def _time_epochs(loader: Any, epochs: int, start: float) -> list[float]:
+    """Seconds of each of `epochs` full passes over `loader`, the first counted from `start`."""
+    times = []
+    for _ in range(epochs):
+        for _batch in loader:
+            pass
+        now = time.perf_counter()
+        times.append(now - start)
+        start = now
+    return times
+
+
 def torch_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: int,
                  dataset_class: type = ExpensiveDataset) -> list[float]:
     """Per-epoch seconds of torch's DataLoader (epoch 0 includes starting the workers)."""
@@ -41,13 +53,7 @@ def torch_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: in
     start = time.perf_counter()
     dl = tud.DataLoader(dataset_class(**dataset_kwargs), batch_size=batch_size, shuffle=True,
                         num_workers=workers, persistent_workers=workers > 0)
-    times = []
-    for _ in range(epochs):
-        for _batch in dl:
-            pass
-        now = time.perf_counter()
-        times.append(now - start)
-        start = now
+    times = _time_epochs(dl, epochs, start)
     del dl
     return times
 
@@ -60,13 +66,7 @@ def cached_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: i
     setting = None if rotation or not cache else {"prefix": prefix, "update_frequency": k}
     with CachedLoader(dataset_class, dataset_kwargs, batch_size=batch_size, nb_worker=workers,
                       cache_setting=setting, rotation_setting=rotation) as loader:
-        times = []
-        for _ in range(epochs):
-            for _batch in loader:
-                pass
-            now = time.perf_counter()
-            times.append(now - start)
-            start = now
+        times = _time_epochs(loader, epochs, start)
         stats = list(loader.epoch_stats)
     return times, stats
 

@@ -353,11 +353,7 @@ def record_layout(buf: Any) -> tuple[tuple, int, list[tuple[int, int]]] | None:
     record.
     """
     view = memoryview(buf).cast("B")
-    if len(view) < _HEADER.size:
-        raise CorruptSampleError("record shorter than its header")
-    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
-    if magic != _MAGIC:
-        raise CorruptSampleError("record has a bad magic number")
+    flags, meta_len = _read_header(view)
     if flags & _FLAG_ZSTD:
         return None
     head = _HEADER.size + meta_len
@@ -371,6 +367,16 @@ def record_layout(buf: Any) -> tuple[tuple, int, list[tuple[int, int]]] | None:
     return treedef, head, spans
 
 
+def _read_header(view: memoryview) -> tuple[int, int]:
+    """``(flags, structure length)`` of a record, checking its magic."""
+    if len(view) < _HEADER.size:
+        raise CorruptSampleError("record shorter than its header")
+    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
+    if magic != _MAGIC:
+        raise CorruptSampleError("record has a bad magic number")
+    return flags, meta_len
+
+
 def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]:
     """Parse a record into ``(treedef, leaves)``.
 
@@ -378,11 +384,7 @@ def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]
     into `buf` (valid only as long as `buf` is).
     """
     view = memoryview(buf).cast("B")
-    if len(view) < _HEADER.size:
-        raise CorruptSampleError("record shorter than its header")
-    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
-    if magic != _MAGIC:
-        raise CorruptSampleError("record has a bad magic number")
+    flags, meta_len = _read_header(view)
     body = view[_HEADER.size:]
     if flags & _FLAG_ZSTD:
         try:
