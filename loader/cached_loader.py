@@ -65,7 +65,9 @@ class CachedLoader:
         The dataset class; each worker builds its own instance as
         ``dataset_class(**dataset_params)``. It must be importable by module
         path (workers start with ``spawn``) and define ``__len__`` and
-        ``__getitem__(int)``.
+        ``__getitem__(int)``. The training process builds one instance too,
+        for the length and the cache fingerprint (so a failing constructor
+        raises here).
     dataset_params
         Keyword arguments of `dataset_class` (alias: ``dataset_kwargs``).
     batch_size
@@ -83,7 +85,8 @@ class CachedLoader:
         Turns a list of samples into a batch; default: stack arrays, tensors
         and scalars recursively through dicts, lists and tuples.
     max_queue_size
-        Batches in flight (computed ahead of the training loop).
+        Batches in flight in epochs that compute samples (ahead of the
+        training loop); cached epochs read at most two per worker ahead.
     prefetch_time
         Seconds to let the workers fill the queue before the first batch.
     use_threading
