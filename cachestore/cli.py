@@ -53,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotAStoreError as exc:
         _error(str(exc))
         return EXIT_USAGE
-    return args.run(args, roots, is_parent)
+    try:
+        return args.run(args, roots, is_parent)
+    except BrokenPipeError:  # `cachestore inspect ... | head`: the reader left, which is fine
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -182,7 +182,9 @@ class DiskWindow:
 
     def __init__(self, prefix: str, slots: int) -> None:
         root = Path(prefix)
+        self._made_root = not root.exists()
         root.mkdir(parents=True, exist_ok=True)
+        self.root = root
         stale = rotation_debris(root)
         if stale:
             remove_paths([path for path, _ in stale])
@@ -218,6 +220,11 @@ class DiskWindow:
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        if self._made_root:
+            try:
+                self.root.rmdir()  # only when empty: we created it, nothing else is in it
+            except OSError:
+                pass
 
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: Any,
