@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 from typing import Any
 
 import numpy as np
@@ -180,6 +181,10 @@ def _next(waiting: collections.deque) -> Any:
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
     parent = os.getppid()
+    if watch_parent:
+        # Ctrl-C reaches the whole process group: the training process handles it and stops
+        # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
