@@ -64,7 +64,6 @@ class GenerationSink:
     """Where the samples of a generate epoch go, and what happens on a budget error."""
 
     def __init__(self, writer: Any, policy: str, in_workers: bool) -> None:
-        self.writer = writer
         self.policy = policy
         self.spec = writer.shard_spec()
         # Workers write their own shards, except into an in-RAM store: that lives here.

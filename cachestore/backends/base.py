@@ -345,8 +345,6 @@ class Backend(ABC):
         """Remove what :meth:`debris` lists; return it."""
         return []
 
-    def staging_usage(self) -> int:
-        return 0
 
     def close(self) -> None:
         """Release everything the backend holds."""

@@ -292,8 +292,6 @@ class DirectoryBackend(Backend):
         remove_paths([path for path, _ in removed])
         return removed
 
-    def staging_usage(self) -> int:
-        return sum(g.nbytes for g in self.generations() if not g.committed)
 
     # for subclasses -------------------------------------------------------
     @abstractmethod

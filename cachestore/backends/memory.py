@@ -184,8 +184,6 @@ class MemoryBackend(Backend):
         self._gens.pop(generation, None)
         return 0
 
-    def staging_usage(self) -> int:
-        return sum(s.raw_bytes for s in self._staging.values())
 
     def close(self) -> None:
         self._gens.clear()
