@@ -345,7 +345,6 @@ class Backend(ABC):
         """Remove what :meth:`debris` lists; return it."""
         return []
 
-
     def close(self) -> None:
         """Release everything the backend holds."""
 

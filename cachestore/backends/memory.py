@@ -184,7 +184,6 @@ class MemoryBackend(Backend):
         self._gens.pop(generation, None)
         return 0
 
-
     def close(self) -> None:
         self._gens.clear()
         self._staging.clear()
