@@ -8,9 +8,9 @@ from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                     GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
-                     WorkerError)
+                     GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError)
 from .reader import Reader
+from .spec import StoreSpec
 from .store import Removed, Store, open_store
 from .writer import GenerationWriter, ShardSpec
 
@@ -19,6 +19,15 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintMismatchError",
     "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError", "Reader", "Removed",
-    "ShardSpec", "Store", "StoreLockedError", "UnsupportedSampleError", "WorkerError", "available_backends",
+    "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "UnsupportedSampleError", "available_backends",
     "open_store", "register_backend", "stack_samples",
 ]
+
+
+def __getattr__(name: str) -> type:
+    # `cachestore.WorkerError` from before the loader had its own errors module (see errors.py).
+    if name == "WorkerError":
+        from . import errors
+
+        return errors.WorkerError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

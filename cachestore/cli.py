@@ -6,9 +6,9 @@
     cachestore prune PATH [--keep N] [--max-bytes SIZE] [--dry-run]
 
 PATH is what the loader got as ``prefix``: a store (a directory with
-``store.json``), or a directory whose subdirectories are stores (one per
-consumer, ``consumer-<i>-of-<n>/``); then every one of them is inspected or
-pruned.
+``store.json``), or a directory whose subdirectories are stores (a loader
+with several consumers keeps one store per consumer there); then every one of
+them is inspected or pruned.
 
 Exit status: 0 ok; 1 problems found (corrupt samples, a store that cannot be
 read, something that could not be removed); 2 usage error or PATH is not a
@@ -32,10 +32,11 @@ from typing import Any, Sequence
 
 from . import __version__
 from .backends.base import GenerationInfo
-from .backends.directory import META_NAME, pid_alive, remove_paths, rotation_debris, rotation_windows
-from .disk import format_size, parse_size
+from .backends.directory import META_NAME
+from .disk import format_size, parse_size, remove_paths
 from .errors import CacheStoreError, NotAStoreError
 from .locking import LOCK_NAME, lock_holder
+from .scratch import dead_windows, list_windows, pid_alive
 from .store import Removed, Store, open_store
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -132,7 +133,7 @@ def find_stores(path: str) -> tuple[list[str], bool]:
         subs = [e for e in root.iterdir() if e.is_dir() and not e.is_symlink() and (e / META_NAME).is_file()]
         if subs:
             return [str(e) for e in sorted(subs, key=lambda e: _natural_key(e.name))], True
-        if rotation_windows(root):  # a rotation_setting prefix: windows only, no store
+        if list_windows(root):  # a rotation_setting prefix: windows only, no store
             return [], True
     raise NotAStoreError(f"{path} is not a cachestore store: no {META_NAME} in it or in its subdirectories; "
                          "give the path the loader got as prefix")
@@ -161,7 +162,7 @@ def describe_store(path: str, verify: bool = False) -> dict:
             "fingerprint": meta.get("fingerprint"), "producer": meta.get("producer"),
             "bytes": store.usage(), "writer_pid": holder,
             "generations": [_describe_generation(g, holder) for g in store.generations()],
-            "rotation_windows": [_describe_window(*w) for w in rotation_windows(path)],
+            "rotation_windows": [_describe_window(*w) for w in list_windows(path)],
             "stale_lock": stale_lock,
             "debris": [{"path": p, "bytes": n} for p, n in debris],
             "corrupt": None,
@@ -203,7 +204,7 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
         except (CacheStoreError, OSError, ValueError) as exc:
             _error(f"cannot read store {root}: {exc}")
             status = EXIT_PROBLEMS
-    parent_windows = [_describe_window(*w) for w in rotation_windows(args.path)] if is_parent else []
+    parent_windows = [_describe_window(*w) for w in list_windows(args.path)] if is_parent else []
     if args.json:
         print(json.dumps({"path": args.path, "stores": stores, "rotation_windows": parent_windows},
                          indent=2, default=str))
@@ -350,7 +351,7 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
         print(("\n" if n else "") + root)
         print("\n".join(_prune_table(root, would, removed, kept)))
     if is_parent:  # rotation windows may also sit next to the consumer stores
-        found = rotation_debris(args.path)
+        found = dead_windows(args.path)
         if not args.dry_run:
             remove_paths([p for p, _ in found])
         removed = [Removed("rotation", p, nbytes) for p, nbytes in found]
@@ -373,7 +374,7 @@ def _kept_for_live_processes(store: Store) -> list[tuple[str, str, int, str]]:
     kept = [("staging", g.path or "", g.nbytes, f"live writer pid {g.owner_pid} holds it")
             for g in store.generations() if not g.committed and g.owner_pid and g.owner_pid == holder]
     kept += [("rotation", path, nbytes, f"pid {pid} is alive")
-             for path, nbytes, pid in rotation_windows(store.path) if pid is not None and pid_alive(pid)]
+             for path, nbytes, pid in list_windows(store.path) if pid is not None and pid_alive(pid)]
     return kept
 
 

@@ -48,7 +48,8 @@ def _torch() -> Any | None:
     return sys.modules.get("torch")
 
 
-def _is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> bool:
+    """Whether `x` is a torch tensor (without importing torch when the process has not)."""
     torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
 
@@ -109,7 +110,7 @@ def _flatten(x: Any, leaves: list[np.ndarray], allow_pickle: bool) -> tuple:
         arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
         leaves.append(arr)
         return ("a", arr.dtype.str, arr.shape)
-    if _is_tensor(x):
+    if is_tensor(x):
         dtype, arr = _tensor_to_numpy(x)
         leaves.append(arr)
         return ("t", dtype, tuple(arr.shape))

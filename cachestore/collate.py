@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .codec import _is_tensor
+from .codec import is_tensor
 
 
 def stack_samples(samples: Sequence[Any]) -> Any:
@@ -30,10 +30,10 @@ def stack_samples(samples: Sequence[Any]) -> Any:
         shape = np.shape(first)
         if all(isinstance(s, (np.ndarray, np.generic)) and np.shape(s) == shape for s in samples):
             return np.stack(samples)
-    elif _is_tensor(first):
+    elif is_tensor(first):
         import torch
 
-        if all(_is_tensor(s) and s.shape == first.shape for s in samples):
+        if all(is_tensor(s) and s.shape == first.shape for s in samples):
             return torch.stack(list(samples))
     elif isinstance(first, dict):
         return {k: stack_samples([s[k] for s in samples]) for k in first}

@@ -88,3 +88,12 @@ def free_bytes(path: str | os.PathLike) -> int:
     usage = shutil.disk_usage(path)
     reserve = min(RESERVE_CAP, int(usage.total * RESERVE_FRACTION))
     return max(0, usage.free - reserve)
+
+
+def remove_paths(paths: list[str]) -> None:
+    """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Exceptions raised by cachestore and the loader.
+"""Exceptions raised by cachestore (the loader's own derive from the same base).
 
 Every error derives from :class:`CacheStoreError`; each leaf also inherits the
 builtin a caller would naturally catch (``OSError`` for disk trouble,
@@ -10,11 +10,17 @@ from __future__ import annotations
 
 
 class CacheStoreError(Exception):
-    """Base class of every error raised by cachestore and the loader."""
+    """Base class of every error raised by cachestore and the loader (:mod:`loader.errors`)."""
 
 
 class BudgetExceededError(CacheStoreError, OSError):
-    """A generation would not fit (or no longer fits) in the disk or RAM budget."""
+    """A generation would not fit (or no longer fits) in the disk or RAM budget.
+
+    ``fits_samples`` is how many samples of the size seen so far would fit in
+    what is available, when the store could project it (else ``None``).
+    """
+
+    fits_samples: int | None = None
 
 
 class StoreLockedError(CacheStoreError, BlockingIOError):
@@ -48,5 +54,11 @@ class NotAStoreError(CacheStoreError, FileNotFoundError):
     """A path that should hold a store does not."""
 
 
-class WorkerError(CacheStoreError, RuntimeError):
-    """A loader worker died repeatedly or could not be started."""
+def __getattr__(name: str) -> type:
+    # WorkerError is the loader's; this alias keeps `from cachestore.errors import WorkerError`
+    # working for code written when it lived here. The core itself never imports the loader.
+    if name == "WorkerError":
+        from loader.errors import WorkerError
+
+        return WorkerError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

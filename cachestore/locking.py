@@ -16,6 +16,7 @@ import fcntl
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from .errors import StoreLockedError
 
@@ -104,3 +105,30 @@ class WriterLock:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+class WriterLease:
+    """The right to write one store, held by one writer and given back once.
+
+    :meth:`cachestore.Store.writer` takes the store's :class:`WriterLock` and
+    hands the lease to the :class:`~cachestore.GenerationWriter`, which calls
+    :meth:`release` when it commits or aborts: the writer never needs the
+    store itself, and the lock cannot be released twice or by someone else.
+    """
+
+    def __init__(self, lock: WriterLock | None, on_release: Callable[[], None] | None = None) -> None:
+        self._lock = lock
+        self._on_release = on_release
+        self.released = False
+
+    def release(self) -> None:
+        """Give the lease back (idempotent)."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            if self._on_release is not None:
+                self._on_release()
+        finally:
+            if self._lock is not None:
+                self._lock.release()

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import GenerationData
+from .spec import StoreSpec
 
 
 class Reader:
@@ -26,16 +27,21 @@ class Reader:
     >>> batch = reader.get_batch([3, 1, 4])
     """
 
-    def __init__(self, store_args: dict, generation: int, data: GenerationData) -> None:
-        self._store_args = store_args
+    def __init__(self, spec: StoreSpec, generation: int, data: GenerationData | None = None) -> None:
+        self.spec = spec
         self.generation = generation
         self._data: GenerationData | None = data
         self._pid = os.getpid()
-        self._persistent = store_args["backend"] != "memory"
+        self._persistent = spec.persistent
 
-    # pickling: path + options (+ arrays for the memory backend) ----------------
+    @classmethod
+    def open(cls, spec: StoreSpec, generation: int) -> "Reader":
+        """Open committed `generation` of the store at `spec` in this process."""
+        return cls(spec, generation, spec.open_backend().open_generation(generation))
+
+    # pickling: the spec (+ arrays for an in-RAM store) ---------------------------
     def __getstate__(self) -> dict:
-        state = {"_store_args": self._store_args, "generation": self.generation,
+        state = {"spec": self.spec, "generation": self.generation,
                  "_persistent": self._persistent, "_data": None, "_pid": -1}
         if not self._persistent:
             state["_data"] = self._data
@@ -51,9 +57,7 @@ class Reader:
     def data(self) -> GenerationData:
         """The backend's handle, reopened after a fork or unpickling."""
         if self._data is None or (self._persistent and self._pid != os.getpid()):
-            from .store import _make_backend
-
-            self._data = _make_backend(**self._store_args).open_generation(self.generation)
+            self._data = self.spec.open_backend().open_generation(self.generation)
             self._pid = os.getpid()
         return self._data
 
@@ -100,4 +104,4 @@ class Reader:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Reader({self._store_args['path']!r}, generation={self.generation})"
+        return f"Reader({self.spec.path!r}, generation={self.generation})"

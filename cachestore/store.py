@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -12,23 +13,19 @@ import psutil
 
 from .backends import get_backend
 from .backends.base import Backend, Budget, GenerationInfo
-from .backends.directory import ROTATION_PREFIX
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      NotAStoreError, StoreLockedError)
-from .locking import LOCK_NAME, WriterLock, lock_holder
+from .locking import LOCK_NAME, WriterLease, WriterLock, lock_holder
 from .reader import Reader
+from .scratch import is_window_name
+from .spec import StoreSpec
 from .writer import GenerationWriter
 
 FORMAT_VERSION = 1
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10
-
-
-def _make_backend(path: str, backend: str, compression: str | None, allow_pickle: bool, verify: bool,
-                  **_: Any) -> Backend:
-    return get_backend(backend)(path, compression=compression, allow_pickle=allow_pickle, verify=verify)
 
 
 @dataclass(frozen=True)
@@ -42,8 +39,6 @@ class Removed:
 
 
 def _read_existing_backend(path: str) -> str | None:
-    import json
-
     try:
         with open(Path(path) / "store.json") as f:
             return json.load(f).get("backend")
@@ -58,7 +53,9 @@ class Store:
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                  fingerprint: dict | None = None, producer: dict | None = None, verify: bool = True) -> None:
         self.path = str(path)
-        existing = _read_existing_backend(self.path) if backend != "memory" else None
+        # An in-RAM store only borrows the path as a name: files there are none of its business.
+        in_ram = backend is not None and not get_backend(backend).persistent
+        existing = None if in_ram else _read_existing_backend(self.path)
         if backend is None:
             backend = existing or "memmap"
         elif existing is not None and existing != backend:
@@ -70,11 +67,12 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
-        self.backend: Backend = _make_backend(self.path, backend, compression, allow_pickle, verify)
+        self.spec = StoreSpec(self.path, backend, compression, allow_pickle, verify)
+        self.backend: Backend = self.spec.open_backend()
         self.backend_name = backend
         self.compression = compression
         self._lock = WriterLock(self.path) if self.backend.persistent else None
-        self._writing = False
+        self._lease: WriterLease | None = None
         meta = self.backend.read_meta()
         if meta is None:
             if readonly:
@@ -104,15 +102,11 @@ class Store:
         self.meta = meta
 
     # pickling ------------------------------------------------------------------
-    def _args(self) -> dict:
-        return {"path": self.path, "backend": self.backend_name, "compression": self.compression,
-                "allow_pickle": self.allow_pickle, "verify": self.verify_reads}
-
     def __reduce__(self) -> tuple:
         if not self.backend.persistent:
             raise TypeError("a memory store lives in one process and cannot be pickled; "
                             "pickle its reader() instead, or use the memmap backend")
-        return (_reopen, (self._args(), self.disk_budget, self.readonly))
+        return (_reopen, (self.spec, self.disk_budget, self.readonly))
 
     @property
     def fingerprint(self) -> dict | None:
@@ -137,23 +131,34 @@ class Store:
         """
         if self.readonly:
             raise CacheStoreError(f"{self.path} was opened readonly=True; it cannot be written")
-        return GenerationWriter(self, generation, num_samples)
+        lease = self._take_lease()
+        try:
+            return GenerationWriter(self.spec, self.backend, generation, num_samples, lease, self.budget)
+        except BaseException:
+            lease.release()
+            raise
 
-    def _acquire_writer(self) -> WriterLock | None:
+    @property
+    def _writing(self) -> bool:
+        return self._lease is not None and not self._lease.released
+
+    def _take_lease(self) -> WriterLease:
         if self._writing:
             raise StoreLockedError(f"store {self.path} already has an open writer in this process")
         if self._lock is not None:
             Path(self.path).mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
-        self._writing = True
-        return self._lock
+        self._lease = WriterLease(self._lock)
+        return self._lease
 
-    def _release_writer(self) -> None:
-        self._writing = False
-        if self._lock is not None:
-            self._lock.release()
+    def budget(self) -> Budget:
+        """Bytes a new generation may take now: the budget less committed generations, capped by free space.
 
-    def _budget(self) -> Budget:
+        Returns
+        -------
+        Budget
+            ``available`` is ``None`` when nothing limits it.
+        """
         used = sum(g.nbytes if self.backend.persistent else g.stored_bytes
                    for g in self.generations() if g.committed)
         if self.backend.persistent:
@@ -177,13 +182,13 @@ class Store:
     def reader(self, generation: int | None = None) -> Reader:
         """A read-only view of a committed generation (the newest when ``None``)."""
         if generation is not None:
-            return Reader(self._args(), generation, self.backend.open_generation(generation))
+            return Reader(self.spec, generation, self.backend.open_generation(generation))
         while True:
             newest = self.latest()
             if newest is None:
                 raise GenerationNotFoundError(f"store {self.path} has no committed generation yet")
             try:
-                return Reader(self._args(), newest, self.backend.open_generation(newest))
+                return Reader(self.spec, newest, self.backend.open_generation(newest))
             except GenerationNotFoundError:
                 # Pruned between listing and opening: a newer one was committed; take that.
                 if self.latest() in (None, newest):
@@ -306,12 +311,12 @@ class Store:
 
 def _debris_kind(path: str) -> str:
     name = os.path.basename(path)
-    return "temp" if name.endswith(".tmp") else "rotation" if name.startswith(ROTATION_PREFIX) else "staging"
+    return "temp" if name.endswith(".tmp") else "rotation" if is_window_name(name) else "staging"
 
 
-def _reopen(args: dict, disk_budget: int | None, readonly: bool) -> Store:
-    return Store(args["path"], args["backend"], compression=args["compression"], disk_budget=disk_budget,
-                 allow_pickle=args["allow_pickle"], readonly=readonly, verify=args["verify"])
+def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:
+    return Store(spec.path, spec.backend, compression=spec.compression, disk_budget=disk_budget,
+                 allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify)
 
 
 def open_store(path: str | os.PathLike, backend: str | None = None, *, compression: str | None = None,

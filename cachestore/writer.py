@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
-from .backends.base import GenerationInfo, ShardWriter
+from .backends.base import Backend, Budget, GenerationInfo, ShardWriter
 from .errors import BudgetExceededError, CacheStoreError
-
-if TYPE_CHECKING:
-    from .store import Store
+from .locking import WriterLease
+from .spec import StoreSpec
 
 
 class ShardSpec:
@@ -21,57 +20,54 @@ class ShardSpec:
     done, before the owner commits.
     """
 
-    def __init__(self, store_args: dict, token: Any, backend: Any = None) -> None:
-        self.store_args = store_args
+    def __init__(self, spec: StoreSpec, token: Any, backend: Backend | None = None) -> None:
+        self.spec = spec
         self.token = token
         self._backend = backend  # only meaningful in the owning process
 
     def __getstate__(self) -> dict:
-        return {"store_args": self.store_args, "token": self.token, "_backend": None}
+        return {"spec": self.spec, "token": self.token, "_backend": None}
 
     def open(self, shard_id: str) -> ShardWriter:
         """A shard writer for this process; `shard_id` must be unique per generation."""
-        backend = self._backend
-        if backend is None:
-            from .store import _make_backend
-
-            backend = _make_backend(**self.store_args)
+        backend = self._backend if self._backend is not None else self.spec.open_backend()
         return backend.shard_writer(self.token, shard_id)
 
 
-def _abandon(backend: Any, token: Any, lock: Any) -> None:
-    """Finalizer of an uncommitted writer: drop its staging, release the lock."""
+def _abandon(backend: Backend, token: Any, lease: WriterLease) -> None:
+    """Finalizer of an uncommitted writer: drop its staging, give the lease back."""
     try:
         backend.discard(token)
     finally:
-        if lock is not None:
-            lock.release()
+        lease.release()
 
 
 class GenerationWriter:
     """Writes one generation; commits on clean exit of ``with``, discards on error.
 
-    Obtained from :meth:`cachestore.Store.writer`. The owner holds the store's
-    writer lock from creation to :meth:`commit` or :meth:`abort`.
+    Obtained from :meth:`cachestore.Store.writer`, which hands it the store's
+    writer `lease`: the writer holds it from creation to :meth:`commit` or
+    :meth:`abort` (or garbage collection) and gives it back exactly once.
     """
 
-    def __init__(self, store: "Store", generation: int, num_samples: int | None) -> None:
+    def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int | None,
+                 lease: WriterLease, budget: Callable[[], Budget]) -> None:
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be a non-negative int, got {generation!r}")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 0):
             raise ValueError(f"num_samples must be a non-negative int or None, got {num_samples!r}")
-        self.store = store
+        self.spec = spec
+        self.backend = backend
         self.generation = generation
         self.num_samples = num_samples
-        backend = store.backend
-        lock = store._acquire_writer()
+        self._lease = lease
         try:
-            backend.remove_debris()  # we hold the lock: any staging left is a dead writer's
-            self.token = backend.begin(generation, store._budget(), num_samples)
+            backend.remove_debris()  # we hold the lease: any staging left is a dead writer's
+            self.token = backend.begin(generation, budget(), num_samples)  # budget after the debris is gone
         except BaseException:
-            store._release_writer()
+            lease.release()
             raise
-        self._finalizer = weakref.finalize(self, _abandon, backend, self.token, lock)
+        self._finalizer = weakref.finalize(self, _abandon, backend, self.token, lease)
         self._shard: ShardWriter | None = None
         self.state = "open"
 
@@ -94,7 +90,7 @@ class GenerationWriter:
         """Store `sample` at `index` of this generation."""
         self._check_open()
         if self._shard is None:
-            self._shard = self.store.backend.shard_writer(self.token, f"owner-{os.getpid()}")
+            self._shard = self.backend.shard_writer(self.token, f"owner-{os.getpid()}")
         try:
             self._shard.put(index, sample)
         except BudgetExceededError:
@@ -106,11 +102,11 @@ class GenerationWriter:
     def shard_spec(self) -> ShardSpec:
         """A picklable spec other processes use to write into this generation."""
         self._check_open()
-        return ShardSpec(self.store._args(), self.token, self.store.backend)
+        return ShardSpec(self.spec, self.token, self.backend)
 
     def discard_shard_tail(self, shard_id: str, keep: int) -> None:
         """Keep only the first `keep` samples a dead shard writer recorded."""
-        self.store.backend.discard_shard_tail(self.token, shard_id, keep)
+        self.backend.discard_shard_tail(self.token, shard_id, keep)
 
     def commit(self, extra: dict | None = None) -> GenerationInfo:
         """Publish the generation atomically; every index ``0..n-1`` must be present once."""
@@ -118,13 +114,13 @@ class GenerationWriter:
         try:
             if self._shard is not None:
                 self._shard.close()
-            info = self.store.backend.commit(self.token, self.num_samples, dict(extra or {}))
+            info = self.backend.commit(self.token, self.num_samples, dict(extra or {}))
         except BaseException:
             self.abort()
             raise
         self.state = "committed"
         self._finalizer.detach()
-        self.store._release_writer()
+        self._lease.release()
         return info
 
     def abort(self) -> None:
@@ -139,6 +135,6 @@ class GenerationWriter:
             pass
         self._finalizer.detach()
         try:
-            self.store.backend.discard(self.token)
+            self.backend.discard(self.token)
         finally:
-            self.store._release_writer()
+            self._lease.release()

@@ -13,6 +13,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .errors import WorkerError
+from .settings import BudgetPolicy, EpochMode
+
 
 #: Epoch number carried by background-refresh tasks (never a real epoch).
 BACKGROUND_EPOCH = -2
@@ -35,21 +38,22 @@ class WorkerConfig:
 class Task:
     """Produce one batch (or one minibatch `part` of it) into `slot`.
 
-    ``mode``: ``"compute"`` calls the dataset; ``"generate"`` also writes each
-    sample into the generation named by `shard`; ``"read"`` gathers the samples
-    from the committed generation `reader` (``(store_args, generation)``).
+    ``mode``: ``COMPUTE`` calls the dataset; ``GENERATE`` also writes each
+    sample into the generation named by `shard` (or sends it back as a record,
+    `send_records`); ``READ`` gathers the samples from the committed
+    generation `reader` (``(StoreSpec, generation)``).
     """
 
     seq: int
     part: int
     epoch: int
     indices: np.ndarray
-    mode: str
+    mode: EpochMode
     slot: int = -1
     slot_name: str = ""
     slot_size: int = 0
     shard: Any = None
-    on_budget: str = "error"
+    on_budget: BudgetPolicy = BudgetPolicy.ERROR
     send_records: bool = False
     reader: tuple | None = None
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
@@ -86,6 +90,7 @@ class BatchDone:
     worker_id: int
     meta: dict | None  # slot layout; None when `batch` is carried inline
     batch: Any = None
+    shard_id: str = ""  # the worker incarnation's shard, which `written` counts into
     written: int = 0
     records: list | None = None
     budget_error: str | None = None
@@ -121,8 +126,6 @@ class TaskFailed:
 
     def exception(self, pid: int | None = None, epoch: int | None = None) -> BaseException:
         """The exception to raise in the training process: original type, worker traceback in the message."""
-        from cachestore.errors import WorkerError
-
         exc_type: Any = None
         if self.exc_type is not None:
             try:
@@ -131,7 +134,10 @@ class TaskFailed:
                 exc_type = None
         if self.kind in ("budget", "store") and exc_type is not None:
             try:
-                return exc_type(self.message)
+                exc = exc_type(self.message)
+                for name, value in self.extra.items():
+                    setattr(exc, name, value)
+                return exc
             except Exception:
                 pass
         where = f"loader worker {self.worker_id}" + (f" (pid {pid})" if pid else "")

@@ -10,9 +10,9 @@ not a staging directory, and no wait may hang.
   sentinels together (``multiprocessing.connection.wait``), so a worker that
   dies - SIGKILL, segfault, OOM - is seen within one wait.
 * A dead worker is replaced and its unfinished tasks are re-sent to its
-  replacement; the loader is told (``on_death``) so it can drop index entries
-  the dead worker wrote for batches that were never delivered. After
-  ``max_restarts`` deaths in an epoch the pool raises :class:`WorkerError`.
+  replacement; death listeners are told (the generation being written drops
+  index entries the dead worker wrote for batches that were never delivered).
+  After ``max_restarts`` deaths in an epoch the pool raises :class:`WorkerError`.
 * Workers exit on :class:`Stop`, on EOF of their pipe, or when their parent
   pid changes (checked every second while idle), so a SIGKILLed training
   process does not leave orphans.
@@ -20,6 +20,8 @@ not a staging directory, and no wait may hang.
   terminates and finally kills what is left. It is idempotent and is also
   run by the loader's ``weakref.finalize`` (garbage collection, interpreter
   exit).
+
+``docs/ARCHITECTURE.md`` (Shutdown) puts these rules next to the others.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cachestore.errors import WorkerError
-
 from . import messages as m
+from .errors import WorkerError
+from .executor import DeathListener
 from .worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,6 @@ class WorkerHandle:
     shard_id: str = ""
     pid: int | None = None
     outstanding: collections.deque = field(default_factory=collections.deque)
-    written: int = 0  # samples of the current generation in delivered batches
     ready: bool = False
     eof: bool = False
 
@@ -68,7 +69,10 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """A fixed number of workers with per-worker pipes (see the shutdown note above)."""
+    """A fixed number of worker processes (or threads) with per-worker pipes.
+
+    The default :class:`~loader.executor.Executor` (see the shutdown note above).
+    """
 
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
                  start_method: str, max_restarts: int) -> None:
@@ -79,7 +83,7 @@ class WorkerPool:
         self.max_restarts = max_restarts
         self.restarts = 0
         self.workers: list[WorkerHandle] = []
-        self.on_death: Callable[[WorkerHandle], None] | None = None
+        self._listeners: list[DeathListener] = []
         self.closed = False
         self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
         for wid in range(nb_worker):
@@ -100,10 +104,20 @@ class WorkerPool:
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
 
     def pids(self) -> list[int]:
-        return [w.pid for w in self.workers if w.pid is not None]
+        return [w.pid for w in self.workers if w.pid is not None and not w.is_thread]
 
-    def outstanding(self) -> int:
-        return sum(len(w.outstanding) for w in self.workers)
+    def worker_pid(self, worker_id: int) -> int | None:
+        return next((w.pid for w in self.workers if w.worker_id == worker_id), None)
+
+    def begin_epoch(self) -> None:
+        self.restarts = 0
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_death_listener(self, listener: DeathListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def submit(self, task: m.Task) -> None:
         worker = min(self.workers, key=lambda w: len(w.outstanding))
@@ -115,10 +129,6 @@ class WorkerPool:
             worker.conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the death is handled when its sentinel fires
-
-    def reset_generation(self) -> None:
-        for w in self.workers:
-            w.written = 0
 
     def next_message(self, timeout: float | None = None) -> Any:
         """The next message from any worker; restarts dead workers meanwhile.
@@ -169,8 +179,6 @@ class WorkerPool:
                 if (task.epoch, task.seq, task.part) == (msg.epoch, msg.seq, msg.part):
                     del worker.outstanding[i]
                     break
-            if isinstance(msg, m.BatchDone):
-                worker.written += msg.written
         return msg
 
     def _replace(self, dead: WorkerHandle) -> None:
@@ -187,8 +195,8 @@ class WorkerPool:
                               + hint)
         log.warning("loader worker %d (pid %s) died (%s); restarting it and re-running %d unfinished batches",
                     dead.worker_id, dead.pid, how, len(dead.outstanding))
-        if self.on_death is not None:
-            self.on_death(dead)
+        for listener in list(self._listeners):
+            listener(dead.shard_id)
         dead.conn.close()
         replacement = self._start(dead.worker_id)
         self.workers[self.workers.index(dead)] = replacement

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import messages as m
-from .epoch import GenerationSink
+from .executor import Executor
+from .generation import GenerationBuild
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,17 @@ CHUNKS_PER_WORKER = 4
 
 
 class BackgroundRefresh:
-    """Generation `generation`, computed a chunk at a time by otherwise idle workers."""
+    """Generation ``build.generation``, computed a chunk at a time by otherwise idle workers.
 
-    def __init__(self, generation: int, sink: GenerationSink, indices: np.ndarray, chunk: int,
-                 nb_worker: int) -> None:
-        self.generation = generation
-        self.sink = sink
+    The refresh only schedules; the :class:`~loader.generation.GenerationBuild`
+    it composes owns the writing. Its policy is ``"stream"``: a budget overrun
+    stops the refresh and never raises; the generation is then written during
+    its own epoch.
+    """
+
+    def __init__(self, build: GenerationBuild, indices: np.ndarray, chunk: int, nb_worker: int) -> None:
+        self.build = build
+        self.generation = build.generation
         self.indices = indices
         positions = np.arange(len(indices), dtype=np.int64)
         self.todo = collections.deque(positions[i:i + chunk] for i in range(0, len(positions), chunk))
@@ -53,18 +59,16 @@ class BackgroundRefresh:
     def done(self) -> bool:
         return not self.todo and not self.inflight
 
-    def pump(self, pool: Any) -> None:
-        """Hand out chunks while fewer than one per worker are running."""
-        while self.todo and len(self.inflight) < self.max_inflight and self.sink.active:
+    def pump(self, executor: Executor) -> None:
+        """Hand out chunks while fewer than ``max_inflight`` are queued."""
+        while self.todo and len(self.inflight) < self.max_inflight and self.build.active:
             positions = self.todo.popleft()
             task = m.Task(seq=self._seq, part=0, epoch=BACKGROUND_EPOCH, indices=self.indices[positions],
-                          positions=positions, mode="generate", collate=False, on_budget="stream",
-                          shard=self.sink.spec if self.sink.in_workers else None,
-                          send_records=not self.sink.in_workers)
+                          positions=positions, collate=False, **self.build.task_fields())
             self.inflight[self._seq] = task
             self._seq += 1
-            pool.submit(task)
-        if not self.sink.active:
+            executor.submit(task)
+        if not self.build.active:
             self.todo.clear()
 
     def handle(self, msg: Any) -> bool:
@@ -76,21 +80,18 @@ class BackgroundRefresh:
             raise msg.exception()
         if task is not None:
             self.computed += len(task.indices)
-            if msg.records:
-                self.sink.put_records(msg.records)
-            if msg.budget_error is not None:
-                self.sink.over_budget(msg.budget_error)
+            self.build.accept(msg)
         return True
 
-    def finish(self, pool: Any) -> None:
+    def finish(self, executor: Executor) -> None:
         """Compute what is left with every worker (the epoch that needs it waits for it)."""
         if self.todo or self.inflight:
             log.info("background refresh of generation %d: %d chunks left, finishing them now",
                      self.generation, len(self.todo) + len(self.inflight))
         while not self.done:
-            self.max_inflight = 2 * len(pool.workers)
-            self.pump(pool)
+            self.max_inflight = 2 * executor.nb_worker
+            self.pump(executor)
             if self.inflight:
-                msg = pool.next_message()
+                msg = executor.next_message()
                 if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
                     raise msg.exception()

@@ -32,8 +32,6 @@ boundary left to place its double at.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +40,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from cachestore import codec
-from cachestore.backends.directory import ROTATION_PREFIX, remove_paths, rotation_debris
+from cachestore.disk import remove_paths
+from cachestore.scratch import dead_windows, new_window_dir
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +184,11 @@ class DiskWindow:
         self._made_root = not root.exists()
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        stale = rotation_debris(root)
+        stale = dead_windows(root)
         if stale:
             remove_paths([path for path, _ in stale])
             log.info("removed %d rotation window(s) left by dead processes under %s", len(stale), root)
-        self.path = root / f"{ROTATION_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        self.path.mkdir()
+        self.path = new_window_dir(root)
         self.slots = slots
         self._held = [False] * slots
 

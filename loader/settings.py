@@ -1,16 +1,50 @@
-"""Validation of ``cache_setting`` and ``rotation_setting``: errors name the key."""
+"""The loader's settings, validated once: constructor arguments, ``cache_setting``, ``rotation_setting``.
+
+Every error names the argument or key at fault. Modes and policies are
+string enums, so ``stats.mode == "read"`` keeps working for callers.
+"""
 
 from __future__ import annotations
 
+import enum
 import math
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from cachestore.backends import available_backends
 from cachestore.disk import parse_size
 
-BUDGET_POLICIES = ("error", "stream", "rotate")
+
+class _StrEnum(str, enum.Enum):
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class BudgetPolicy(_StrEnum):
+    """``cache_setting["on_budget_exceeded"]``: what a generation that does not fit does."""
+
+    ERROR = "error"  # raise BudgetExceededError
+    STREAM = "stream"  # stop caching, keep serving computed samples
+    ROTATE = "rotate"  # switch to a disk rotation window that fits
+
+
+class EpochMode(_StrEnum):
+    """What one epoch (or one task) does; see :class:`loader.epoch.EpochPlan`."""
+
+    COMPUTE = "compute"  # samples from the dataset only
+    GENERATE = "generate"  # from the dataset, written into a generation
+    READ = "read"  # gathered from a committed generation
+    ROTATE = "rotate"  # through a rotation window
+
+
+BUDGET_POLICIES = tuple(p.value for p in BudgetPolicy)
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
 
@@ -44,7 +78,7 @@ class CacheSettings:
     backend: str = "memmap"
     compression: str | None = None
     disk_budget: int | None = None
-    on_budget_exceeded: str = "error"
+    on_budget_exceeded: BudgetPolicy = BudgetPolicy.ERROR
     verify: bool = True
     allow_pickle: bool = False
     background_refresh: bool = False
@@ -76,9 +110,24 @@ class CacheSettings:
         policy = setting.get("on_budget_exceeded", "error")
         if policy not in BUDGET_POLICIES:
             raise ValueError(f"cache_setting['on_budget_exceeded'] must be one of {BUDGET_POLICIES}, got {policy!r}")
-        return cls(str(prefix), k, backend, compression, budget, policy,
+        return cls(str(prefix), k, backend, compression, budget, BudgetPolicy(policy),
                    bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)),
                    bool(setting.get("background_refresh", False)))
+
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether generations are rewritten every K epochs (``False`` for ``math.inf``)."""
+        return self.update_frequency != math.inf
+
+    def generation_offset(self, epoch: int) -> int:
+        """Generations after the first that epoch `epoch` of a run uses (``epoch // K``)."""
+        return epoch // int(self.update_frequency) if self.rewrites else 0
+
+    @property
+    def k_or_none(self) -> int | None:
+        """K as recorded in manifests and the producer (``None`` for "never rewrite")."""
+        return int(self.update_frequency) if self.rewrites else None
 
 
 @dataclass(frozen=True)
@@ -135,3 +184,110 @@ def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> 
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def distributed_defaults() -> tuple[int, int]:
+    """World size and rank when torch.distributed is initialised, else (1, 0)."""
+    # Only a process that imported torch.distributed can have initialised it:
+    # importing torch here would cost a second for nothing.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+@dataclass
+class LoaderSettings:
+    """Every :class:`~loader.CachedLoader` argument, validated, aliases resolved, defaults filled in.
+
+    Mutable only where the deferred :meth:`CachedLoader.start` fills in the
+    consumer and device, and where ``on_budget_exceeded="rotate"`` replaces
+    the cache by a rotation window.
+    """
+
+    dataset_class: type
+    dataset_params: dict
+    batch_size: int
+    nb_worker: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    nearby_shuffle: int
+    collate_fn: Callable | None
+    max_queue_size: int
+    prefetch_time: float | None
+    use_threading: bool
+    device: Any
+    pin_memory: bool
+    gpu_indices: list[int] | None
+    max_minibatch_length: int | None
+    cache: CacheSettings | None
+    rotation: RotationSettings | None
+    nb_consumer: int
+    consumer_index: int
+    deferred_start: bool  # consumer_index comes later, from start()
+    to_device: Callable | None
+    start_method: str
+    max_worker_restarts: int
+
+    @classmethod
+    def from_arguments(cls, dataset_class: Any, dataset_params: dict | None, batch_size: Any, nb_worker: Any,
+                       shuffle: bool, seed: Any, drop_last: bool, nearby_shuffle: Any, collate_fn: Any,
+                       max_queue_size: Any, prefetch_time: Any, use_threading: bool, device: Any,
+                       pin_memory: bool, gpu_indices: Any, max_minibatch_length: Any, cache_setting: Any,
+                       rotation_setting: Any, *, dataset_kwargs: dict | None, worker_per_consumer: Any,
+                       nb_consumer: Any, consumer_index: Any, to_device: Any, start_method: str,
+                       max_worker_restarts: Any) -> "LoaderSettings":
+        """Validate the constructor's arguments (same names and meaning as there)."""
+        if not isinstance(dataset_class, type):
+            raise ValueError(f"dataset_class must be a class, got {dataset_class!r}")
+        if dataset_params is not None and dataset_kwargs is not None:
+            raise ValueError("give dataset_params or its alias dataset_kwargs, not both")
+        params = dict(dataset_params if dataset_params is not None else (dataset_kwargs or {}))
+        if nb_worker is not None and worker_per_consumer is not None:
+            raise ValueError("give nb_worker or its alias worker_per_consumer, not both")
+        nb_worker = worker_per_consumer if nb_worker is None else nb_worker
+        nb_worker = min(4, os.cpu_count() or 1) if nb_worker is None else nb_worker
+        check_int("batch_size", batch_size, 1)
+        check_int("nb_worker", nb_worker, 0)
+        check_int("nearby_shuffle", nearby_shuffle, 0)
+        check_int("max_queue_size", max_queue_size, 1)
+        check_int("max_minibatch_length", max_minibatch_length, 1, allow_none=True)
+        check_int("max_worker_restarts", max_worker_restarts, 0)
+        check_int("seed", seed, 0, allow_none=True)
+        if prefetch_time is not None and (not isinstance(prefetch_time, (int, float)) or prefetch_time < 0):
+            raise ValueError(f"prefetch_time must be a number of seconds >= 0, got {prefetch_time!r}")
+        if gpu_indices is not None:
+            if not isinstance(gpu_indices, (list, tuple)) or len(gpu_indices) != max(nb_worker, 1):
+                raise ValueError(f"gpu_indices must give one GPU index per worker ({max(nb_worker, 1)}), "
+                                 f"got {gpu_indices!r}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise ValueError("collate_fn must be callable")
+        if to_device is not None and not callable(to_device):
+            raise ValueError("to_device must be callable")
+        cache = CacheSettings.parse(cache_setting) if cache_setting is not None else None
+        rotation = RotationSettings.parse(rotation_setting) if rotation_setting is not None else None
+        if cache is not None and rotation is not None:
+            raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
+                             "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "
+                             "to rotate only when the cache does not fit")
+        default_nb, default_idx = distributed_defaults()
+        consumers = default_nb if nb_consumer is None else nb_consumer
+        check_int("nb_consumer", consumers, 1)
+        deferred = consumer_index is None and nb_consumer is not None and consumers > 1
+        index = default_idx if consumer_index is None else consumer_index
+        check_int("consumer_index", index, 0)
+        if index >= consumers:
+            raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
+        if seed is None:
+            # Every rank must draw the same permutation: a random seed only for a single consumer.
+            seed = int(np.random.SeedSequence().entropy % (2**63)) if consumers == 1 else 0
+        return cls(dataset_class, params, batch_size, nb_worker, shuffle, seed, drop_last, nearby_shuffle,
+                   collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory,
+                   list(gpu_indices) if gpu_indices is not None else None, max_minibatch_length, cache, rotation,
+                   consumers, index, deferred, to_device, start_method, max_worker_restarts)
+
+    @property
+    def allow_pickle(self) -> bool:
+        """Whether samples that need pickle may travel and be stored (a cache setting)."""
+        return self.cache.allow_pickle if self.cache is not None else False

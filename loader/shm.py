@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachestore import codec
-from cachestore.backends.directory import pid_alive
+from cachestore.scratch import pid_alive
 
 log = logging.getLogger(__name__)
 

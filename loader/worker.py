@@ -10,15 +10,15 @@ import collections
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from cachestore import codec
+from cachestore import Reader, codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
 from . import messages as m
+from .settings import BudgetPolicy, EpochMode
 from .shm import WorkerSegments, gather_batch, write_batch
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,17 @@ class SampleError(Exception):
         super().__init__(index)
         self.index = index
         self.cause = cause
+
+
+@dataclass
+class Produced:
+    """What one task produced: the batch, and what it wrote into the generation."""
+
+    batch: Any
+    written: int = 0  # samples written into the task's shard
+    records: list | None = None  # encoded samples for the training process to write
+    budget_error: str | None = None  # why writing stopped, when the budget ran out
+    budget_fits: int | None = None  # samples that would fit, when known
 
 
 class BatchProducer:
@@ -67,20 +78,17 @@ class BatchProducer:
     # reading ---------------------------------------------------------------
     def reader(self, key: tuple) -> Any:
         if self._reader_key != key:
-            from cachestore.reader import Reader
-            from cachestore.store import _make_backend
-
             if self._reader is not None:
                 self._reader.close()
-            store_args, generation = key
-            self._reader = Reader(store_args, generation, _make_backend(**store_args).open_generation(generation))
+            spec, generation = key
+            self._reader = Reader.open(spec, generation)
             self._reader_key = key
         return self._reader
 
     # tasks -----------------------------------------------------------------
-    def compute(self, task: m.Task) -> tuple[Any, int, list | None, str | None]:
+    def compute(self, task: m.Task) -> Produced:
         """Samples of `task` from the dataset, written to the shard if asked, collated."""
-        shard = self._shard_for(task.shard) if task.mode == "generate" and task.shard is not None else None
+        shard = self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None else None
         positions = task.positions if task.positions is not None else task.indices
         samples, written, budget_error = [], 0, None
         records: list | None = [] if task.send_records else None
@@ -95,17 +103,18 @@ class BatchProducer:
                     shard.put(pos, sample)
                     written += 1
                 except BudgetExceededError as exc:
-                    if task.on_budget == "error":
+                    if task.on_budget == BudgetPolicy.ERROR:
                         raise
                     budget_error = str(exc)
-                    self.budget_fits = getattr(exc, "fits_samples", None)
+                    self.budget_fits = exc.fits_samples
                     self._writing = False  # stop writing this generation; keep serving
                     shard = None
             if records is not None:
                 records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
         if shard is not None:
             shard.flush()  # before the result is sent: what was delivered is on disk
-        return (self.collate(samples) if task.collate else samples), written, records, budget_error
+        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error,
+                        self.budget_fits if budget_error else None)
 
     def read(self, task: m.Task, reader: Any = None) -> Any:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
@@ -127,9 +136,10 @@ class BatchProducer:
                 raise SampleError(index, err) from err
         return self.collate(samples)
 
-    def produce(self, task: m.Task) -> tuple[Any, int, list | None, str | None]:
-        if task.mode == "read":
-            return self.read(task), 0, None, None
+    def produce(self, task: m.Task) -> Produced:
+        """Run `task` in this process (read, or compute and maybe write)."""
+        if task.mode == EpochMode.READ:
+            return Produced(self.read(task))
         return self.compute(task)
 
     def close(self) -> None:
@@ -148,13 +158,16 @@ def _failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.TaskF
                                            index=exc.index, kind="dataset")
     kind = "budget" if isinstance(exc, BudgetExceededError) else (
         "store" if isinstance(exc, CacheStoreError) else "dataset")
-    return m.TaskFailed.from_exception(exc, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
-                                       index=None, kind=kind)
+    failed = m.TaskFailed.from_exception(exc, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
+                                         index=None, kind=kind)
+    if isinstance(exc, BudgetExceededError) and exc.fits_samples is not None:
+        failed.extra["fits_samples"] = exc.fits_samples
+    return failed
 
 
 def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
     """Run one task and put its batch into the task's slot."""
-    if task.mode == "read" and not producer.custom_collate and task.collate:
+    if task.mode == EpochMode.READ and not producer.custom_collate and task.collate:
         try:
             meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
                                 producer.reader(task.reader), task.positions)
@@ -162,11 +175,12 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
             meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, producer.recompute(task, exc))
         if meta is not None:
             return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta)
-    batch, written, records, budget_error = producer.produce(task)
+    out = producer.produce(task)
     # A task without a slot (background refresh) only writes the store.
-    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, batch) if task.slot >= 0 else None
-    return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, written=written, records=records,
-                       budget_error=budget_error, budget_fits=producer.budget_fits if budget_error else None)
+    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, out.batch) if task.slot >= 0 else None
+    return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, shard_id=producer.shard_id,
+                       written=out.written, records=out.records, budget_error=out.budget_error,
+                       budget_fits=out.budget_fits)
 
 
 def _next(waiting: collections.deque) -> Any:

@@ -99,10 +99,9 @@ class Budget:
             exc = BudgetExceededError(
                 f"generation {generation} of {self.where} needs about {format_size(needed)} of {self.unit} "
                 f"({num_samples} samples x {format_size(per_sample)}) but only {format_size(self.available)} "
-                f"is available ({self._limit_text()}); a rotation window of about {fits} samples would fit: "
-                f"rotation_setting={{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}"
+                f"is available ({self._limit_text()}); about {fits} samples would fit"
             )
-            exc.fits_samples = fits  # type: ignore[attr-defined]  # read by on_budget_exceeded="rotate"
+            exc.fits_samples = fits
             raise exc
 
     def check_usage(self, generation: int, written: int) -> None:

@@ -6,7 +6,7 @@ Layout of a store directory::
     writer.lock                    present while a writer lives (see locking.py)
     gen-000003/                    a committed generation: manifest.json + data
     .staging-000004-<pid>-<hex>/   a generation being written; never read
-    rotation-<pid>-<hex>/          a loader's disk rotation window (removed on close)
+    rotation-<pid>-<hex>/          a process's rotation window (see cachestore/scratch.py)
 
 Commit protocol (why each step): data files are fsync'ed first, so the
 manifest never names bytes still in the page cache only; the manifest is
@@ -37,16 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..disk import allocated_bytes
+import numpy as np
+
+from ..disk import allocated_bytes, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, GenerationNotFoundError
+from ..scratch import dead_windows, pid_alive
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
 
 META_NAME = "store.json"
 MANIFEST_NAME = "manifest.json"
 GEN_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
-ROTATION_PREFIX = "rotation-"
-_ROTATION_RE = re.compile(r"^rotation-(\d+)-[0-9a-f]+$")
 # Temp names made by write_json_atomic: .<name>.<pid>.<hex>.tmp
 _TMP_RE = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
@@ -78,18 +79,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class StagingToken:
     """Names a staging area; small and picklable so worker processes can write into it."""
@@ -110,40 +99,6 @@ def parse_staging(name: str) -> tuple[int, int] | None:
     if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
         return None
     return int(parts[0]), int(parts[1])
-
-
-def parse_rotation(name: str) -> int | None:
-    """Owner pid of a ``rotation-<pid>-<hex>`` window name, ``None`` if it is not one."""
-    match = _ROTATION_RE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def rotation_windows(root: str | os.PathLike) -> list[tuple[str, int, int | None]]:
-    """``(path, allocated bytes, owner pid or None)`` of each ``rotation-*`` directory in `root`."""
-    found = []
-    try:
-        entries = sorted(Path(root).iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return found
-    for entry in entries:
-        if entry.name.startswith(ROTATION_PREFIX) and (entry.is_dir() or entry.is_symlink()):
-            found.append((str(entry), allocated_bytes(entry), parse_rotation(entry.name)))
-    return found
-
-
-def rotation_debris(root: str | os.PathLike) -> list[tuple[str, int]]:
-    """Rotation windows in `root` whose owner process is dead (a live one is in use)."""
-    return [(path, nbytes) for path, nbytes, pid in rotation_windows(root)
-            if pid is not None and not pid_alive(pid)]
-
-
-def remove_paths(paths: list[str]) -> None:
-    """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
-    for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            Path(path).unlink(missing_ok=True)
 
 
 class DirectoryBackend(Backend):
@@ -284,7 +239,7 @@ class DirectoryBackend(Backend):
             elif (tmp := _TMP_RE.match(entry.name)) and not pid_alive(int(tmp.group(1))):
                 # a live pid may be between writing and renaming its temp file
                 found.append((str(entry), allocated_bytes(entry)))
-        found += rotation_debris(self.path)
+        found += dead_windows(self.path)
         return sorted(found)
 
     def remove_debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
@@ -310,8 +265,6 @@ class DirectoryBackend(Backend):
 
 def check_complete(indices: Any, num_samples: int | None, where: str) -> int:
     """Verify `indices` hold ``0..n-1`` exactly once; return n."""
-    import numpy as np
-
     indices = np.asarray(indices, dtype=np.int64)
     n = int(indices.max()) + 1 if indices.size else 0
     if num_samples is not None:

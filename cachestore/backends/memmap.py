@@ -31,7 +31,7 @@ import xxhash
 from .. import codec
 from ..collate import stack_samples
 from ..disk import allocated_bytes
-from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from ..errors import BudgetExceededError, CorruptSampleError
 from .base import GenerationData, ShardWriter, batch_indices, checksum, gather_columns
 from .directory import DirectoryBackend, StagingToken, check_complete
 

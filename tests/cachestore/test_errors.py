@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import cachestore
+import loader.errors
 from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
                         GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
                         WorkerError, open_store)
@@ -32,9 +33,12 @@ def test_error_derives_from_base_and_builtin(error):
 
 
 def test_every_exported_error_is_covered():
-    exported = {getattr(cachestore, name) for name in cachestore.__all__}
+    # The loader's errors (WorkerError) live in loader.errors; cachestore still resolves the old name.
+    exported = {getattr(module, name) for module in (cachestore, loader.errors)
+                for name in getattr(module, "__all__", dir(module))}
     errors = {obj for obj in exported if isinstance(obj, type) and issubclass(obj, BaseException)}
     assert errors == set(HIERARCHY) | {CacheStoreError}
+    assert cachestore.WorkerError is loader.errors.WorkerError
 
 
 def test_raised_errors_are_caught_by_their_builtin(tmp_path):

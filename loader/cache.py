@@ -1,0 +1,161 @@
+"""The cache controller: which generation each epoch uses, and the budget decisions around it.
+
+Epoch plan (``docs/ARCHITECTURE.md``, "Epoch plan"): with
+``update_frequency=K``, epoch ``e`` of this run uses generation
+``base + e // K``, where ``base`` is the newest generation committed by an
+earlier run with the same fingerprint (0 when there is none). A committed
+generation is read; a missing one is generated and committed at the end of
+its epoch. After a commit older generations are pruned (before writing, when
+the budget has no room for two).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cachestore import GenerationInfo, Store, open_store
+from cachestore.errors import BudgetExceededError, StoreLockedError
+
+from .fingerprint import class_path, dataset_fingerprint, describe_params
+from .generation import GenerationBuild, workers_can_write
+from .layout import ConsumerLayout
+from .settings import BudgetPolicy, CacheSettings, EpochMode, RotationSettings
+
+log = logging.getLogger(__name__)
+
+#: Times each sample is served when ``on_budget_exceeded="rotate"`` falls back with K = inf.
+FALLBACK_ROTATION = 4
+
+
+class CacheController:
+    """The store of one consumer and the decisions about its generations.
+
+    Parameters
+    ----------
+    settings
+        The parsed ``cache_setting``.
+    store
+        The consumer's open store (see :meth:`open`).
+    num_samples
+        Samples per generation (this consumer's part of the dataset).
+    """
+
+    def __init__(self, settings: CacheSettings, store: Store, num_samples: int) -> None:
+        self.settings = settings
+        self.store = store
+        self.num_samples = num_samples
+        latest = store.latest()
+        self.base = latest if latest is not None else 0
+        if latest is not None:
+            log.info("reusing generation %d of %s", latest, store.path)
+        self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
+        self.refresh_off = False  # background refresh gave up for this run
+
+    @classmethod
+    def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset_class: type, params: dict,
+             batch_size: int) -> "CacheController":
+        """Open (or create) this consumer's store, checking it was produced by this dataset."""
+        fingerprint = dataset_fingerprint(dataset_class, params, layout.num_samples,
+                                          (layout.consumer_index, layout.nb_consumer))
+        producer = {"dataset": class_path(dataset_class), "params": describe_params(params),
+                    "update_frequency": settings.k_or_none, "batch_size": batch_size,
+                    "consumer": [layout.consumer_index, layout.nb_consumer]}
+        store = open_store(layout.store_path(settings.prefix), settings.backend, compression=settings.compression,
+                           disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
+                           fingerprint=fingerprint, producer=producer, verify=settings.verify)
+        return cls(settings, store, layout.per_consumer)
+
+    # the plan ------------------------------------------------------------
+    def generation_for(self, epoch: int) -> int:
+        """The generation epoch `epoch` of this run uses."""
+        return self.base + self.settings.generation_offset(epoch)
+
+    def committed(self) -> dict[int, GenerationInfo]:
+        """Committed generations by id."""
+        return {g.id: g for g in self.store.generations() if g.committed}
+
+    def mode_for(self, generation: int) -> EpochMode:
+        """``READ`` when `generation` is committed, else ``GENERATE``."""
+        return EpochMode.READ if generation in self.committed() else EpochMode.GENERATE
+
+    # writing ---------------------------------------------------------------
+    def open_build(self, generation: int, use_threading: bool, background: bool = False) -> GenerationBuild:
+        """Open `generation` for writing.
+
+        For its own epoch, room is made first when the budget cannot hold two
+        generations. In the `background` (a refresh) nothing is removed, and a
+        budget overrun only stops the refresh (policy ``"stream"``).
+        """
+        store = self.store
+        committed = list(self.committed().values())
+        if committed and not background:
+            newest = committed[-1]
+            estimate = newest.nbytes if store.backend.persistent else newest.stored_bytes
+            budget = store.budget()
+            if budget.available is not None and estimate > budget.available:
+                removed = store.prune(keep=0)
+                log.info("budget has no room for two generations: removed %d old one(s) before writing %d",
+                         len(removed), generation)
+        try:
+            writer = store.writer(generation, num_samples=self.num_samples)
+        except StoreLockedError as exc:
+            raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
+                                   "give each run its own prefix or wait for it") from None
+        policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
+        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading))
+
+    def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
+        """Commit a finished build, then prune older generations."""
+        extra: dict = {"epochs": [epoch], "update_frequency": self.settings.k_or_none}
+        if background:
+            extra["background"] = True
+        info = build.commit(extra)
+        removed = self.store.prune(keep=1)
+        log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
+                 info.num_samples, info.nbytes, ", computed in the background" if background else "", len(removed))
+        return info
+
+    # background refresh -----------------------------------------------------
+    def refresh_target(self, read_generation: int) -> int | None:
+        """The generation to compute in the background while `read_generation` is read, if any."""
+        if (not self.settings.background_refresh or self.refresh_off or not self.settings.rewrites
+                or not self.store.backend.persistent):
+            return None
+        generations = self.committed()
+        nxt = read_generation + 1
+        if nxt in generations:
+            return None
+        budget = self.store.budget()
+        current = generations.get(read_generation)
+        if budget.available is not None and current is not None and current.nbytes > budget.available:
+            log.info("background refresh needs room for a second generation (about %d bytes, %d available): "
+                     "generation %d will be written during its own epoch instead", current.nbytes,
+                     budget.available, nxt)
+            self.refresh_off = True
+            return None
+        return nxt
+
+    # the budget ---------------------------------------------------------------
+    @staticmethod
+    def explain(exc: BudgetExceededError) -> BudgetExceededError:
+        """`exc`, its message extended with the loader's ways out (a rotation window that fits)."""
+        fits = exc.fits_samples
+        text = str(exc)
+        if fits is not None and "rotation_setting" not in text:
+            # The store knows sizes, not rotation: the loader words the way out. Same object, same traceback.
+            exc.args = (f"{text}; a rotation window of about {fits} samples would fit: rotation_setting="
+                        f"{{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}, or "
+                        "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
+        return exc
+
+    def rotation_fallback(self, fits: int | None, num_samples: int, batch_size: int) -> RotationSettings:
+        """``on_budget_exceeded="rotate"``: the disk rotation window that fits the budget."""
+        self.off = True
+        rotation = self.settings.k_or_none or FALLBACK_ROTATION
+        available = self.store.budget().available
+        if fits and available:
+            # One file per slot: allocated in whole blocks, plus the record header.
+            per_slot = -(-(available / fits + 512) // 4096) * 4096
+            fits = int(available // per_slot)
+        size = max(1, min(fits if fits is not None else batch_size, num_samples))
+        return RotationSettings("disk", rotation, size, self.store.path)

@@ -1,0 +1,83 @@
+"""The seam between the loader and whatever computes its tasks.
+
+An :class:`Executor` runs :class:`~loader.messages.Task` objects somewhere
+(worker processes, threads; another engine can be added behind the same five
+verbs) and hands back their results as messages. The epoch runners only
+submit, receive, flush and close; replacing a dead worker and re-running its
+tasks is the executor's own business, reported to listeners (a
+:class:`~loader.generation.GenerationBuild` drops what the dead worker wrote).
+See ``docs/ARCHITECTURE.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from .messages import Task, WorkerConfig
+
+#: Called with the shard id of a worker incarnation that died.
+DeathListener = Callable[[str], None]
+
+
+class Executor(Protocol):
+    """What the epoch runners need from the workers (see the module docstring)."""
+
+    #: Number of workers (tasks that can run at once).
+    nb_worker: int
+
+    def submit(self, task: Task) -> None:
+        """Queue `task` on some worker."""
+
+    def next_message(self, timeout: float | None = None) -> Any:
+        """The next result or failure from any worker, ``None`` after `timeout` seconds.
+
+        Dead workers are replaced (and their unfinished tasks re-run) while waiting.
+        """
+
+    def flush_shards(self) -> list[str]:
+        """Ask every worker to close its shard of the generation being written; return their errors."""
+
+    def begin_epoch(self) -> None:
+        """Start counting worker deaths anew (``max_worker_restarts`` is per epoch)."""
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        """Call `listener(shard_id)` when a worker dies."""
+
+    def remove_death_listener(self, listener: DeathListener) -> None:
+        """Stop calling `listener`."""
+
+    def worker_pid(self, worker_id: int) -> int | None:
+        """Pid of worker `worker_id` (for messages)."""
+
+    def pids(self) -> list[int]:
+        """Pids of the live worker processes."""
+
+    def shutdown(self) -> None:
+        """Stop every worker and wait for them (idempotent)."""
+
+    def kill(self) -> None:
+        """Stop every worker now, without waiting for running tasks (errors, abandoned epochs)."""
+
+
+class WorkerConfigFactory:
+    """Builds each worker incarnation's config, with a fresh shard id every time.
+
+    A new incarnation writes a new shard, so what a dead one wrote can be told
+    apart from what its replacement writes.
+    """
+
+    def __init__(self, dataset_class: type, params: dict, collate_fn: Callable | None,
+                 gpu_indices: list[int] | None, allow_pickle: bool) -> None:
+        self.dataset_class = dataset_class
+        self.params = params
+        self.collate_fn = collate_fn
+        self.gpu_indices = gpu_indices
+        self.allow_pickle = allow_pickle
+        self.incarnations = 0
+
+    def __call__(self, wid: int) -> WorkerConfig:
+        self.incarnations += 1
+        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset_class=self.dataset_class,
+                            dataset_params=self.params, collate_fn=self.collate_fn,
+                            gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
+                            allow_pickle=self.allow_pickle)

@@ -1,0 +1,165 @@
+"""One generation being written: the single owner of its life from open to commit or abort.
+
+A :class:`GenerationBuild` holds the store's writer, decides where samples are
+written (by the workers into their own shards, or here from records they
+send), assembles the write part of every task, counts what each worker
+incarnation wrote in results that were delivered, drops what a dead worker
+wrote for results that never arrived, applies the budget policy, and finally
+flushes, commits or aborts. The epoch runner and the background refresh both
+compose it; nothing else touches a writer. See ``docs/ARCHITECTURE.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cachestore import GenerationInfo, GenerationWriter, codec
+from cachestore.backends import ShardWriter
+from cachestore.backends.base import Backend
+from cachestore.errors import BudgetExceededError
+
+from . import messages as m
+from .executor import Executor
+from .settings import BudgetPolicy, EpochMode
+
+log = logging.getLogger(__name__)
+
+#: Shard id of samples written by the training process itself.
+MAIN_SHARD = "main"
+
+
+def workers_can_write(backend: Backend, use_threading: bool) -> bool:
+    """Whether workers write their own shards (else they send records to the training process).
+
+    Processes can when the backend accepts several writers in several
+    processes; threads share this process, so any file-based backend will do.
+    """
+    return backend.persistent if use_threading else backend.supports_multiprocess_write
+
+
+class GenerationBuild:
+    """Generation ``writer.generation`` while it is written (see the module docstring).
+
+    Parameters
+    ----------
+    writer
+        The open writer; the build commits or aborts it.
+    policy
+        What a budget overrun does (``"error"`` raises, the others stop writing).
+    in_workers
+        Workers write their shards themselves (:func:`workers_can_write`).
+    """
+
+    def __init__(self, writer: GenerationWriter, policy: BudgetPolicy, in_workers: bool) -> None:
+        self.writer = writer
+        self.generation = writer.generation
+        self.policy = BudgetPolicy(policy)
+        self.in_workers = in_workers
+        self.spec = writer.shard_spec()
+        self.failed: str | None = None  # why writing stopped (budget), else None
+        self.fits: int | None = None  # samples that would fit the budget, when known
+        self.written = 0
+        self._main_shard: ShardWriter | None = None
+        self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
+        self._executor: Executor | None = None
+
+    # state ---------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Samples are still being written (no budget failure)."""
+        return self.failed is None
+
+    @property
+    def open(self) -> bool:
+        """Neither committed nor aborted yet."""
+        return self.writer.state == "open"
+
+    def attach(self, executor: Executor) -> None:
+        """Follow `executor`'s worker deaths: what a dead worker wrote for lost results is dropped."""
+        if self._executor is not executor:
+            self.detach()
+            self._executor = executor
+            executor.add_death_listener(self.worker_lost)
+
+    def detach(self) -> None:
+        if self._executor is not None:
+            self._executor.remove_death_listener(self.worker_lost)
+            self._executor = None
+
+    # tasks and results ----------------------------------------------------
+    def task_fields(self) -> dict[str, Any]:
+        """The write part of a task computing samples of this generation (the one place it is built)."""
+        if not self.active:
+            return {"mode": EpochMode.COMPUTE}
+        fields: dict[str, Any] = {"mode": EpochMode.GENERATE, "on_budget": self.policy}
+        if self.in_workers:
+            fields["shard"] = self.spec
+        else:
+            fields["send_records"] = True
+        return fields
+
+    def accept(self, msg: m.BatchDone) -> int:
+        """Account for a delivered result; return the samples it added to the generation."""
+        added = msg.written
+        if msg.written:
+            self._written_by[msg.shard_id] = self._written_by.get(msg.shard_id, 0) + msg.written
+        if msg.records:
+            added += self.put_records(msg.records)
+        if msg.budget_error is not None:
+            self.over_budget(msg.budget_error, fits=msg.budget_fits)
+        self.written += added
+        return added
+
+    def count_inline(self, written: int) -> None:
+        """Samples the training process wrote itself (``nb_worker=0``)."""
+        self.written += written
+
+    def put_records(self, records: list) -> int:
+        """Write records sent by workers that cannot write themselves; return how many went in."""
+        if not self.active:
+            return 0
+        if self._main_shard is None:
+            self._main_shard = self.spec.open(MAIN_SHARD)
+        for pos, record in records:
+            try:
+                self._main_shard.put(pos, codec.unflatten(*codec.decode_record(record, copy=False)))
+            except BudgetExceededError as exc:
+                self.over_budget(str(exc), exc)
+                return 0
+        return len(records)
+
+    def over_budget(self, message: str, exc: BaseException | None = None, fits: int | None = None) -> None:
+        """The generation no longer fits: raise (policy ``"error"``) or stop writing it."""
+        if self.policy is BudgetPolicy.ERROR:
+            raise exc if exc is not None else BudgetExceededError(message)
+        if self.failed is None:
+            if self.policy is BudgetPolicy.STREAM:
+                log.warning("cache disabled, serving uncached samples from now on: %s", message)
+            self.fits = fits if fits is not None else getattr(exc, "fits_samples", None)
+        self.failed = message
+
+    def worker_lost(self, shard_id: str) -> None:
+        """A worker incarnation died: keep only what it wrote for results that were delivered."""
+        if self.open and self.in_workers:
+            self.writer.discard_shard_tail(shard_id, self._written_by.get(shard_id, 0))
+
+    # end of life -----------------------------------------------------------
+    def finish(self, executor: Executor | None) -> str | None:
+        """Close every shard (workers' included); return why the generation cannot commit, or ``None``."""
+        errors = executor.flush_shards() if executor is not None and self.in_workers else []
+        if self._main_shard is not None:
+            self._main_shard.close()
+        if self.failed is not None:
+            return self.failed
+        return "; ".join(errors) or None
+
+    def commit(self, extra: dict) -> GenerationInfo:
+        """Publish the generation (after :meth:`finish`)."""
+        self.detach()
+        return self.writer.commit(extra=extra)
+
+    def abort(self) -> None:
+        """Discard everything written (idempotent)."""
+        self.detach()
+        self.writer.abort()
