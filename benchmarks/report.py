@@ -31,11 +31,11 @@ def md_table(headers: list[str], rows: list[list[Any]], align: str | None = None
 
 
 def targets_table(rows: list[TargetRow]) -> str:
-    """The table of DESIGN.md's targets (also pasted into the README)."""
+    """The table of the performance targets (docs/ARCHITECTURE.md; also pasted into the README)."""
     def verdict(met: bool) -> str:
         return "met" if met else "**not met**"
 
-    return md_table(["target (DESIGN.md)", "case", "measured", "value", "goal", "result"],
+    return md_table(["target (ARCHITECTURE.md)", "case", "measured", "value", "goal", "result"],
                     [[r.target, r.case, r.measured + (f" — {r.note}" if r.note else ""), r.value, r.goal,
                       verdict(r.met)] for r in rows], "lllrrl")
 

@@ -1,6 +1,6 @@
-"""DESIGN.md's performance targets, checked against one run's results.
+"""The performance targets of docs/ARCHITECTURE.md, checked against one run's results.
 
-Each target becomes one or more rows: what DESIGN.md asks, what was measured
+Each target becomes one or more rows: what docs/ARCHITECTURE.md asks, what was measured
 (median ± half the min-max range over the repetitions), the value the goal is
 about (its median, with the min-max range over the repetitions in brackets),
 the goal, and whether the median meets it. A report, not a test: nothing fails
@@ -21,7 +21,7 @@ Figure = float | dict  # a single number, or a summary (median, min, max, ...) o
 class TargetRow:
     """One line of the targets table."""
 
-    target: str  # what DESIGN.md asks, in short
+    target: str  # what docs/ARCHITECTURE.md asks, in short
     case: str  # which measurement (backend, epoch, ...)
     measured: str  # the figures behind the value
     value: str  # the figure the goal is about, formatted ("3.4x (3.1-3.6)", "2.1%", "0.27 s")

@@ -3,7 +3,7 @@
 A CachedLoader generates one generation of :class:`~benchmarks.datasets.StoredSamples`
 (``update_frequency=inf``), then its cached epochs alternate with the epochs of
 a torch ``DataLoader(store.reader(), num_workers=workers)`` reading the same
-committed generation one sample at a time, as DESIGN.md's target says. Both
+committed generation one sample at a time, as the performance target says. Both
 deliver torch tensors (ours: ``device="cpu"``). The raw store gather
 (``reader.get_batch`` into reused buffers, no loader, see
 :mod:`benchmarks.store_read`) is timed on the same generation: the ceiling

@@ -10,7 +10,7 @@ constructing the loader and starting its workers. For CachedLoader the
 
 Three loaders: CachedLoader with ``background_refresh=True`` (idle workers
 compute the next generation during the cached epochs, so a refresh epoch
-reads at cache speed: DESIGN.md's target), CachedLoader as configured by
+reads at cache speed: a performance target in docs/ARCHITECTURE.md), CachedLoader as configured by
 default (write-through: a refresh epoch computes its samples while the loop
 waits) and torch's DataLoader. Background refresh can only keep up when the
 cached epochs leave the workers enough time: ``(K - 1) * batches * step``

@@ -136,7 +136,9 @@ class GenerationBuild:
         if self.failed is None:
             if self.policy is BudgetPolicy.STREAM:
                 log.warning("cache disabled, serving uncached samples from now on: %s", message)
-            self.fits = fits if fits is not None else getattr(exc, "fits_samples", None)
+            if fits is None and isinstance(exc, BudgetExceededError):
+                fits = exc.fits_samples
+            self.fits = fits
         self.failed = message
 
     def worker_lost(self, shard_id: str) -> None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 
 from .errors import WorkerError
 from .settings import BudgetPolicy, EpochMode
 
+
+#: Where a task failed: in the dataset, building the worker's dataset, over the budget, in the store.
+FailureKind = Literal["dataset", "init", "budget", "store"]
 
 #: Epoch number carried by background-refresh tasks (never a real epoch).
 BACKGROUND_EPOCH = -2
@@ -110,7 +113,7 @@ class TaskFailed:
     type_name: str
     message: str
     traceback: str
-    kind: str = "dataset"  # "dataset", "init", "budget", "store"
+    kind: FailureKind = "dataset"
     extra: dict = field(default_factory=dict)
 
     @classmethod

@@ -8,12 +8,11 @@ be garbage-collected (see the shutdown note in :mod:`loader.pool` and
 
 from __future__ import annotations
 
-from typing import Any
-
 from cachestore import Store
 
 from .executor import Executor
 from .generation import GenerationBuild
+from .rotation import RotationWindow
 from .shm import SlotPool
 
 
@@ -26,7 +25,7 @@ class Resources:
         self.build: GenerationBuild | None = None  # the generation the current epoch writes
         self.background: GenerationBuild | None = None  # the generation a background refresh writes
         self.store: Store | None = None
-        self.window: Any = None
+        self.window: RotationWindow | None = None
 
     def abort_builds(self) -> None:
         """Discard the generations being written (an error, an abandoned epoch, shutdown)."""

@@ -35,7 +35,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -144,6 +144,34 @@ def _serve(t: int, done: np.ndarray, current: np.ndarray, rotation: int, next_sa
     return Serve(t, int(current[t]), bool(fresh), bool(done[t] % rotation == 0))
 
 
+class RotationWindow(Protocol):
+    """Where a rotation epoch keeps the samples it serves again: one sample per slot.
+
+    :func:`run_rotation` stores a fresh sample with :meth:`put`, serves it
+    again with :meth:`get` and frees the slot after its last serve.
+    """
+
+    slots: int
+
+    def reset(self) -> None:
+        """Empty every slot (a new epoch starts)."""
+
+    def put(self, slot: int, sample: Any) -> None:
+        """Keep an own copy of `sample` in `slot`."""
+
+    def get(self, slot: int) -> Any:
+        """The sample in `slot`."""
+
+    def free(self, slot: int) -> None:
+        """Forget the sample in `slot`."""
+
+    def held(self) -> int:
+        """Slots holding a sample now."""
+
+    def close(self) -> None:
+        """Release everything (files included)."""
+
+
 class MemoryWindow:
     """The window in this process's RAM: one sample (own copy) per slot."""
 
@@ -225,8 +253,9 @@ class DiskWindow:
                 pass
 
 
-def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: Any,
-                 fresh_batches: Any, collate: Any, stats: Any, rng: np.random.Generator) -> Iterator[Any]:
+def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,
+                 fresh_batches: Callable[[Iterator[np.ndarray]], Iterator[list]], collate: Callable[[list], Any],
+                 stats: Any, rng: np.random.Generator) -> Iterator[Any]:
     """Serve one rotation epoch.
 
     ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
