@@ -229,32 +229,56 @@ def log_handlers(spec: dict | logging.Logger | None, consumer_index: int) -> tup
     return handlers, level
 
 
+class _AncestorsAbove(logging.Handler):
+    """Passes records at or above `threshold` on to the ancestors of a logger that no longer propagates."""
+
+    def __init__(self, parent: logging.Logger, threshold: int) -> None:
+        super().__init__()
+        self.parent = parent
+        self.threshold = threshold
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= self.threshold:
+            self.parent.handle(record)
+
+
 class _LogRouting:
     """Handlers added to the ``loader`` and ``cachestore`` loggers for one loader; removed at close.
 
-    The loggers' levels are lowered to the requested level while the loader
-    lives (a logger left at its default would drop INFO records before any
-    handler saw them) and restored afterwards. Two such loaders alive at once
-    restore in their closing order: the last to close restores the original.
+    A logger left at its default level would drop INFO records before any
+    handler saw them, so its level is lowered to the requested one while the
+    loader lives. Lowering it alone would also send those records up to the
+    root's handlers (a handler has no level of its own after
+    ``logging.basicConfig``) and flood the user's console: the logger stops
+    propagating, and :class:`_AncestorsAbove` hands the ancestors exactly the
+    records they saw before. Everything is restored at close. Two such loaders
+    alive at once restore in their closing order.
     """
 
     def __init__(self, handlers: list[logging.Handler], level: int | None) -> None:
         self.handlers = handlers
-        self.saved: list[tuple[logging.Logger, int]] = []
+        self.saved: list[tuple[logging.Logger, int, bool, list[logging.Handler]]] = []
         for name in PACKAGE_LOGGERS:
             logger = logging.getLogger(name)
-            self.saved.append((logger, logger.level))
-            if level is not None and logger.getEffectiveLevel() > level:
+            added = list(handlers)
+            saved = (logger, logger.level, logger.propagate, added)
+            before = logger.getEffectiveLevel()
+            if level is not None and before > level:
                 logger.setLevel(level)
-            for handler in handlers:
+                if logger.propagate and logger.parent is not None:
+                    logger.propagate = False
+                    added.append(_AncestorsAbove(logger.parent, before))
+            for handler in added:
                 logger.addHandler(handler)
+            self.saved.append(saved)
 
     def remove(self) -> None:
         saved, self.saved = self.saved, []
-        for logger, level in reversed(saved):
-            for handler in self.handlers:
+        for logger, level, propagate, added in reversed(saved):
+            for handler in added:
                 logger.removeHandler(handler)
             logger.setLevel(level)
+            logger.propagate = propagate
         for handler in self.handlers:
             handler.close()
 

@@ -429,12 +429,39 @@ def test_logger_prefix_writes_json_lines_and_is_removed_at_close(tmp_path):
     loader = SwiftLoader(Dataset, {"n": 4}, 2, 2, 0, logger=str(tmp_path / "logs" / "train"))
     loader.start(1)
     with loader:
-        assert len(ours.handlers) == len(handlers) + 1 and ours.getEffectiveLevel() == logging.DEBUG
+        assert any(isinstance(h, logging.FileHandler) for h in ours.handlers)
+        assert ours.getEffectiveLevel() == logging.DEBUG
         list(loader)
     assert ours.handlers == handlers and ours.level == level
     records = [json.loads(line) for line in (tmp_path / "logs" / "train_Dataloader-1.json").read_text().splitlines()]
     assert any(r["message"].startswith("SwiftLoader started: consumer 1 of 2") for r in records)
     assert all(set(r) >= {"time", "level", "logger", "message"} for r in records)
+
+
+def test_logger_file_at_debug_does_not_flood_the_console(tmp_path):
+    console: list[logging.LogRecord] = []
+
+    class Console(logging.Handler):  # like basicConfig's handler: no level of its own
+        def emit(self, record):
+            if record.name.startswith(("loader", "cachestore")):
+                console.append(record)
+
+    root = logging.getLogger()
+    handler, level = Console(), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        loader = SwiftLoader(Dataset, {"n": 4}, 2, 1, 0, logger={"path": str(tmp_path / "run.log")})
+        loader.start(0)
+        with loader:
+            list(loader)
+            logging.getLogger("loader.compat").warning("a warning still reaches the console")
+        assert [r.getMessage() for r in console] == ["a warning still reaches the console"]
+        assert "SwiftLoader started" in (tmp_path / "run_Dataloader-0.log").read_text()
+        assert logging.getLogger("loader").propagate is True
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def test_logger_instance_gets_our_records():
