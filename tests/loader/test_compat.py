@@ -242,6 +242,23 @@ def test_dataloader_positional_call_maps_each_argument(tmp_path, caplog):
     assert "max_minibatch_length is accepted and not needed" in caplog.text
 
 
+def test_every_documented_argument_is_accepted_by_name(tmp_path):
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2}
+    with DataLoader(dataset_class=Dataset, dataset_params={"n": 8}, batch_size=4, nb_worker=0,
+                    max_minibatch_length=4096, max_queue_size=3, prefetch_time=0, shuffle=True, device="cpu",
+                    pin_memory=True, gpu_indices=[0], nearby_shuffle=2, cache_setting=cache, rotation_setting=None,
+                    use_threading=True, collate_fn=None) as loader:
+        batches = list(loader)
+        assert type(batches[0][0]).__module__.startswith("torch") and loader.store is not None
+    with AsyncDataLoader(dataset_class=Dataset, dataset_params={"n": 8}, batch_size=4, nb_servers=0,
+                         start_port=1, max_queue_size=3, shuffle=True, device="cpu", pin_memory=False,
+                         packet_size=1, wait_time=0, retry_interval=1, nb_retry=1, gpu_indices=None,
+                         nearby_shuffle=2, cache_setting={**cache, "side": "client"}, client_rotation_setting=None,
+                         server_rotation_setting=None, client_wait_time=1, qt_threading=True) as loader:
+        assert [s.mode for s in loader.epoch_stats] == [] and len(list(loader)) == 2
+        assert loader.epoch_stats[0].mode == "read"  # the same dataset, prefix and params: reused
+
+
 def test_dataloader_defaults_are_dataset_servers():
     with DataLoader(Dataset, {"n": 10}, 4, 0) as loader:
         assert loader.shuffle is False and loader.max_queue_size == 20 and loader.nearby_shuffle == 0
