@@ -327,10 +327,11 @@ class _CompatLoader(CachedLoader):
         self._routing_finalizer = weakref.finalize(self, _LogRouting.remove, self._routing)
 
     def __iter__(self) -> Iterator[Any]:
-        return self._compat_epoch(super().__iter__())
+        # The loader appends one EpochStats per epoch, when the epoch starts: this epoch's is the next one.
+        index = len(self.epoch_stats)
+        return self._compat_epoch(super().__iter__(), index)
 
-    def _compat_epoch(self, inner: Iterator[Any]) -> Iterator[Any]:
-        before = len(self.epoch_stats)
+    def _compat_epoch(self, inner: Iterator[Any], index: int) -> Iterator[Any]:
         moves = self.device is not None or self.to_device is not None or self.pin_memory
         depth = self.max_nb_batch_on_device - 1 if moves else 0
         finished = False
@@ -341,8 +342,10 @@ class _CompatLoader(CachedLoader):
             close = getattr(inner, "close", None)
             if close is not None:
                 close()  # the loader's own epoch clean-up first: it completes the epoch's stats
+            # Only this epoch's entry: an iterator abandoned and collected later must not report the
+            # epochs that started since.
             if self._benchmark:
-                for stats in self.epoch_stats[before:]:
+                for stats in self.epoch_stats[index:index + 1]:
                     self._report(stats, finished)
 
     def _report(self, stats: EpochStats, finished: bool) -> None:

@@ -430,6 +430,19 @@ def test_benchmark_file_gets_one_json_line_per_epoch(tmp_path):
     assert all(d["seconds"] >= 0 and "wait_seconds" in d for d in lines)
 
 
+def test_an_abandoned_iterator_reports_only_its_own_epoch(tmp_path):
+    bench = tmp_path / "bench.jsonl"
+    loader = SwiftLoader(Dataset, {"n": 8}, 4, 1, 0, benchmark_file=str(bench))
+    loader.start(0)
+    with loader:
+        abandoned = iter(loader)
+        next(abandoned)
+        list(loader)  # the next epoch stops the first one
+        del abandoned
+    lines = [json.loads(line) for line in bench.read_text().splitlines()]
+    assert sorted((d["epoch"], d["finished"]) for d in lines) == [(0, False), (1, True)]
+
+
 def test_benchmark_without_file_logs_and_can_be_off(caplog):
     caplog.set_level(logging.INFO, logger="loader.compat")
     for benchmark in (True, False):
