@@ -25,6 +25,13 @@ from .settings import CacheSettings, LoaderSettings, RotationSettings, check_int
 from .shm import sweep_dead_segments
 from .worker import BatchProducer
 
+#: Settings readable as loader attributes (see CachedLoader.__getattr__).
+_ARGUMENTS = frozenset({
+    "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
+    "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
+    "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
+})
+
 
 class CachedLoader:
     """Batches of an expensive dataset, computed by workers and cached between epochs.
@@ -187,25 +194,12 @@ class CachedLoader:
         """The parsed ``rotation_setting`` (set by ``on_budget_exceeded="rotate"`` when it switches)."""
         return self.settings.rotation
 
-    @property
-    def batch_size(self) -> int:
-        return self.settings.batch_size
-
-    @property
-    def nb_worker(self) -> int:
-        return self.settings.nb_worker
-
-    @property
-    def seed(self) -> int:
-        return self.settings.seed
-
-    @property
-    def nb_consumer(self) -> int:
-        return self.settings.nb_consumer
-
-    @property
-    def consumer_index(self) -> int:
-        return self.settings.consumer_index
+    def __getattr__(self, name: str) -> Any:
+        # The constructor's arguments stay readable as attributes (loader.batch_size, loader.seed, ...),
+        # resolved: aliases merged, defaults filled in. Only reached for names not found otherwise.
+        if name in _ARGUMENTS and "settings" in self.__dict__:
+            return getattr(self.__dict__["settings"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def samples_per_epoch(self) -> int:
