@@ -30,6 +30,7 @@ _ARGUMENTS = frozenset({
     "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
     "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
     "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
+    "timeout", "progress",
 })
 
 
@@ -90,6 +91,16 @@ class CachedLoader:
         Multiprocessing start method of the workers (default ``"spawn"``).
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
+    timeout
+        Seconds the training loop may wait for one batch from the workers (as
+        in torch's ``DataLoader``); past it, :class:`~loader.errors.WorkerTimeoutError`
+        names the indices being computed, the worker's pid and its Python
+        stack. ``None`` (default) waits, but a wait of over a minute is logged
+        with the same details. No effect with ``nb_worker=0``.
+    progress
+        Show samples computed, samples/s and ETA on stderr during epochs that
+        compute samples (generate, refresh, rotation) once they take more than
+        a few seconds. ``None`` (default): only when stderr is a terminal.
     """
 
     def __init__(
@@ -120,6 +131,8 @@ class CachedLoader:
         to_device: Callable | None = None,
         start_method: str = "spawn",
         max_worker_restarts: int = 3,
+        timeout: float | None = None,
+        progress: bool | None = None,
     ) -> None:
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
@@ -129,7 +142,8 @@ class CachedLoader:
             collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory, gpu_indices,
             max_minibatch_length, cache_setting, rotation_setting, dataset_kwargs=dataset_kwargs,
             worker_per_consumer=worker_per_consumer, nb_consumer=nb_consumer, consumer_index=consumer_index,
-            to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts)
+            to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
+            timeout=timeout, progress=progress)
         s = self.settings
         self.epoch_stats: list[EpochStats] = []
         self._epoch = 0
@@ -214,21 +228,28 @@ class CachedLoader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Any]:
+        """The batches of the next epoch.
+
+        A loader runs one epoch at a time: a new ``iter(loader)`` ends the epoch
+        of the previous iterator, whose next ``next()`` then raises
+        ``RuntimeError`` (so ``zip(loader, loader)`` fails instead of silently
+        yielding nothing).
+        """
         if self._closed:
             raise RuntimeError("this loader is closed")
         if self._runner is None:
             raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
-        self._close_active()
         epoch = self._epoch
+        self._close_active(superseded_by=epoch)
         self._epoch += 1
-        it = self._runner.run(epoch)
+        it = EpochIterator(self._runner.run(epoch), epoch)
         self._active = weakref.ref(it)
         return it
 
-    def _close_active(self) -> None:
+    def _close_active(self, superseded_by: int | None = None) -> None:
         active = self._active() if self._active is not None else None
         if active is not None:
-            active.close()
+            active.end(superseded_by)
         self._active = None
 
     # ------------------------------------------------------------------ info & shutdown
@@ -256,3 +277,34 @@ class CachedLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class EpochIterator:
+    """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
+
+    def __init__(self, batches: Iterator[Any], epoch: int) -> None:
+        self._batches = batches
+        self.epoch = epoch
+        self._superseded_by: int | None = None
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._superseded_by is not None:
+            raise RuntimeError(
+                f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "
+                f"{self._superseded_by}): a loader serves one epoch at a time, so iterate it once per epoch "
+                "(zip(loader, loader) or two live iterators cannot work; use two loaders for that)")
+        return next(self._batches)
+
+    def end(self, superseded_by: int | None = None) -> None:
+        """Stop the epoch now (its workers' results are dropped, an unfinished generation is aborted)."""
+        self._superseded_by = superseded_by
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        """End the epoch early, like a generator's ``close()``."""
+        self.end()

@@ -9,6 +9,8 @@ recognised by their epoch number and dropped (see the shutdown note in
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -18,12 +20,17 @@ import numpy as np
 from cachestore import Reader, codec
 
 from . import messages as m
-from .executor import Executor
+from .executor import Executor, late_work_report, worker_timeout
 from .generation import GenerationBuild
 from .settings import EpochMode
 from .shm import SlotPool
 from .refresh import BackgroundRefresh
 from .worker import BatchProducer, SampleError
+
+log = logging.getLogger(__name__)
+
+#: Seconds the training loop waits for one batch before a warning says who is stuck where.
+HANG_WARNING_SECONDS = 60.0
 
 
 @dataclass
@@ -33,7 +40,9 @@ class EpochPlan:
     ``mode``: ``COMPUTE`` (dataset only), ``GENERATE`` (dataset, written into
     ``generation``), ``READ`` (served from committed ``generation``),
     ``ROTATE`` (see :mod:`loader.rotation`). ``batches`` hold store
-    positions; ``indices`` maps a position to the dataset index.
+    positions; ``indices`` maps a position to the dataset index. ``tail``
+    holds positions computed and written but not served: the remainder that
+    ``drop_last`` drops still belongs in the generation.
     """
 
     epoch: int
@@ -41,6 +50,7 @@ class EpochPlan:
     generation: int | None
     batches: Iterable[np.ndarray]
     indices: np.ndarray
+    tail: np.ndarray | None = None
 
 
 @dataclass
@@ -74,7 +84,9 @@ def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, 
 
 def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
                     build: GenerationBuild | None, stats: EpochStats) -> Iterator[Any]:
-    for positions in plan.batches:
+    tail = [] if plan.tail is None else [plan.tail]
+    for positions in itertools.chain(plan.batches, tail):
+        served = plan.tail is None or positions is not plan.tail
         if plan.mode == EpochMode.READ:
             task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
                           positions=positions)
@@ -97,9 +109,10 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
                 build.count_inline(out.written)
                 if out.budget_error is not None:
                     build.over_budget(out.budget_error, fits=out.budget_fits)
-        stats.batches += 1
-        stats.samples += len(positions)
-        yield batch
+        if served:
+            stats.batches += 1
+            stats.samples += len(positions)
+            yield batch
     if build is not None:
         producer.close_shard()  # before the loader commits or discards the generation
 
@@ -129,7 +142,8 @@ class PoolRun:
     ``max_in_flight`` batches are submitted ahead of the training loop;
     ``minibatch`` splits each batch into tasks of at most that many samples;
     ``prefetch_time`` lets the queue fill before the first batch;
-    ``on_failure`` stops the workers before an error propagates. With
+    ``on_failure`` stops the workers before an error propagates; ``timeout``
+    bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
     ``collate=False`` each batch is the list of its samples. ``build`` is the
     generation a generate epoch writes, ``reader`` the ``(StoreSpec,
     generation)`` a read epoch gathers from, and ``background`` a
@@ -146,6 +160,9 @@ class PoolRun:
     build: GenerationBuild | None = None
     reader: tuple | None = None
     background: BackgroundRefresh | None = None
+    timeout: float | None = None
+
+
 
 
 def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
@@ -155,7 +172,13 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     ``run.max_in_flight`` batches ahead).
     """
     executor, slots, build, background = run.executor, run.slots, run.build, run.background
-    source = iter(plan.batches)
+    batches: Iterable[np.ndarray] = plan.batches
+    silent = -1  # the sequence number of the tail: computed and written, not served
+    if plan.tail is not None:
+        batches = list(batches)
+        silent = len(batches)
+        batches.append(plan.tail)
+    source = iter(batches)
     inflight: dict[tuple[int, int], m.Task] = {}
     parts_of: dict[int, int] = {}
     sizes: dict[int, int] = {}
@@ -164,6 +187,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     exhausted = False
     background_start = background.computed if background is not None else 0
     prefetch_deadline = time.monotonic() + run.prefetch_time if run.prefetch_time else None
+    waiting_for, wait_since, warned = -1, 0.0, False  # the batch the loop waits for, since when
 
     def submit(seq: int, positions: np.ndarray) -> None:
         sizes[seq] = len(positions)
@@ -238,15 +262,37 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             if parts is not None and len(parts) == parts_of[delivered] and not prefetching:
                 del done[delivered]
                 batch = parts[0] if len(parts) == 1 else concat_batches([parts[p] for p in sorted(parts)])
-                if run.collate:
+                served = delivered != silent
+                if run.collate and served:
                     stats.batches += 1
                     stats.samples += sizes[delivered]
                 delivered += 1
                 prefetch_deadline = None
-                yield batch
+                if served:
+                    yield batch
                 continue
+            now = time.monotonic()
+            if waiting_for != delivered:
+                waiting_for, wait_since, warned = delivered, now, False
+            # Checked before every wait: results of other batches may keep arriving meanwhile.
+            if run.timeout is not None and now - wait_since >= run.timeout:
+                late = {(plan.epoch, s, p) for (s, p) in inflight if s == delivered}
+                exc = worker_timeout(executor, late, f"batch {delivered} of epoch {plan.epoch}", run.timeout,
+                                     now - wait_since)
+                run.on_failure()
+                raise exc
+            if not warned and now - wait_since >= HANG_WARNING_SECONDS:
+                warned = True
+                late = {(plan.epoch, s, p) for (s, p) in inflight if s == delivered}
+                log.warning("the training loop is waiting for data: %s", late_work_report(
+                    executor, late, f"batch {delivered} of epoch {plan.epoch}", now - wait_since)[0])
+            deadlines = [wait_since + run.timeout] if run.timeout is not None else []
+            if not warned:
+                deadlines.append(wait_since + HANG_WARNING_SECONDS)
+            if prefetching:
+                deadlines.append(prefetch_deadline)
+            wait = max(0.0, min(deadlines) - now) if deadlines else None
             t0 = time.perf_counter()
-            wait = None if not prefetching else max(0.0, prefetch_deadline - time.monotonic())
             msg = executor.next_message(timeout=wait)
             stats.wait_seconds += time.perf_counter() - t0
             if msg is None:

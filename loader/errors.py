@@ -8,4 +8,16 @@ from cachestore.errors import CacheStoreError
 class WorkerError(CacheStoreError, RuntimeError):
     """A loader worker died repeatedly, could not be started, or failed outside the dataset."""
 
-__all__ = ["WorkerError"]
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """No batch arrived within the loader's ``timeout``.
+
+    ``indices`` are the dataset indices the stuck worker was computing, ``pid``
+    its process id and ``stack`` its Python stack when the timeout expired.
+    """
+
+    indices: list[int] | None = None
+    pid: int | None = None
+    stack: str | None = None
+
+__all__ = ["WorkerError", "WorkerTimeoutError"]

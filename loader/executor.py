@@ -11,12 +11,24 @@ See ``docs/ARCHITECTURE.md``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from .errors import WorkerTimeoutError
 from .messages import Task, WorkerConfig
 
 #: Called with the shard id of a worker incarnation that died.
 DeathListener = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StuckWorker:
+    """A worker holding a task that is late: what it runs now, and its Python stack."""
+
+    worker_id: int
+    pid: int | None
+    running: Task | None  # the task it is computing now (not necessarily the late one)
+    stack: str  # its Python stack at this moment, or why it could not be taken
 
 
 class Executor(Protocol):
@@ -52,6 +64,9 @@ class Executor(Protocol):
     def pids(self) -> list[int]:
         """Pids of the live worker processes."""
 
+    def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
+        """The workers holding any of `tasks` (``(epoch, seq, part)``), with their stacks now."""
+
     def shutdown(self) -> None:
         """Stop every worker and wait for them (idempotent)."""
 
@@ -81,3 +96,29 @@ class WorkerConfigFactory:
                             dataset_params=self.params, collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
                             allow_pickle=self.allow_pickle)
+
+
+def late_work_report(executor: Executor, tasks: set[tuple[int, int, int]], what: str,
+                     waited: float) -> tuple[str, list[StuckWorker]]:
+    """Who holds late `tasks` (``(epoch, seq, part)``) and what they run now, in words."""
+    stuck = executor.stuck_workers(tasks)
+    lines = [f"{what} has not arrived after {waited:.1f} s"]
+    for w in stuck:
+        running = w.running.indices.tolist() if w.running is not None else []
+        lines.append(f"worker {w.worker_id} (pid {w.pid}) is computing dataset indices {running}; "
+                     f"its Python stack:\n{w.stack.rstrip()}")
+    if not stuck:
+        lines.append("no worker holds it")
+    return "\n".join(lines), stuck
+
+
+def worker_timeout(executor: Executor, tasks: set[tuple[int, int, int]], what: str, timeout: float,
+                   waited: float) -> WorkerTimeoutError:
+    """The error for late `tasks`: the indices, pid and Python stack of the (first) stuck worker."""
+    text, stuck = late_work_report(executor, tasks, what, waited)
+    exc = WorkerTimeoutError(f"no data within timeout={timeout:g} s: {text}")
+    if stuck:
+        first = stuck[0]
+        exc.pid, exc.stack = first.pid, first.stack
+        exc.indices = first.running.indices.tolist() if first.running is not None else None
+    return exc

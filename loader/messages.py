@@ -77,6 +77,7 @@ class Stop:
 class Ready:
     worker_id: int
     pid: int
+    stack_fd: int = -1  # fd (in the worker) of the file its Python stack is dumped into on SIGUSR1
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,17 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import signal
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import messages as m
 from .errors import WorkerError
-from .executor import DeathListener
+from .executor import DeathListener, StuckWorker
 from .worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,8 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5
 #: Seconds a worker gets to exit after Stop before it is terminated.
 JOIN_TIMEOUT = 3.0
+#: Seconds to wait for a worker's stack dump.
+STACK_TIMEOUT = 2.0
 
 
 @dataclass
@@ -59,6 +64,7 @@ class WorkerHandle:
     outstanding: collections.deque = field(default_factory=collections.deque)
     ready: bool = False
     eof: bool = False
+    stack_fd: int = -1  # the worker's stack-dump file (see worker.stack_dump_file)
 
     @property
     def is_thread(self) -> bool:
@@ -108,6 +114,43 @@ class WorkerPool:
 
     def worker_pid(self, worker_id: int) -> int | None:
         return next((w.pid for w in self.workers if w.worker_id == worker_id), None)
+
+    def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
+        stuck = []
+        for w in self.workers:
+            if any((t.epoch, t.seq, t.part) in tasks for t in w.outstanding):
+                running = w.outstanding[0] if w.outstanding else None
+                stuck.append(StuckWorker(w.worker_id, w.pid, running, self._stack(w)))
+        return stuck
+
+    @staticmethod
+    def _stack(worker: WorkerHandle) -> str:
+        """The worker's Python stack now (a thread's frames, or a process's faulthandler dump)."""
+        if worker.is_thread:
+            frame = sys._current_frames().get(worker.process.ident)
+            return "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)"
+        if worker.pid is None or worker.stack_fd < 0:
+            return "(not available: the worker had not finished starting)"
+        try:
+            fd = os.open(f"/proc/{worker.pid}/fd/{worker.stack_fd}", os.O_RDONLY)
+        except OSError as exc:
+            return f"(not available: {exc.strerror})"
+        try:
+            start = os.fstat(fd).st_size
+            os.kill(worker.pid, signal.SIGUSR1)
+            # faulthandler writes the dump from the signal handler: wait until it stops growing.
+            deadline, size = time.monotonic() + STACK_TIMEOUT, start
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+                now = os.fstat(fd).st_size
+                if now > start and now == size:
+                    break
+                size = now
+            return os.pread(fd, size - start, start).decode(errors="replace") or "(no stack was written)"
+        except OSError as exc:
+            return f"(not available: {exc.strerror})"
+        finally:
+            os.close(fd)
 
     def begin_epoch(self) -> None:
         self.restarts = 0
@@ -173,6 +216,7 @@ class WorkerPool:
         if isinstance(msg, m.Ready):
             worker.ready = True
             worker.pid = msg.pid
+            worker.stack_fd = msg.stack_fd
             return msg
         if isinstance(msg, (m.BatchDone, m.TaskFailed)) and msg.seq >= 0:
             for i, task in enumerate(worker.outstanding):

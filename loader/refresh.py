@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import messages as m
-from .executor import Executor
+from .executor import Executor, worker_timeout
 from .generation import GenerationBuild
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,14 @@ class BackgroundRefresh:
             self.build.accept(msg)
         return True
 
-    def finish(self, executor: Executor) -> None:
-        """Compute what is left with every worker (the epoch that needs it waits for it)."""
+    def finish(self, executor: Executor, timeout: float | None = None) -> None:
+        """Compute what is left with every worker (the epoch that needs it waits for it).
+
+        Raises
+        ------
+        WorkerTimeoutError
+            No chunk finished within `timeout` seconds.
+        """
         if self.todo or self.inflight:
             log.info("background refresh of generation %d: %d chunks left, finishing them now",
                      self.generation, len(self.todo) + len(self.inflight))
@@ -92,6 +98,10 @@ class BackgroundRefresh:
             self.max_inflight = 2 * executor.nb_worker
             self.pump(executor)
             if self.inflight:
-                msg = executor.next_message()
+                msg = executor.next_message(timeout=timeout)
+                if msg is None:
+                    late = {(BACKGROUND_EPOCH, seq, 0) for seq in self.inflight}
+                    raise worker_timeout(executor, late, f"background refresh of generation {self.generation}",
+                                         timeout, timeout)
                 if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
                     raise msg.exception()

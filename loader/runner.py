@@ -26,6 +26,7 @@ from .executor import Executor, WorkerConfigFactory
 from .generation import GenerationBuild
 from .layout import ConsumerLayout
 from .pool import WorkerPool
+from .progress import Progress
 from .refresh import BackgroundRefresh
 from .resources import Resources
 from .rotation import DiskWindow, MemoryWindow, batch_sizes, rotation_schedule, run_rotation
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 READ_AHEAD_PER_WORKER = 2
 #: Samples per background-refresh chunk, as a fraction of a batch: small, so a batch waits little.
 REFRESH_CHUNK_DIVISOR = 8
+#: Epochs that show progress (see the ``progress`` argument), once they take this many seconds.
+PROGRESS_MODES = (EpochMode.GENERATE, EpochMode.ROTATE)
+PROGRESS_DELAY = 3.0
+
+
+def stats_total(plan: EpochPlan, settings: LoaderSettings) -> int:
+    """Samples the epoch of `plan` serves (rotation serves each R times)."""
+    if plan.mode == EpochMode.ROTATE:
+        return len(plan.indices) * settings.rotation.rotation
+    return sum(len(b) for b in plan.batches)
 
 
 class EpochRunner:
@@ -63,6 +74,9 @@ class EpochRunner:
             self.open_window()
         if settings.nb_worker > 0:
             self.ensure_executor()
+        elif settings.timeout is not None:
+            log.info("timeout=%g has no effect with nb_worker=0: the dataset runs in the training process, "
+                     "which cannot interrupt it", settings.timeout)
 
     # parts -------------------------------------------------------------------
     def open_window(self) -> None:
@@ -115,7 +129,9 @@ class EpochRunner:
         if mode == EpochMode.GENERATE and self.refresh is not None and self.refresh.generation == generation:
             if self.complete_refresh(epoch):
                 mode = EpochMode.READ
-        return EpochPlan(epoch, mode, generation, batches, self.indices)
+        dropped = len(order) - sum(len(b) for b in batches)
+        tail = order[len(order) - dropped:] if mode == EpochMode.GENERATE and dropped else None
+        return EpochPlan(epoch, mode, generation, batches, self.indices, tail)
 
     # running ----------------------------------------------------------------------
     def run(self, epoch: int) -> Iterator[Any]:
@@ -132,8 +148,13 @@ class EpochRunner:
         build = self.res.build
         finished = False
         t0 = start
+        # Cached epochs are fast: only epochs that compute samples show progress.
+        progress = Progress(stats_total(plan, self.settings), f"epoch {epoch} ({plan.mode})",
+                            enabled=self.settings.progress, delay=PROGRESS_DELAY) if plan.mode in PROGRESS_MODES else None
         try:
             for batch in self._batches(plan, stats, build):
+                if progress is not None:
+                    progress.update(stats.samples - progress.done)
                 wait = time.perf_counter()
                 yield self.mover(batch) if self.mover is not None else batch
                 t0 += time.perf_counter() - wait  # time spent in the training loop is not ours
@@ -143,6 +164,8 @@ class EpochRunner:
         except BudgetExceededError as exc:
             raise CacheController.explain(exc)
         finally:
+            if progress is not None:
+                progress.close()
             stats.seconds = time.perf_counter() - t0
             if not finished and self.res.build is not None:
                 build, self.res.build = self.res.build, None
@@ -157,7 +180,7 @@ class EpochRunner:
             return run_inline(plan, self.producer, reader, build, stats)
         executor = self.ensure_executor()
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
-                      s.prefetch_time if plan.epoch == 0 else None, build=build)
+                      s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout)
         if build is not None:
             build.attach(executor)
         if plan.mode == EpochMode.READ:
@@ -182,7 +205,7 @@ class EpochRunner:
             def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
                 compute = EpochPlan(plan.epoch, EpochMode.COMPUTE, None, arrays, np.arange(self.layout.num_samples))
                 run = PoolRun(self.ensure_executor(), self.res.slots, s.max_queue_size, self.kill_executor,
-                              s.max_minibatch_length, collate=False)
+                              s.max_minibatch_length, collate=False, timeout=s.timeout)
                 return run_pool(compute, run, stats)
         return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, rng)
 
@@ -232,7 +255,7 @@ class EpochRunner:
         build, self.res.background = refresh.build, None
         executor = self.ensure_executor()
         try:
-            refresh.finish(executor)
+            refresh.finish(executor, self.settings.timeout)
             problem = build.finish(executor)
             if problem is not None:
                 build.abort()

@@ -229,6 +229,8 @@ class LoaderSettings:
     to_device: Callable | None
     start_method: str
     max_worker_restarts: int
+    timeout: float | None = None
+    progress: bool | None = None
 
     @classmethod
     def from_arguments(cls, dataset_class: Any, dataset_params: dict | None, batch_size: Any, nb_worker: Any,
@@ -237,7 +239,7 @@ class LoaderSettings:
                        pin_memory: bool, gpu_indices: Any, max_minibatch_length: Any, cache_setting: Any,
                        rotation_setting: Any, *, dataset_kwargs: dict | None, worker_per_consumer: Any,
                        nb_consumer: Any, consumer_index: Any, to_device: Any, start_method: str,
-                       max_worker_restarts: Any) -> "LoaderSettings":
+                       max_worker_restarts: Any, timeout: Any = None, progress: Any = None) -> "LoaderSettings":
         """Validate the constructor's arguments (same names and meaning as there)."""
         if not isinstance(dataset_class, type):
             raise ValueError(f"dataset_class must be a class, got {dataset_class!r}")
@@ -257,6 +259,11 @@ class LoaderSettings:
         check_int("seed", seed, 0, allow_none=True)
         if prefetch_time is not None and (not isinstance(prefetch_time, (int, float)) or prefetch_time < 0):
             raise ValueError(f"prefetch_time must be a number of seconds >= 0, got {prefetch_time!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise ValueError(f"timeout must be None (wait as long as it takes) or seconds > 0, got {timeout!r}")
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
         if gpu_indices is not None:
             if not isinstance(gpu_indices, (list, tuple)) or len(gpu_indices) != max(nb_worker, 1):
                 raise ValueError(f"gpu_indices must give one GPU index per worker ({max(nb_worker, 1)}), "
@@ -285,7 +292,8 @@ class LoaderSettings:
         return cls(dataset_class, params, batch_size, nb_worker, shuffle, seed, drop_last, nearby_shuffle,
                    collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory,
                    list(gpu_indices) if gpu_indices is not None else None, max_minibatch_length, cache, rotation,
-                   consumers, index, deferred, to_device, start_method, max_worker_restarts)
+                   consumers, index, deferred, to_device, start_method, max_worker_restarts,
+                   float(timeout) if timeout is not None else None, progress)
 
     @property
     def allow_pickle(self) -> bool:

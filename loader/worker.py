@@ -7,9 +7,11 @@ training process itself when ``nb_worker=0``.
 from __future__ import annotations
 
 import collections
+import faulthandler
 import logging
 import os
 import signal
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,13 +194,28 @@ def _next(waiting: collections.deque) -> Any:
     return waiting.popleft()
 
 
+def stack_dump_file() -> Any:
+    """An unlinked temporary file that this process's Python stack is dumped into on SIGUSR1.
+
+    When a batch times out, the training process signals the worker and reads
+    the dump through ``/proc/<pid>/fd/<fd>``: faulthandler writes it from the
+    signal handler itself, so it works even while ``__getitem__`` is stuck in C
+    code. Unlinked from the start, the file disappears with the process.
+    """
+    dump = tempfile.TemporaryFile(prefix="cachestore-stack-")
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    return dump
+
+
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
     parent = os.getppid()
+    stack_dump = None
     if watch_parent:
         # Ctrl-C reaches the whole process group: the training process handles it and stops
         # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stack_dump = stack_dump_file()
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
@@ -209,7 +226,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
         return
     producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
     segments = WorkerSegments()
-    conn.send(m.Ready(config.worker_id, os.getpid()))
+    conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
     waiting: collections.deque = collections.deque()
     try:
         while True:

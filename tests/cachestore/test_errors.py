@@ -22,6 +22,7 @@ HIERARCHY = {
     GenerationNotFoundError: LookupError,
     NotAStoreError: FileNotFoundError,
     WorkerError: RuntimeError,
+    loader.errors.WorkerTimeoutError: TimeoutError,
 }
 
 

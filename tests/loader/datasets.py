@@ -106,3 +106,22 @@ class AlwaysFails(ArangeDataset):
 
     def __getitem__(self, index: int) -> dict:
         raise ValueError(f"sample {index} cannot be decoded")
+
+
+class HangDataset(ArangeDataset):
+    """Blocks forever in ``__getitem__(hang_at)``, in a function whose name the stack must show."""
+
+    def __init__(self, hang_at: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.hang_at = hang_at
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.hang_at:
+            stuck_reading_the_labels()
+        return super().__getitem__(index)
+
+
+def stuck_reading_the_labels() -> None:
+    import threading
+
+    threading.Event().wait()
