@@ -51,6 +51,16 @@ class CacheController:
         self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
         self.refresh_off = False  # background refresh gave up for this run
 
+    def snapshot(self) -> dict:
+        """The plan's state, as plain values (see :mod:`loader.state`)."""
+        return {"base": self.base, "off": self.off, "refresh_off": self.refresh_off}
+
+    def restore(self, snapshot: dict) -> None:
+        """Continue the plan of the run `snapshot` was taken from."""
+        self.base = int(snapshot["base"])
+        self.off = bool(snapshot["off"])
+        self.refresh_off = bool(snapshot["refresh_off"])
+
     @classmethod
     def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset_class: type, params: dict,
              batch_size: int) -> "CacheController":

@@ -22,6 +22,7 @@ from .resources import Resources
 from .rotation import batch_sizes
 from .runner import EpochRunner
 from .settings import CacheSettings, LoaderSettings, RotationSettings, check_int
+from .state import check_state, make_state
 from .shm import sweep_dead_segments
 from .worker import BatchProducer
 
@@ -146,7 +147,10 @@ class CachedLoader:
             timeout=timeout, progress=progress)
         s = self.settings
         self.epoch_stats: list[EpochStats] = []
-        self._epoch = 0
+        self._next_epoch = 0  # the epoch the next iter() serves
+        self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()
+        self._skip = 0  # batches of the next epoch served before a resume
+        self._restore: dict | None = None  # a loaded state's cache plan, applied when the runner exists
         self._active: Any = None
         self._runner: EpochRunner | None = None
         # Built here too: its length and fingerprint are needed, and a constructor
@@ -239,12 +243,74 @@ class CachedLoader:
             raise RuntimeError("this loader is closed")
         if self._runner is None:
             raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
-        epoch = self._epoch
+        epoch, skip = self._next_epoch, self._skip
         self._close_active(superseded_by=epoch)
-        self._epoch += 1
-        it = EpochIterator(self._runner.run(epoch), epoch)
+        if self._restore is not None:
+            self._runner.restore(self._restore["cache"], self._restore["rotation_fallback"])
+            self._restore = None
+        self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
+        it = EpochIterator(self._runner.run(epoch, skip), epoch, skip)
         self._active = weakref.ref(it)
         return it
+
+    # ------------------------------------------------------------------ resuming
+    @property
+    def epoch(self) -> int:
+        """The epoch being served (or, before its ``iter()``, the one the next ``iter()`` serves)."""
+        return self._current if self._current is not None else self._next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter(loader)`` serve `epoch` (as ``DistributedSampler.set_epoch``).
+
+        The order, the generation read or written and the partition all
+        follow from the epoch number, so calling this with the loop's own
+        counter keeps every rank, and a resumed run, in step.
+        """
+        check_int("epoch", epoch, 0)
+        if epoch != self._next_epoch:
+            self._skip = 0
+        self._next_epoch, self._current = epoch, None
+
+    def state_dict(self) -> dict:
+        """Where the run is, as a small dict of plain values (picklable, JSON-able).
+
+        Taken between epochs or in the middle of one: a new loader built with
+        the same arguments continues after :meth:`load_state_dict` exactly
+        where this one was, batch for batch, generation for generation.
+        Samples are not in it: a generation being written survives in the
+        store's staging area.
+        """
+        active = self._active() if self._active is not None else None
+        if active is not None and not active.exhausted:
+            epoch, served = active.epoch, active.served
+        else:
+            epoch, served = self._next_epoch, self._skip
+        if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
+            cache, fallback = self._restore["cache"], self._restore["rotation_fallback"]
+        elif self._runner is not None:
+            cache, fallback = self._runner.snapshot()
+        else:
+            cache, fallback = None, None
+        return make_state(self.settings, self.num_samples, epoch, served, cache, fallback)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the run `state` was taken from (call before iterating).
+
+        Raises
+        ------
+        ValueError
+            The state comes from a loader with other arguments (it says which).
+        RuntimeError
+            This loader has already started an epoch.
+        """
+        if self._current is not None or self._active is not None:
+            raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
+        check_state(state, self.settings, self.num_samples, self.settings.seed_given)
+        self.settings.seed = state["seed"]
+        if self._runner is not None:
+            self._runner.layout.seed = state["seed"]
+        self._next_epoch, self._skip = state["epoch"], state["batches_served"]
+        self._restore = {"cache": state.get("cache"), "rotation_fallback": state.get("rotation_fallback")}
 
     def _close_active(self, superseded_by: int | None = None) -> None:
         active = self._active() if self._active is not None else None
@@ -282,9 +348,11 @@ class CachedLoader:
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Any], epoch: int) -> None:
+    def __init__(self, batches: Iterator[Any], epoch: int, served: int = 0) -> None:
         self._batches = batches
         self.epoch = epoch
+        self.served = served  # batches of the epoch delivered so far (those before a resume included)
+        self.exhausted = False
         self._superseded_by: int | None = None
 
     def __iter__(self) -> "EpochIterator":
@@ -296,7 +364,13 @@ class EpochIterator:
                 f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "
                 f"{self._superseded_by}): a loader serves one epoch at a time, so iterate it once per epoch "
                 "(zip(loader, loader) or two live iterators cannot work; use two loaders for that)")
-        return next(self._batches)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.served += 1
+        return batch
 
     def end(self, superseded_by: int | None = None) -> None:
         """Stop the epoch now (its workers' results are dropped, an unfinished generation is aborted)."""

@@ -40,9 +40,10 @@ class EpochPlan:
     ``mode``: ``COMPUTE`` (dataset only), ``GENERATE`` (dataset, written into
     ``generation``), ``READ`` (served from committed ``generation``),
     ``ROTATE`` (see :mod:`loader.rotation`). ``batches`` hold store
-    positions; ``indices`` maps a position to the dataset index. ``tail``
-    holds positions computed and written but not served: the remainder that
-    ``drop_last`` drops still belongs in the generation.
+    positions; ``indices`` maps a position to the dataset index.
+    ``unserved`` batches are computed and written after the served ones but
+    never delivered: samples a generation needs that this epoch does not serve
+    (the remainder ``drop_last`` drops, the batches served before a resume).
     """
 
     epoch: int
@@ -50,7 +51,8 @@ class EpochPlan:
     generation: int | None
     batches: Iterable[np.ndarray]
     indices: np.ndarray
-    tail: np.ndarray | None = None
+    unserved: list[np.ndarray] = field(default_factory=list)
+    skip: int = 0  # rotation: batches of the schedule already served before a resume
 
 
 @dataclass
@@ -84,9 +86,9 @@ def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, 
 
 def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
                     build: GenerationBuild | None, stats: EpochStats) -> Iterator[Any]:
-    tail = [] if plan.tail is None else [plan.tail]
-    for positions in itertools.chain(plan.batches, tail):
-        served = plan.tail is None or positions is not plan.tail
+    served_batches = list(plan.batches)
+    for number, positions in enumerate(itertools.chain(served_batches, plan.unserved)):
+        served = number < len(served_batches)
         if plan.mode == EpochMode.READ:
             task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
                           positions=positions)
@@ -173,11 +175,11 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     """
     executor, slots, build, background = run.executor, run.slots, run.build, run.background
     batches: Iterable[np.ndarray] = plan.batches
-    silent = -1  # the sequence number of the tail: computed and written, not served
-    if plan.tail is not None:
+    first_unserved = None  # sequence numbers from here on are computed and written, not served
+    if plan.unserved:
         batches = list(batches)
-        silent = len(batches)
-        batches.append(plan.tail)
+        first_unserved = len(batches)
+        batches += plan.unserved
     source = iter(batches)
     inflight: dict[tuple[int, int], m.Task] = {}
     parts_of: dict[int, int] = {}
@@ -262,7 +264,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             if parts is not None and len(parts) == parts_of[delivered] and not prefetching:
                 del done[delivered]
                 batch = parts[0] if len(parts) == 1 else concat_batches([parts[p] for p in sorted(parts)])
-                served = delivered != silent
+                served = first_unserved is None or delivered < first_unserved
                 if run.collate and served:
                     stats.batches += 1
                     stats.samples += sizes[delivered]

@@ -255,14 +255,16 @@ class DiskWindow:
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,
                  fresh_batches: Callable[[Iterator[np.ndarray]], Iterator[list]], collate: Callable[[list], Any],
-                 stats: Any, rng: np.random.Generator) -> Iterator[Any]:
-    """Serve one rotation epoch.
+                 stats: Any, rng: np.random.Generator, skip: int = 0) -> Iterator[Any]:
+    """Serve one rotation epoch (from batch `skip` on, after a resume).
 
     ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
     sample lists, one per array, in order (computed ahead by the workers).
     The serves of a batch are applied in schedule order - a slot's last read
     and free come before its next sample is stored, so a slot never holds two
-    samples - and delivered in random order.
+    samples - and delivered in random order. The first `skip` batches are
+    replayed without being delivered: a resumed epoch rebuilds the window
+    (its fresh samples are computed again) and draws the same random numbers.
     """
     batches = iter(schedule)
     pending: list[list[Serve]] = []
@@ -272,7 +274,7 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
             pending.append(batch)
             yield np.array([dataset_index[s.sample] for s in batch if s.fresh], dtype=np.int64)
 
-    for samples in fresh_batches(upcoming()):
+    for number, samples in enumerate(fresh_batches(upcoming())):
         batch = pending.pop(0)
         served: list[Any] = []
         fresh = iter(samples)
@@ -286,8 +288,11 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
                 if serve.last:
                     window.free(serve.slot)
         stats.computed += len(samples)
+        order = rng.permutation(len(served))
+        if number < skip:
+            continue
         stats.read += len(batch) - len(samples)
         stats.batches += 1
         stats.samples += len(batch)
         stats.extra["window_peak"] = max(stats.extra.get("window_peak", 0), window.held())
-        yield collate([served[i] for i in rng.permutation(len(served))])
+        yield collate([served[i] for i in order])

@@ -30,8 +30,9 @@ from .progress import Progress
 from .refresh import BackgroundRefresh
 from .resources import Resources
 from .rotation import DiskWindow, MemoryWindow, batch_sizes, rotation_schedule, run_rotation
-from .settings import BudgetPolicy, EpochMode, LoaderSettings
+from .settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
 from .shm import SlotPool
+from .state import rotation_as_dict
 from .worker import BatchProducer
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class EpochRunner:
         self.indices = layout.partition(0)
         self.cache: CacheController | None = None
         self.refresh: BackgroundRefresh | None = None
+        self.fallback: RotationSettings | None = None  # the window on_budget_exceeded="rotate" switched to
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset_class,
                                               settings.dataset_params, settings.batch_size)
@@ -113,31 +115,34 @@ class EpochRunner:
         return sampler.num_batches(n, s.batch_size, s.drop_last)
 
     # the plan -------------------------------------------------------------------
-    def plan(self, epoch: int) -> EpochPlan:
+    def plan(self, epoch: int, skip: int = 0) -> EpochPlan:
+        """What epoch `epoch` does; the first `skip` batches were served before a resume."""
         s = self.settings
         if self.cache is None and self.layout.changes_per_epoch:
             self.indices = self.layout.partition(epoch)
         order = sampler.epoch_order(len(self.indices), epoch, s.seed, s.shuffle, s.nearby_shuffle)
         if s.rotation is not None:
             # Generation order: the i-th generated sample is dataset index indices[order[i]].
-            return EpochPlan(epoch, EpochMode.ROTATE, None, [], self.indices[order])
+            return EpochPlan(epoch, EpochMode.ROTATE, None, [], self.indices[order], skip=skip)
         batches = sampler.split_batches(order, s.batch_size, s.drop_last)
         if self.cache is None or self.cache.off:
-            return EpochPlan(epoch, EpochMode.COMPUTE, None, batches, self.indices)
+            return EpochPlan(epoch, EpochMode.COMPUTE, None, batches[skip:], self.indices)
         generation = self.cache.generation_for(epoch)
         mode = self.cache.mode_for(generation)
         if mode == EpochMode.GENERATE and self.refresh is not None and self.refresh.generation == generation:
             if self.complete_refresh(epoch):
                 mode = EpochMode.READ
-        dropped = len(order) - sum(len(b) for b in batches)
-        tail = order[len(order) - dropped:] if mode == EpochMode.GENERATE and dropped else None
-        return EpochPlan(epoch, mode, generation, batches, self.indices, tail)
+        unserved: list[np.ndarray] = []
+        if mode == EpochMode.GENERATE:
+            dropped = len(order) - sum(len(b) for b in batches)
+            unserved = batches[:skip] + ([order[len(order) - dropped:]] if dropped else [])
+        return EpochPlan(epoch, mode, generation, batches[skip:], self.indices, unserved)
 
     # running ----------------------------------------------------------------------
-    def run(self, epoch: int) -> Iterator[Any]:
-        """The batches of `epoch`, delivered in order (a generator: see ``docs/ARCHITECTURE.md``)."""
+    def run(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
-        plan = self.plan(epoch)
+        plan = self.plan(epoch, skip)
         stats = EpochStats(epoch, plan.mode, plan.generation)
         stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.stats.append(stats)
@@ -169,6 +174,8 @@ class EpochRunner:
             stats.seconds = time.perf_counter() - t0
             if not finished and self.res.build is not None:
                 build, self.res.build = self.res.build, None
+                log.info("epoch %d ended with generation %d incomplete (%d of %d samples written)", epoch,
+                         build.generation, build.written, len(self.indices))
                 build.abort()  # a broken-off or failed epoch commits nothing
 
     def _batches(self, plan: EpochPlan, stats: EpochStats, build: GenerationBuild | None) -> Iterator[Any]:
@@ -207,7 +214,8 @@ class EpochRunner:
                 run = PoolRun(self.ensure_executor(), self.res.slots, s.max_queue_size, self.kill_executor,
                               s.max_minibatch_length, collate=False, timeout=s.timeout)
                 return run_pool(compute, run, stats)
-        return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, rng)
+        return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, rng,
+                            skip=plan.skip)
 
     def finish_generation(self, plan: EpochPlan, build: GenerationBuild, stats: EpochStats) -> None:
         """End of a generate epoch: commit, or give up caching as the budget policy says."""
@@ -228,12 +236,27 @@ class EpochRunner:
     def switch_to_rotation(self, fits: int | None) -> None:
         """``on_budget_exceeded="rotate"``: the cache does not fit; rotate through a disk window that does."""
         s = self.settings
-        s.rotation = self.cache.rotation_fallback(fits, len(self.indices), s.batch_size)
+        s.rotation = self.fallback = self.cache.rotation_fallback(fits, len(self.indices), s.batch_size)
         self.open_window()
         log.warning("the cache of %d samples does not fit the disk budget of %s: switching to disk rotation "
                     "(rotation=%d, size=%d samples, window under %s); an epoch now serves %d batches",
                     len(self.indices), self.cache.store.path, s.rotation.rotation, s.rotation.size,
                     self.cache.store.path, self.num_batches())
+
+    # resuming --------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict | None, dict | None]:
+        """The cache plan and the rotation fallback, as plain values (see :mod:`loader.state`)."""
+        cache = self.cache.snapshot() if self.cache is not None else None
+        return cache, rotation_as_dict(self.fallback) if self.fallback is not None else None
+
+    def restore(self, cache: dict | None, fallback: dict | None) -> None:
+        """Continue the plan of the run a state was taken from."""
+        if cache is not None and self.cache is not None:
+            self.cache.restore(cache)
+        if fallback is not None and self.fallback is None:
+            self.settings.rotation = self.fallback = RotationSettings(**fallback)
+            self.cache.off = True
+            self.open_window()
 
     # background refresh ---------------------------------------------------------------
     def maybe_start_refresh(self, plan: EpochPlan) -> None:

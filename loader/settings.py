@@ -231,6 +231,7 @@ class LoaderSettings:
     max_worker_restarts: int
     timeout: float | None = None
     progress: bool | None = None
+    seed_given: bool = True  # False: the seed was drawn at random (a resumed run takes the state's)
 
     @classmethod
     def from_arguments(cls, dataset_class: Any, dataset_params: dict | None, batch_size: Any, nb_worker: Any,
@@ -286,6 +287,7 @@ class LoaderSettings:
         check_int("consumer_index", index, 0)
         if index >= consumers:
             raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
+        seed_given = seed is not None
         if seed is None:
             # Every rank must draw the same permutation: a random seed only for a single consumer.
             seed = int(np.random.SeedSequence().entropy % (2**63)) if consumers == 1 else 0
@@ -293,7 +295,7 @@ class LoaderSettings:
                    collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory,
                    list(gpu_indices) if gpu_indices is not None else None, max_minibatch_length, cache, rotation,
                    consumers, index, deferred, to_device, start_method, max_worker_restarts,
-                   float(timeout) if timeout is not None else None, progress)
+                   float(timeout) if timeout is not None else None, progress, seed_given)
 
     @property
     def allow_pickle(self) -> bool:

@@ -1,0 +1,87 @@
+"""What ``CachedLoader.state_dict()`` holds, and the check that a state fits the loader it is loaded into.
+
+A state is small and made of plain Python values: where the run is (the epoch
+and how many of its batches were served), the seed, the cache's plan (which
+generation epoch 0 of the run used, whether caching or background refresh
+gave up, a rotation fallback), and the arguments that must match for the
+same batches to come out. Samples are never in it: a generation being written
+survives in the store's staging area instead (see ``docs/ARCHITECTURE.md``,
+"Resuming").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from .fingerprint import dataset_fingerprint
+from .settings import LoaderSettings, RotationSettings
+
+STATE_VERSION = 1
+
+
+def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, Any]:
+    """The arguments that decide which batches a run serves, as comparable plain values."""
+    cache = settings.cache
+    fingerprint = dataset_fingerprint(settings.dataset_class, settings.dataset_params, num_samples,
+                                      (settings.consumer_index, settings.nb_consumer))
+    return {
+        "dataset_class": fingerprint.get("dataset"),
+        "dataset_params": {k: v for k, v in fingerprint.items() if "param" in k},
+        "dataset length": num_samples,
+        "batch_size": settings.batch_size,
+        "drop_last": settings.drop_last,
+        "shuffle": settings.shuffle,
+        "nearby_shuffle": settings.nearby_shuffle,
+        "nb_consumer": settings.nb_consumer,
+        "consumer_index": settings.consumer_index,
+        "cache_setting['update_frequency']": cache.k_or_none if cache is not None else None,
+        "cache_setting": cache is not None,
+        "rotation_setting": asdict(settings.rotation) if settings.rotation is not None else None,
+    }
+
+
+def make_state(settings: LoaderSettings, num_samples: int, epoch: int, served: int,
+               cache: dict | None, rotation_fallback: dict | None) -> dict:
+    """The state of a loader about to serve batch `served` of epoch `epoch`.
+
+    `cache` is the cache controller's snapshot; `rotation_fallback` the
+    rotation window ``on_budget_exceeded="rotate"`` switched to (as a dict).
+    """
+    identity = _identity(settings, num_samples)
+    if rotation_fallback is not None:
+        identity["rotation_setting"] = None  # the fallback replaced the cache during the run
+    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": settings.seed,
+            "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback}
+
+
+def rotation_as_dict(rotation: RotationSettings) -> dict:
+    """A rotation window's settings as plain values (for a state)."""
+    return asdict(rotation)
+
+
+def check_state(state: Any, settings: LoaderSettings, num_samples: int, seed_given: bool) -> None:
+    """Refuse a state taken from a loader with other arguments, naming the first that differs.
+
+    Raises
+    ------
+    ValueError
+        The state is not a loader state, or an argument differs.
+    """
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "arguments" not in state:
+        raise ValueError("not a CachedLoader state (expected the dict returned by loader.state_dict(), "
+                         f"version {STATE_VERSION})")
+    epoch, served = state.get("epoch"), state.get("batches_served")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(served, int) or served < 0:
+        raise ValueError(f"damaged loader state: epoch={epoch!r}, batches_served={served!r}")
+    mine = _identity(settings, num_samples)
+    theirs = dict(state["arguments"])
+    if state.get("rotation_fallback") is not None:
+        theirs["rotation_setting"] = mine["rotation_setting"]
+    for name, value in mine.items():
+        if theirs.get(name) != value:
+            raise ValueError(f"this state was taken from a loader with another {name} ({theirs.get(name)!r}; "
+                             f"this loader has {value!r}): build the loader with the same arguments to resume")
+    if seed_given and state["seed"] != settings.seed:
+        raise ValueError(f"this state was taken from a loader with another seed ({state['seed']}; this loader "
+                         f"has {settings.seed}): pass seed={state['seed']} or seed=None to resume")

@@ -1,0 +1,126 @@
+"""Resumable runs: state_dict() mid-epoch, a fresh process continues the exact stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from loader import CachedLoader
+
+from .datasets import ArangeDataset
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def leg(tmp, name, setting, load=None, stop_after=None, epochs=5):
+    out = tmp / f"{name}.json"
+    cmd = [sys.executable, "-m", "tests.loader.resume_script", str(out), "--setting", json.dumps(setting),
+           "--epochs", str(epochs)]
+    if load is not None:
+        state_file = tmp / f"{name}.state"
+        state_file.write_bytes(pickle.dumps(load))
+        cmd += ["--load", str(state_file)]
+    if stop_after is not None:
+        cmd += ["--stop-after", str(stop_after)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    return doc["stream"], pickle.loads(bytes.fromhex(doc["state"]))
+
+
+SETTINGS = {
+    "memmap-0": {"backend": "memmap", "nb_worker": 0},
+    "memmap-2": {"backend": "memmap", "nb_worker": 2},
+    "lmdb-0": {"backend": "lmdb", "nb_worker": 0},
+    "memory-0": {"backend": "memory", "nb_worker": 0},
+}
+
+
+def setting_for(tmp, backend, nb_worker, name):
+    return {"params": {"n": 37, "shape": [2]}, "batch_size": 5, "nb_worker": nb_worker, "seed": 11,
+            "cache": {"prefix": str(tmp / name), "update_frequency": 2, "backend": backend}}
+
+
+@pytest.mark.parametrize("case", list(SETTINGS))
+@pytest.mark.parametrize("stop_after", [3, 8, 17, 19])  # mid generate, first batch of a read, ..., epoch boundary
+def test_resumed_stream_equals_the_uninterrupted_one(no_leaks, case, stop_after):
+    backend, nb_worker = SETTINGS[case]["backend"], SETTINGS[case]["nb_worker"]
+    golden, _ = leg(no_leaks, "golden", setting_for(no_leaks, backend, nb_worker, "golden"))
+    setting = setting_for(no_leaks, backend, nb_worker, "resumed")
+    first, state = leg(no_leaks, "first", setting, stop_after=stop_after)
+    assert len(first) == stop_after
+    second, _ = leg(no_leaks, "second", setting, load=state)
+    resumed = first + second
+    assert [(e, idx) for e, _, idx, _ in resumed] == [(e, idx) for e, _, idx, _ in golden]
+    assert [v for *_, v in resumed] == [v for *_, v in golden]  # values: index-encoded, from the same generation
+    modes = [m for _, m, _, _ in golden]
+    assert modes.count("generate") and modes.count("read")
+
+
+def test_rotation_resumes_mid_epoch(no_leaks):
+    setting = {"params": {"n": 23, "shape": [2]}, "batch_size": 4, "nb_worker": 0, "seed": 5,
+               "rotation": {"medium": "memory", "rotation": 3, "size": 6}}
+    golden, _ = leg(no_leaks, "golden", setting, epochs=2)
+    first, state = leg(no_leaks, "first", setting, stop_after=7, epochs=2)
+    second, _ = leg(no_leaks, "second", setting, load=state, epochs=2)
+    assert [(e, idx, v) for e, _, idx, v in first + second] == [(e, idx, v) for e, _, idx, v in golden]
+
+
+def test_state_is_small_plain_and_pickles(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 20}, batch_size=4, nb_worker=0,
+                      cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 3}) as cached:
+        it = iter(cached)
+        next(it)
+        next(it)
+        state = cached.state_dict()
+    assert state["epoch"] == 0 and state["batches_served"] == 2
+    assert len(pickle.dumps(state)) < 4096
+    json.dumps(state)  # plain values only
+
+
+def test_between_epochs_the_state_points_at_the_next_epoch(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0) as cached:
+        list(cached)
+        assert cached.epoch == 0
+        state = cached.state_dict()
+        assert (state["epoch"], state["batches_served"]) == (1, 0)
+        cached.set_epoch(5)
+        assert cached.epoch == 5
+        list(cached)
+        assert cached.epoch_stats[-1].epoch == 5 and cached.epoch == 5
+
+
+@pytest.mark.parametrize("change,name", [
+    ({"batch_size": 3}, "batch_size"),
+    ({"dataset_params": {"n": 21}}, "dataset"),
+    ({"cache_setting": {"update_frequency": 4}}, "update_frequency"),
+    ({"nb_consumer": 2, "consumer_index": 1}, "nb_consumer"),
+    ({"seed": 99}, "seed"),
+])
+def test_a_state_from_other_arguments_is_refused(tmp_path, change, name):
+    def build(**kw):
+        args = {"dataset_params": {"n": 20}, "batch_size": 4, "nb_worker": 0, "seed": 1,
+                "cache_setting": {"prefix": str(tmp_path / "c"), "update_frequency": 3}}
+        for key, value in kw.items():
+            args[key] = {**args[key], **value} if isinstance(value, dict) and key in args else value
+        return CachedLoader(ArangeDataset, **args)
+
+    with build() as cached:
+        state = cached.state_dict()
+    with build(**change) as other:
+        with pytest.raises(ValueError, match=name):
+            other.load_state_dict(state)
+
+
+def test_load_after_iterating_is_refused(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0) as cached:
+        state = cached.state_dict()
+        list(cached)
+        with pytest.raises(RuntimeError, match="before iterating"):
+            cached.load_state_dict(state)
