@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import __version__
+from . import __version__, safefs
 from .backends.base import GenerationInfo
 from .backends.directory import META_NAME, pid_alive, remove_paths, rotation_debris, rotation_windows
 from .disk import format_size, parse_size
@@ -151,7 +151,7 @@ def describe_store(path: str, verify: bool = False) -> dict:
         meta = store.meta
         lock_file = Path(path) / LOCK_NAME
         stale_lock = None
-        if holder is None and lock_file.exists():
+        if holder is None and os.path.lexists(lock_file):
             pid = _recorded_pid(lock_file)
             stale_lock = {"path": str(lock_file), "pid": pid, "pid_alive": pid is not None and pid_alive(pid)}
         debris = [] if holder is not None and holder < 0 else store.backend.debris(keep_pid=holder)
@@ -190,7 +190,7 @@ def _describe_window(path: str, nbytes: int, pid: int | None) -> dict:
 
 def _recorded_pid(lock_file: Path) -> int | None:
     try:
-        return int(lock_file.read_text().strip()) or None
+        return int(safefs.read_bytes(lock_file).decode().strip()) or None
     except (OSError, ValueError):
         return None
 

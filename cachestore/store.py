@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from . import safefs
 from .backends import get_backend
 from .backends.base import Backend, Budget, GenerationInfo
 from .backends.directory import ROTATION_PREFIX
@@ -42,12 +43,9 @@ class Removed:
 
 
 def _read_existing_backend(path: str) -> str | None:
-    import json
-
     try:
-        with open(Path(path) / "store.json") as f:
-            return json.load(f).get("backend")
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return safefs.read_json(Path(path) / "store.json").get("backend")
+    except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
         return None
 
 
@@ -236,7 +234,7 @@ class Store:
         max_bytes = parse_size(max_bytes)
         persistent = self.backend.persistent
         lock_file = Path(self.path) / LOCK_NAME
-        had_lock = persistent and lock_file.exists()  # looked at before our guard creates one
+        had_lock = persistent and os.path.lexists(lock_file)  # looked at before our guard creates one
         lock_bytes = allocated_bytes(lock_file) if had_lock else 0
         guard: WriterLock | None = None
         if self._writing:

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from cachestore import codec
+from cachestore import codec, safefs
 from cachestore.backends.directory import ROTATION_PREFIX, remove_paths, rotation_debris
 
 log = logging.getLogger(__name__)
@@ -204,11 +204,12 @@ class DiskWindow:
 
     def put(self, slot: int, sample: Any) -> None:
         # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
-        self._file(slot).write_bytes(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        # A fresh file (O_EXCL | O_NOFOLLOW): a slot name swapped for a symlink is unlinked, not written through.
+        safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
         self._held[slot] = True
 
     def get(self, slot: int) -> Any:
-        treedef, leaves = codec.decode_record(self._file(slot).read_bytes(), copy=False)
+        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=False)
         return codec.unflatten(treedef, leaves)
 
     def free(self, slot: int) -> None:

@@ -20,7 +20,10 @@ at any point leaves only a ``.staging-*`` directory, which the next writer or
 Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
 of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
 not create is never touched, and a symlink among the debris is unlinked, never
-followed.
+followed. No other store-owned name is followed either (:mod:`..safefs`):
+``store.json`` and manifests are read with ``O_NOFOLLOW``, temp files are
+created with ``O_EXCL | O_NOFOLLOW``, a staging area must be a real directory
+before anything is written into it or committed from it.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import safefs
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, GenerationNotFoundError
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
@@ -59,11 +64,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as JSON to `path` via a temp file, fsync and rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with os.fdopen(safefs.create_new(tmp), "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -140,7 +145,7 @@ def rotation_debris(root: str | os.PathLike) -> list[tuple[str, int]]:
 def remove_paths(paths: list[str]) -> None:
     """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
+        if safefs.is_real_dir(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
             Path(path).unlink(missing_ok=True)
@@ -156,8 +161,7 @@ class DirectoryBackend(Backend):
     # metadata -----------------------------------------------------------
     def read_meta(self) -> dict | None:
         try:
-            with open(self.path / META_NAME) as f:
-                return json.load(f)
+            return safefs.read_json(self.path / META_NAME, "the store metadata")
         except FileNotFoundError:
             return None
         except ValueError as exc:
@@ -199,13 +203,12 @@ class DirectoryBackend(Backend):
 
     def _manifest(self, gen_dir: Path) -> dict | None:
         try:
-            with open(gen_dir / MANIFEST_NAME) as f:
-                return json.load(f)
-        except (FileNotFoundError, ValueError):
+            return safefs.read_json(gen_dir / MANIFEST_NAME, "a generation manifest")
+        except (OSError, ValueError):
             return None
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
-        if (self.path / gen_dirname(generation)).exists():
+        if os.path.lexists(self.path / gen_dirname(generation)):
             raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
                                   "write a new generation id or prune this one first")
         staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -214,8 +217,7 @@ class DirectoryBackend(Backend):
                             self.compression == "zstd", self.allow_pickle)
 
     def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
-        if not Path(token.path).is_dir():
-            raise CacheStoreError(f"staging area {token.path} is gone (aborted or pruned)")
+        safefs.require_real_dir(token.path, "staging area")
         return self._shard(token, shard_id)
 
     def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
@@ -223,11 +225,12 @@ class DirectoryBackend(Backend):
         final = self.path / gen_dirname(token.generation)
         if final.exists():
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+        safefs.require_real_dir(staging, "staging area")
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
-                if entry.is_file():
-                    fd = os.open(entry, os.O_RDONLY)
+                if stat.S_ISREG(entry.lstat().st_mode):
+                    fd = safefs.open_nofollow(entry, os.O_RDONLY)
                     try:
                         os.fsync(fd)
                     finally:
@@ -249,10 +252,12 @@ class DirectoryBackend(Backend):
         )
 
     def discard(self, token: StagingToken) -> None:
-        shutil.rmtree(token.path, ignore_errors=True)
+        remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
+        if os.path.islink(gen_dir):
+            raise safefs.symlink_error(gen_dir, f"generation {generation}")
         manifest = self._manifest(gen_dir)
         if manifest is None:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
@@ -270,7 +275,7 @@ class DirectoryBackend(Backend):
             os.rename(gen_dir, doomed)
         except FileNotFoundError:
             return 0
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_paths([str(doomed)])
         return freed
 
     def debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import lmdb
 import numpy as np
 
-from .. import codec
+from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CorruptSampleError
@@ -157,7 +157,7 @@ class LmdbBackend(DirectoryBackend):
         raw = stored = 0
         keys = np.zeros(0, dtype=np.int64)
         for stats_file in staging.glob("stats-*.json"):
-            stats = json.loads(stats_file.read_text())
+            stats = safefs.read_json(stats_file)
             raw += stats["raw_bytes"]
             stored += stats["stored_bytes"]
             stats_file.unlink()

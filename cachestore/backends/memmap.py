@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import xxhash
 
-from .. import codec
+from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
@@ -59,8 +59,7 @@ def _col_name(k: int) -> str:
 
 def _load_schema(staging: Path) -> tuple | None:
     try:
-        with open(staging / SCHEMA) as f:
-            return codec.treedef_from_json(json.load(f))
+        return codec.treedef_from_json(safefs.read_json(staging / SCHEMA, "a generation schema"))
     except FileNotFoundError:
         return None
 
@@ -75,7 +74,7 @@ class MemmapShard(ShardWriter):
         self._cols: list[tuple[int, int]] = []  # (fd, row bytes)
         self._seg_fd: int | None = None
         self._seg_end = 0
-        self._idx_fd = os.open(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._idx_fd = safefs.open_nofollow(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self._rows: list[tuple] = []
 
     def _claim_schema(self, treedef: tuple) -> None:
@@ -83,7 +82,7 @@ class MemmapShard(ShardWriter):
         schema = _load_schema(self.dir)
         if schema is None and not self.compress and codec.is_stackable(treedef) and codec.leaf_specs(treedef):
             tmp = self.dir / f".schema-{self.shard_id}.tmp"
-            tmp.write_text(json.dumps(codec.treedef_to_json(treedef)))
+            safefs.write_new(tmp, json.dumps(codec.treedef_to_json(treedef)).encode())
             try:
                 os.link(tmp, self.dir / SCHEMA)
             except FileExistsError:
@@ -95,7 +94,7 @@ class MemmapShard(ShardWriter):
             return
         self._schema = schema
         for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
-            fd = os.open(self.dir / _col_name(k), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = safefs.open_nofollow(self.dir / _col_name(k), os.O_RDWR | os.O_CREAT)
             self._cols.append((fd, dtype.itemsize * int(np.prod(shape, dtype=np.int64))))
 
     def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
@@ -111,7 +110,8 @@ class MemmapShard(ShardWriter):
                 return nbytes
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
-                self._seg_fd = os.open(self.dir / f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._seg_fd = safefs.open_nofollow(self.dir / f"{self.shard_id}.seg",
+                                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends
             _write_all(self._seg_fd, record)
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
@@ -149,8 +149,16 @@ class MemmapShard(ShardWriter):
         return allocated_bytes(self.dir)
 
 
+def _truncate(path: Path, size: int) -> None:
+    fd = safefs.open_nofollow(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _read_rows(path: Path) -> np.ndarray:
-    data = path.read_bytes()
+    data = safefs.read_bytes(path)
     usable = len(data) - len(data) % INDEX_DTYPE.itemsize  # a killed writer may leave half a row
     return np.frombuffer(data[:usable], dtype=INDEX_DTYPE)
 
@@ -165,7 +173,7 @@ class MemmapBackend(DirectoryBackend):
     def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
         path = Path(token.path) / f"{shard_id}.idx"
         if path.exists():
-            os.truncate(path, min(path.stat().st_size, keep * INDEX_DTYPE.itemsize))
+            _truncate(path, min(path.lstat().st_size, keep * INDEX_DTYPE.itemsize))
 
     def _finalize(self, staging: Path, num_samples: int | None) -> dict:
         shard_ids = sorted(p.name[:-4] for p in staging.glob("*.idx"))
@@ -181,9 +189,10 @@ class MemmapBackend(DirectoryBackend):
         if schema is not None:
             for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
                 rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-                os.truncate(staging / _col_name(k), n * rowbytes)
-        np.save(staging / "index.npy", rows)
-        (staging / "shards.json").write_text(json.dumps(shard_ids))
+                _truncate(staging / _col_name(k), n * rowbytes)
+        with os.fdopen(safefs.create_new(staging / "index.npy"), "wb") as f:
+            np.save(f, rows)
+        safefs.write_new(staging / "shards.json", json.dumps(shard_ids).encode())
         in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
         layout = "fixed" if n and in_cols == n else ("records" if in_cols == 0 else "mixed")
         return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
