@@ -8,8 +8,8 @@ from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                     GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
-                     WorkerError)
+                     GenerationNotFoundError, NotAStoreError, StoreLockedError, SymlinkError,
+                     UnsupportedSampleError, WorkerError)
 from .reader import Reader
 from .store import Removed, Store, open_store
 from .writer import GenerationWriter, ShardSpec
@@ -19,6 +19,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintMismatchError",
     "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError", "Reader", "Removed",
-    "ShardSpec", "Store", "StoreLockedError", "UnsupportedSampleError", "WorkerError", "available_backends",
-    "open_store", "register_backend", "stack_samples",
+    "ShardSpec", "Store", "StoreLockedError", "SymlinkError", "UnsupportedSampleError", "WorkerError",
+    "available_backends", "open_store", "register_backend", "stack_samples",
 ]

@@ -173,7 +173,8 @@ def describe_store(path: str, verify: bool = False) -> dict:
 
 
 def _describe_generation(g: GenerationInfo, holder: int | None) -> dict:
-    doc = {"id": g.id, "state": "committed" if g.committed else "staging",
+    doc = {"id": g.id, "state": "committed" if g.committed else "damaged" if g.damaged else "staging",
+           "damaged": g.damaged,
            "epochs": g.extra.get("epochs") if g.committed else None,
            "num_samples": g.num_samples if g.committed else None, "bytes": g.nbytes,
            "raw_bytes": g.raw_bytes, "stored_bytes": g.stored_bytes, "compression_ratio": g.compression_ratio,
@@ -214,11 +215,20 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
         if parent_windows:
             print(f"\nrotation windows in {args.path}")
             print("\n".join(_window_table(parent_windows, args.path)))
-    corrupt = sum(len(doc["corrupt"] or ()) for doc in stores)
-    if corrupt:
-        _error(f"{corrupt} corrupt sample{'s' * (corrupt != 1)} in {args.path}")
+    found = [bad for doc in stores for bad in doc["corrupt"] or ()]
+    if found:
+        _error(f"{_problems(found)} in {args.path}")
         status = EXIT_PROBLEMS
     return status
+
+
+def _problems(found: list[dict]) -> str:
+    """``"1 damaged generation and 2 corrupt samples"``: what ``--verify`` found."""
+    whole = sum(bad["index"] is None for bad in found)
+    samples = len(found) - whole
+    parts = [f"{whole} damaged generation{'s' * (whole != 1)}"] if whole else []
+    parts += [f"{samples} corrupt sample{'s' * (samples != 1)}"] if samples else []
+    return " and ".join(parts)
 
 
 def _render_store(doc: dict) -> list[str]:
@@ -249,6 +259,8 @@ def _render_store(doc: dict) -> list[str]:
         rows = [_generation_row(g) for g in doc["generations"]]
         headers = ["GEN", "STATE", "EPOCHS", "SAMPLES", "SIZE", "RATIO", "CREATED", "OWNER"]
         lines += ["  " + line for line in _table(headers, rows, right={0, 3, 4, 5})]
+        lines += [f"  damaged: generation {g['id']}: {g['damaged']}; `cachestore prune` removes it"
+                  for g in doc["generations"] if g["damaged"]]
     else:
         lines.append("  no generations yet")
     lines.append("")
@@ -266,8 +278,7 @@ def _render_store(doc: dict) -> list[str]:
             gens = f"{len(committed)} generation{'s' * (len(committed) != 1)}"
             lines.append(f"  verify: ok, {samples} samples in {gens} checked")
         else:
-            count = len(doc["corrupt"])
-            lines.append(f"  verify: {count} corrupt sample{'s' * (count != 1)}")
+            lines.append(f"  verify: {_problems(doc['corrupt'])}")
             for bad in doc["corrupt"]:
                 where = "whole generation" if bad["index"] is None else f"sample {bad['index']}"
                 # the message repeats sample, generation and path; keep only the reason when it does
@@ -287,7 +298,7 @@ def _dict_fields(label: str, value: Any) -> list[tuple[str, str]]:
 
 def _generation_row(g: dict) -> list[str]:
     ratio = g["compression_ratio"]
-    if g["state"] == "committed":
+    if g["state"] in ("committed", "damaged"):
         owner = "-"
     elif g["owner_pid"] is None:
         owner = "- (being removed)"

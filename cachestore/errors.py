@@ -17,6 +17,10 @@ class BudgetExceededError(CacheStoreError, OSError):
     """A generation would not fit (or no longer fits) in the disk or RAM budget."""
 
 
+class SymlinkError(CacheStoreError, OSError):
+    """A name the store owns is a symlink; the store never follows one."""
+
+
 class StoreLockedError(CacheStoreError, BlockingIOError):
     """Another live process holds the store's writer lock."""
 

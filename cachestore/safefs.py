@@ -22,11 +22,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import CacheStoreError
-
-
-class SymlinkError(CacheStoreError, OSError):
-    """A name the store owns is a symlink; the store refuses to follow it."""
+from .errors import CacheStoreError, SymlinkError
 
 
 def symlink_error(path: str | os.PathLike, what: str = "") -> SymlinkError:

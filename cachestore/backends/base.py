@@ -61,7 +61,15 @@ def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) 
 
 @dataclass(frozen=True)
 class GenerationInfo:
-    """What a store knows about one generation (committed or staging)."""
+    """What a store knows about one generation: committed, staging, or damaged.
+
+    ``damaged`` is ``None`` for a sound generation; for a generation directory
+    that cannot be served it says why, naming the file (a missing or garbage
+    manifest, a data, index or schema file missing, truncated or a symlink).
+    A damaged generation has ``committed=False``: ``Store.latest()`` and every
+    "is generation g committed?" test skip it, ``Store.prune`` removes it
+    whatever ``keep`` says, and a writer of the same id replaces it.
+    """
 
     id: int
     num_samples: int
@@ -73,6 +81,7 @@ class GenerationInfo:
     raw_bytes: int = 0
     stored_bytes: int = 0
     owner_pid: int | None = None
+    damaged: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -331,7 +340,14 @@ class Backend(ABC):
 
     @abstractmethod
     def open_generation(self, generation: int) -> GenerationData:
-        """Read access to a committed generation."""
+        """Read access to a committed generation.
+
+        Raises :class:`GenerationNotFoundError` when there is none, and
+        :class:`CorruptSampleError` (``index=None``, ``generation`` set) naming
+        the file when it is damaged: what listing reports in
+        ``GenerationInfo.damaged``, plus what only opening finds (size and
+        count checks against the manifest; never a full read).
+        """
 
     @abstractmethod
     def remove_generation(self, generation: int) -> int:

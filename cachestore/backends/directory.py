@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import secrets
@@ -41,10 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from .. import safefs
 from ..disk import allocated_bytes
-from ..errors import BudgetExceededError, CacheStoreError, GenerationNotFoundError
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+
+log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
 MANIFEST_NAME = "manifest.json"
@@ -179,16 +184,9 @@ class DirectoryBackend(Backend):
             return infos
         for entry in sorted(self.path.iterdir()):
             if entry.name.startswith(GEN_PREFIX) and entry.name[len(GEN_PREFIX):].isdigit():
-                manifest = self._manifest(entry)
-                if manifest is None:
-                    continue
-                infos.append(GenerationInfo(
-                    id=int(manifest["generation"]), num_samples=int(manifest["num_samples"]),
-                    nbytes=allocated_bytes(entry), committed=True, created=float(manifest["created"]),
-                    path=str(entry), layout=manifest.get("layout"),
-                    raw_bytes=int(manifest.get("raw_bytes", 0)), stored_bytes=int(manifest.get("stored_bytes", 0)),
-                    extra=manifest.get("extra", {}),
-                ))
+                info = self._generation_info(entry)
+                if info is not None:
+                    infos.append(info)
             elif (parsed := parse_staging(entry.name)) is not None:
                 try:
                     created = entry.lstat().st_mtime
@@ -201,16 +199,96 @@ class DirectoryBackend(Backend):
         infos.sort(key=lambda g: (g.id, g.committed))
         return infos
 
-    def _manifest(self, gen_dir: Path) -> dict | None:
+    def _generation_info(self, gen_dir: Path) -> GenerationInfo | None:
+        """What listing shows of `gen_dir`; ``None`` when it vanished (pruned) while we looked."""
+        generation = int(gen_dir.name[len(GEN_PREFIX):])
         try:
-            return safefs.read_json(gen_dir / MANIFEST_NAME, "a generation manifest")
-        except (OSError, ValueError):
+            manifest, damage = self._check_generation(gen_dir, generation)
+            st = gen_dir.lstat()
+        except FileNotFoundError:
             return None
+        if damage is not None:
+            return GenerationInfo(
+                id=generation, num_samples=_int(manifest, "num_samples"), nbytes=allocated_bytes(gen_dir),
+                committed=False, created=st.st_mtime, path=str(gen_dir), damaged=damage,
+                extra=manifest.get("extra", {}) if isinstance(manifest.get("extra"), dict) else {})
+        return GenerationInfo(
+            id=generation, num_samples=int(manifest["num_samples"]),
+            nbytes=allocated_bytes(gen_dir), committed=True, created=float(manifest["created"]),
+            path=str(gen_dir), layout=manifest.get("layout"),
+            raw_bytes=_int(manifest, "raw_bytes"), stored_bytes=_int(manifest, "stored_bytes"),
+            extra=manifest.get("extra", {}),
+        )
+
+    def _check_generation(self, gen_dir: Path, generation: int) -> tuple[dict, str | None]:
+        """``(manifest, why it is damaged or None)`` from cheap checks: names, manifest, file sizes.
+
+        A generation directory is only ever made by a commit (a rename of a finished
+        staging area), so one without a readable manifest, or whose files do not have
+        the sizes the manifest recorded, is damage - not a commit in progress.
+
+        Raises
+        ------
+        FileNotFoundError
+            `gen_dir` is gone (removed by a concurrent prune).
+        """
+        kind = safefs.describe_entry(gen_dir)
+        if kind == "missing":
+            raise FileNotFoundError(gen_dir)
+        if kind != "a directory":
+            return {}, f"{gen_dir} is {kind}, not a generation directory the store made"
+        path = gen_dir / MANIFEST_NAME
+        try:
+            manifest = safefs.read_json(path)
+        except FileNotFoundError:
+            if not os.path.lexists(gen_dir):
+                raise
+            return {}, f"{path} is missing"
+        except (OSError, ValueError) as exc:
+            return {}, f"{path} is a symlink" if os.path.islink(path) else f"{path} is unreadable ({exc})"
+        if not isinstance(manifest, dict):
+            return {}, f"{path} is not a manifest (a JSON object)"
+        fields = {"generation": int, "num_samples": int, "created": (int, float)}
+        for name, types in fields.items():
+            if not isinstance(manifest.get(name), types) or isinstance(manifest.get(name), bool):
+                return {}, f"{path} is invalid: {name!r} is {manifest.get(name)!r}"
+        if manifest["generation"] != generation or manifest["num_samples"] < 0:
+            return manifest, (f"{path} is invalid: it names generation {manifest['generation']} "
+                              f"with {manifest['num_samples']} samples")
+        files = manifest.get("files", {})  # recorded at commit; older stores have none
+        for name, expected in sorted(files.items() if isinstance(files, dict) else ()):
+            st = safefs.lstat_or_none(gen_dir / name)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                state = "missing" if st is None else safefs.describe_entry(gen_dir / name)
+                return manifest, f"{gen_dir / name} is {state} (the manifest records a file of {expected} bytes)"
+            if st.st_size != expected:
+                how = "truncated" if st.st_size < expected else "longer than written"
+                return manifest, f"{gen_dir / name} is {how}: {st.st_size} bytes, the manifest recorded {expected}"
+        damage = self._check_files(gen_dir, manifest)
+        if damage is None and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
+            damage = f"{path} does not match its checksum (edited or damaged since the commit)"
+        return manifest, damage
+
+    def _damaged(self, generation: int, why: str) -> CorruptSampleError:
+        exc = CorruptSampleError(f"generation {generation} of {self.path} is damaged: {why}; "
+                                 f"`cachestore prune {self.path}` removes it, and writing generation "
+                                 f"{generation} again replaces it")
+        exc.generation = generation  # the whole generation: index stays None
+        return exc
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         if os.path.lexists(self.path / gen_dirname(generation)):
-            raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
-                                  "write a new generation id or prune this one first")
+            try:
+                self.open_generation(generation).close()
+            except CorruptSampleError as exc:
+                # We hold the writer lock and this name is the store's: replace the damage.
+                log.warning("%s (replacing it now)", exc)
+                self.remove_generation(generation)
+            except GenerationNotFoundError:
+                pass  # pruned since we looked
+            else:
+                raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
+                                      "write a new generation id or prune this one first")
         staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
         staging.mkdir(parents=True)
         return StagingToken(str(staging), generation, budget, num_samples,
@@ -223,7 +301,7 @@ class DirectoryBackend(Backend):
     def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
         staging = Path(token.path)
         final = self.path / gen_dirname(token.generation)
-        if final.exists():
+        if os.path.lexists(final):
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
         safefs.require_real_dir(staging, "staging area")
         try:
@@ -235,8 +313,14 @@ class DirectoryBackend(Backend):
                         os.fsync(fd)
                     finally:
                         os.close(fd)
+            # Sizes of the data files: opening (and listing) compares them, so a truncated
+            # or replaced file is found without reading it.
+            files = {entry.name: st.st_size for entry in staging.iterdir()
+                     if stat.S_ISREG((st := entry.lstat()).st_mode)}
             manifest = {"generation": token.generation, "created": time.time(), "backend": self.name,
-                        "compression": self.compression, "extra": extra, **summary}
+                        "compression": self.compression, "extra": extra, "files": files, **summary}
+            manifest = json.loads(json.dumps(manifest, default=str))  # exactly what will be read back
+            manifest["checksum"] = manifest_checksum(manifest)
             write_json_atomic(staging / MANIFEST_NAME, manifest)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the index or manifest did not fit
@@ -256,15 +340,19 @@ class DirectoryBackend(Backend):
 
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
-        if os.path.islink(gen_dir):
-            raise safefs.symlink_error(gen_dir, f"generation {generation}")
-        manifest = self._manifest(gen_dir)
-        if manifest is None:
+        try:
+            manifest, damage = self._check_generation(gen_dir, generation)
+        except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
             state = "is still being written (not committed)" if staging else "does not exist"
-            raise GenerationNotFoundError(f"generation {generation} of {self.path} {state}")
-        return self._open(gen_dir, manifest)
+            raise GenerationNotFoundError(f"generation {generation} of {self.path} {state}") from None
+        if damage is not None:
+            raise self._damaged(generation, damage)
+        try:
+            return self._open(gen_dir, manifest)
+        except CorruptSampleError as exc:  # what only opening finds (an LMDB record count)
+            raise self._damaged(generation, str(exc)) from exc
 
     def remove_generation(self, generation: int) -> int:
         gen_dir = self.path / gen_dirname(generation)
@@ -299,6 +387,10 @@ class DirectoryBackend(Backend):
 
 
     # for subclasses -------------------------------------------------------
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        """Backend checks cheap enough for listing (headers, small files); why it is damaged, or ``None``."""
+        return None
+
     @abstractmethod
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         """A shard writer for `token` (runs in any process)."""
@@ -311,6 +403,21 @@ class DirectoryBackend(Backend):
     @abstractmethod
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         """Read access to a committed generation directory."""
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """xxh3 of a manifest's canonical JSON (its ``checksum`` field left out).
+
+    Listing compares it, so a manifest edited or damaged in place (a sample
+    count that no longer matches the data, say) is found without reading data.
+    """
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True, default=str).encode())
+
+
+def _int(manifest: dict, key: str) -> int:
+    value = manifest.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def check_complete(indices: Any, num_samples: int | None, where: str) -> int:

@@ -184,6 +184,11 @@ class LmdbBackend(DirectoryBackend):
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return LmdbGeneration(gen_dir, manifest, self.verify)
 
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        data = gen_dir / "data.mdb"
+        kind = safefs.describe_entry(data)
+        return None if kind == "a file" else f"{data} is {kind}"
+
 
 class LmdbGeneration(GenerationData):
     def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
@@ -215,7 +220,7 @@ class LmdbGeneration(GenerationData):
             env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
                             max_readers=1024, subdir=True)
         except lmdb.Error as exc:
-            raise CorruptSampleError(f"generation {self.generation} in {self.dir} cannot be opened: {exc}") from exc
+            raise CorruptSampleError(f"{data} of generation {self.generation} cannot be opened: {exc}") from exc
         # LMDB maps the file and trusts its meta page: reading a page past the end of a
         # truncated file is a SIGBUS that kills the process, so check the size up front.
         needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
@@ -225,6 +230,11 @@ class LmdbGeneration(GenerationData):
             raise CorruptSampleError(f"data file {data} of generation {self.generation} is truncated: "
                                      f"{size} bytes, expected at least {needed}; "
                                      "the generation is damaged (prune it and rewrite)")
+        entries = env.stat()["entries"]
+        if entries != self.num_samples:  # a commit stores exactly indices 0..n-1
+            env.close()
+            raise CorruptSampleError(f"data file {data} of generation {self.generation} holds {entries} records "
+                                     f"but its manifest says {self.num_samples} samples")
         return env
 
     def _leaves(self, i: int, value: Any, copy: bool) -> tuple[tuple, list[np.ndarray]]:

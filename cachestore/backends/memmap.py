@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -200,6 +201,52 @@ class MemmapBackend(DirectoryBackend):
 
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return MemmapGeneration(gen_dir, manifest, self.verify)
+
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        # Headers and small files only: listing runs this for every generation.
+        n = manifest["num_samples"]
+        index = gen_dir / "index.npy"
+        try:
+            with os.fdopen(safefs.open_nofollow(index, os.O_RDONLY), "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+                data_start, size = f.tell(), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return f"{index} is missing"
+        except (OSError, ValueError) as exc:
+            return f"{index} is unreadable ({exc})"
+        if dtype != INDEX_DTYPE or len(shape) != 1:
+            return f"{index} is not an index of this format (dtype {dtype}, shape {shape})"
+        if shape[0] != n:
+            return f"{index} holds {shape[0]} rows but the manifest says {n} samples"
+        if size < data_start + n * INDEX_DTYPE.itemsize:
+            return f"{index} is truncated: {size} bytes, {n} rows need {data_start + n * INDEX_DTYPE.itemsize}"
+        shards = gen_dir / "shards.json"
+        try:
+            shard_ids = safefs.read_json(shards)
+            if not isinstance(shard_ids, list) or not all(isinstance(x, str) for x in shard_ids):
+                raise ValueError("not a list of shard names")
+        except FileNotFoundError:
+            return f"{shards} is missing"
+        except (OSError, ValueError) as exc:
+            return f"{shards} is unreadable ({exc})"
+        try:
+            schema = _load_schema(gen_dir)
+            specs = codec.leaf_specs(schema) if schema is not None else []
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            return f"{gen_dir / SCHEMA} is unreadable ({exc})"
+        if schema is None and n and manifest.get("layout") in ("fixed", "mixed"):
+            return f"{gen_dir / SCHEMA} is missing"
+        for k, (dtype, shape) in enumerate(specs):
+            col, needed = gen_dir / _col_name(k), n * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            st = safefs.lstat_or_none(col)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return f"{col} is {'missing' if st is None else safefs.describe_entry(col)}"
+            if st.st_size < needed:
+                return f"{col} is truncated: {st.st_size} bytes, {n} samples need {needed}"
+        return None
 
 
 def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

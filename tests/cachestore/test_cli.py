@@ -223,7 +223,7 @@ def test_verify_reports_a_generation_that_cannot_be_opened(tmp_path, capsys):
     (store / "gen-000000" / "index.npy").write_bytes(b"garbage")
     code, out, err = run(capsys, "inspect", store, "--verify")
     assert code == 1
-    assert "generation 0, whole generation:" in out and "1 corrupt sample in" in err
+    assert "generation 0, whole generation:" in out and "1 damaged generation in" in err
 
 
 # not a store, usage --------------------------------------------------------------------------
@@ -443,7 +443,9 @@ def test_parent_of_consumer_stores(tmp_path, capsys):
 
     code, out, _ = run(capsys, "prune", prefix)
     assert code == 0
-    assert [committed(s) for s in stores] == [[1], [2]]
+    # the damaged generation 2 goes too: the newest sound one is kept
+    assert [committed(s) for s in stores] == [[1], [1]]
+    assert not (stores[1] / "gen-000002").exists()
     assert not (prefix / f"rotation-{gone}-abcdef12").exists() and (prefix / "notes.txt").exists()
 
 

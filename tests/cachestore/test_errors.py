@@ -7,8 +7,8 @@ import pytest
 
 import cachestore
 from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                        GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
-                        WorkerError, open_store)
+                        GenerationNotFoundError, NotAStoreError, StoreLockedError, SymlinkError,
+                        UnsupportedSampleError, WorkerError, open_store)
 
 from .helpers import write_generation
 
@@ -20,6 +20,7 @@ HIERARCHY = {
     FingerprintMismatchError: ValueError,
     GenerationNotFoundError: LookupError,
     NotAStoreError: FileNotFoundError,
+    SymlinkError: OSError,
     WorkerError: RuntimeError,
 }
 

@@ -147,3 +147,25 @@ def test_rotation_slot_symlink_is_replaced_not_followed(tmp_path, sentinel):
     finally:
         window.close()
     assert intact(sentinel)
+
+
+def test_generation_dir_and_manifest_symlinks_are_never_followed(disk_backend, store_path, sentinel, capsys):
+    store = open_store(store_path, disk_backend)
+    for g in range(3):
+        write_generation(store, g, 4)
+    root = Path(store_path)
+    (root / "gen-000001" / "manifest.json").unlink()
+    (root / "gen-000001" / "manifest.json").symlink_to(sentinel)
+    shutil.rmtree(root / "gen-000000")
+    (root / "gen-000000").symlink_to(sentinel.parent, target_is_directory=True)
+    assert [(g.id, g.committed) for g in store.generations()] == [(0, False), (1, False), (2, True)]
+    assert all("symlink" in g.damaged for g in store.generations()[:2])
+    for g in (0, 1):
+        with pytest.raises(CacheStoreError, match="symlink"):
+            store.reader(g)
+    write_generation(store, 1, 4)  # the writer replaces the link, not what it points at
+    check_generation(store.reader(1), 1, 4)
+    assert main(["prune", store_path, "--keep", "5"]) == 0, capsys.readouterr().err
+    assert not os.path.lexists(root / "gen-000000")
+    assert os.listdir(sentinel.parent) == ["precious.txt"] and intact(sentinel)
+    store.close()
