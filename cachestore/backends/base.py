@@ -289,7 +289,21 @@ class GenerationData(ABC):
 
 
 class Backend(ABC):
-    """The catalog of one store: generations, staging, commit, removal."""
+    """The catalog of one store: generations, staging, commit, removal.
+
+    Rules every backend follows (the conformance suite checks them):
+
+    * **Each index exactly once.** A generation commits only when it holds
+      every index ``0..n-1`` once. An index put twice - by one shard writer or
+      by two - is refused at :meth:`commit` with :class:`CacheStoreError`
+      (the staging area is then discarded), on every backend, even though
+      LMDB or a dict could silently keep the last value: a duplicate means a
+      writer bug or a re-run batch the owner should have dropped, and which
+      copy wins would depend on the backend and on timing. The one sanctioned
+      rewrite is after :meth:`discard_shard_tail`: the loader drops what a dead
+      worker wrote for batches never delivered, and the replacement worker
+      writes those indices again.
+    """
 
     name: ClassVar[str]
     #: Several :class:`ShardWriter` in several processes may fill one generation.
@@ -332,7 +346,11 @@ class Backend(ABC):
 
     @abstractmethod
     def commit(self, token: Any, num_samples: int | None, extra: dict) -> GenerationInfo:
-        """Validate and atomically publish the staging area as a committed generation."""
+        """Validate and atomically publish the staging area as a committed generation.
+
+        Raises :class:`CacheStoreError` when an index is missing or was written
+        more than once.
+        """
 
     @abstractmethod
     def discard(self, token: Any) -> None:
