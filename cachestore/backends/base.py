@@ -173,6 +173,9 @@ class ShardWriter(ABC):
         self._check_budget()
 
     def _check_budget(self) -> None:
+        # Every put: what this shard stored so far (a comparison, no syscall). Without it a
+        # writer that does not know its sample count could fill the disk between two usage checks.
+        self.budget.check_usage(self.generation, self.stored_bytes)
         if not self._projected and self.num_samples is not None and (
             self.count >= self.PROJECT_AFTER_SAMPLES or self.stored_bytes >= self.PROJECT_AFTER_BYTES
         ):
@@ -303,6 +306,11 @@ class Backend(ABC):
       rewrite is after :meth:`discard_shard_tail`: the loader drops what a dead
       worker wrote for batches never delivered, and the replacement worker
       writes those indices again.
+    * **Budget.** Each shard counts its stored bytes on every put against the
+      budget fixed when the writer opened (and measures allocated blocks every
+      ``USAGE_CHECK_BYTES``); :meth:`commit` checks the allocated size of the
+      whole staging area, so a generation over budget never commits, however
+      many shards wrote it.
     """
 
     name: ClassVar[str]
@@ -349,7 +357,8 @@ class Backend(ABC):
         """Validate and atomically publish the staging area as a committed generation.
 
         Raises :class:`CacheStoreError` when an index is missing or was written
-        more than once.
+        more than once, :class:`BudgetExceededError` when the generation takes
+        more than its budget allows.
         """
 
     @abstractmethod

@@ -322,6 +322,10 @@ class DirectoryBackend(Backend):
             manifest = json.loads(json.dumps(manifest, default=str))  # exactly what will be read back
             manifest["checksum"] = manifest_checksum(manifest)
             write_json_atomic(staging / MANIFEST_NAME, manifest)
+            # Shards each kept within the budget; together, with index and manifest, they may not.
+            token.budget.check_usage(token.generation, allocated_bytes(staging))
+        except BudgetExceededError:
+            raise
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the index or manifest did not fit
                 raise BudgetExceededError(f"disk full while committing generation {token.generation} "

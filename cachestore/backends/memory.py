@@ -164,6 +164,7 @@ class MemoryBackend(Backend):
 
     def commit(self, token: MemoryToken, num_samples: int | None, extra: dict) -> GenerationInfo:
         staging = self._staging[token.key]
+        token.budget.check_usage(token.generation, staging.raw_bytes)  # all shards together
         n = check_complete(list(staging.samples) + staging.rewritten, num_samples,
                            f"generation {token.generation} of {self.root}")
         gen = MemoryGeneration(token.generation, staging.samples, n)
