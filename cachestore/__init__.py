@@ -7,9 +7,9 @@ back by index or as vectorised batches, and shared between processes by path.
 from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
-from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                     GenerationNotFoundError, NotAStoreError, StoreLockedError, SymlinkError,
-                     UnsupportedSampleError, WorkerError)
+from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+                     FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                     SymlinkError, UnsupportedSampleError, WorkerError)
 from .reader import Reader
 from .store import Removed, Store, open_store
 from .writer import GenerationWriter, ShardSpec
@@ -17,8 +17,8 @@ from .writer import GenerationWriter, ShardSpec
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintMismatchError",
-    "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError", "Reader", "Removed",
+    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
+    "FingerprintMismatchError", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError", "Reader", "Removed",
     "ShardSpec", "Store", "StoreLockedError", "SymlinkError", "UnsupportedSampleError", "WorkerError",
     "available_backends", "open_store", "register_backend", "stack_samples",
 ]

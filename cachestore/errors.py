@@ -40,6 +40,10 @@ class UnsupportedSampleError(CacheStoreError, TypeError):
     """A sample contains a type the codec cannot store without pickle."""
 
 
+class FingerprintError(CacheStoreError, TypeError):
+    """Dataset parameters that cannot be fingerprinted by value (an explicit fingerprint is needed)."""
+
+
 class FingerprintMismatchError(CacheStoreError, ValueError):
     """The store was produced by something else than what opens it now."""
 

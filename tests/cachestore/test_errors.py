@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import cachestore
-from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                        GenerationNotFoundError, NotAStoreError, StoreLockedError, SymlinkError,
-                        UnsupportedSampleError, WorkerError, open_store)
+from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+                        FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                        SymlinkError, UnsupportedSampleError, WorkerError, open_store)
 
 from .helpers import write_generation
 
@@ -17,6 +17,7 @@ HIERARCHY = {
     StoreLockedError: BlockingIOError,
     CorruptSampleError: ValueError,
     UnsupportedSampleError: TypeError,
+    FingerprintError: TypeError,
     FingerprintMismatchError: ValueError,
     GenerationNotFoundError: LookupError,
     NotAStoreError: FileNotFoundError,
