@@ -176,6 +176,7 @@ def _describe_generation(g: GenerationInfo, holder: int | None) -> dict:
     doc = {"id": g.id, "state": "committed" if g.committed else "damaged" if g.damaged else "staging",
            "damaged": g.damaged,
            "epochs": g.extra.get("epochs") if g.committed else None,
+           "serves_epochs": served_epochs(g.extra) if g.committed else None,
            "num_samples": g.num_samples if g.committed else None, "bytes": g.nbytes,
            "raw_bytes": g.raw_bytes, "stored_bytes": g.stored_bytes, "compression_ratio": g.compression_ratio,
            "layout": g.layout, "created": g.created, "path": g.path,
@@ -282,7 +283,10 @@ def _render_store(doc: dict) -> list[str]:
             for bad in doc["corrupt"]:
                 where = "whole generation" if bad["index"] is None else f"sample {bad['index']}"
                 # the message repeats sample, generation and path; keep only the reason when it does
-                why = bad["message"].split(" is corrupt: ", 1)[-1] if bad["index"] is not None else bad["message"]
+                if bad["index"] is not None:
+                    why = bad["message"].split(" is corrupt: ", 1)[-1]
+                else:  # the damaged line above already says how to remove it
+                    why = bad["message"].split(" is damaged: ", 1)[-1].split("; `cachestore prune", 1)[0]
                 lines.append(f"    generation {bad['generation']}, {where}: {why}")
     return lines
 
@@ -304,12 +308,35 @@ def _generation_row(g: dict) -> list[str]:
         owner = "- (being removed)"
     else:
         owner = f"pid {g['owner_pid']} ({'writing' if g['writing'] else 'alive' if g['owner_alive'] else 'dead'})"
-    return [str(g["id"]), g["state"], _epochs(g["epochs"]),
+    return [str(g["id"]), g["state"], _epochs(g["serves_epochs"], g["epochs"]),
             "-" if g["num_samples"] is None else str(g["num_samples"]), format_size(g["bytes"]),
             "-" if ratio is None or g["state"] != "committed" else f"{ratio:.2f}x", _when(g["created"]), owner]
 
 
-def _epochs(epochs: Any) -> str:
+def served_epochs(extra: dict) -> list | None:
+    """``[first, last]`` epochs a generation serves (``last`` ``None``: every later epoch), from its commit's
+    ``extra``; ``None`` when the commit did not record them.
+
+    The loader records the epoch that wrote the generation and ``update_frequency`` K
+    (``None`` for "never refresh"): with K, generation ``e // K`` serves epochs
+    ``[(e // K) * K, (e // K) * K + K)``, whichever of them wrote it.
+    """
+    epochs = extra.get("epochs")
+    if not (isinstance(epochs, list) and epochs and all(type(e) is int for e in epochs)):
+        return None
+    if "update_frequency" not in extra:  # recorded by hand: what was recorded, if it is a range
+        return [min(epochs), max(epochs)] if sorted(epochs) == list(range(min(epochs), max(epochs) + 1)) else None
+    k = extra["update_frequency"]
+    if isinstance(k, (int, float)) and not isinstance(k, bool) and 1 <= k < float("inf"):
+        first = epochs[0] // int(k) * int(k)
+        return [first, max(first + int(k) - 1, max(epochs))]
+    return [epochs[0], None]
+
+
+def _epochs(served: list | None, epochs: Any) -> str:
+    if served is not None:
+        first, last = served
+        return f"{first}-" if last is None else str(first) if last == first else f"{first}-{last}"
     if epochs is None:
         return "-"
     if isinstance(epochs, list) and epochs and all(isinstance(e, int) for e in epochs):
