@@ -17,6 +17,15 @@ cut. A reader therefore sees a generation complete or not at all, and a crash
 at any point leaves only a ``.staging-*`` directory, which the next writer or
 ``prune`` removes.
 
+Damage after a commit: since a ``gen-NNNNNN`` directory only ever appears
+whole, one that cannot be served is damage, never a commit in progress. The
+manifest records the size of every data file and its own checksum, so
+listing finds a missing, garbage or edited manifest, a missing, truncated or
+symlinked file, without reading data (``GenerationInfo.damaged``); opening
+adds the backend's checks (``_check_files``, LMDB's record count). Damaged
+generations are listed with ``committed=False``, pruned whatever ``keep``
+says, and replaced by the next writer of their id.
+
 Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
 of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
 not create is never touched, and a symlink among the debris is unlinked, never
