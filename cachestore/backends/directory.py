@@ -267,6 +267,8 @@ class DirectoryBackend(Backend):
         files = manifest.get("files", {})  # recorded at commit; older stores have none
         for name, expected in sorted(files.items() if isinstance(files, dict) else ()):
             st = safefs.lstat_or_none(gen_dir / name)
+            if st is None and not os.path.lexists(gen_dir):
+                raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked
             if st is None or not stat.S_ISREG(st.st_mode):
                 state = "missing" if st is None else safefs.describe_entry(gen_dir / name)
                 return manifest, f"{gen_dir / name} is {state} (the manifest records a file of {expected} bytes)"
@@ -276,6 +278,8 @@ class DirectoryBackend(Backend):
         damage = self._check_files(gen_dir, manifest)
         if damage is None and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
             damage = f"{path} does not match its checksum (edited or damaged since the commit)"
+        if damage is not None and not os.path.lexists(gen_dir):
+            raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked: gone, not damaged
         return manifest, damage
 
     def _damaged(self, generation: int, why: str) -> CorruptSampleError:
