@@ -7,8 +7,9 @@ back by index or as vectorised batches, and shared between processes by path.
 from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
-from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                     GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError)
+from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+                     FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                     SymlinkError, UnsupportedSampleError)
 from .reader import Reader
 from .spec import StoreSpec
 from .store import Removed, Store, open_store
@@ -17,10 +18,10 @@ from .writer import GenerationWriter, ShardSpec
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintMismatchError",
-    "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError", "Reader", "Removed",
-    "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "UnsupportedSampleError", "available_backends",
-    "open_store", "register_backend", "stack_samples",
+    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
+    "FingerprintMismatchError", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError",
+    "Reader", "Removed", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
+    "UnsupportedSampleError", "available_backends", "open_store", "register_backend", "stack_samples",
 ]
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import __version__
+from . import __version__, safefs
 from .backends.base import GenerationInfo
 from .backends.directory import META_NAME
 from .disk import format_size, parse_size, remove_paths
@@ -152,7 +152,7 @@ def describe_store(path: str, verify: bool = False) -> dict:
         meta = store.meta
         lock_file = Path(path) / LOCK_NAME
         stale_lock = None
-        if holder is None and lock_file.exists():
+        if holder is None and os.path.lexists(lock_file):
             pid = _recorded_pid(lock_file)
             stale_lock = {"path": str(lock_file), "pid": pid, "pid_alive": pid is not None and pid_alive(pid)}
         debris = [] if holder is not None and holder < 0 else store.backend.debris(keep_pid=holder)
@@ -174,8 +174,10 @@ def describe_store(path: str, verify: bool = False) -> dict:
 
 
 def _describe_generation(g: GenerationInfo, holder: int | None) -> dict:
-    doc = {"id": g.id, "state": "committed" if g.committed else "staging",
+    doc = {"id": g.id, "state": "committed" if g.committed else "damaged" if g.damaged else "staging",
+           "damaged": g.damaged,
            "epochs": g.extra.get("epochs") if g.committed else None,
+           "serves_epochs": served_epochs(g.extra) if g.committed else None,
            "num_samples": g.num_samples if g.committed else None, "bytes": g.nbytes,
            "raw_bytes": g.raw_bytes, "stored_bytes": g.stored_bytes, "compression_ratio": g.compression_ratio,
            "layout": g.layout, "created": g.created, "path": g.path,
@@ -191,7 +193,7 @@ def _describe_window(path: str, nbytes: int, pid: int | None) -> dict:
 
 def _recorded_pid(lock_file: Path) -> int | None:
     try:
-        return int(lock_file.read_text().strip()) or None
+        return int(safefs.read_bytes(lock_file).decode().strip()) or None
     except (OSError, ValueError):
         return None
 
@@ -215,11 +217,20 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
         if parent_windows:
             print(f"\nrotation windows in {args.path}")
             print("\n".join(_window_table(parent_windows, args.path)))
-    corrupt = sum(len(doc["corrupt"] or ()) for doc in stores)
-    if corrupt:
-        _error(f"{corrupt} corrupt sample{'s' * (corrupt != 1)} in {args.path}")
+    found = [bad for doc in stores for bad in doc["corrupt"] or ()]
+    if found:
+        _error(f"{_problems(found)} in {args.path}")
         status = EXIT_PROBLEMS
     return status
+
+
+def _problems(found: list[dict]) -> str:
+    """``"1 damaged generation and 2 corrupt samples"``: what ``--verify`` found."""
+    whole = sum(bad["index"] is None for bad in found)
+    samples = len(found) - whole
+    parts = [f"{whole} damaged generation{'s' * (whole != 1)}"] if whole else []
+    parts += [f"{samples} corrupt sample{'s' * (samples != 1)}"] if samples else []
+    return " and ".join(parts)
 
 
 def _render_store(doc: dict) -> list[str]:
@@ -250,6 +261,8 @@ def _render_store(doc: dict) -> list[str]:
         rows = [_generation_row(g) for g in doc["generations"]]
         headers = ["GEN", "STATE", "EPOCHS", "SAMPLES", "SIZE", "RATIO", "CREATED", "OWNER"]
         lines += ["  " + line for line in _table(headers, rows, right={0, 3, 4, 5})]
+        lines += [f"  damaged: generation {g['id']}: {g['damaged']}; `cachestore prune` removes it"
+                  for g in doc["generations"] if g["damaged"]]
     else:
         lines.append("  no generations yet")
     lines.append("")
@@ -267,12 +280,14 @@ def _render_store(doc: dict) -> list[str]:
             gens = f"{len(committed)} generation{'s' * (len(committed) != 1)}"
             lines.append(f"  verify: ok, {samples} samples in {gens} checked")
         else:
-            count = len(doc["corrupt"])
-            lines.append(f"  verify: {count} corrupt sample{'s' * (count != 1)}")
+            lines.append(f"  verify: {_problems(doc['corrupt'])}")
             for bad in doc["corrupt"]:
                 where = "whole generation" if bad["index"] is None else f"sample {bad['index']}"
                 # the message repeats sample, generation and path; keep only the reason when it does
-                why = bad["message"].split(" is corrupt: ", 1)[-1] if bad["index"] is not None else bad["message"]
+                if bad["index"] is not None:
+                    why = bad["message"].split(" is corrupt: ", 1)[-1]
+                else:  # the damaged line above already says how to remove it
+                    why = bad["message"].split(" is damaged: ", 1)[-1].split("; `cachestore prune", 1)[0]
                 lines.append(f"    generation {bad['generation']}, {where}: {why}")
     return lines
 
@@ -288,18 +303,41 @@ def _dict_fields(label: str, value: Any) -> list[tuple[str, str]]:
 
 def _generation_row(g: dict) -> list[str]:
     ratio = g["compression_ratio"]
-    if g["state"] == "committed":
+    if g["state"] in ("committed", "damaged"):
         owner = "-"
     elif g["owner_pid"] is None:
         owner = "- (being removed)"
     else:
         owner = f"pid {g['owner_pid']} ({'writing' if g['writing'] else 'alive' if g['owner_alive'] else 'dead'})"
-    return [str(g["id"]), g["state"], _epochs(g["epochs"]),
+    return [str(g["id"]), g["state"], _epochs(g["serves_epochs"], g["epochs"]),
             "-" if g["num_samples"] is None else str(g["num_samples"]), format_size(g["bytes"]),
             "-" if ratio is None or g["state"] != "committed" else f"{ratio:.2f}x", _when(g["created"]), owner]
 
 
-def _epochs(epochs: Any) -> str:
+def served_epochs(extra: dict) -> list | None:
+    """``[first, last]`` epochs a generation serves (``last`` ``None``: every later epoch), from its commit's
+    ``extra``; ``None`` when the commit did not record them.
+
+    The loader records the epoch that wrote the generation and ``update_frequency`` K
+    (``None`` for "never refresh"): with K, generation ``e // K`` serves epochs
+    ``[(e // K) * K, (e // K) * K + K)``, whichever of them wrote it.
+    """
+    epochs = extra.get("epochs")
+    if not (isinstance(epochs, list) and epochs and all(type(e) is int for e in epochs)):
+        return None
+    if "update_frequency" not in extra:  # recorded by hand: what was recorded, if it is a range
+        return [min(epochs), max(epochs)] if sorted(epochs) == list(range(min(epochs), max(epochs) + 1)) else None
+    k = extra["update_frequency"]
+    if isinstance(k, (int, float)) and not isinstance(k, bool) and 1 <= k < float("inf"):
+        first = epochs[0] // int(k) * int(k)
+        return [first, max(first + int(k) - 1, max(epochs))]
+    return [epochs[0], None]
+
+
+def _epochs(served: list | None, epochs: Any) -> str:
+    if served is not None:
+        first, last = served
+        return f"{first}-" if last is None else str(first) if last == first else f"{first}-{last}"
     if epochs is None:
         return "-"
     if isinstance(epochs, list) and epochs and all(isinstance(e, int) for e in epochs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 _UNITS = {
@@ -93,7 +94,14 @@ def free_bytes(path: str | os.PathLike) -> int:
 def remove_paths(paths: list[str]) -> None:
     """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
+        if stat.S_ISDIR(_lstat_mode(path)):
             shutil.rmtree(path, ignore_errors=True)
         else:
             Path(path).unlink(missing_ok=True)
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0

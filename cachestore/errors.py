@@ -23,6 +23,10 @@ class BudgetExceededError(CacheStoreError, OSError):
     fits_samples: int | None = None
 
 
+class SymlinkError(CacheStoreError, OSError):
+    """A name the store owns is a symlink; the store never follows one."""
+
+
 class StoreLockedError(CacheStoreError, BlockingIOError):
     """Another live process holds the store's writer lock."""
 
@@ -40,6 +44,10 @@ class CorruptSampleError(CacheStoreError, ValueError):
 
 class UnsupportedSampleError(CacheStoreError, TypeError):
     """A sample contains a type the codec cannot store without pickle."""
+
+
+class FingerprintError(CacheStoreError, TypeError):
+    """Dataset parameters that cannot be fingerprinted by value (an explicit fingerprint is needed)."""
 
 
 class FingerprintMismatchError(CacheStoreError, ValueError):

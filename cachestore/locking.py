@@ -4,6 +4,10 @@ Why ``flock`` and not a pid file: the kernel releases it when the holder dies
 (SIGKILL included), so a crashed writer never blocks the next one, and there
 is no stale-pid guessing. The pid written into the file is only for messages.
 
+The lock file is opened with ``O_NOFOLLOW``: a ``writer.lock`` replaced by a
+symlink (to a user's file, say) is unlinked - the link, not its target - and
+made afresh, so the pid is never written through it (see :mod:`.safefs`).
+
 The lock file is unlinked on release so nothing is left behind. That opens a
 classic race (B opens the old inode, A unlinks it, C creates a new file: B and
 C both "hold" a lock); :meth:`WriterLock.acquire` closes it by checking, after
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import StoreLockedError
+from .safefs import is_link_error, unlink_name
 
 LOCK_NAME = "writer.lock"
 #: Seconds a writer waits out a momentary shared lock taken by `lock_holder`.
@@ -29,9 +34,14 @@ def lock_holder(root: str | os.PathLike) -> int | None:
     """Pid of the live process holding the writer lock of `root`, or ``None``."""
     path = Path(root) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)  # flock needs no write access: inspect works on a read-only store
+        # flock needs no write access: inspect works on a read-only store
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if is_link_error(exc):
+            return None  # a symlink is nobody's lock (a writer unlinks it); its target is not read
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -67,7 +77,14 @@ class WriterLock:
             return
         deadline = time.monotonic() + PROBE_GRACE
         for _ in range(1000):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if not is_link_error(exc):
+                    raise
+                if os.path.islink(self.path):  # a planted symlink: drop the link, never write into its target
+                    unlink_name(self.path)
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -84,7 +101,7 @@ class WriterLock:
                     "only one writer at a time (wait for it to finish, or stop it)"
                 ) from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
             except FileNotFoundError:
                 same = False
             if same:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from . import safefs
 from .backends import get_backend
 from .backends.base import Backend, Budget, GenerationInfo
 from .disk import allocated_bytes, free_bytes, parse_size
@@ -32,7 +32,7 @@ RAM_RESERVE_FRACTION = 0.10
 class Removed:
     """One thing :meth:`Store.prune` removed (or would remove with ``dry_run``)."""
 
-    kind: str  # "generation", "staging", "temp", "rotation", "lock"
+    kind: str  # "generation", "damaged" (generation), "staging", "temp", "rotation", "lock"
     path: str
     nbytes: int
     generation: int | None = None
@@ -40,9 +40,8 @@ class Removed:
 
 def _read_existing_backend(path: str) -> str | None:
     try:
-        with open(Path(path) / "store.json") as f:
-            return json.load(f).get("backend")
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return safefs.read_json(Path(path) / "store.json").get("backend")
+    except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
         return None
 
 
@@ -171,7 +170,14 @@ class Store:
 
     # reading -------------------------------------------------------------------
     def generations(self) -> list[GenerationInfo]:
-        """Committed generations and staging areas, oldest first."""
+        """Committed generations, staging areas and damaged generations, oldest first.
+
+        A damaged generation (``info.damaged`` says why, naming the file) has
+        ``committed=False``: treat it as missing. Writing its id replaces it,
+        :meth:`prune` removes it, :meth:`reader` of it raises
+        :class:`CorruptSampleError`. Some damage is only found when a
+        generation is opened (see :meth:`Backend.open_generation`).
+        """
         return self.backend.generations()
 
     def latest(self) -> int | None:
@@ -186,7 +192,9 @@ class Store:
         while True:
             newest = self.latest()
             if newest is None:
-                raise GenerationNotFoundError(f"store {self.path} has no committed generation yet")
+                damaged = [g.id for g in self.generations() if g.damaged]
+                why = f" (damaged, not served: generation {', '.join(map(str, damaged))})" if damaged else ""
+                raise GenerationNotFoundError(f"store {self.path} has no committed generation yet{why}")
             try:
                 return Reader(self.spec, newest, self.backend.open_generation(newest))
             except GenerationNotFoundError:
@@ -195,10 +203,11 @@ class Store:
                     raise
 
     def verify(self) -> list[CorruptSampleError]:
-        """Check every checksum of every committed generation; one error per bad sample."""
+        """Check every checksum of every committed generation; one error per bad sample,
+        and one (``index=None``) per damaged generation."""
         bad: list[CorruptSampleError] = []
         for info in self.generations():
-            if info.committed:
+            if info.committed or info.damaged:
                 try:
                     data = self.backend.open_generation(info.id)
                 except CorruptSampleError as exc:
@@ -233,15 +242,17 @@ class Store:
         Returns
         -------
         list of Removed
-            What was removed (or would be). Staging areas of a live writer and
-            rotation windows of live processes are never touched.
+            What was removed (or would be). Damaged generations go whatever
+            `keep` says (while another process writes, the next prune removes
+            them). Staging areas of a live writer and rotation windows of live
+            processes are never touched.
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ValueError(f"keep must be a non-negative int, got {keep!r}")
         max_bytes = parse_size(max_bytes)
         persistent = self.backend.persistent
         lock_file = Path(self.path) / LOCK_NAME
-        had_lock = persistent and lock_file.exists()  # looked at before our guard creates one
+        had_lock = persistent and os.path.lexists(lock_file)  # looked at before our guard creates one
         lock_bytes = allocated_bytes(lock_file) if had_lock else 0
         guard: WriterLock | None = None
         if self._writing:
@@ -259,10 +270,16 @@ class Store:
                 found = self.backend.debris(keep_pid=holder)
             else:
                 found = self.backend.remove_debris(keep_pid=holder)
+            # Only without a live writer (or as it): one may be replacing a damaged generation right now.
+            damaged = [g for g in self.generations() if g.damaged] if holder in (None, os.getpid()) else []
+            if not dry_run:
+                for g in damaged:
+                    self.backend.remove_generation(g.id)
         finally:
             if guard is not None:
                 guard.release()  # unlinks writer.lock: a stale one goes with it
         removed = [Removed(_debris_kind(path), path, nbytes) for path, nbytes in found]
+        removed += [Removed("damaged", g.path or "", g.nbytes, g.id) for g in damaged]
         committed = [g for g in self.generations() if g.committed]
         doomed = committed[:max(0, len(committed) - keep)]
         kept = committed[len(doomed):]

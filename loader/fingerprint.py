@@ -1,15 +1,38 @@
-"""What identifies the producer of cached samples, so a cache is never reused stale."""
+"""What identifies the producer of cached samples, so a cache is never reused stale.
+
+The dataset parameters are hashed **by value**: arrays by dtype, shape and
+bytes, containers and scalars recursively, other objects by what pickle would
+save of them (``__reduce_ex__``: their class and ``__dict__``/``__getstate__``),
+dataclasses by their fields, torch tensors by dtype, shape and bytes. Why not
+``repr()``: numpy elides the middle of large arrays and objects with the
+default repr show only their class, so a changed table or a changed
+transform object used to give the same fingerprint and the old samples were
+served. What cannot be hashed by value (an open file, a lock, a generator)
+is an error asking for an explicit identity (``fingerprint=`` below, the
+loader's ``cache_setting["fingerprint"]``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import inspect
 import json
 import re
 import sys
+import types
 from typing import Any
 
+import numpy as np
+
+from cachestore.errors import FingerprintError
+
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+#: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
+MAX_DEPTH = 200
+_HINT = ("give the cache an explicit identity instead: cache_setting={'fingerprint': "
+         "'<a string you change whenever the data changes>'}")
 
 
 def _stable_json(obj: Any) -> str:
@@ -32,19 +55,257 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def dataset_fingerprint(cls: type, params: dict, length: int, partition: tuple[int, int]) -> dict:
+# --------------------------------------------------------------------- hashing by value
+
+class _ValueHasher:
+    """Feeds a canonical byte stream of a value into sha256 (see the module docstring).
+
+    Every item starts with a type tag, so ``1``, ``1.0``, ``True``, ``"1"`` and
+    ``[1]`` all differ; dicts and sets are order-independent (as their equality is).
+    """
+
+    def __init__(self, active: dict[int, int] | None = None) -> None:
+        self.h = hashlib.sha256()
+        # Objects being hashed right now (id -> depth), to cut cycles. Shared, acyclic references
+        # are hashed in full each time: an ordinal would depend on the order dict items are seen.
+        self._active: dict[int, int] = {} if active is None else active
+
+    def tag(self, *parts: Any) -> None:
+        for part in parts:
+            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
+            self.h.update(len(data).to_bytes(8, "little"))
+            self.h.update(data)
+
+    def digest_of(self, obj: Any, where: str, depth: int) -> bytes:
+        sub = _ValueHasher(self._active)
+        sub.feed(obj, where, depth)
+        return sub.h.digest()
+
+    def feed(self, obj: Any, where: str, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            raise FingerprintError(f"cannot fingerprint the dataset parameters: {where} is nested more than "
+                                   f"{MAX_DEPTH} levels deep; {_HINT}")
+        kind = type(obj)
+        if obj is None or kind in (bool, int, str):
+            self.tag(kind.__name__, obj)
+        elif kind is float:
+            self.tag("float", obj.hex())
+        elif kind is complex:
+            self.tag("complex", obj.real.hex(), obj.imag.hex())
+        elif kind in (bytes, bytearray):
+            self.tag(kind.__name__, bytes(obj))
+        elif isinstance(obj, (np.ndarray, np.generic)):
+            self._array(obj, where, depth)
+        elif isinstance(obj, np.dtype):
+            self.tag("dtype", np.lib.format.dtype_to_descr(obj))
+        elif isinstance(obj, enum.Enum):
+            self.tag("enum", class_path(kind), obj.name)
+        elif isinstance(obj, type):
+            self.tag("type", class_path(obj))
+        elif _is_tensor(obj):
+            self._tensor(obj, where)
+        elif id(obj) in self._active:
+            self.tag("cycle", depth - self._active[id(obj)])  # how far up: the same for equal values
+        else:
+            self._active[id(obj)] = depth
+            try:
+                self._compound(obj, where, depth)
+            finally:
+                del self._active[id(obj)]
+
+    def _compound(self, obj: Any, where: str, depth: int) -> None:
+        kind = type(obj)
+        if kind in (list, tuple):
+            self.tag(kind.__name__, len(obj))
+            for i, item in enumerate(obj):
+                self.feed(item, f"{where}[{i}]", depth + 1)
+        elif isinstance(obj, dict):
+            self.tag("dict", class_path(kind), len(obj))
+            items = sorted((self.digest_of(k, f"{where} key {k!r}", depth + 1),
+                            self.digest_of(v, f"{where}[{k!r}]", depth + 1)) for k, v in obj.items())
+            for key, value in items:
+                self.tag(key, value)
+        elif kind in (set, frozenset):
+            self.tag(kind.__name__, len(obj))
+            for item in sorted(self.digest_of(x, f"{where} item", depth + 1) for x in obj):
+                self.tag(item)
+        elif dataclasses.is_dataclass(obj):
+            self.tag("dataclass", class_path(kind))
+            for f in dataclasses.fields(obj):
+                self.tag(f.name)
+                self.feed(getattr(obj, f.name), f"{where}.{f.name}", depth + 1)
+        elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+            self._function(obj, where, depth)
+        else:
+            self._reduced(obj, where, depth)
+
+    def _array(self, obj: Any, where: str, depth: int) -> None:
+        arr = np.asarray(obj)
+        self.tag("ndarray" if isinstance(obj, np.ndarray) else "npscalar",
+                 np.lib.format.dtype_to_descr(arr.dtype), arr.shape)
+        if arr.dtype.hasobject:
+            for i, item in enumerate(arr.ravel().tolist()):
+                self.feed(item, f"{where}.flat[{i}]", depth + 1)
+        else:
+            self.h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+    def _tensor(self, obj: Any, where: str) -> None:
+        import torch  # already imported: _is_tensor found it in sys.modules
+
+        t = obj.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous()
+        self.tag("tensor", str(t.dtype), tuple(t.shape))
+        try:
+            raw = t.reshape(-1).view(torch.uint8).numpy()
+        except (RuntimeError, TypeError) as exc:
+            raise FingerprintError(f"cannot fingerprint the dataset parameters: {where} is a tensor of "
+                                   f"{t.dtype} whose bytes cannot be read ({exc}); {_HINT}") from exc
+        self.h.update(memoryview(raw).cast("B"))
+
+    def _function(self, obj: Any, where: str, depth: int) -> None:
+        if isinstance(obj, types.MethodType):
+            self.tag("method")
+            self.feed(obj.__self__, f"{where}.__self__", depth + 1)
+            self.feed(obj.__func__, f"{where}.__func__", depth + 1)
+            return
+        name = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', obj.__name__)}"
+        self.tag("function", name)
+        code = getattr(obj, "__code__", None)
+        if code is not None and ("<lambda>" in name or "<locals>" in name):
+            # Not importable by name, so its name says little: its code, defaults and closure do.
+            self._code(code)
+            self.feed(obj.__defaults__, f"{where}.__defaults__", depth + 1)
+            cells = [c.cell_contents for c in obj.__closure__ or ()]
+            self.feed(cells, f"{where} closure", depth + 1)
+
+    def _code(self, code: types.CodeType) -> None:
+        self.tag("code", code.co_code, code.co_names, code.co_varnames)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                self._code(const)
+            else:
+                self.tag(type(const).__name__, repr(const))
+
+    def _reduced(self, obj: Any, where: str, depth: int) -> None:
+        kind = type(obj)
+        try:
+            reduced = obj.__reduce_ex__(4)
+        except Exception as exc:  # objects refuse pickling with many exception types
+            raise FingerprintError(
+                f"cannot fingerprint the dataset parameters by value: {where} is a {class_path(kind)}, "
+                f"which has no stable serialisation ({type(exc).__name__}: {exc}); {_HINT}") from exc
+        self.tag("object", class_path(kind))
+        if isinstance(reduced, str):  # a module-level singleton, pickled by name
+            self.tag("global", reduced)
+            return
+        func, args, *rest = tuple(reduced) + (None,) * (5 - len(reduced))
+        self.feed(func, f"{where} constructor", depth + 1)
+        self.feed(args, f"{where} arguments", depth + 1)
+        state, listitems, dictitems = rest[:3]
+        self.feed(state, f"{where}.__dict__", depth + 1)
+        self.feed(list(listitems) if listitems is not None else None, f"{where} items", depth + 1)
+        self.feed(dict(dictitems) if dictitems is not None else None, f"{where} items", depth + 1)
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # never imported here: a tensor means torch is loaded
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def params_hash(params: Any) -> str:
+    """sha256 (16 hex digits) of `params` by value.
+
+    Raises
+    ------
+    FingerprintError
+        Some part of `params` cannot be hashed by value; the message names it
+        (``params['loader'].file``) and asks for an explicit fingerprint.
+    """
+    hasher = _ValueHasher()
+    hasher.feed(params, "params")
+    return hasher.h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------- the fingerprint
+
+def dataset_fingerprint(cls: type, params: dict, length: int, partition: tuple[int, int],
+                        fingerprint: str | None = None) -> dict:
     """The fingerprint recorded in (and checked against) a store.
 
-    Covers the dataset class, a hash of its keyword arguments, its length, its
-    module source, and the consumer partition this loader serves.
+    Covers the dataset class, a hash of its keyword arguments by value, its
+    length, its module source, and the consumer partition this loader serves.
+
+    Parameters
+    ----------
+    cls, params
+        The dataset class and the keyword arguments it is built with.
+    length
+        Number of samples.
+    partition
+        ``(consumer_index, nb_consumer)``.
+    fingerprint
+        A user string that replaces the computed identity (class, parameters
+        and source), for datasets whose identity the user knows better, or
+        whose parameters cannot be hashed by value. Length and partition stay:
+        they shape the cache whatever the data is.
+
+    Raises
+    ------
+    FingerprintError
+        `params` cannot be hashed by value and no `fingerprint` was given.
     """
+    if fingerprint is not None:
+        if not isinstance(fingerprint, str) or not fingerprint:
+            raise TypeError(f"an explicit fingerprint must be a non-empty string, got {fingerprint!r}")
+        return {"fingerprint": fingerprint, "length": int(length), "partition": list(partition)}
     return {
         "dataset": class_path(cls),
-        "params_sha256": hashlib.sha256(_stable_json(params).encode()).hexdigest()[:16],
+        "params_sha256": params_hash(params),
         "length": int(length),
         "source_sha256": _source_hash(cls),
         "partition": list(partition),
     }
+
+
+#: What each fingerprint key means, for messages; values worth showing are shown.
+_PARTS = {
+    "fingerprint": ("the explicit fingerprint (cache_setting['fingerprint'])", True),
+    "dataset": ("the dataset class", True),
+    "params_sha256": ("the dataset parameters", False),
+    "length": ("the length", True),
+    "source_sha256": ("the dataset source code", False),
+    "partition": ("the partition [consumer_index, nb_consumer]", True),
+}
+
+
+def describe_mismatch(stored: dict | None, requested: dict | None) -> str:
+    """Which parts of two fingerprints differ, in words, for an error message.
+
+    Examples
+    --------
+    >>> describe_mismatch({"dataset": "a.A", "length": 10}, {"dataset": "a.A", "length": 12})
+    'the length changed (stored 10, now 12)'
+    """
+    if not isinstance(stored, dict) or not isinstance(requested, dict):
+        return "the store records no fingerprint to compare" if not isinstance(stored, dict) else "no fingerprint given"
+    changes = []
+    explicit = ("fingerprint" in stored, "fingerprint" in requested)
+    if explicit[0] != explicit[1]:
+        changes.append("the store was written with an explicit cache_setting['fingerprint'] and this run has none"
+                       if explicit[0] else "this run gives an explicit cache_setting['fingerprint'], "
+                                           "the store was written without one")
+    keys = [k for k in _PARTS if k in stored or k in requested]
+    keys += sorted(k for k in set(stored) | set(requested) if k not in _PARTS)
+    for key in keys:
+        if explicit[0] != explicit[1] and key in ("fingerprint", "dataset", "params_sha256", "source_sha256"):
+            continue  # one side has no such part: already said above
+        if stored.get(key) != requested.get(key):
+            label, show = _PARTS.get(key, (f"{key!r}", True))
+            detail = f" (stored {stored.get(key)!r}, now {requested.get(key)!r})" if show else ""
+            changes.append(f"{label} changed{detail}")
+    return "; ".join(changes) if changes else "nothing differs"
 
 
 def describe_params(params: dict) -> Any:

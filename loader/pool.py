@@ -30,12 +30,13 @@ import collections
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import faulthandler
 import os
+import re
 import signal
-import sys
+import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -127,8 +128,7 @@ class WorkerPool:
     def _stack(worker: WorkerHandle) -> str:
         """The worker's Python stack now (a thread's frames, or a process's faulthandler dump)."""
         if worker.is_thread:
-            frame = sys._current_frames().get(worker.process.ident)
-            return "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)"
+            return _thread_stack(worker.process.ident)
         if worker.pid is None or worker.stack_fd < 0:
             return "(not available: the worker had not finished starting)"
         try:
@@ -308,3 +308,17 @@ class WorkerPool:
                 pass
         self.workers = []
         self.closed = True
+
+
+def _thread_stack(ident: int | None) -> str:
+    """The Python stack of thread `ident` of this process, from faulthandler's dump of every thread."""
+    with tempfile.TemporaryFile(mode="w+") as dump:
+        faulthandler.dump_traceback(dump, all_threads=True)
+        dump.seek(0)
+        text = dump.read()
+    # Blocks start with "Thread 0x..." or "Current thread 0x..." and end at a blank line.
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
+        match = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)
+        if match and ident is not None and int(match.group(1), 16) == ident:
+            return block.strip()
+    return "(the thread has ended)"

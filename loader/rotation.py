@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from cachestore import codec
+from cachestore import codec, safefs
 from cachestore.disk import remove_paths
 from cachestore.scratch import dead_windows, new_window_dir
 
@@ -230,11 +230,12 @@ class DiskWindow:
 
     def put(self, slot: int, sample: Any) -> None:
         # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
-        self._file(slot).write_bytes(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        # A fresh file (O_EXCL | O_NOFOLLOW): a slot name swapped for a symlink is unlinked, not written through.
+        safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
         self._held[slot] = True
 
     def get(self, slot: int) -> Any:
-        treedef, leaves = codec.decode_record(self._file(slot).read_bytes(), copy=False)
+        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=False)
         return codec.unflatten(treedef, leaves)
 
     def free(self, slot: int) -> None:

@@ -61,7 +61,15 @@ def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) 
 
 @dataclass(frozen=True)
 class GenerationInfo:
-    """What a store knows about one generation (committed or staging)."""
+    """What a store knows about one generation: committed, staging, or damaged.
+
+    ``damaged`` is ``None`` for a sound generation; for a generation directory
+    that cannot be served it says why, naming the file (a missing or garbage
+    manifest, a data, index or schema file missing, truncated or a symlink).
+    A damaged generation has ``committed=False``: ``Store.latest()`` and every
+    "is generation g committed?" test skip it, ``Store.prune`` removes it
+    whatever ``keep`` says, and a writer of the same id replaces it.
+    """
 
     id: int
     num_samples: int
@@ -73,6 +81,7 @@ class GenerationInfo:
     raw_bytes: int = 0
     stored_bytes: int = 0
     owner_pid: int | None = None
+    damaged: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -163,6 +172,9 @@ class ShardWriter(ABC):
         self._check_budget()
 
     def _check_budget(self) -> None:
+        # Every put: what this shard stored so far (a comparison, no syscall). Without it a
+        # writer that does not know its sample count could fill the disk between two usage checks.
+        self.budget.check_usage(self.generation, self.stored_bytes)
         if not self._projected and self.num_samples is not None and (
             self.count >= self.PROJECT_AFTER_SAMPLES or self.stored_bytes >= self.PROJECT_AFTER_BYTES
         ):
@@ -279,7 +291,26 @@ class GenerationData(ABC):
 
 
 class Backend(ABC):
-    """The catalog of one store: generations, staging, commit, removal."""
+    """The catalog of one store: generations, staging, commit, removal.
+
+    Rules every backend follows (the conformance suite checks them):
+
+    * **Each index exactly once.** A generation commits only when it holds
+      every index ``0..n-1`` once. An index put twice - by one shard writer or
+      by two - is refused at :meth:`commit` with :class:`CacheStoreError`
+      (the staging area is then discarded), on every backend, even though
+      LMDB or a dict could silently keep the last value: a duplicate means a
+      writer bug or a re-run batch the owner should have dropped, and which
+      copy wins would depend on the backend and on timing. The one sanctioned
+      rewrite is after :meth:`discard_shard_tail`: the loader drops what a dead
+      worker wrote for batches never delivered, and the replacement worker
+      writes those indices again.
+    * **Budget.** Each shard counts its stored bytes on every put against the
+      budget fixed when the writer opened (and measures allocated blocks every
+      ``USAGE_CHECK_BYTES``); :meth:`commit` checks the allocated size of the
+      whole staging area, so a generation over budget never commits, however
+      many shards wrote it.
+    """
 
     name: ClassVar[str]
     #: Several :class:`ShardWriter` in several processes may fill one generation.
@@ -322,7 +353,12 @@ class Backend(ABC):
 
     @abstractmethod
     def commit(self, token: Any, num_samples: int | None, extra: dict) -> GenerationInfo:
-        """Validate and atomically publish the staging area as a committed generation."""
+        """Validate and atomically publish the staging area as a committed generation.
+
+        Raises :class:`CacheStoreError` when an index is missing or was written
+        more than once, :class:`BudgetExceededError` when the generation takes
+        more than its budget allows.
+        """
 
     @abstractmethod
     def discard(self, token: Any) -> None:
@@ -330,7 +366,14 @@ class Backend(ABC):
 
     @abstractmethod
     def open_generation(self, generation: int) -> GenerationData:
-        """Read access to a committed generation."""
+        """Read access to a committed generation.
+
+        Raises :class:`GenerationNotFoundError` when there is none, and
+        :class:`CorruptSampleError` (``index=None``, ``generation`` set) naming
+        the file when it is damaged: what listing reports in
+        ``GenerationInfo.damaged``, plus what only opening finds (size and
+        count checks against the manifest; never a full read).
+        """
 
     @abstractmethod
     def remove_generation(self, generation: int) -> int:

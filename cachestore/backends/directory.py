@@ -17,20 +17,33 @@ cut. A reader therefore sees a generation complete or not at all, and a crash
 at any point leaves only a ``.staging-*`` directory, which the next writer or
 ``prune`` removes.
 
+Damage after a commit: since a ``gen-NNNNNN`` directory only ever appears
+whole, one that cannot be served is damage, never a commit in progress. The
+manifest records the size of every data file and its own checksum, so
+listing finds a missing, garbage or edited manifest, a missing, truncated or
+symlinked file, without reading data (``GenerationInfo.damaged``); opening
+adds the backend's checks (``_check_files``, LMDB's record count). Damaged
+generations are listed with ``committed=False``, pruned whatever ``keep``
+says, and replaced by the next writer of their id.
+
 Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
 of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
 not create is never touched, and a symlink among the debris is unlinked, never
-followed.
+followed. No other store-owned name is followed either (:mod:`..safefs`):
+``store.json`` and manifests are read with ``O_NOFOLLOW``, temp files are
+created with ``O_EXCL | O_NOFOLLOW``, a staging area must be a real directory
+before anything is written into it or committed from it.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import secrets
-import shutil
+import stat
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -38,11 +51,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
+from .. import safefs
 from ..disk import allocated_bytes, remove_paths
-from ..errors import BudgetExceededError, CacheStoreError, GenerationNotFoundError
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from ..scratch import dead_windows, pid_alive
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+
+log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
 MANIFEST_NAME = "manifest.json"
@@ -60,11 +77,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write `obj` as JSON to `path` via a temp file, fsync and rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with os.fdopen(safefs.create_new(tmp), "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -111,8 +128,7 @@ class DirectoryBackend(Backend):
     # metadata -----------------------------------------------------------
     def read_meta(self) -> dict | None:
         try:
-            with open(self.path / META_NAME) as f:
-                return json.load(f)
+            return safefs.read_json(self.path / META_NAME, "the store metadata")
         except FileNotFoundError:
             return None
         except ValueError as exc:
@@ -130,16 +146,9 @@ class DirectoryBackend(Backend):
             return infos
         for entry in sorted(self.path.iterdir()):
             if entry.name.startswith(GEN_PREFIX) and entry.name[len(GEN_PREFIX):].isdigit():
-                manifest = self._manifest(entry)
-                if manifest is None:
-                    continue
-                infos.append(GenerationInfo(
-                    id=int(manifest["generation"]), num_samples=int(manifest["num_samples"]),
-                    nbytes=allocated_bytes(entry), committed=True, created=float(manifest["created"]),
-                    path=str(entry), layout=manifest.get("layout"),
-                    raw_bytes=int(manifest.get("raw_bytes", 0)), stored_bytes=int(manifest.get("stored_bytes", 0)),
-                    extra=manifest.get("extra", {}),
-                ))
+                info = self._generation_info(entry)
+                if info is not None:
+                    infos.append(info)
             elif (parsed := parse_staging(entry.name)) is not None:
                 try:
                     created = entry.lstat().st_mtime
@@ -152,44 +161,137 @@ class DirectoryBackend(Backend):
         infos.sort(key=lambda g: (g.id, g.committed))
         return infos
 
-    def _manifest(self, gen_dir: Path) -> dict | None:
+    def _generation_info(self, gen_dir: Path) -> GenerationInfo | None:
+        """What listing shows of `gen_dir`; ``None`` when it vanished (pruned) while we looked."""
+        generation = int(gen_dir.name[len(GEN_PREFIX):])
         try:
-            with open(gen_dir / MANIFEST_NAME) as f:
-                return json.load(f)
-        except (FileNotFoundError, ValueError):
+            manifest, damage = self._check_generation(gen_dir, generation)
+            st = gen_dir.lstat()
+        except FileNotFoundError:
             return None
+        if damage is not None:
+            return GenerationInfo(
+                id=generation, num_samples=_int(manifest, "num_samples"), nbytes=allocated_bytes(gen_dir),
+                committed=False, created=st.st_mtime, path=str(gen_dir), damaged=damage,
+                extra=manifest.get("extra", {}) if isinstance(manifest.get("extra"), dict) else {})
+        return GenerationInfo(
+            id=generation, num_samples=int(manifest["num_samples"]),
+            nbytes=allocated_bytes(gen_dir), committed=True, created=float(manifest["created"]),
+            path=str(gen_dir), layout=manifest.get("layout"),
+            raw_bytes=_int(manifest, "raw_bytes"), stored_bytes=_int(manifest, "stored_bytes"),
+            extra=manifest.get("extra", {}),
+        )
+
+    def _check_generation(self, gen_dir: Path, generation: int) -> tuple[dict, str | None]:
+        """``(manifest, why it is damaged or None)`` from cheap checks: names, manifest, file sizes.
+
+        A generation directory is only ever made by a commit (a rename of a finished
+        staging area), so one without a readable manifest, or whose files do not have
+        the sizes the manifest recorded, is damage - not a commit in progress.
+
+        Raises
+        ------
+        FileNotFoundError
+            `gen_dir` is gone (removed by a concurrent prune).
+        """
+        kind = safefs.describe_entry(gen_dir)
+        if kind == "missing":
+            raise FileNotFoundError(gen_dir)
+        if kind != "a directory":
+            return {}, f"{gen_dir} is {kind}, not a generation directory the store made"
+        path = gen_dir / MANIFEST_NAME
+        try:
+            manifest = safefs.read_json(path)
+        except FileNotFoundError:
+            if not os.path.lexists(gen_dir):
+                raise
+            return {}, f"{path} is missing"
+        except (OSError, ValueError) as exc:
+            return {}, f"{path} is a symlink" if os.path.islink(path) else f"{path} is unreadable ({exc})"
+        if not isinstance(manifest, dict):
+            return {}, f"{path} is not a manifest (a JSON object)"
+        fields = {"generation": int, "num_samples": int, "created": (int, float)}
+        for name, types in fields.items():
+            if not isinstance(manifest.get(name), types) or isinstance(manifest.get(name), bool):
+                return {}, f"{path} is invalid: {name!r} is {manifest.get(name)!r}"
+        if manifest["generation"] != generation or manifest["num_samples"] < 0:
+            return manifest, (f"{path} is invalid: it names generation {manifest['generation']} "
+                              f"with {manifest['num_samples']} samples")
+        files = manifest.get("files", {})  # recorded at commit; older stores have none
+        for name, expected in sorted(files.items() if isinstance(files, dict) else ()):
+            st = safefs.lstat_or_none(gen_dir / name)
+            if st is None and not os.path.lexists(gen_dir):
+                raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked
+            if st is None or not stat.S_ISREG(st.st_mode):
+                state = "missing" if st is None else safefs.describe_entry(gen_dir / name)
+                return manifest, f"{gen_dir / name} is {state} (the manifest records a file of {expected} bytes)"
+            if st.st_size != expected:
+                how = "truncated" if st.st_size < expected else "longer than written"
+                return manifest, f"{gen_dir / name} is {how}: {st.st_size} bytes, the manifest recorded {expected}"
+        damage = self._check_files(gen_dir, manifest)
+        if damage is None and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
+            damage = f"{path} does not match its checksum (edited or damaged since the commit)"
+        if damage is not None and not os.path.lexists(gen_dir):
+            raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked: gone, not damaged
+        return manifest, damage
+
+    def _damaged(self, generation: int, why: str) -> CorruptSampleError:
+        exc = CorruptSampleError(f"generation {generation} of {self.path} is damaged: {why}; "
+                                 f"`cachestore prune {self.path}` removes it, and writing generation "
+                                 f"{generation} again replaces it")
+        exc.generation = generation  # the whole generation: index stays None
+        return exc
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
-        if (self.path / gen_dirname(generation)).exists():
-            raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
-                                  "write a new generation id or prune this one first")
+        if os.path.lexists(self.path / gen_dirname(generation)):
+            try:
+                self.open_generation(generation).close()
+            except CorruptSampleError as exc:
+                # We hold the writer lock and this name is the store's: replace the damage.
+                log.warning("%s (replacing it now)", exc)
+                self.remove_generation(generation)
+            except GenerationNotFoundError:
+                pass  # pruned since we looked
+            else:
+                raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
+                                      "write a new generation id or prune this one first")
         staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
         staging.mkdir(parents=True)
         return StagingToken(str(staging), generation, budget, num_samples,
                             self.compression == "zstd", self.allow_pickle)
 
     def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
-        if not Path(token.path).is_dir():
-            raise CacheStoreError(f"staging area {token.path} is gone (aborted or pruned)")
+        safefs.require_real_dir(token.path, "staging area")
         return self._shard(token, shard_id)
 
     def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
         staging = Path(token.path)
         final = self.path / gen_dirname(token.generation)
-        if final.exists():
+        if os.path.lexists(final):
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+        safefs.require_real_dir(staging, "staging area")
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
-                if entry.is_file():
-                    fd = os.open(entry, os.O_RDONLY)
+                if stat.S_ISREG(entry.lstat().st_mode):
+                    fd = safefs.open_nofollow(entry, os.O_RDONLY)
                     try:
                         os.fsync(fd)
                     finally:
                         os.close(fd)
+            # Sizes of the data files: opening (and listing) compares them, so a truncated
+            # or replaced file is found without reading it.
+            files = {entry.name: st.st_size for entry in staging.iterdir()
+                     if stat.S_ISREG((st := entry.lstat()).st_mode)}
             manifest = {"generation": token.generation, "created": time.time(), "backend": self.name,
-                        "compression": self.compression, "extra": extra, **summary}
+                        "compression": self.compression, "extra": extra, "files": files, **summary}
+            manifest = json.loads(json.dumps(manifest, default=str))  # exactly what will be read back
+            manifest["checksum"] = manifest_checksum(manifest)
             write_json_atomic(staging / MANIFEST_NAME, manifest)
+            # Shards each kept within the budget; together, with index and manifest, they may not.
+            token.budget.check_usage(token.generation, allocated_bytes(staging))
+        except BudgetExceededError:
+            raise
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the index or manifest did not fit
                 raise BudgetExceededError(f"disk full while committing generation {token.generation} "
@@ -204,17 +306,23 @@ class DirectoryBackend(Backend):
         )
 
     def discard(self, token: StagingToken) -> None:
-        shutil.rmtree(token.path, ignore_errors=True)
+        remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
-        manifest = self._manifest(gen_dir)
-        if manifest is None:
+        try:
+            manifest, damage = self._check_generation(gen_dir, generation)
+        except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
             state = "is still being written (not committed)" if staging else "does not exist"
-            raise GenerationNotFoundError(f"generation {generation} of {self.path} {state}")
-        return self._open(gen_dir, manifest)
+            raise GenerationNotFoundError(f"generation {generation} of {self.path} {state}") from None
+        if damage is not None:
+            raise self._damaged(generation, damage)
+        try:
+            return self._open(gen_dir, manifest)
+        except CorruptSampleError as exc:  # what only opening finds (an LMDB record count)
+            raise self._damaged(generation, str(exc)) from exc
 
     def remove_generation(self, generation: int) -> int:
         gen_dir = self.path / gen_dirname(generation)
@@ -225,7 +333,7 @@ class DirectoryBackend(Backend):
             os.rename(gen_dir, doomed)
         except FileNotFoundError:
             return 0
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove_paths([str(doomed)])
         return freed
 
     def debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
@@ -249,6 +357,10 @@ class DirectoryBackend(Backend):
 
 
     # for subclasses -------------------------------------------------------
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        """Backend checks cheap enough for listing (headers, small files); why it is damaged, or ``None``."""
+        return None
+
     @abstractmethod
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         """A shard writer for `token` (runs in any process)."""
@@ -261,6 +373,21 @@ class DirectoryBackend(Backend):
     @abstractmethod
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         """Read access to a committed generation directory."""
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """xxh3 of a manifest's canonical JSON (its ``checksum`` field left out).
+
+    Listing compares it, so a manifest edited or damaged in place (a sample
+    count that no longer matches the data, say) is found without reading data.
+    """
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True, default=str).encode())
+
+
+def _int(manifest: dict, key: str) -> int:
+    value = manifest.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def check_complete(indices: Any, num_samples: int | None, where: str) -> int:

@@ -13,12 +13,16 @@ each avoids:
   writes them any more, and no lock file is needed (or left behind).
 * Values are ``checksum (8 bytes) | record``; keys are big-endian indices so
   the key order is the index order.
+* Each shard also appends the indices it stored to ``keys-<shard>.bin``
+  (after its transaction commits). LMDB keeps one value per key, so without
+  that log an index written twice would pass unseen; with it, commit refuses
+  duplicates like every backend (see :class:`~.base.Backend`), and
+  ``discard_shard_tail`` can forget what a dead worker wrote, like memmap.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import struct
 import threading
@@ -29,10 +33,10 @@ from typing import Any, Callable
 import lmdb
 import numpy as np
 
-from .. import codec
+from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
-from ..errors import BudgetExceededError, CorruptSampleError
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .base import GenerationData, ShardWriter, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
 
@@ -40,6 +44,19 @@ _KEY = struct.Struct(">Q")
 _SUM = struct.Struct("<Q")
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
+
+
+_LOG = np.dtype("<i8")  # one entry of a shard's keys-<shard>.bin
+
+
+def _keys_file(staging: Path, shard_id: str) -> Path:
+    return staging / f"keys-{shard_id}.bin"
+
+
+def _append(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a short write when the disk fills: the next call raises ENOSPC
+        view = view[os.write(fd, view):]
 
 
 def _key(index: int) -> bytes:
@@ -98,11 +115,14 @@ class LmdbShard(ShardWriter):
         self._env: Any = None
         self._env_key = ("write", str(self.dir))
         self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_indices: list[int] = []
         self._pending_bytes = 0
+        self._keys_fd: int | None = None
 
     def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
         record = codec.encode_record(treedef, leaves, self.compress)
         self._pending.append((_key(index), _SUM.pack(checksum([record])) + record))
+        self._pending_indices.append(index)
         self._pending_bytes += len(record)
         if self._pending_bytes >= FLUSH_BYTES:
             self._flush()
@@ -120,6 +140,10 @@ class LmdbShard(ShardWriter):
             with self._env.begin(write=True) as txn:
                 for key, value in self._pending:
                     txn.put(key, value)
+            if self._keys_fd is None:
+                self._keys_fd = safefs.open_nofollow(_keys_file(self.dir, self.shard_id),
+                                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            _append(self._keys_fd, np.asarray(self._pending_indices, dtype=_LOG).tobytes())
         except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
             raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
         except lmdb.Error as exc:
@@ -129,6 +153,7 @@ class LmdbShard(ShardWriter):
                                           f"into {self.dir}: {exc}") from exc
             raise
         self._pending = []
+        self._pending_indices = []
         self._pending_bytes = 0
         stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
         try:
@@ -139,6 +164,9 @@ class LmdbShard(ShardWriter):
             raise
 
     def _close(self) -> None:
+        if self._keys_fd is not None:
+            os.close(self._keys_fd)
+            self._keys_fd = None
         if self._env is not None:
             self._env = None
             _release_env(self._env_key, self._env_pid)
@@ -153,16 +181,34 @@ class LmdbBackend(DirectoryBackend):
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         return LmdbShard(token, shard_id)
 
+    def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
+        # The records stay in LMDB; the replacement worker overwrites them (same keys).
+        path = _keys_file(Path(token.path), shard_id)
+        try:
+            fd = safefs.open_nofollow(path, os.O_WRONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.ftruncate(fd, min(os.fstat(fd).st_size, keep * _LOG.itemsize))
+        finally:
+            os.close(fd)
+
     def _finalize(self, staging: Path, num_samples: int | None) -> dict:
         raw = stored = 0
         keys = np.zeros(0, dtype=np.int64)
         for stats_file in staging.glob("stats-*.json"):
-            stats = json.loads(stats_file.read_text())
+            stats = safefs.read_json(stats_file)
             raw += stats["raw_bytes"]
             stored += stats["stored_bytes"]
             stats_file.unlink()
+        logged = []
+        for log_file in sorted(staging.glob("keys-*.bin")):
+            data = safefs.read_bytes(log_file)
+            logged.append(np.frombuffer(data[:len(data) - len(data) % _LOG.itemsize], dtype=_LOG))
+            log_file.unlink()
+        # Every index as often as it was written: duplicates are refused here, as by every backend.
+        n = check_complete(np.concatenate(logged) if logged else [], num_samples, f"generation in {staging}")
         if not (staging / "data.mdb").exists():
-            check_complete([], num_samples, f"generation in {staging}")
             env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
             env.close()
         else:
@@ -176,13 +222,19 @@ class LmdbBackend(DirectoryBackend):
                 env.sync(True)
             finally:
                 _release_env(key, os.getpid())
-            check_complete(keys, num_samples, f"generation in {staging}")
+            if len(keys) != n or (len(keys) and keys.max() >= n):
+                raise CacheStoreError(f"generation in {staging} cannot be committed: LMDB holds {len(keys)} "
+                                      f"records where its writers logged indices 0..{n - 1}")
         (staging / "lock.mdb").unlink(missing_ok=True)
-        n = num_samples if num_samples is not None else (int(keys.max()) + 1 if len(keys) else 0)
         return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
 
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return LmdbGeneration(gen_dir, manifest, self.verify)
+
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        data = gen_dir / "data.mdb"
+        kind = safefs.describe_entry(data)
+        return None if kind == "a file" else f"{data} is {kind}"
 
 
 class LmdbGeneration(GenerationData):
@@ -215,7 +267,7 @@ class LmdbGeneration(GenerationData):
             env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
                             max_readers=1024, subdir=True)
         except lmdb.Error as exc:
-            raise CorruptSampleError(f"generation {self.generation} in {self.dir} cannot be opened: {exc}") from exc
+            raise CorruptSampleError(f"{data} of generation {self.generation} cannot be opened: {exc}") from exc
         # LMDB maps the file and trusts its meta page: reading a page past the end of a
         # truncated file is a SIGBUS that kills the process, so check the size up front.
         needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
@@ -225,6 +277,11 @@ class LmdbGeneration(GenerationData):
             raise CorruptSampleError(f"data file {data} of generation {self.generation} is truncated: "
                                      f"{size} bytes, expected at least {needed}; "
                                      "the generation is damaged (prune it and rewrite)")
+        entries = env.stat()["entries"]
+        if entries != self.num_samples:  # a commit stores exactly indices 0..n-1
+            env.close()
+            raise CorruptSampleError(f"data file {data} of generation {self.generation} holds {entries} records "
+                                     f"but its manifest says {self.num_samples} samples")
         return env
 
     def _leaves(self, i: int, value: Any, copy: bool) -> tuple[tuple, list[np.ndarray]]:

@@ -22,13 +22,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import xxhash
 
-from .. import codec
+from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CorruptSampleError
@@ -59,8 +60,7 @@ def _col_name(k: int) -> str:
 
 def _load_schema(staging: Path) -> tuple | None:
     try:
-        with open(staging / SCHEMA) as f:
-            return codec.treedef_from_json(json.load(f))
+        return codec.treedef_from_json(safefs.read_json(staging / SCHEMA, "a generation schema"))
     except FileNotFoundError:
         return None
 
@@ -75,7 +75,7 @@ class MemmapShard(ShardWriter):
         self._cols: list[tuple[int, int]] = []  # (fd, row bytes)
         self._seg_fd: int | None = None
         self._seg_end = 0
-        self._idx_fd = os.open(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._idx_fd = safefs.open_nofollow(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self._rows: list[tuple] = []
 
     def _claim_schema(self, treedef: tuple) -> None:
@@ -83,7 +83,7 @@ class MemmapShard(ShardWriter):
         schema = _load_schema(self.dir)
         if schema is None and not self.compress and codec.is_stackable(treedef) and codec.leaf_specs(treedef):
             tmp = self.dir / f".schema-{self.shard_id}.tmp"
-            tmp.write_text(json.dumps(codec.treedef_to_json(treedef)))
+            safefs.write_new(tmp, json.dumps(codec.treedef_to_json(treedef)).encode())
             try:
                 os.link(tmp, self.dir / SCHEMA)
             except FileExistsError:
@@ -95,7 +95,7 @@ class MemmapShard(ShardWriter):
             return
         self._schema = schema
         for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
-            fd = os.open(self.dir / _col_name(k), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = safefs.open_nofollow(self.dir / _col_name(k), os.O_RDWR | os.O_CREAT)
             self._cols.append((fd, dtype.itemsize * int(np.prod(shape, dtype=np.int64))))
 
     def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
@@ -111,7 +111,8 @@ class MemmapShard(ShardWriter):
                 return nbytes
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
-                self._seg_fd = os.open(self.dir / f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._seg_fd = safefs.open_nofollow(self.dir / f"{self.shard_id}.seg",
+                                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends
             _write_all(self._seg_fd, record)
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
@@ -149,8 +150,16 @@ class MemmapShard(ShardWriter):
         return allocated_bytes(self.dir)
 
 
+def _truncate(path: Path, size: int) -> None:
+    fd = safefs.open_nofollow(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _read_rows(path: Path) -> np.ndarray:
-    data = path.read_bytes()
+    data = safefs.read_bytes(path)
     usable = len(data) - len(data) % INDEX_DTYPE.itemsize  # a killed writer may leave half a row
     return np.frombuffer(data[:usable], dtype=INDEX_DTYPE)
 
@@ -165,7 +174,7 @@ class MemmapBackend(DirectoryBackend):
     def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
         path = Path(token.path) / f"{shard_id}.idx"
         if path.exists():
-            os.truncate(path, min(path.stat().st_size, keep * INDEX_DTYPE.itemsize))
+            _truncate(path, min(path.lstat().st_size, keep * INDEX_DTYPE.itemsize))
 
     def _finalize(self, staging: Path, num_samples: int | None) -> dict:
         shard_ids = sorted(p.name[:-4] for p in staging.glob("*.idx"))
@@ -181,9 +190,10 @@ class MemmapBackend(DirectoryBackend):
         if schema is not None:
             for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
                 rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-                os.truncate(staging / _col_name(k), n * rowbytes)
-        np.save(staging / "index.npy", rows)
-        (staging / "shards.json").write_text(json.dumps(shard_ids))
+                _truncate(staging / _col_name(k), n * rowbytes)
+        with os.fdopen(safefs.create_new(staging / "index.npy"), "wb") as f:
+            np.save(f, rows)
+        safefs.write_new(staging / "shards.json", json.dumps(shard_ids).encode())
         in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
         layout = "fixed" if n and in_cols == n else ("records" if in_cols == 0 else "mixed")
         return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
@@ -191,6 +201,52 @@ class MemmapBackend(DirectoryBackend):
 
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return MemmapGeneration(gen_dir, manifest, self.verify)
+
+    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+        # Headers and small files only: listing runs this for every generation.
+        n = manifest["num_samples"]
+        index = gen_dir / "index.npy"
+        try:
+            with os.fdopen(safefs.open_nofollow(index, os.O_RDONLY), "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+                data_start, size = f.tell(), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return f"{index} is missing"
+        except (OSError, ValueError) as exc:
+            return f"{index} is unreadable ({exc})"
+        if dtype != INDEX_DTYPE or len(shape) != 1:
+            return f"{index} is not an index of this format (dtype {dtype}, shape {shape})"
+        if shape[0] != n:
+            return f"{index} holds {shape[0]} rows but the manifest says {n} samples"
+        if size < data_start + n * INDEX_DTYPE.itemsize:
+            return f"{index} is truncated: {size} bytes, {n} rows need {data_start + n * INDEX_DTYPE.itemsize}"
+        shards = gen_dir / "shards.json"
+        try:
+            shard_ids = safefs.read_json(shards)
+            if not isinstance(shard_ids, list) or not all(isinstance(x, str) for x in shard_ids):
+                raise ValueError("not a list of shard names")
+        except FileNotFoundError:
+            return f"{shards} is missing"
+        except (OSError, ValueError) as exc:
+            return f"{shards} is unreadable ({exc})"
+        try:
+            schema = _load_schema(gen_dir)
+            specs = codec.leaf_specs(schema) if schema is not None else []
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            return f"{gen_dir / SCHEMA} is unreadable ({exc})"
+        if schema is None and n and manifest.get("layout") in ("fixed", "mixed"):
+            return f"{gen_dir / SCHEMA} is missing"
+        for k, (dtype, shape) in enumerate(specs):
+            col, needed = gen_dir / _col_name(k), n * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            st = safefs.lstat_or_none(col)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return f"{col} is {'missing' if st is None else safefs.describe_entry(col)}"
+            if st.st_size < needed:
+                return f"{col} is truncated: {st.st_size} bytes, {n} samples need {needed}"
+        return None
 
 
 def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -39,6 +39,7 @@ class _Staging:
         self.samples: dict[int, tuple[tuple, list[np.ndarray]]] = {}
         self.created = time.time()
         self.raw_bytes = 0
+        self.rewritten: list[int] = []  # indices put again: commit refuses them, like every backend
 
 
 class MemoryShard(ShardWriter):
@@ -52,6 +53,7 @@ class MemoryShard(ShardWriter):
         previous = self.staging.samples.get(index)
         if previous is not None:
             self.staging.raw_bytes -= sum(leaf.nbytes for leaf in previous[1])
+            self.staging.rewritten.append(index)
         self.staging.samples[index] = (treedef, copies)
         nbytes = sum(leaf.nbytes for leaf in copies)
         self.staging.raw_bytes += nbytes
@@ -162,7 +164,9 @@ class MemoryBackend(Backend):
 
     def commit(self, token: MemoryToken, num_samples: int | None, extra: dict) -> GenerationInfo:
         staging = self._staging[token.key]
-        n = check_complete(list(staging.samples), num_samples, f"generation {token.generation} of {self.root}")
+        token.budget.check_usage(token.generation, staging.raw_bytes)  # all shards together
+        n = check_complete(list(staging.samples) + staging.rewritten, num_samples,
+                           f"generation {token.generation} of {self.root}")
         gen = MemoryGeneration(token.generation, staging.samples, n)
         del self._staging[token.key]
         self._gens[token.generation] = gen

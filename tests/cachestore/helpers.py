@@ -126,7 +126,7 @@ def store_files(root: str | os.PathLike) -> list[str]:
 
 
 #: Names that must never survive a commit, abort or close.
-LEFTOVER = re.compile(r"(^|/)(\.staging-|writer\.lock$|lock\.mdb$|\..*\.tmp$|stats-.*\.json$)")
+LEFTOVER = re.compile(r"(^|/)(\.staging-|writer\.lock$|lock\.mdb$|\..*\.tmp$|stats-.*\.json$|keys-.*\.bin$)")
 
 
 def leftovers(root: str | os.PathLike) -> list[str]:

@@ -69,6 +69,45 @@ def test_committed_generations_count_against_the_budget(make_store, backend):
     write_generation(store, 1, 100, big_sample)  # fits once the old generation is gone
 
 
+def test_budget_is_enforced_on_every_put_without_num_samples(make_store, store_path, backend):
+    # No num_samples: nothing to project from. Before, 25 MiB went into a 200 kB budget and committed.
+    store = make_store(backend, disk_budget=200_000)
+    write_generation(store, 0, 2, big_sample)
+    puts = 0
+    with pytest.raises(BudgetExceededError, match="over the .* available") as info:
+        with store.writer(1) as writer:
+            for i in range(1600):  # 25 MiB
+                writer.put(i, big_sample(1, i))
+                puts += 1
+    assert puts * 16 * 2**10 <= 200_000, "refused on the put that crossed the budget, not later"
+    assert isinstance(info.value, OSError) and writer.state == "aborted"
+    assert [(g.id, g.committed) for g in store.generations()] == [(0, True)]
+    if backend != "memory":
+        assert leftovers(store_path) == []
+    check_generation(store.reader(0), 0, 2, big_sample)
+
+
+def test_a_generation_over_budget_never_commits(make_store, store_path, backend):
+    # Three shards each within the budget, together over it: commit measures the whole generation.
+    store = make_store(backend, disk_budget=200_000)
+    write_generation(store, 0, 2, big_sample)
+    writer = store.writer(1)
+    spec = writer.shard_spec()
+    for k in range(3):
+        shard = spec.open(f"shard-{k}")
+        for i in range(k * 4, k * 4 + 4):  # 64 KiB per shard, 192 KiB in all
+            shard.put(i, big_sample(1, i))
+        shard.close()
+    with pytest.raises(BudgetExceededError, match="generation 1 .* grew to"):
+        writer.commit()
+    assert writer.state == "aborted"
+    assert [(g.id, g.committed) for g in store.generations()] == [(0, True)]
+    if backend != "memory":
+        assert leftovers(store_path) == []
+    check_generation(store.reader(0), 0, 2, big_sample)
+    write_generation(store, 1, 4, big_sample)  # what fits still commits
+
+
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A real 2 MiB tmpfs (we may be root in a container that forbids mounts: then skip)."""
@@ -93,11 +132,16 @@ def test_real_enospc_aborts_cleanly(tiny_fs, disk_backend):
     try:
         write_generation(store, 0, 10, big_sample)
         used = shutil.disk_usage(tiny_fs).used
-        with pytest.raises(BudgetExceededError, match="disk full"):
-            # No num_samples: nothing to project, so the disk itself fills up (4 MiB into 2 MiB).
+        filler = tiny_fs / "someone-else.bin"
+        with pytest.raises(BudgetExceededError, match="disk full|no room"):
+            # No num_samples: nothing to project. Once the writer has fixed its budget (the free
+            # space), another program takes nearly all of it: the disk itself fills up.
             with store.writer(1) as writer:
-                for i in range(256):
+                with open(filler, "wb") as f:
+                    f.write(b"\0" * (shutil.disk_usage(tiny_fs).free - 48 * 2**10))
+                for i in range(64):  # 1 MiB: within the budget, not within what is left
                     writer.put(i, big_sample(1, i))
+        filler.unlink()
         assert writer.state == "aborted"
         assert sorted(os.listdir(path)) == ["gen-000000", "store.json"]
         assert shutil.disk_usage(tiny_fs).used <= used  # every byte of the staging area is freed

@@ -167,6 +167,28 @@ def test_inspect_without_epochs_shows_a_dash(tmp_path, capsys):
     assert inspect_json(capsys, store)[1]["stores"][0]["generations"][0]["epochs"] is None
 
 
+@pytest.mark.parametrize("extra, shown, served", [
+    ({"epochs": [5], "update_frequency": 5}, "5-9", [5, 9]),  # what the loader records
+    ({"epochs": [7], "update_frequency": 5}, "5-9", [5, 9]),  # written by a resumed epoch
+    ({"epochs": [0], "update_frequency": 1}, "0", [0, 0]),
+    ({"epochs": [3], "update_frequency": None}, "3-", [3, None]),  # never refreshed: every later epoch
+    ({"epochs": [10], "background": True, "update_frequency": 5}, "10-14", [10, 14]),
+    ({"epochs": [4, 5, 6]}, "4-6", [4, 6]),  # recorded in full by hand
+])
+def test_inspect_shows_the_epochs_a_generation_serves(tmp_path, capsys, extra, shown, served):
+    store = open_store(tmp_path / "cache", "memmap")
+    with store.writer(0, num_samples=2) as writer:
+        for i in range(2):
+            writer.put(i, sample(0, i))
+        writer.commit(extra=extra)
+    store.close()
+    code, out, _ = run(capsys, "inspect", tmp_path / "cache")
+    row = next(line.split() for line in out.splitlines() if "committed" in line)
+    assert code == 0 and row[:3] == ["0", "committed", shown]
+    (gen,) = inspect_json(capsys, tmp_path / "cache")[1]["stores"][0]["generations"]
+    assert gen["serves_epochs"] == served and gen["epochs"] == extra["epochs"]
+
+
 def test_inspect_writes_nothing(tmp_path, capsys):
     store = build(tmp_path / "cache")
     crash_writer(store, 2)  # a stale lock and a staging area: inspect must leave both alone
@@ -223,7 +245,7 @@ def test_verify_reports_a_generation_that_cannot_be_opened(tmp_path, capsys):
     (store / "gen-000000" / "index.npy").write_bytes(b"garbage")
     code, out, err = run(capsys, "inspect", store, "--verify")
     assert code == 1
-    assert "generation 0, whole generation:" in out and "1 corrupt sample in" in err
+    assert "generation 0, whole generation:" in out and "1 damaged generation in" in err
 
 
 # not a store, usage --------------------------------------------------------------------------
@@ -443,7 +465,9 @@ def test_parent_of_consumer_stores(tmp_path, capsys):
 
     code, out, _ = run(capsys, "prune", prefix)
     assert code == 0
-    assert [committed(s) for s in stores] == [[1], [2]]
+    # the damaged generation 2 goes too: the newest sound one is kept
+    assert [committed(s) for s in stores] == [[1], [1]]
+    assert not (stores[1] / "gen-000002").exists()
     assert not (prefix / f"rotation-{gone}-abcdef12").exists() and (prefix / "notes.txt").exists()
 
 

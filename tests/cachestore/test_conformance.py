@@ -17,7 +17,8 @@ import torch
 from cachestore import (CacheStoreError, GenerationNotFoundError, StoreLockedError, UnsupportedSampleError,
                         open_store, stack_samples)
 
-from .helpers import Opaque, assert_same, check_generation, fixed_sample, variable_sample, write_generation
+from .helpers import (Opaque, assert_same, check_generation, fixed_sample, leftovers, variable_sample,
+                      write_generation)
 
 COMPRESSIONS = [None, "zstd"]
 
@@ -218,6 +219,51 @@ def test_incomplete_generation_is_not_committed(store):
         writer.commit()
     assert writer.state == "aborted"
     assert store.generations() == []
+
+
+@pytest.mark.parametrize("shards", [1, 2], ids=["one-shard", "two-shards"])
+@pytest.mark.parametrize("num_samples", [4, None], ids=["sized", "unsized"])
+def test_an_index_written_twice_is_refused_at_commit(store, store_path, shards, num_samples):
+    # One rule on every backend (see Backend): the second write of index 2 is a bug, not an update.
+    write_generation(store, 0, 4)
+    writer = store.writer(1, num_samples)
+    spec = writer.shard_spec()
+    writers = [spec.open(f"shard-{k}") for k in range(shards)]
+    for i in range(4):
+        writers[i % shards].put(i, fixed_sample(1, i))
+    writers[-1].put(2, fixed_sample(1, 99))
+    for shard in writers:
+        shard.close()
+    with pytest.raises(CacheStoreError, match=r"1 written more than once \(e\.g\. \[2\]\)"):
+        writer.commit()
+    assert writer.state == "aborted"
+    assert [(g.id, g.committed) for g in store.generations()] == [(0, True)]
+    if store.backend.persistent:
+        assert leftovers(store_path) == []
+    write_generation(store, 1, 4)  # the lock was released; the same samples once each commit
+    check_generation(store.reader(1), 1, 4)
+
+
+def test_a_dead_shard_tail_may_be_written_again(store):
+    # What the loader does when a worker dies: drop what it wrote past its delivered batches,
+    # and let the replacement write those indices (see loader.resources.discard_dead_shard).
+    if not store.backend.supports_multiprocess_write:
+        pytest.skip("workers never write into this backend: there is no dead shard to discard")
+    writer = store.writer(0, 6)
+    spec = writer.shard_spec()
+    dead = spec.open("w0-i1")
+    for i in range(4):
+        dead.put(i, fixed_sample(0, 100 + i))  # indices 2 and 3 were never delivered
+    dead.close()  # flushed, as a worker does after each batch; then it dies
+    writer.discard_shard_tail("w0-i1", 2)
+    replacement = spec.open("w0-i2")
+    for i in range(2, 6):
+        replacement.put(i, fixed_sample(0, i))
+    replacement.close()
+    writer.commit()
+    reader = store.reader(0)
+    assert [int(reader[i]["label"]) for i in range(6)] == [100, 101, 2, 3, 4, 5]
+    assert float(reader[3]["image"][0, 0]) == 3.0
 
 
 def test_one_writer_per_store(store):

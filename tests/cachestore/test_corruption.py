@@ -139,6 +139,6 @@ def test_truncated_data_file_is_an_error_not_a_crash(children, make_store, store
         assert bad and bad[-1] == N - 1 and bad[0] > 0
         assert all(f"sample {i} of generation 0" in report["samples"][i] for i in bad)
     with pytest.raises(CorruptSampleError):  # and in this process too: an error, not a crash
-        reader = store.reader()
+        reader = store.reader(0)
         for i in range(N):
             reader[i]

@@ -7,9 +7,9 @@ import pytest
 
 import cachestore
 import loader.errors
-from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintMismatchError,
-                        GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
-                        WorkerError, open_store)
+from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+                        FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                        SymlinkError, UnsupportedSampleError, WorkerError, open_store)
 
 from .helpers import write_generation
 
@@ -18,9 +18,11 @@ HIERARCHY = {
     StoreLockedError: BlockingIOError,
     CorruptSampleError: ValueError,
     UnsupportedSampleError: TypeError,
+    FingerprintError: TypeError,
     FingerprintMismatchError: ValueError,
     GenerationNotFoundError: LookupError,
     NotAStoreError: FileNotFoundError,
+    SymlinkError: OSError,
     WorkerError: RuntimeError,
     loader.errors.WorkerTimeoutError: TimeoutError,
 }

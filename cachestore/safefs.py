@@ -1,0 +1,133 @@
+"""File operations that never follow a symlink in a name the store owns.
+
+Why: every name under a store (``writer.lock``, ``store.json``, manifests,
+staging, generation and rotation directories, temp files) is created by the
+store. A symlink there was put by someone else - a user tidying up, a script
+gone wrong - and following it would write a pid, a manifest or samples into
+a file the store does not own (``open(path, "w")`` on a link truncates its
+target). So names are opened with ``O_NOFOLLOW`` and checked with ``lstat``;
+a link is refused (:class:`SymlinkError`) or, where the name is disposable,
+unlinked - the link itself, never its target.
+
+``O_NOFOLLOW`` guards the last component only: the directories above are
+checked with :func:`is_real_dir` before files are made in them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import CacheStoreError, SymlinkError
+
+
+def symlink_error(path: str | os.PathLike, what: str = "") -> SymlinkError:
+    """The error for a store-owned `path` found to be a symlink."""
+    what = f" ({what})" if what else ""
+    return SymlinkError(errno.ELOOP, f"{path}{what} is a symlink; cachestore never follows symlinks in the "
+                                     "names it owns. Remove the link (its target is not the store's), "
+                                     "or use another path for the store")
+
+
+def is_link_error(exc: OSError) -> bool:
+    """Whether `exc` is what ``open(..., O_NOFOLLOW)`` raises on a symlink."""
+    return exc.errno == errno.ELOOP
+
+
+def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644, what: str = "") -> int:
+    """``os.open`` with ``O_NOFOLLOW``; a symlink at `path` raises :class:`SymlinkError`."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if is_link_error(exc) and os.path.islink(path):
+            raise symlink_error(path, what) from None
+        raise
+
+
+def create_new(path: str | os.PathLike, flags: int = os.O_WRONLY, mode: int = 0o644) -> int:
+    """Create `path` as a new file (``O_CREAT | O_EXCL | O_NOFOLLOW``) and return its fd.
+
+    For disposable store-owned names (temp files, slot files): whatever is at
+    `path` already - a leftover or a planted symlink - is unlinked first (the
+    link, not its target), then the file is made fresh.
+    """
+    for _ in range(3):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except FileExistsError:
+            unlink_name(path)
+    raise FileExistsError(errno.EEXIST, f"{path} keeps reappearing; another process is creating it")
+
+
+def unlink_name(path: str | os.PathLike) -> None:
+    """Remove the directory entry `path` if it is a file or a symlink (never a directory, never a target)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_new(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` into a fresh file at `path` (see :func:`create_new`)."""
+    fd = create_new(path)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike, what: str = "") -> bytes:
+    """The content of the regular file `path`; a symlink raises :class:`SymlinkError`."""
+    fd = open_nofollow(path, os.O_RDONLY, what=what)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str | os.PathLike, what: str = "") -> Any:
+    """The JSON document in `path`, read without following a symlink."""
+    return json.loads(read_bytes(path, what))
+
+
+def lstat_or_none(path: str | os.PathLike) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def is_real_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory itself (not a symlink to one)."""
+    st = lstat_or_none(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def require_real_dir(path: str | os.PathLike, what: str) -> None:
+    """Raise unless `path` is a real directory: :class:`SymlinkError` for a link, else :class:`CacheStoreError`."""
+    st = lstat_or_none(path)
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise symlink_error(path, what)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        raise CacheStoreError(f"{what} {path} is gone or is not a directory (aborted or pruned?)")
+
+
+def describe_entry(path: Path) -> str:
+    """``"a symlink"``, ``"a file"`` ... for messages about a name that should be a directory."""
+    st = lstat_or_none(path)
+    if st is None:
+        return "missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    return "a file" if stat.S_ISREG(st.st_mode) else "not a regular file"

@@ -1,0 +1,135 @@
+"""The dataset fingerprint hashes parameters by value, and says in words what changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cachestore import CacheStoreError, FingerprintError
+from loader.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
+
+from .datasets import ArangeDataset
+
+
+class Transform:
+    """An object with the default repr (its state does not show in it)."""
+
+    def __init__(self, scale: float, table: np.ndarray | None = None) -> None:
+        self.scale = scale
+        self.table = table
+
+
+@dataclasses.dataclass
+class Config:
+    size: int
+    mean: tuple = (0.5, 0.5)
+
+
+def fp(params: dict, **kw) -> dict:
+    return dataset_fingerprint(ArangeDataset, params, kw.pop("length", 100), kw.pop("partition", (0, 1)), **kw)
+
+
+def test_one_changed_element_of_a_large_array_changes_the_fingerprint():
+    # repr() elides the middle of a large array: this used to give the same fingerprint.
+    table = np.arange(100_000, dtype=np.float32)
+    changed = table.copy()
+    changed[50_000] += 1
+    assert repr(table) == repr(changed)
+    assert fp({"table": table}) != fp({"table": changed})
+    assert fp({"table": table}) == fp({"table": table.copy()})
+
+
+@pytest.mark.parametrize("a, b", [
+    (np.zeros(4, np.float32), np.zeros(4, np.float64)),  # dtype
+    (np.zeros((2, 2)), np.zeros(4)),  # shape
+    (np.arange(6).reshape(2, 3).T, np.arange(6).reshape(3, 2)),  # values (a transposed view)
+    (1, 1.0), (1, True), ("1", 1), ([1, 2], (1, 2)), (b"ab", "ab"), (None, 0), (0.0, -0.0),
+    ({"a": 1}, {"a": 2}), ({"a": 1}, {"b": 1}), ({1, 2}, {1, 3}),
+    (Transform(2.0), Transform(3.0)),  # default repr: equal; state: different
+    (Transform(1.0, np.zeros(3)), Transform(1.0, np.ones(3))),
+    (Config(3), Config(4)), (Config(3), Config(3, (0.4, 0.5))),
+    (torch.zeros(3), torch.ones(3)), (torch.zeros(3), torch.zeros(3, dtype=torch.float64)),
+    (torch.zeros(2, 2, dtype=torch.bfloat16), torch.ones(2, 2, dtype=torch.bfloat16)),
+    (Path("/data/a"), Path("/data/b")),
+    (functools.partial(round, ndigits=1), functools.partial(round, ndigits=2)),
+    (lambda x: x * 2, lambda x: x * 3),
+], ids=lambda v: type(v).__name__)
+def test_different_values_give_different_hashes(a, b):
+    assert params_hash({"p": a}) != params_hash({"p": b})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: {"b": np.arange(5), "a": [1, 2.5, "x", None, b"y", (True,)]},
+    lambda: {"t": Transform(0.5, np.eye(3)), "c": Config(2)},
+    lambda: {"s": {3, 1, 2}, "f": frozenset({"a"}), "nested": {"k": {"m": [np.float32(1.5)]}}},
+    lambda: {"tensor": torch.arange(6.0).reshape(2, 3).t(), "path": Path("/x")},
+    lambda: {"objects": np.array([1, "a", None], dtype=object)},
+])
+def test_equal_values_give_equal_hashes_in_every_run(make):
+    # Fresh objects at other addresses, dict keys in another order: the same value, the same hash.
+    first, second = make(), make()
+    reordered = dict(reversed(list(second.items())))
+    assert params_hash(first) == params_hash(reordered)
+
+
+def test_cycles_are_hashed_not_followed_forever():
+    a, b = [1], [1]
+    a.append(a)
+    b.append(b)
+    assert params_hash({"x": a}) == params_hash({"x": b})
+    shared = np.zeros(3)
+    assert params_hash({"x": [shared, shared]}) == params_hash({"x": [np.zeros(3), np.zeros(3)]})
+
+
+@pytest.mark.parametrize("bad, name", [
+    (threading.Lock(), "lock"),
+    ((i for i in range(3)), "generator"),
+    (Transform(1.0, table=open(__file__)), "TextIOWrapper"),
+])
+def test_what_cannot_be_hashed_by_value_asks_for_an_explicit_fingerprint(bad, name):
+    with pytest.raises(FingerprintError, match=r"params\['obj'\].*" + name) as info:
+        fp({"obj": bad})
+    assert "cache_setting={'fingerprint'" in str(info.value)
+    assert isinstance(info.value, (CacheStoreError, TypeError))
+    if isinstance(bad, Transform):
+        bad.table.close()
+
+
+def test_an_explicit_fingerprint_replaces_the_computed_identity():
+    lock = threading.Lock()  # cannot be hashed by value: the user string stands for it
+    explicit = fp({"obj": lock}, fingerprint="imagenet-2026-11")
+    assert explicit == {"fingerprint": "imagenet-2026-11", "length": 100, "partition": [0, 1]}
+    assert fp({"obj": 1}, fingerprint="imagenet-2026-11") == explicit
+    assert fp({}, fingerprint="imagenet-2026-11", length=90) != explicit  # the length still counts
+    for bad in ("", 3):
+        with pytest.raises(TypeError):
+            fp({}, fingerprint=bad)
+
+
+def test_fingerprint_keys_are_the_documented_ones():
+    assert list(fp({"n": 1})) == ["dataset", "params_sha256", "length", "source_sha256", "partition"]
+    assert fp({"n": 1})["dataset"].endswith("ArangeDataset")
+
+
+def test_describe_mismatch_names_each_changed_part():
+    stored = fp({"n": 1})
+    assert describe_mismatch(stored, dict(stored)) == "nothing differs"
+    words = describe_mismatch(stored, fp({"n": 2}, length=120, partition=(1, 2)))
+    assert "the dataset parameters changed" in words
+    assert "the length changed (stored 100, now 120)" in words
+    assert "the partition [consumer_index, nb_consumer] changed (stored [0, 1], now [1, 2])" in words
+    assert "class" not in words and "source" not in words
+    assert "the dataset class changed" in describe_mismatch({**stored, "dataset": "old.Name"}, stored)
+    assert "the dataset source code changed" in describe_mismatch({**stored, "source_sha256": "0"}, stored)
+    explicit = fp({"n": 1}, fingerprint="v2")
+    assert "explicit fingerprint (cache_setting['fingerprint']) changed (stored 'v1', now 'v2')" in \
+        describe_mismatch(fp({"n": 1}, fingerprint="v1"), explicit)
+    words = describe_mismatch(stored, explicit)
+    assert "explicit cache_setting['fingerprint']" in words and "parameters" not in words
+    assert describe_mismatch(None, stored) == "the store records no fingerprint to compare"
