@@ -150,6 +150,12 @@ class Store:
         self._lease = WriterLease(self._lock)
         return self._lease
 
+    def lock_holder(self) -> int | None:
+        """Pid of the live process writing this store (-1 when it has not written its pid yet), else ``None``."""
+        if self._writing:
+            return os.getpid()
+        return lock_holder(self.path) if self.backend.persistent else None
+
     def budget(self) -> Budget:
         """Bytes a new generation may take now: the budget less committed generations, capped by free space.
 

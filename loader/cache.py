@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 
 from cachestore import GenerationInfo, Store, open_store
-from cachestore.errors import BudgetExceededError, StoreLockedError
+from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
+                               GenerationNotFoundError, StoreLockedError)
 
-from .fingerprint import class_path, dataset_fingerprint, describe_params
+from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 from .generation import GenerationBuild, workers_can_write
 from .layout import ConsumerLayout
-from .settings import BudgetPolicy, CacheSettings, EpochMode, RotationSettings
+from .settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class CacheController:
         self.base = latest if latest is not None else 0
         if latest is not None:
             log.info("reusing generation %d of %s", latest, store.path)
+        self._sound: set[int] = set()  # generations opened once without damage
         self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
         self.refresh_off = False  # background refresh gave up for this run
 
@@ -66,13 +68,33 @@ class CacheController:
              batch_size: int) -> "CacheController":
         """Open (or create) this consumer's store, checking it was produced by this dataset."""
         fingerprint = dataset_fingerprint(dataset_class, params, layout.num_samples,
-                                          (layout.consumer_index, layout.nb_consumer))
+                                          (layout.consumer_index, layout.nb_consumer), settings.fingerprint)
         producer = {"dataset": class_path(dataset_class), "params": describe_params(params),
                     "update_frequency": settings.k_or_none, "batch_size": batch_size,
                     "consumer": [layout.consumer_index, layout.nb_consumer]}
-        store = open_store(layout.store_path(settings.prefix), settings.backend, compression=settings.compression,
-                           disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
-                           fingerprint=fingerprint, producer=producer, verify=settings.verify)
+        path = layout.store_path(settings.prefix)
+
+        def open_it(fingerprint: dict | None) -> Store:
+            return open_store(path, settings.backend, compression=settings.compression,
+                              disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
+                              fingerprint=fingerprint, producer=producer, verify=settings.verify)
+
+        try:
+            store = open_it(fingerprint)
+        except FingerprintMismatchError:
+            with open_store(path, readonly=True) as old:
+                what = describe_mismatch(old.fingerprint, fingerprint)
+            if settings.on_mismatch is MismatchPolicy.ERROR:
+                raise FingerprintMismatchError(
+                    f"{path} holds samples of another dataset: {what}. Either give this dataset its own "
+                    "prefix, or let it replace the old samples with cache_setting={..., 'on_mismatch': "
+                    f"'regenerate'}} (or run `cachestore prune {path} --keep 0` once). If it is the same data "
+                    "under another description, name it with cache_setting={..., 'fingerprint': '...'}") from None
+            with open_it(None) as old:  # no fingerprint given: no check, nothing rewritten
+                removed = [r for r in old.prune(keep=0) if r.generation is not None]
+            log.warning("%s held samples of another dataset (%s): removed %d old generation(s); writing new "
+                        "ones (on_mismatch='regenerate')", path, what, len(removed))
+            store = open_it(fingerprint)
         return cls(settings, store, layout.per_consumer)
 
     # the plan ------------------------------------------------------------
@@ -84,9 +106,53 @@ class CacheController:
         """Committed generations by id."""
         return {g.id: g for g in self.store.generations() if g.committed}
 
-    def mode_for(self, generation: int) -> EpochMode:
-        """``READ`` when `generation` is committed, else ``GENERATE``."""
-        return EpochMode.READ if generation in self.committed() else EpochMode.GENERATE
+    def choose(self, epoch: int) -> tuple[int, EpochMode, dict]:
+        """The generation epoch `epoch` uses, whether it is read or generated, and notes for its stats.
+
+        A committed generation that cannot be opened (damaged) is written
+        again. When another run on the same prefix committed a newer
+        generation, this run moves on to it rather than writing an old one again.
+        """
+        generation = self.generation_for(epoch)
+        infos = self.store.generations()
+        committed = {g.id for g in infos if g.committed}
+        if generation in committed:
+            problem = self._unreadable(generation)
+            if problem is None:
+                return generation, EpochMode.READ, {}
+            log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
+                        problem)
+            return generation, EpochMode.GENERATE, {"damaged": problem}
+        newer = [g for g in committed if g > generation]
+        if newer:
+            ahead = max(newer)
+            log.info("another run on %s moved ahead to generation %d: epoch %d reads it instead of writing "
+                     "generation %d", self.store.path, ahead, epoch, generation)
+            self.base += ahead - generation
+            return ahead, EpochMode.READ, {"moved_to": ahead}
+        damaged = next((g.damaged for g in infos if g.id == generation and g.damaged), None)
+        if damaged is not None:
+            log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
+                        damaged)
+            return generation, EpochMode.GENERATE, {"damaged": damaged}
+        return generation, EpochMode.GENERATE, {}
+
+    def _unreadable(self, generation: int) -> str | None:
+        """Why `generation` cannot be opened (damage found only on open), or ``None``."""
+        if generation in self._sound:
+            return None
+        try:
+            self.store.reader(generation).close()
+        except CorruptSampleError as exc:
+            return str(exc)
+        except GenerationNotFoundError:
+            return None  # pruned meanwhile: the next look at the catalog says what to do
+        self._sound.add(generation)
+        return None
+
+    def newest_committed(self) -> int | None:
+        """The newest committed generation (any run's), ``None`` when there is none."""
+        return self.store.latest()
 
     # writing ---------------------------------------------------------------
     def open_build(self, generation: int, use_threading: bool, background: bool = False) -> GenerationBuild:

@@ -53,6 +53,7 @@ class EpochPlan:
     indices: np.ndarray
     unserved: list[np.ndarray] = field(default_factory=list)
     skip: int = 0  # rotation: batches of the schedule already served before a resume
+    notes: dict = field(default_factory=dict)  # why the plan is what it is (for EpochStats.extra)
 
 
 @dataclass

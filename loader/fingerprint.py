@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from cachestore import codec
 from cachestore.errors import FingerprintError
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -102,7 +103,7 @@ class _ValueHasher:
             self.tag("enum", class_path(kind), obj.name)
         elif isinstance(obj, type):
             self.tag("type", class_path(obj))
-        elif _is_tensor(obj):
+        elif codec.is_tensor(obj):
             self._tensor(obj, where)
         elif id(obj) in self._active:
             self.tag("cycle", depth - self._active[id(obj)])  # how far up: the same for equal values
@@ -150,7 +151,7 @@ class _ValueHasher:
             self.h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
 
     def _tensor(self, obj: Any, where: str) -> None:
-        import torch  # already imported: _is_tensor found it in sys.modules
+        import torch  # already imported: codec.is_tensor found it in sys.modules
 
         t = obj.detach()
         if t.layout != torch.strided:
@@ -207,11 +208,6 @@ class _ValueHasher:
         self.feed(state, f"{where}.__dict__", depth + 1)
         self.feed(list(listitems) if listitems is not None else None, f"{where} items", depth + 1)
         self.feed(dict(dictitems) if dictitems is not None else None, f"{where} items", depth + 1)
-
-
-def _is_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")  # never imported here: a tensor means torch is loaded
-    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def params_hash(params: Any) -> str:

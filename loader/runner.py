@@ -11,6 +11,7 @@ aborts at the end. The path of a batch is described in ``docs/ARCHITECTURE.md``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Iterator
 
@@ -127,23 +128,30 @@ class EpochRunner:
         batches = sampler.split_batches(order, s.batch_size, s.drop_last)
         if self.cache is None or self.cache.off:
             return EpochPlan(epoch, EpochMode.COMPUTE, None, batches[skip:], self.indices)
-        generation = self.cache.generation_for(epoch)
-        mode = self.cache.mode_for(generation)
+        generation, mode, notes = self.cache.choose(epoch)
         if mode == EpochMode.GENERATE and self.refresh is not None and self.refresh.generation == generation:
             if self.complete_refresh(epoch):
                 mode = EpochMode.READ
+        if mode == EpochMode.GENERATE and not notes.get("damaged"):
+            locked_by = self.cache.store.lock_holder()
+            newest = self.cache.newest_committed()
+            if locked_by not in (None, os.getpid()) and newest is not None:
+                # Another run writes this prefix: serve what it committed rather than wait or fail.
+                log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
+                         "generation %d", locked_by, self.cache.store.path, epoch, newest, generation)
+                generation, mode, notes = newest, EpochMode.READ, {"moved_to": newest}
         unserved: list[np.ndarray] = []
         if mode == EpochMode.GENERATE:
             dropped = len(order) - sum(len(b) for b in batches)
             unserved = batches[:skip] + ([order[len(order) - dropped:]] if dropped else [])
-        return EpochPlan(epoch, mode, generation, batches[skip:], self.indices, unserved)
+        return EpochPlan(epoch, mode, generation, batches[skip:], self.indices, unserved, notes=notes)
 
     # running ----------------------------------------------------------------------
     def run(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
         plan = self.plan(epoch, skip)
-        stats = EpochStats(epoch, plan.mode, plan.generation)
+        stats = EpochStats(epoch, plan.mode, plan.generation, extra=dict(plan.notes))
         stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.stats.append(stats)
         if self.res.executor is not None:

@@ -35,6 +35,13 @@ class BudgetPolicy(_StrEnum):
     ROTATE = "rotate"  # switch to a disk rotation window that fits
 
 
+class MismatchPolicy(_StrEnum):
+    """``cache_setting["on_mismatch"]``: what a store written by another dataset does."""
+
+    ERROR = "error"  # raise FingerprintMismatchError, saying what differs
+    REGENERATE = "regenerate"  # remove the old generations, write new ones
+
+
 class EpochMode(_StrEnum):
     """What one epoch (or one task) does; see :class:`loader.epoch.EpochPlan`."""
 
@@ -70,7 +77,11 @@ class CacheSettings:
     ``verify`` checks record checksums on read (default ``True``);
     ``allow_pickle`` stores otherwise unsupported sample types with pickle;
     ``background_refresh`` computes the next generation with idle workers during
-    the cached epochs before it (default ``False``; see :mod:`loader.refresh`).
+    the cached epochs before it (default ``False``; see :mod:`loader.refresh`);
+    ``fingerprint`` a string that replaces the computed identity of the
+    dataset (class, parameters, source) for datasets whose identity the user
+    knows better; ``on_mismatch`` ``"error"`` (default) or ``"regenerate"``
+    (a store written by another dataset is emptied and written anew).
     """
 
     prefix: str
@@ -82,9 +93,12 @@ class CacheSettings:
     verify: bool = True
     allow_pickle: bool = False
     background_refresh: bool = False
+    fingerprint: str | None = None
+    on_mismatch: MismatchPolicy = MismatchPolicy.ERROR
 
     KEYS = frozenset({"prefix", "update_frequency", "backend", "compression", "disk_budget",
-                      "on_budget_exceeded", "verify", "allow_pickle", "background_refresh"})
+                      "on_budget_exceeded", "verify", "allow_pickle", "background_refresh", "fingerprint",
+                      "on_mismatch"})
 
     @classmethod
     def parse(cls, setting: dict) -> "CacheSettings":
@@ -110,9 +124,16 @@ class CacheSettings:
         policy = setting.get("on_budget_exceeded", "error")
         if policy not in BUDGET_POLICIES:
             raise ValueError(f"cache_setting['on_budget_exceeded'] must be one of {BUDGET_POLICIES}, got {policy!r}")
+        fingerprint = setting.get("fingerprint")
+        if fingerprint is not None and (not isinstance(fingerprint, str) or not fingerprint):
+            raise ValueError(f"cache_setting['fingerprint'] must be a non-empty string naming the data, "
+                             f"got {fingerprint!r}")
+        on_mismatch = setting.get("on_mismatch", "error")
+        if on_mismatch not in tuple(MismatchPolicy):
+            raise ValueError(f"cache_setting['on_mismatch'] must be 'error' or 'regenerate', got {on_mismatch!r}")
         return cls(str(prefix), k, backend, compression, budget, BudgetPolicy(policy),
                    bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)),
-                   bool(setting.get("background_refresh", False)))
+                   bool(setting.get("background_refresh", False)), fingerprint, MismatchPolicy(on_mismatch))
 
 
     @property
