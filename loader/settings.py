@@ -11,8 +11,23 @@ from cachestore.backends import available_backends
 from cachestore.disk import parse_size
 
 BUDGET_POLICIES = ("error", "stream", "rotate")
+#: The values each boolean key of ``cache_setting`` accepts: the one place to widen
+#: (e.g. ``background_refresh`` taking ``"auto"``). Strings like ``"no"`` or ``"False"``
+#: are refused rather than read as true, which is what ``bool()`` would make of them.
+BOOL_VALUES: dict[str, tuple] = {"verify": (True, False), "allow_pickle": (True, False),
+                                 "background_refresh": (True, False)}
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
+
+
+def _check_choice(name: str, key: str, value: Any, allowed: tuple) -> Any:
+    """`value` if it is one of `allowed` (compared by identity for booleans), else a ValueError naming `key`."""
+    # Identity for bools and None: 1 == True and 0 == False, and an int is not a boolean setting.
+    if any(value is a if isinstance(a, bool) or a is None else (type(value) is type(a) and value == a)
+           for a in allowed):
+        return value
+    raise ValueError(f"{name}[{key!r}] must be one of {', '.join(map(repr, allowed))}, "
+                     f"got {value!r} ({type(value).__name__})")
 
 
 def _check_keys(name: str, given: dict, allowed: set[str]) -> None:
@@ -76,9 +91,9 @@ class CacheSettings:
         policy = setting.get("on_budget_exceeded", "error")
         if policy not in BUDGET_POLICIES:
             raise ValueError(f"cache_setting['on_budget_exceeded'] must be one of {BUDGET_POLICIES}, got {policy!r}")
-        return cls(str(prefix), k, backend, compression, budget, policy,
-                   bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)),
-                   bool(setting.get("background_refresh", False)))
+        flags = {key: _check_choice("cache_setting", key, setting.get(key, getattr(cls, key)), allowed)
+                 for key, allowed in BOOL_VALUES.items()}
+        return cls(str(prefix), k, backend, compression, budget, policy, **flags)
 
 
 @dataclass(frozen=True)
