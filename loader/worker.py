@@ -25,12 +25,20 @@ log = logging.getLogger(__name__)
 
 
 class SampleError(Exception):
-    """Wraps an exception from ``dataset[index]`` with the index."""
+    """Wraps an exception from ``dataset[index]`` with the index.
+
+    The dataset's exception itself gets ``sample_index`` too: it is what the
+    training process re-raises, with or without workers.
+    """
 
     def __init__(self, index: int, cause: BaseException) -> None:
         super().__init__(index)
         self.index = index
         self.cause = cause
+        try:
+            cause.sample_index = index  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass  # __slots__ without it: the index is still in the message's notes
 
 
 class BatchProducer:

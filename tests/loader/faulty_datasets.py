@@ -1,0 +1,64 @@
+"""Datasets that fail in ways a real one does (importable by spawned workers)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class LabelError(Exception):
+    """An exception whose constructor takes other arguments than its message."""
+
+    def __init__(self, index: int, path: str) -> None:
+        super().__init__(f"bad label {index} at {path}")
+        self.index = index
+        self.path = path
+
+
+class LabelErrorWithDefault(Exception):
+    """Unpickling would call ``cls(message)`` and build another message: ``bad label <message> at None``."""
+
+    def __init__(self, index: object, path: str | None = None) -> None:
+        super().__init__(f"bad label {index} at {path}")
+        self.path = path
+
+
+class HeldLockError(Exception):
+    """Carries an attribute that does not pickle."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+        self.code = 42
+
+
+class RaisingDataset:
+    """``dataset[fail_at]`` raises the exception named by `kind`; other samples are ``{"y": i}``."""
+
+    def __init__(self, n: int = 20, fail_at: int = 7, kind: str = "label") -> None:
+        self.n, self.fail_at, self.kind = n, fail_at, kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.fail_at:
+            self._fail(index)
+        return {"y": index, "x": np.zeros(2, np.float32)}
+
+    def _fail(self, index: int) -> None:
+        if self.kind == "label":
+            raise LabelError(index, f"/data/labels/{index}.txt")
+        if self.kind == "label-default":
+            raise LabelErrorWithDefault(index, "/data/x")
+        if self.kind == "lock":
+            raise HeldLockError(f"sample {index} holds a lock")
+        if self.kind == "key":
+            raise KeyError(f"sample {index} is broken")
+        if self.kind == "local":
+            class LocalError(Exception):  # not importable by name: cannot cross processes
+                pass
+
+            raise LocalError(f"local failure at {index}")
+        raise AssertionError(self.kind)
