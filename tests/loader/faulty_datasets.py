@@ -62,3 +62,16 @@ class RaisingDataset:
 
             raise LocalError(f"local failure at {index}")
         raise AssertionError(self.kind)
+
+
+class ObjectArrayDataset:
+    """Samples holding an object-dtype array (a list of strings turned into an array, say)."""
+
+    def __init__(self, n: int = 8) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        return {"x": np.zeros(2, np.float32), "tags": np.array(["a", index], dtype=object)}
