@@ -31,8 +31,8 @@ import numpy as np
 
 from .. import codec
 from ..collate import stack_samples
-from ..disk import allocated_bytes
-from ..errors import BudgetExceededError, CorruptSampleError
+from ..disk import allocated_bytes, is_out_of_space, out_of_space
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .base import GenerationData, ShardWriter, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
 
@@ -40,6 +40,8 @@ _KEY = struct.Struct(">Q")
 _SUM = struct.Struct("<Q")
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
+#: Size of a staging area's lock.mdb, allocated up front (LMDB needs 8 KiB for its default 126 readers).
+LOCK_FILE_BYTES = 64 << 10
 
 
 def _key(index: int) -> bytes:
@@ -90,6 +92,41 @@ def _release_env(key: Any, pid: int) -> None:
             entry[1].close()
 
 
+def _lmdb_error(exc: Exception, staging: Path, needed: int, doing: str) -> Exception:
+    """The error to raise for an ``lmdb.Error`` while writing into `staging`."""
+    # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
+    if "No space" in str(exc) or _disk_full(staging, needed):
+        return BudgetExceededError(f"disk full while {doing} into {staging}: {exc}")
+    if not staging.is_dir():
+        return CacheStoreError(f"staging area {staging} is gone (its generation was aborted or pruned) "
+                               f"while {doing}: {exc}")
+    return exc
+
+
+def _preallocate_lock_file(staging: Path) -> None:
+    """Give the staging area's ``lock.mdb`` its disk blocks before any process opens it.
+
+    LMDB maps its lock file shared and writable and writes the reader table
+    through the map: on a full disk, touching a page with no block behind it
+    is a SIGBUS that kills the process (``writemap=False`` only covers the
+    data file). Allocated up front, a full disk is an ``ENOSPC`` here instead.
+    Done once, by the owner, before any writer opens the environment: every
+    process then sizes its reader table from the same file size (LMDB keeps a
+    lock file at least as large as it needs).
+    """
+    fd = os.open(staging / "lock.mdb", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as exc:
+        if is_out_of_space(exc):
+            raise out_of_space(exc, "allocating the LMDB lock file", staging) from exc
+        # EOPNOTSUPP/EINVAL: no fallocate on this file system; LMDB sizes the file itself, as before.
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    finally:
+        os.close(fd)
+
+
 class LmdbShard(ShardWriter):
     def __init__(self, token: StagingToken, shard_id: str) -> None:
         super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
@@ -112,6 +149,18 @@ class LmdbShard(ShardWriter):
         if not self._pending:
             return
         try:
+            self._write_pending()
+        finally:
+            # Written or not, these records are done with: after an error the generation is
+            # discarded, and keeping them would only make close() try again, into a staging
+            # area that is gone by then (an lmdb.Error in the next epoch instead of a clean start).
+            self._pending = []
+            self._pending_bytes = 0
+        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
+        write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)  # out of space: BudgetExceededError
+
+    def _write_pending(self) -> None:
+        try:
             if self._env is None:
                 self._env = _acquire_env(self._env_key, lambda: lmdb.open(
                     str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
@@ -123,20 +172,15 @@ class LmdbShard(ShardWriter):
         except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
             raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
         except lmdb.Error as exc:
-            # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
-            if "No space" in str(exc) or _disk_full(self.dir, self._pending_bytes):
-                raise BudgetExceededError(f"disk full while writing generation {self.generation} "
-                                          f"into {self.dir}: {exc}") from exc
-            raise
-        self._pending = []
-        self._pending_bytes = 0
-        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
-        try:
-            write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
-            raise
+            raise _lmdb_error(exc, self.dir, self._pending_bytes,
+                              f"writing generation {self.generation}") from exc
+
+    def close(self) -> None:
+        if not self.closed and self._pending and not self.dir.is_dir():
+            # The generation was aborted (its staging removed): nothing to write the buffered
+            # records into, and nothing to report - as a memmap shard writing into unlinked files.
+            self._pending, self._pending_bytes = [], 0
+        super().close()
 
     def _close(self) -> None:
         if self._env is not None:
@@ -150,6 +194,15 @@ class LmdbShard(ShardWriter):
 class LmdbBackend(DirectoryBackend):
     name = "lmdb"
 
+    def begin(self, generation: int, budget: Any, num_samples: int | None) -> StagingToken:
+        token = super().begin(generation, budget, num_samples)
+        try:
+            _preallocate_lock_file(Path(token.path))
+        except BaseException:
+            self.discard(token)
+            raise
+        return token
+
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         return LmdbShard(token, shard_id)
 
@@ -161,22 +214,25 @@ class LmdbBackend(DirectoryBackend):
             raw += stats["raw_bytes"]
             stored += stats["stored_bytes"]
             stats_file.unlink()
-        if not (staging / "data.mdb").exists():
-            check_complete([], num_samples, f"generation in {staging}")
-            env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
-            env.close()
-        else:
-            key = ("write", str(staging))  # shared with any shard writer of this process still open
-            env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
-                                                      readahead=False))
-            try:
-                with env.begin() as txn:
-                    keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
-                                       dtype=np.int64)
-                env.sync(True)
-            finally:
-                _release_env(key, os.getpid())
-            check_complete(keys, num_samples, f"generation in {staging}")
+        try:
+            if not (staging / "data.mdb").exists():
+                check_complete([], num_samples, f"generation in {staging}")
+                env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
+                env.close()
+            else:
+                key = ("write", str(staging))  # shared with any shard writer of this process still open
+                env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
+                                                          readahead=False))
+                try:
+                    with env.begin() as txn:
+                        keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
+                                           dtype=np.int64)
+                    env.sync(True)
+                finally:
+                    _release_env(key, os.getpid())
+                check_complete(keys, num_samples, f"generation in {staging}")
+        except lmdb.Error as exc:
+            raise _lmdb_error(exc, staging, 1 << 20, "committing") from exc
         (staging / "lock.mdb").unlink(missing_ok=True)
         n = num_samples if num_samples is not None else (int(keys.max()) + 1 if len(keys) else 0)
         return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
