@@ -103,17 +103,25 @@ class BatchProducer:
                     shard.put(pos, sample)
                     written += 1
                 except BudgetExceededError as exc:
-                    if task.on_budget == "error":
-                        raise
-                    budget_error = str(exc)
-                    self.budget_fits = getattr(exc, "fits_samples", None)
-                    self._writing = False  # stop writing this generation; keep serving
+                    budget_error = self._stop_writing(task, exc)
                     shard = None
             if records is not None:
                 records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
         if shard is not None:
-            shard.flush()  # before the result is sent: what was delivered is on disk
+            try:
+                shard.flush()  # before the result is sent: what was delivered is on disk
+            except BudgetExceededError as exc:
+                # A buffering backend (lmdb) meets the full disk here, not in put().
+                budget_error = self._stop_writing(task, exc)
         return (self.collate(samples) if task.collate else samples), written, records, budget_error
+
+    def _stop_writing(self, task: m.Task, exc: BudgetExceededError) -> str:
+        """The generation does not fit: raise (policy "error") or stop writing it and keep serving."""
+        if task.on_budget == "error":
+            raise exc
+        self.budget_fits = getattr(exc, "fits_samples", None)
+        self._writing = False
+        return str(exc)
 
     def read(self, task: m.Task, reader: Any = None) -> Any:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""

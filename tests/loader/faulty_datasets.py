@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -75,3 +76,28 @@ class ObjectArrayDataset:
 
     def __getitem__(self, index: int) -> dict:
         return {"x": np.zeros(2, np.float32), "tags": np.array(["a", index], dtype=object)}
+
+
+class DiskFillingDataset:
+    """Sample i is {"x": 16 KiB of i, "y": i}; computing `fill_at` fills the file system of `fill_dir`.
+
+    Another program filling the disk in the middle of a generate epoch, after the
+    budget projection has let the generation start.
+    """
+
+    def __init__(self, n: int = 48, fill_dir: str | None = None, fill_at: int | None = None) -> None:
+        self.n, self.fill_dir, self.fill_at = n, fill_dir, fill_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.fill_at and self.fill_dir is not None:
+            from tests.fullfs import fill
+
+            # Once per test: the marker sits next to the file system, which the test empties again.
+            marker = os.path.join(os.path.dirname(self.fill_dir), "filled-once")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                fill(self.fill_dir)
+        return {"x": np.full(4096, index, np.float32), "y": index}
