@@ -7,9 +7,12 @@ training process itself when ``nb_worker=0``.
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 from typing import Any
 
 import numpy as np
@@ -194,10 +197,44 @@ def _next(waiting: collections.deque) -> Any:
     return waiting.popleft()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exit now if it is dead already.
+
+    Why: a worker stuck in ``__getitem__`` never gets back to the loop that
+    notices a changed parent pid, so after a SIGKILL or SIGTERM of the
+    training process it ran forever (reparented to init), holding memory,
+    shared-memory slots and the GPU. SIGKILL, not a handler: it must work in
+    native code that never returns to Python. The signal is armed only now,
+    after the spawned interpreter started, so the parent may already have died:
+    hence the check of ``getppid()`` right after. Caveat (Linux): the signal
+    fires when the parent *thread* that started this worker exits, so the
+    loader must start its workers from a thread that lives as long as they do.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("could not set the parent-death signal (errno %d): this worker may outlive "
+                        "a killed training process", ctypes.get_errno())
+    except (OSError, AttributeError):  # no libc prctl: keep the idle check of the parent pid
+        pass
+    if os.getppid() != parent:
+        os._exit(0)  # orphaned before the signal was armed: nobody wants our results
+
+
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
     parent = os.getppid()
     if watch_parent:
+        # The pid that started us, as the training process passed it: getppid() may already be
+        # init's if it died while this interpreter was starting.
+        spawner = multiprocessing.parent_process()
+        parent = spawner.pid if spawner is not None and spawner.pid else parent
+        die_with_parent(parent)
         # Ctrl-C reaches the whole process group: the training process handles it and stops
         # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

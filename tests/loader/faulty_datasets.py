@@ -101,3 +101,19 @@ class DiskFillingDataset:
                 open(marker, "w").close()
                 fill(self.fill_dir)
         return {"x": np.full(4096, index, np.float32), "y": index}
+
+
+class HangingDataset:
+    """``dataset[hang_at]`` never returns (a stuck read); it first drops ``hanging-<pid>`` in `marker_dir`."""
+
+    def __init__(self, n: int = 40, hang_at: int = 6, marker_dir: str = "") -> None:
+        self.n, self.hang_at, self.marker_dir = n, hang_at, marker_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.hang_at and self.marker_dir:
+            open(os.path.join(self.marker_dir, f"hanging-{os.getpid()}"), "w").close()
+            threading.Event().wait()  # no timeout: only a signal ends this
+        return {"x": np.full(1024, index, np.float32), "y": index}
