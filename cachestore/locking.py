@@ -2,7 +2,8 @@
 
 Why ``flock`` and not a pid file: the kernel releases it when the holder dies
 (SIGKILL included), so a crashed writer never blocks the next one, and there
-is no stale-pid guessing. The pid written into the file is only for messages.
+is no stale-pid guessing. The pid written into the file is only for messages
+(on a full disk there is none: the lock is still taken).
 
 The lock file is unlinked on release so nothing is left behind. That opens a
 classic race (B opens the old inode, A unlinks it, C creates a new file: B and
@@ -115,12 +116,14 @@ class WriterLock:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException as exc:
-            # We hold the lock on the file at the path, so removing it is as safe as release().
-            self.path.unlink(missing_ok=True)
-            if is_out_of_space(exc):
-                raise out_of_space(exc, "writing the writer lock", self.path.parent) from exc
-            raise
+        except OSError as exc:
+            if not is_out_of_space(exc):
+                # We hold the lock on the file at the path, so removing it is as safe as release().
+                self.path.unlink(missing_ok=True)
+                raise
+            # A full disk: the flock is the lock, the pid only names us in messages. Keep it, so
+            # that prune can free space on a full disk, and a writer fails on its first write
+            # with a BudgetExceededError its caller can handle ("stream"), not here.
         self._fd = fd
         return True
 

@@ -103,24 +103,32 @@ def _lmdb_error(exc: Exception, staging: Path, needed: int, doing: str) -> Excep
     return exc
 
 
-def _preallocate_lock_file(staging: Path) -> None:
-    """Give the staging area's ``lock.mdb`` its disk blocks before any process opens it.
+def _allocate_lock_file(staging: Path, create: bool = False) -> None:
+    """Give the staging area's ``lock.mdb`` its disk blocks before this process opens it.
 
     LMDB maps its lock file shared and writable and writes the reader table
     through the map: on a full disk, touching a page with no block behind it
     is a SIGBUS that kills the process (``writemap=False`` only covers the
-    data file). Allocated up front, a full disk is an ``ENOSPC`` here instead.
-    Done once, by the owner, before any writer opens the environment: every
-    process then sizes its reader table from the same file size (LMDB keeps a
-    lock file at least as large as it needs).
+    data file). With the blocks allocated first, a full disk is an ``ENOSPC``
+    here instead. The owner sets the file's size (`create`) when it creates
+    the staging area, before any process opens the environment, so every
+    process sizes its reader table alike (LMDB keeps a lock file at least as
+    large as it needs); each process then allocates it before opening, and
+    the first one to find no room raises - inside the shard writer, where the
+    loader applies ``on_budget_exceeded``.
     """
-    fd = os.open(staging / "lock.mdb", os.O_RDWR | os.O_CREAT, 0o644)
+    path = staging / "lock.mdb"
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
     try:
+        if create:
+            os.ftruncate(fd, LOCK_FILE_BYTES)  # a size costs no blocks: this never fails for room
         os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
     except OSError as exc:
         if is_out_of_space(exc):
+            if create:
+                return  # the writers meet the full disk at their first flush
             raise out_of_space(exc, "allocating the LMDB lock file", staging) from exc
-        # EOPNOTSUPP/EINVAL: no fallocate on this file system; LMDB sizes the file itself, as before.
+        # EOPNOTSUPP/EINVAL: no fallocate on this file system; LMDB uses the pages as they come.
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
     finally:
@@ -160,6 +168,10 @@ class LmdbShard(ShardWriter):
         write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)  # out of space: BudgetExceededError
 
     def _write_pending(self) -> None:
+        if self._env is None:
+            if not self.dir.is_dir():
+                raise CacheStoreError(f"staging area {self.dir} is gone (its generation was aborted or pruned)")
+            _allocate_lock_file(self.dir)  # no room: BudgetExceededError, before LMDB could SIGBUS
         try:
             if self._env is None:
                 self._env = _acquire_env(self._env_key, lambda: lmdb.open(
@@ -169,8 +181,12 @@ class LmdbShard(ShardWriter):
             with self._env.begin(write=True) as txn:
                 for key, value in self._pending:
                     txn.put(key, value)
-        except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
+        except (lmdb.MapFullError, lmdb.DiskError) as exc:
             raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc, f"writing generation {self.generation}", self.dir) from exc
+            raise
         except lmdb.Error as exc:
             raise _lmdb_error(exc, self.dir, self._pending_bytes,
                               f"writing generation {self.generation}") from exc
@@ -197,7 +213,7 @@ class LmdbBackend(DirectoryBackend):
     def begin(self, generation: int, budget: Any, num_samples: int | None) -> StagingToken:
         token = super().begin(generation, budget, num_samples)
         try:
-            _preallocate_lock_file(Path(token.path))
+            _allocate_lock_file(Path(token.path), create=True)
         except BaseException:
             self.discard(token)
             raise
@@ -220,6 +236,7 @@ class LmdbBackend(DirectoryBackend):
                 env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
                 env.close()
             else:
+                _allocate_lock_file(staging)
                 key = ("write", str(staging))  # shared with any shard writer of this process still open
                 env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
                                                           readahead=False))

@@ -54,13 +54,42 @@ def test_full_disk_when_taking_the_writer_lock(small_fs, disk_backend):
     path = small_fs / "store"
     with open_store(path, disk_backend) as store:
         fill(small_fs)
-        with pytest.raises(BudgetExceededError, match="disk full while writing the writer lock"):
-            store.writer(0, 20)
+        # No room for the pid in writer.lock: the lock is taken all the same; the generation
+        # fails at its first write (or, with a size given, at its projection: 0 B available).
+        with pytest.raises(BudgetExceededError, match="disk full|but only 0 B is available"):
+            with store.writer(0, 20) as writer:
+                for i in range(20):
+                    writer.put(i, sample(0, i))
         # The lock's fd is closed (a leaked one held the flock: StoreLockedError for every later writer).
         assert open_fds_to(path / "writer.lock") == []
         assert sorted(os.listdir(path)) == ["store.json"]
         free(small_fs)
         _assert_room_again(store, path)
+
+
+def test_no_inode_left_for_the_writer_lock(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        fill(small_fs, inodes=True)
+        with pytest.raises(BudgetExceededError, match="disk full while creating the writer lock"):
+            store.writer(0, 20)
+        assert sorted(os.listdir(path)) == ["store.json"]
+        free(small_fs)
+        _assert_room_again(store, path)
+
+
+def test_prune_frees_a_full_disk(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        write_generation(store, 0, 60, sample)  # about 1 MiB
+        write_generation(store, 1, 60, sample)
+        fill(small_fs)
+        removed = store.prune(keep=1)  # takes the writer lock, which has no room for its pid
+        assert [r.generation for r in removed if r.kind == "generation"] == [0]
+        assert open_fds_to(path / "writer.lock") == []
+        write_generation(store, 2, 40, sample)  # in the space the prune freed
+        check_generation(store.reader(2), 2, 40, sample)
+        assert leftovers(path) == []
 
 
 def test_disk_fills_after_the_writer_opened(small_fs, disk_backend):

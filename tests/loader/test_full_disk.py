@@ -1,9 +1,11 @@
 """The disk under the cache prefix fills up: a clear error or the promised fallback, nothing locked.
 
 On a real 4 MiB tmpfs. Each ``on_budget_exceeded`` policy, with and without
-workers, for a disk that is full before the generate epoch and one that
-fills during it. Afterwards nothing is left (no ``writer.lock``, no staging)
-and, once there is room again, a new loader on the same prefix caches.
+workers, for a disk that is full before the generate epoch (``full``), one
+that has not even an inode left for the writer lock (``no-inodes``), and one
+that fills during the epoch (``fills``). Afterwards nothing is left (no
+``writer.lock``, no staging) and, once there is room again, a new loader on
+the same prefix caches.
 """
 
 from __future__ import annotations
@@ -54,23 +56,31 @@ def _caches_once_there_is_room(prefix, mount_point, nb_worker, backend) -> None:
     assert leftovers(str(prefix)) == []
 
 
-WHEN = ["before", "during"]
+WHEN = ["full", "no-inodes", "fills"]
 NEEDS_LOADER_FIX = pytest.mark.xfail(
     strict=True,
     reason="needs loader fix: CachedLoader._begin_generation lets the BudgetExceededError of "
-           "store.writer() (no room for the writer lock or the staging area) end the epoch instead of "
-           "applying on_budget_exceeded ('stream': serve computed samples uncached; 'rotate': switch to "
-           "rotation, streaming when not even a window fits)")
+           "store.writer() (here: no inode for writer.lock; on other file systems also no block for the "
+           "staging directory) end the epoch instead of applying on_budget_exceeded ('stream': serve "
+           "computed samples uncached; 'rotate': switch to rotation, streaming when not even a window fits)")
+NEEDS_ROTATION_FIX = pytest.mark.xfail(
+    strict=True,
+    reason="needs loader fix: after the full disk, CachedLoader._switch_to_rotation opens a disk "
+           "rotation window sized without looking at the room left (fits unknown: batch_size samples), "
+           "and DiskWindow.put raises a raw OSError ENOSPC in every epoch; 'rotate' must size the window "
+           "from the free space and, when not even one sample fits, rotate in memory or stream (with a "
+           "warning), and a window that meets a full disk must raise BudgetExceededError")
 CASES = [(backend, nb_worker) for backend in ("memmap", "lmdb") for nb_worker in (0, 2)]
 
 
 def _run(small_fs, policy, when, backend, nb_worker):
     prefix = small_fs / "cache"
-    if when == "before":
+    if when != "fills":
         (small_fs.parent / "filled-once").touch()  # the dataset leaves the disk alone
     loader = _loader(prefix, policy, nb_worker, backend, str(small_fs), N // 2)
-    if when == "before":
-        fill(small_fs)  # after the store was created: the generate epoch finds no room at all
+    if when != "fills":
+        # After the store was created: the generate epoch finds no room at all.
+        fill(small_fs, inodes=when == "no-inodes")
     return prefix, loader
 
 
@@ -82,7 +92,7 @@ def test_error_policy_raises_budget_error_and_unlocks(small_fs, when, backend, n
         with pytest.raises(BudgetExceededError, match="disk full|no room"):
             list(loader)
         assert leftovers(str(prefix)) == []
-        if when == "during":
+        if when == "fills":
             free(small_fs)
             # The same loader: its next epoch writes the generation again, now that it fits.
             assert _ys(loader) == list(range(N))
@@ -93,7 +103,7 @@ def test_error_policy_raises_budget_error_and_unlocks(small_fs, when, backend, n
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize("backend,nb_worker", CASES)
 def test_stream_policy_serves_every_sample(request, small_fs, when, backend, nb_worker):
-    if when == "before":
+    if when == "no-inodes":
         request.applymarker(NEEDS_LOADER_FIX)
     prefix, loader = _run(small_fs, "stream", when, backend, nb_worker)
     with loader:
@@ -107,8 +117,10 @@ def test_stream_policy_serves_every_sample(request, small_fs, when, backend, nb_
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize("backend,nb_worker", CASES)
 def test_rotate_policy_keeps_serving(request, small_fs, when, backend, nb_worker):
-    if when == "before":
+    if when == "no-inodes":
         request.applymarker(NEEDS_LOADER_FIX)
+    if when == "full":
+        request.applymarker(NEEDS_ROTATION_FIX)
     prefix, loader = _run(small_fs, "rotate", when, backend, nb_worker)
     with loader:
         for _ in range(3):
