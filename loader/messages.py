@@ -112,7 +112,7 @@ class TaskFailed:
     message: str
     traceback: str
     kind: str = "dataset"  # "dataset", "init", "budget", "store"
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # attributes set on the re-raised exception
     instance: bytes | None = None  # the pickled exception, when it pickles
     args: bytes | None = None  # its pickled ``args``, when they pickle
     state: bytes | None = None  # the picklable part of its ``__dict__``
@@ -154,8 +154,9 @@ class TaskFailed:
             _add_note(exc, where)  # the store's message says what to do; the worker's stack adds nothing
         else:
             _add_note(exc, f"{where} Worker traceback:\n{self.traceback.rstrip()}")
-        for name, value in (("sample_index", self.index), ("worker_id", self.worker_id), ("worker_pid", pid),
-                            ("worker_traceback", self.traceback)):
+        attributes = {**self.extra, "sample_index": self.index, "worker_id": self.worker_id, "worker_pid": pid,
+                      "worker_traceback": self.traceback}
+        for name, value in attributes.items():
             try:
                 setattr(exc, name, value)
             except (AttributeError, TypeError):
