@@ -93,7 +93,7 @@ def _release_env(key: Any, pid: int) -> None:
 
 
 def _lmdb_error(exc: Exception, staging: Path, needed: int, doing: str) -> Exception:
-    """The error to raise for an ``lmdb.Error`` while writing into `staging`."""
+    """The error to raise for an ``lmdb.Error`` while writing into `staging` (`exc` itself if none fits)."""
     # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
     if "No space" in str(exc) or _disk_full(staging, needed):
         return BudgetExceededError(f"disk full while {doing} into {staging}: {exc}")
@@ -118,7 +118,12 @@ def _allocate_lock_file(staging: Path, create: bool = False) -> None:
     loader applies ``on_budget_exceeded``.
     """
     path = staging / "lock.mdb"
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except OSError as exc:
+        if is_out_of_space(exc):  # not even an inode left
+            raise out_of_space(exc, "creating the LMDB lock file", staging) from exc
+        raise
     try:
         if create:
             os.ftruncate(fd, LOCK_FILE_BYTES)  # a size costs no blocks: this never fails for room
@@ -188,8 +193,10 @@ class LmdbShard(ShardWriter):
                 raise out_of_space(exc, f"writing generation {self.generation}", self.dir) from exc
             raise
         except lmdb.Error as exc:
-            raise _lmdb_error(exc, self.dir, self._pending_bytes,
-                              f"writing generation {self.generation}") from exc
+            err = _lmdb_error(exc, self.dir, self._pending_bytes, f"writing generation {self.generation}")
+            if err is exc:
+                raise
+            raise err from exc
 
     def close(self) -> None:
         if not self.closed and self._pending and not self.dir.is_dir():
@@ -249,7 +256,10 @@ class LmdbBackend(DirectoryBackend):
                     _release_env(key, os.getpid())
                 check_complete(keys, num_samples, f"generation in {staging}")
         except lmdb.Error as exc:
-            raise _lmdb_error(exc, staging, 1 << 20, "committing") from exc
+            err = _lmdb_error(exc, staging, 1 << 20, "committing")
+            if err is exc:
+                raise
+            raise err from exc
         (staging / "lock.mdb").unlink(missing_ok=True)
         n = num_samples if num_samples is not None else (int(keys.max()) + 1 if len(keys) else 0)
         return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
