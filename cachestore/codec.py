@@ -89,12 +89,27 @@ def flatten(sample: Any, allow_pickle: bool = False) -> tuple[tuple, list[np.nda
     return _flatten(sample, leaves, allow_pickle), leaves
 
 
+_PICKLE_HINT = ("open the store with allow_pickle=True (the loader: cache_setting={..., 'allow_pickle': True}) "
+                "to store it with pickle")
+
+
 def _pickled(x: Any, leaves: list[np.ndarray], allow_pickle: bool, what: str) -> tuple:
     if not allow_pickle:
+        if isinstance(x, (np.ndarray, np.generic)):
+            # The type alone ("numpy.ndarray") does not say what is wrong: the dtype does.
+            why, fix = (("object-dtype arrays hold references to Python objects, not raw numbers",
+                         "convert it to a numeric dtype (e.g. np.asarray(x, dtype=np.float32))")
+                        if x.dtype.hasobject else
+                        ("structured (record) dtypes are not stored as raw buffers",
+                         "store one array per field instead (a dict of arrays)"))
+            raise UnsupportedSampleError(
+                f"cannot store {what} of dtype {x.dtype} (shape {x.shape}) without pickle: {why}. "
+                f"To cache it, {fix}, or {_PICKLE_HINT}"
+            )
         raise UnsupportedSampleError(
             f"cannot store {what} of type {type(x).__module__}.{type(x).__qualname__}; "
             "supported: numpy arrays, torch tensors, dict/list/tuple, str, bytes, int, float, bool, None. "
-            "Convert it, or open the store with allow_pickle=True"
+            "Convert it, or " + _PICKLE_HINT
         )
     data = np.frombuffer(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     leaves.append(data)

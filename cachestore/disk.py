@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import stat
 from pathlib import Path
+
+from .errors import BudgetExceededError
 
 _UNITS = {
     "": 1, "b": 1,
@@ -15,6 +18,9 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+#: errno values that mean "no room": a full file system, or a full quota.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 #: Free space the default budget leaves to the rest of the system.
 RESERVE_FRACTION = 0.02
@@ -105,3 +111,21 @@ def _lstat_mode(path: str) -> int:
         return os.lstat(path).st_mode
     except FileNotFoundError:
         return 0
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    """Whether `exc` is an ``OSError`` for a full file system or quota."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
+
+
+def out_of_space(exc: OSError, doing: str, path: str | os.PathLike) -> BudgetExceededError:
+    """The :class:`BudgetExceededError` to raise (``from exc``) for an out-of-space `exc`.
+
+    It keeps ``errno``, so code that tests ``exc.errno == errno.ENOSPC`` still works.
+    """
+    err = BudgetExceededError(
+        f"disk full while {doing} in {path} ({exc.strerror or exc}); "
+        "free space on that file system (or give the store another path) and try again"
+    )
+    err.errno = exc.errno
+    return err

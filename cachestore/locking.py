@@ -2,7 +2,8 @@
 
 Why ``flock`` and not a pid file: the kernel releases it when the holder dies
 (SIGKILL included), so a crashed writer never blocks the next one, and there
-is no stale-pid guessing. The pid written into the file is only for messages.
+is no stale-pid guessing. The pid written into the file is only for messages
+(on a full disk there is none: the lock is still taken).
 
 The lock file is opened with ``O_NOFOLLOW``: a ``writer.lock`` replaced by a
 symlink (to a user's file, say) is unlinked - the link, not its target - and
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import StoreLockedError
+from .disk import is_out_of_space, out_of_space
 from .safefs import is_link_error, unlink_name
 
 LOCK_NAME = "writer.lock"
@@ -75,22 +77,42 @@ class WriterLock:
         """Take the lock or raise :class:`StoreLockedError` naming the holder."""
         if self._fd is not None:
             return
-        deadline = time.monotonic() + PROBE_GRACE
+        self._deadline = time.monotonic() + PROBE_GRACE
         for _ in range(1000):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             except OSError as exc:
+                if is_out_of_space(exc):
+                    raise out_of_space(exc, "creating the writer lock", self.path.parent) from exc
                 if not is_link_error(exc):
                     raise
                 if os.path.islink(self.path):  # a planted symlink: drop the link, never write into its target
                     unlink_name(self.path)
                 continue
             try:
+                held = self._try_lock(fd)
+            except BaseException:
+                # Whatever failed (a full disk when writing the pid), the fd must not outlive
+                # this call: it holds the flock, and a leaked one locks the store until exit.
+                os.close(fd)
+                raise
+            if held:
+                return
+            os.close(fd)
+        raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
+
+    def _try_lock(self, fd: int) -> bool:
+        """Lock `fd` (open on the lock path): ``True`` when held, ``False`` to retry with a new fd.
+
+        The caller closes `fd` when this returns ``False`` or raises.
+        """
+        while True:
+            try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
             except BlockingIOError:
                 pid = _read_pid(fd)
-                os.close(fd)
-                if pid is None and time.monotonic() < deadline:
+                if pid is None and time.monotonic() < self._deadline:
                     # No pid written: most likely `lock_holder` probing with a shared lock
                     # for a moment (inspect, prune), not a writer. Give it a few ms.
                     time.sleep(0.005)
@@ -100,17 +122,25 @@ class WriterLock:
                     f"store {self.path.parent} is being written by {who}; "
                     "only one writer at a time (wait for it to finish, or stop it)"
                 ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-                self._fd = fd
-                return
-            os.close(fd)  # the file was unlinked under us by a releasing holder: retry
-        raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
+        try:
+            same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            return False  # the file was unlinked under us by a releasing holder: retry
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            if not is_out_of_space(exc):
+                # We hold the lock on the file at the path, so removing it is as safe as release().
+                self.path.unlink(missing_ok=True)
+                raise
+            # A full disk: the flock is the lock, the pid only names us in messages. Keep it, so
+            # that prune can free space on a full disk, and a writer fails on its first write
+            # with a BudgetExceededError its caller can handle ("stream"), not here.
+        self._fd = fd
+        return True
 
     def release(self) -> None:
         """Unlink the lock file and drop the lock (idempotent)."""

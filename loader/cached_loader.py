@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 from cachestore import Store
 
 from . import sampler
+from .checks import check_importable_by_workers
 from .device import DeviceMover
 from .epoch import EpochStats
 from .layout import ConsumerLayout
@@ -146,6 +147,8 @@ class CachedLoader:
             to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
             timeout=timeout, progress=progress)
         s = self.settings
+        check_importable_by_workers(s.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
+                                    start_method=s.start_method, collate_fn=s.collate_fn)
         self.epoch_stats: list[EpochStats] = []
         self._next_epoch = 0  # the epoch the next iter() serves
         self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()

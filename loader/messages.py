@@ -103,7 +103,13 @@ class BatchDone:
 
 @dataclass(frozen=True)
 class TaskFailed:
-    """An exception in a worker, carried to the training process to be re-raised there."""
+    """An exception in a worker, carried to the training process to be re-raised there.
+
+    The training process re-raises the dataset's own exception - same class,
+    same ``args``, same attributes - so ``except LabelError`` works with and
+    without workers; where it happened and the worker's traceback are added
+    as notes (:pep:`678`), which print as real lines under the message.
+    """
 
     epoch: int
     seq: int
@@ -115,49 +121,104 @@ class TaskFailed:
     message: str
     traceback: str
     kind: FailureKind = "dataset"
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # attributes set on the re-raised exception
+    instance: bytes | None = None  # the pickled exception, when it pickles
+    args: bytes | None = None  # its pickled ``args``, when they pickle
+    state: bytes | None = None  # the picklable part of its ``__dict__``
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, epoch: int, seq: int, part: int, worker_id: int,
                        index: int | None, kind: str) -> "TaskFailed":
-        try:
-            pickled: bytes | None = pickle.dumps(type(exc))
-        except Exception:
-            pickled = None
-        return cls(epoch=epoch, seq=seq, part=part, worker_id=worker_id, index=index, exc_type=pickled,
-                   type_name=f"{type(exc).__module__}.{type(exc).__qualname__}", message=str(exc),
-                   traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), kind=kind)
+        return cls(epoch=epoch, seq=seq, part=part, worker_id=worker_id, index=index,
+                   exc_type=_dumps(type(exc)), type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                   message=str(exc),
+                   traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), kind=kind,
+                   instance=_dumps(exc), args=_dumps(exc.args),
+                   state=_dumps({k: v for k, v in getattr(exc, "__dict__", {}).items() if _dumps(v) is not None}))
+
+    def where(self, pid: int | None = None, epoch: int | None = None) -> str:
+        """Where the exception was raised, as a sentence."""
+        who = f"loader worker {self.worker_id}" + (f" (pid {pid})" if pid else "")
+        if self.kind == "init":
+            return f"Raised in {who} while building its dataset."
+        what = f"while computing sample {self.index}" if self.index is not None else "while producing a batch"
+        if epoch is not None:
+            what += f" of epoch {epoch}"
+        return f"Raised in {who} {what}."
 
     def exception(self, pid: int | None = None, epoch: int | None = None) -> BaseException:
-        """The exception to raise in the training process: original type, worker traceback in the message."""
-        exc_type: Any = None
-        if self.exc_type is not None:
-            try:
-                exc_type = pickle.loads(self.exc_type)
-            except Exception:
-                exc_type = None
-        if self.kind in ("budget", "store") and exc_type is not None:
-            try:
-                exc = exc_type(self.message)
-                for name, value in self.extra.items():
-                    setattr(exc, name, value)
-                return exc
-            except Exception:
-                pass
-        where = f"loader worker {self.worker_id}" + (f" (pid {pid})" if pid else "")
-        if self.kind == "init":
-            what = "while building its dataset"
+        """The exception to raise in the training process: the original one, rebuilt, with notes.
+
+        Falls back to :class:`~cachestore.errors.WorkerError` only when the
+        exception's class cannot be imported here.
+        """
+        exc = self._rebuild()
+        where = self.where(pid, epoch)
+        if exc is None:
+            exc = WorkerError(f"{self.type_name}: {self.message}\n({where} Its class cannot be imported in the "
+                              "training process, so it is re-raised as WorkerError.)")
+        if self.kind in ("budget", "store"):
+            _add_note(exc, where)  # the store's message says what to do; the worker's stack adds nothing
         else:
-            what = f"while computing sample {self.index}" if self.index is not None else "while producing a batch"
-            if epoch is not None:
-                what += f" of epoch {epoch}"
-        text = (f"{self.type_name.rsplit('.', 1)[-1]}: {self.message}\n\n"
-                f"Raised in {where} {what}. Worker traceback:\n{self.traceback}")
-        if exc_type is not None and isinstance(exc_type, type) and issubclass(exc_type, BaseException):
+            _add_note(exc, f"{where} Worker traceback:\n{self.traceback.rstrip()}")
+        attributes = {**self.extra, "sample_index": self.index, "worker_id": self.worker_id, "worker_pid": pid,
+                      "worker_traceback": self.traceback}
+        for name, value in attributes.items():
             try:
-                exc = exc_type(text)
-                if isinstance(exc, BaseException):
-                    return exc
-            except Exception:
-                pass
-        return WorkerError(f"{self.type_name}: {text}")
+                setattr(exc, name, value)
+            except (AttributeError, TypeError):
+                pass  # a class with __slots__: the notes carry the same
+        return exc
+
+    def _rebuild(self) -> BaseException | None:
+        """The worker's exception, or ``None`` when its class is not importable here.
+
+        Unpickling calls ``cls(*args)``, which fails (or worse, builds a different
+        message) when the constructor takes other arguments than it passes to
+        ``Exception.__init__`` - ``LabelError(index, path)``. So the unpickled
+        instance is kept only when its ``args`` are the worker's; otherwise the
+        instance is rebuilt without calling ``__init__``: ``cls.__new__(cls)``,
+        then the worker's ``args`` and ``__dict__``.
+        """
+        exc_type = _loads(self.exc_type)
+        if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+            return None
+        exc = _loads(self.instance)
+        if type(exc) is exc_type and self.args is not None and _dumps(exc.args) == self.args:
+            return exc
+        try:
+            exc = exc_type.__new__(exc_type)
+        except Exception:
+            return None
+        args = _loads(self.args)
+        exc.args = args if isinstance(args, tuple) else (self.message,)
+        state = _loads(self.state)
+        if isinstance(state, dict):
+            try:
+                exc.__dict__.update(state)
+            except AttributeError:
+                pass  # no __dict__ (slots): args are what we can give back
+        return exc
+
+
+def _dumps(obj: Any) -> bytes | None:
+    try:
+        return pickle.dumps(obj)
+    except Exception:
+        return None
+
+
+def _loads(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:
+        return None
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    try:
+        exc.add_note(note)
+    except (AttributeError, TypeError):
+        pass

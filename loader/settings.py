@@ -52,8 +52,23 @@ class EpochMode(_StrEnum):
 
 
 BUDGET_POLICIES = tuple(p.value for p in BudgetPolicy)
+#: The values each boolean key of ``cache_setting`` accepts: the one place to widen
+#: (e.g. ``background_refresh`` taking ``"auto"``). Strings like ``"no"`` or ``"False"``
+#: are refused rather than read as true, which is what ``bool()`` would make of them.
+BOOL_VALUES: dict[str, tuple] = {"verify": (True, False), "allow_pickle": (True, False),
+                                 "background_refresh": (True, False)}
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
+
+
+def _check_choice(name: str, key: str, value: Any, allowed: tuple) -> Any:
+    """`value` if it is one of `allowed` (compared by identity for booleans), else a ValueError naming `key`."""
+    # Identity for bools and None: 1 == True and 0 == False, and an int is not a boolean setting.
+    if any(value is a if isinstance(a, bool) or a is None else (type(value) is type(a) and value == a)
+           for a in allowed):
+        return value
+    raise ValueError(f"{name}[{key!r}] must be one of {', '.join(map(repr, allowed))}, "
+                     f"got {value!r} ({type(value).__name__})")
 
 
 def _check_keys(name: str, given: dict, allowed: set[str]) -> None:
@@ -131,9 +146,10 @@ class CacheSettings:
         on_mismatch = setting.get("on_mismatch", "error")
         if on_mismatch not in tuple(MismatchPolicy):
             raise ValueError(f"cache_setting['on_mismatch'] must be 'error' or 'regenerate', got {on_mismatch!r}")
-        return cls(str(prefix), k, backend, compression, budget, BudgetPolicy(policy),
-                   bool(setting.get("verify", True)), bool(setting.get("allow_pickle", False)),
-                   bool(setting.get("background_refresh", False)), fingerprint, MismatchPolicy(on_mismatch))
+        flags = {key: _check_choice("cache_setting", key, setting.get(key, getattr(cls, key)), allowed)
+                 for key, allowed in BOOL_VALUES.items()}
+        return cls(str(prefix), k, backend, compression, budget, BudgetPolicy(policy), fingerprint=fingerprint,
+                   on_mismatch=MismatchPolicy(on_mismatch), **flags)
 
 
     @property

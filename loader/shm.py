@@ -1,28 +1,49 @@
 """Shared-memory slots that carry batches from workers to the training process.
 
-A slot is a file under ``/dev/shm`` named ``cachestore-<pid>-<hex>-<slot>-<k>``
-(``pid``: the training process, ``k``: how many times the slot grew). Files
-rather than ``multiprocessing.shared_memory`` so that the training process
-alone owns their lifetime (no resource tracker, no double unlink), and so that
-a sweep by name removes everything a crashed run left.
+Lifetime: no segment may outlive the processes that use it
+------------------------------------------------------------
+A slot is a ``memfd`` (an anonymous tmpfs file) created by the training
+process, which keeps its descriptor open for the slot's lifetime. A worker
+opens the same file through ``/proc/<training pid>/fd/<fd>`` and keeps its own
+descriptor. Nothing has a name in ``/dev/shm``, so the kernel frees a slot
+when the last process holding it (descriptor or mapping) is gone - whatever
+ended them: close, an exception, SIGTERM, SIGKILL of the training process
+(its workers then die too: see the parent-death signal in
+:mod:`loader.worker`). Every alternative leaves a window: a named file is
+unlinked by a cleanup that SIGKILL skips; a sweep of dead pids' files at the
+next start only runs if there is a next start; a resource-tracker process
+dies with a SIGKILLed process group.
 
-Slots are reused: a freshly mapped page costs micro-seconds to fault in, a new
-buffer per batch would cost more than the copy. The training process hands a
-batch out as numpy views of the slot; the slot returns to the free list when
-the last view dies (a ``weakref.finalize`` on a per-batch ctypes exporter, the
-one object every view keeps alive). A batch larger than its slot is written by
-the worker into a new, larger segment, which then replaces the slot.
+Where ``memfd`` or ``/proc/<pid>/fd`` is not available (not Linux, or a
+non-dumpable training process that workers may not open), slots fall back to
+files under ``/dev/shm`` named ``cachestore-<pid>-<hex>-<slot>``: removed on
+close, and by :func:`sweep_dead_segments` at the next start after a crash.
+
+A task names its slot by a string (:attr:`Task.slot_name`): the ``/proc``
+path followed by ``#`` and a unique label, or the file name. Slots are
+reused: a freshly mapped page costs micro-seconds to fault in, a new buffer
+per batch would cost more than the copy. The training process hands a batch
+out as numpy views of the slot; the slot returns to the free list when the
+last view dies (a ``weakref.finalize`` on a per-batch ctypes exporter, the
+one object every view keeps alive). A batch larger than its slot is written
+by the worker after growing the slot's file in place (``ftruncate``); the
+training process maps the larger size when the result says so. A slot's
+pages are allocated when it is created or grown (``posix_fallocate``), so a
+full ``/dev/shm`` or memory limit is an ``OSError`` there, never a SIGBUS
+when a page is first touched.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import glob
 import logging
 import mmap
 import os
 import secrets
+import sys
 import tempfile
 import threading
 import weakref
@@ -38,6 +59,10 @@ log = logging.getLogger(__name__)
 ALIGN = 64
 MIN_SLOT = 1 << 20
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+#: Start of the ``/proc/<pid>/maps`` path of a memfd slot (``/memfd:<label> (deleted)``).
+MEMFD_PREFIX = "/memfd:cachestore-"
+_PROC_FD = "/proc/"
+_PR_GET_DUMPABLE = 3
 
 
 def shm_dir() -> str:
@@ -48,12 +73,54 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def _memfd_usable() -> bool:
+    """Whether slots can be memfds that workers open through ``/proc/<pid>/fd``."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
+        return False
+    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # Another process may open our /proc/<pid>/fd entries only while we are dumpable.
+        return libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+    except (OSError, AttributeError):
+        return False
+
+
+#: Slots are memfds (see the module docstring); read once, set to False to force files.
+USE_MEMFD = _memfd_usable()
+
+
+def is_segment_path(path: str) -> bool:
+    """Whether `path` (from ``/proc/<pid>/maps`` or ``/proc/<pid>/fd``) is a slot of this package."""
+    return path.startswith(MEMFD_PREFIX) or path.startswith(os.path.join(_SHM_DIR, "cachestore-"))
+
+
+def _path_of(name: str) -> str:
+    if name.startswith(_PROC_FD):
+        return name.split("#", 1)[0]
+    return os.path.join(_SHM_DIR, name)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Make the file of `fd` `size` bytes long, with its pages allocated now (see the module docstring)."""
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return  # no fallocate here: pages come on first touch, as with any mapping
+        raise OSError(exc.errno, f"cannot allocate {size} bytes of shared memory for loader batches "
+                                 f"({exc.strerror}); free memory (or space in {_SHM_DIR}), or use smaller "
+                                 "batches") from exc
+
+
 def create_segment(name: str, size: int) -> tuple[mmap.mmap, int]:
-    """Create and map a segment of `size` bytes (tmpfs pages are allocated on first touch)."""
+    """Create and map a file segment of `size` bytes under :func:`shm_dir` (the fallback without memfd)."""
     path = os.path.join(_SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.ftruncate(fd, size)
+        _allocate(fd, size)
         return mmap.mmap(fd, size), size
     except BaseException:
         os.unlink(path)
@@ -63,8 +130,8 @@ def create_segment(name: str, size: int) -> tuple[mmap.mmap, int]:
 
 
 def open_segment(name: str) -> mmap.mmap:
-    path = os.path.join(_SHM_DIR, name)
-    fd = os.open(path, os.O_RDWR)
+    """Map the whole segment `name` (a memfd slot or a file segment)."""
+    fd = os.open(_path_of(name), os.O_RDWR)
     try:
         return mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
@@ -72,6 +139,9 @@ def open_segment(name: str) -> mmap.mmap:
 
 
 def unlink_segment(name: str) -> None:
+    """Remove a file segment's name (nothing to do for a memfd slot: it has none)."""
+    if name.startswith(_PROC_FD):
+        return
     try:
         os.unlink(os.path.join(_SHM_DIR, name))
     except FileNotFoundError:
@@ -79,7 +149,7 @@ def unlink_segment(name: str) -> None:
 
 
 def sweep_dead_segments() -> list[str]:
-    """Remove segments of training processes that no longer exist."""
+    """Remove file segments of training processes that no longer exist (memfd slots need no sweep)."""
     removed = []
     for path in glob.glob(os.path.join(_SHM_DIR, "cachestore-*")):
         parts = os.path.basename(path).split("-")
@@ -113,40 +183,57 @@ def leaf_views(buf: Any, specs: Sequence[tuple[np.dtype, tuple[int, ...]]], offs
 
 
 class WorkerSegments:
-    """A worker's view of the slots: maps segments by name, grows them on demand."""
+    """A worker's view of the slots: opens each once, grows them in place on demand."""
 
     def __init__(self) -> None:
-        self._maps: dict[int, tuple[str, mmap.mmap]] = {}
+        self._maps: dict[int, tuple[str, int, mmap.mmap]] = {}  # slot -> (name, fd, mapping)
 
-    def get(self, slot: int, name: str) -> mmap.mmap:
+    def get(self, slot: int, name: str, size: int = 0) -> mmap.mmap:
+        """A mapping of slot `name`, at least `size` bytes long (the file may have grown)."""
         cached = self._maps.get(slot)
+        if cached is not None and cached[0] == name and len(cached[2]) >= size:
+            return cached[2]
         if cached is not None and cached[0] == name:
-            return cached[1]
-        if cached is not None:
-            _close_quietly(cached[1])
-        m = open_segment(name)
-        self._maps[slot] = (name, m)
+            fd = cached[1]
+            _close_quietly(cached[2])
+        else:
+            if cached is not None:
+                self._drop(slot)
+            # Kept open: a memfd slot can only be reached through the owner's /proc entry, and
+            # growing the slot needs a descriptor anyway.
+            fd = os.open(_path_of(name), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            m = mmap.mmap(fd, os.fstat(fd).st_size)
+        except BaseException:
+            os.close(fd)
+            self._maps.pop(slot, None)
+            raise
+        self._maps[slot] = (name, fd, m)
         return m
 
     def buffer_for(self, slot: int, name: str, size: int, needed: int) -> tuple[mmap.mmap, str, int]:
-        """A mapping of at least `needed` bytes for `slot`: the slot itself, or a new larger segment."""
+        """A mapping of at least `needed` bytes for `slot`, growing the slot when it is smaller."""
         if needed <= size:
-            return self.get(slot, name), name, size
+            return self.get(slot, name, size), name, size
         new_size = max(MIN_SLOT, _round_up(int(needed * 1.25), 1 << 20))
-        stem, _, k = name.rpartition("-")
-        new_name = f"{stem}-{int(k) + 1}"
-        unlink_segment(new_name)  # a worker that died mid-growth may have left it
-        m, _ = create_segment(new_name, new_size)
-        cached = self._maps.get(slot)
-        if cached is not None:
-            _close_quietly(cached[1])
-        self._maps[slot] = (new_name, m)
-        return m, new_name, new_size
+        old = self.get(slot, name, size)
+        _, fd, _ = self._maps[slot]
+        _close_quietly(old)
+        # In place: the slot keeps its name, and the training process maps the new size when the
+        # result tells it. The slot is lent to this task alone, so nobody reads it meanwhile.
+        _allocate(fd, new_size)
+        m = mmap.mmap(fd, new_size)
+        self._maps[slot] = (name, fd, m)
+        return m, name, new_size
+
+    def _drop(self, slot: int) -> None:
+        _, fd, m = self._maps.pop(slot)
+        _close_quietly(m)
+        os.close(fd)
 
     def close(self) -> None:
-        for _, m in self._maps.values():
-            _close_quietly(m)
-        self._maps.clear()
+        for slot in list(self._maps):
+            self._drop(slot)
 
 
 def _close_quietly(m: mmap.mmap) -> None:
@@ -199,11 +286,16 @@ def gather_batch(segments: WorkerSegments, slot: int, name: str, size: int, read
 # ----------------------------------------------------------------------- owner side
 
 class SlotPool:
-    """The training process's slots: creation, lending to tasks, zero-copy views, cleanup."""
+    """The training process's slots: creation, lending to tasks, zero-copy views, cleanup.
 
-    def __init__(self, initial_slots: int) -> None:
+    Slots are memfds (or, without them, files): see the module docstring.
+    """
+
+    def __init__(self, initial_slots: int, memfd: bool | None = None) -> None:
+        self.memfd = USE_MEMFD if memfd is None else memfd
         self.prefix = f"cachestore-{os.getpid()}-{secrets.token_hex(4)}"
         self._names: list[str] = []
+        self._fds: list[int | None] = []
         self._maps: list[mmap.mmap | None] = []
         self._sizes: list[int] = []
         self._free: collections.deque[int] = collections.deque()
@@ -216,9 +308,23 @@ class SlotPool:
 
     def _new_slot(self) -> int:
         slot = len(self._names)
-        name = f"{self.prefix}-{slot}-0"
-        m, size = create_segment(name, self.size_hint)
+        label = f"{self.prefix}-{slot}"
+        size = self.size_hint
+        if self.memfd:
+            fd = os.memfd_create(label, os.MFD_CLOEXEC)
+            name = f"/proc/{os.getpid()}/fd/{fd}#{label}"  # the label makes a reused fd number a new name
+        else:
+            fd = os.open(os.path.join(_SHM_DIR, label), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            name = label
+        try:
+            _allocate(fd, size)
+            m = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            unlink_segment(name)
+            raise
         self._names.append(name)
+        self._fds.append(fd)
         self._maps.append(m)
         self._sizes.append(size)
         self._free.append(slot)
@@ -251,17 +357,17 @@ class SlotPool:
             self.release(slot)
 
     def adopt(self, slot: int, name: str, size: int) -> None:
-        """A worker grew `slot` into segment `name`: map it, drop the old one."""
-        if name == self._names[slot]:
+        """A worker grew `slot` in place to `size` bytes: map it at that size."""
+        if name != self._names[slot]:
+            raise ValueError(f"slot {slot} is {self._names[slot]!r}, a worker reported {name!r}")
+        if size <= self._sizes[slot] or self.closed:
             return
-        old_name, old_map = self._names[slot], self._maps[slot]
-        self._maps[slot] = open_segment(name)
-        self._names[slot] = name
+        old = self._maps[slot]
+        self._maps[slot] = mmap.mmap(self._fds[slot], size)
         self._sizes[slot] = size
         self.size_hint = max(self.size_hint, size)
-        unlink_segment(old_name)
-        if old_map is not None:
-            _close_quietly(old_map)
+        if old is not None:
+            _close_quietly(old)
 
     def view(self, slot: int, meta: dict) -> Any:
         """The batch in `slot` as arrays over shared memory; the slot is lent until they die."""
@@ -272,7 +378,7 @@ class SlotPool:
         return codec.unflatten(meta["treedef"], leaves)
 
     def close(self) -> None:
-        """Unlink every segment (mappings still viewed by live batches stay valid)."""
+        """Release every slot (mappings still viewed by live batches stay valid until they die)."""
         with self._lock:
             self.closed = True
             self._free.clear()
@@ -280,8 +386,15 @@ class SlotPool:
             if m is not None:
                 _close_quietly(m)
         self._maps = [None] * len(self._maps)
-        for path in glob.glob(os.path.join(_SHM_DIR, self.prefix + "-*")):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        for i, fd in enumerate(self._fds):
+            if fd is not None:
+                os.close(fd)
+                self._fds[i] = None
+        for name in self._names:
+            unlink_segment(name)
+        if not self.memfd:
+            for path in glob.glob(os.path.join(_SHM_DIR, self.prefix + "-*")):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass

@@ -7,10 +7,13 @@ training process itself when ``nb_worker=0``.
 from __future__ import annotations
 
 import collections
+import ctypes
 import faulthandler
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +30,20 @@ log = logging.getLogger(__name__)
 
 
 class SampleError(Exception):
-    """Wraps an exception from ``dataset[index]`` with the index."""
+    """Wraps an exception from ``dataset[index]`` with the index.
+
+    The dataset's exception itself gets ``sample_index`` too: it is what the
+    training process re-raises, with or without workers.
+    """
 
     def __init__(self, index: int, cause: BaseException) -> None:
         super().__init__(index)
         self.index = index
         self.cause = cause
+        try:
+            cause.sample_index = index  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass  # __slots__ without it: the index is still in the message's notes
 
 
 @dataclass
@@ -105,18 +116,26 @@ class BatchProducer:
                     shard.put(pos, sample)
                     written += 1
                 except BudgetExceededError as exc:
-                    if task.on_budget == BudgetPolicy.ERROR:
-                        raise
-                    budget_error = str(exc)
-                    self.budget_fits = exc.fits_samples
-                    self._writing = False  # stop writing this generation; keep serving
+                    budget_error = self._stop_writing(task, exc)
                     shard = None
             if records is not None:
                 records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
         if shard is not None:
-            shard.flush()  # before the result is sent: what was delivered is on disk
+            try:
+                shard.flush()  # before the result is sent: what was delivered is on disk
+            except BudgetExceededError as exc:
+                # A buffering backend (lmdb) meets the full disk here, not in put().
+                budget_error = self._stop_writing(task, exc)
         return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error,
                         self.budget_fits if budget_error else None)
+
+    def _stop_writing(self, task: m.Task, exc: BudgetExceededError) -> str:
+        """The generation does not fit: raise (policy "error") or stop writing it and keep serving."""
+        if task.on_budget == BudgetPolicy.ERROR:
+            raise exc
+        self.budget_fits = exc.fits_samples
+        self._writing = False
+        return str(exc)
 
     def read(self, task: m.Task, reader: Any = None) -> Any:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
@@ -207,11 +226,45 @@ def stack_dump_file() -> Any:
     return dump
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exit now if it is dead already.
+
+    Why: a worker stuck in ``__getitem__`` never gets back to the loop that
+    notices a changed parent pid, so after a SIGKILL or SIGTERM of the
+    training process it ran forever (reparented to init), holding memory,
+    shared-memory slots and the GPU. SIGKILL, not a handler: it must work in
+    native code that never returns to Python. The signal is armed only now,
+    after the spawned interpreter started, so the parent may already have died:
+    hence the check of ``getppid()`` right after. Caveat (Linux): the signal
+    fires when the parent *thread* that started this worker exits, so the
+    loader must start its workers from a thread that lives as long as they do.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("could not set the parent-death signal (errno %d): this worker may outlive "
+                        "a killed training process", ctypes.get_errno())
+    except (OSError, AttributeError):  # no libc prctl: keep the idle check of the parent pid
+        pass
+    if os.getppid() != parent:
+        os._exit(0)  # orphaned before the signal was armed: nobody wants our results
+
+
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
     parent = os.getppid()
     stack_dump = None
     if watch_parent:
+        # The pid that started us, as the training process passed it: getppid() may already be
+        # init's if it died while this interpreter was starting.
+        spawner = multiprocessing.parent_process()
+        parent = spawner.pid if spawner is not None and spawner.pid else parent
+        die_with_parent(parent)
         # Ctrl-C reaches the whole process group: the training process handles it and stops
         # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -164,12 +164,16 @@ class ShardWriter(ABC):
         if self.num_samples is not None and index >= self.num_samples:
             raise IndexError(f"index {index} out of range for a generation of {self.num_samples} samples")
         treedef, leaves = codec.flatten(sample, self.allow_pickle)
-        stored = self._write(int(index), treedef, leaves)
-        self.count += 1
-        self.raw_bytes += sum(leaf.nbytes for leaf in leaves)
-        self.stored_bytes += stored
-        self._since_check += stored
-        self._check_budget()
+        try:
+            stored = self._write(int(index), treedef, leaves)
+            self.count += 1
+            self.raw_bytes += sum(leaf.nbytes for leaf in leaves)
+            self.stored_bytes += stored
+            self._since_check += stored
+            self._check_budget()
+        except BudgetExceededError:
+            self._give_up()
+            raise
 
     def _check_budget(self) -> None:
         # Every put: what this shard stored so far (a comparison, no syscall). Without it a
@@ -187,7 +191,25 @@ class ShardWriter(ABC):
     def flush(self) -> None:
         """Make everything put so far durable enough to survive this process dying."""
         if not self.closed:
-            self._flush()
+            try:
+                self._flush()
+            except BudgetExceededError:
+                self._give_up()
+                raise
+
+    def _give_up(self) -> None:
+        """After a budget error: close now, writing nothing more.
+
+        The generation cannot be finished, and until its files are closed the
+        blocks of the removed staging area stay allocated: a full disk would
+        stay full for as long as this writer object lives.
+        """
+        if not self.closed:
+            self.closed = True
+            try:
+                self._close()
+            except OSError:
+                pass  # closing what failed to write: the budget error is the one to report
 
     def close(self) -> None:
         """Flush and release files (idempotent)."""

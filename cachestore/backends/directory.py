@@ -54,7 +54,7 @@ import numpy as np
 import xxhash
 
 from .. import safefs
-from ..disk import allocated_bytes, remove_paths
+from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from ..scratch import dead_windows, pid_alive
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
@@ -82,10 +82,12 @@ def write_json_atomic(path: Path, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
-    except BaseException:
+        fsync_dir(path.parent)
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if is_out_of_space(exc):
+            raise out_of_space(exc, f"writing {path.name}", path.parent) from exc
         raise
-    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
@@ -136,7 +138,12 @@ class DirectoryBackend(Backend):
                                   "the store metadata is damaged") from exc
 
     def write_meta(self, meta: dict) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc, "creating the store directory", self.path.parent) from exc
+            raise
         write_json_atomic(self.path / META_NAME, meta)
 
     # catalog ------------------------------------------------------------
@@ -256,7 +263,12 @@ class DirectoryBackend(Backend):
                 raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
                                       "write a new generation id or prune this one first")
         staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
-        staging.mkdir(parents=True)
+        try:
+            staging.mkdir(parents=True)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc, f"creating the staging area of generation {generation}", self.path) from exc
+            raise
         return StagingToken(str(staging), generation, budget, num_samples,
                             self.compression == "zstd", self.allow_pickle)
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import codec, safefs
 from ..collate import stack_samples
-from ..disk import allocated_bytes
+from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .base import GenerationData, ShardWriter, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
@@ -44,6 +44,8 @@ _KEY = struct.Struct(">Q")
 _SUM = struct.Struct("<Q")
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
+#: Size of a staging area's lock.mdb, allocated up front (LMDB needs 8 KiB for its default 126 readers).
+LOCK_FILE_BYTES = 64 << 10
 
 
 _LOG = np.dtype("<i8")  # one entry of a shard's keys-<shard>.bin
@@ -107,6 +109,54 @@ def _release_env(key: Any, pid: int) -> None:
             entry[1].close()
 
 
+def _lmdb_error(exc: Exception, staging: Path, needed: int, doing: str) -> Exception:
+    """The error to raise for an ``lmdb.Error`` while writing into `staging` (`exc` itself if none fits)."""
+    # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
+    if "No space" in str(exc) or _disk_full(staging, needed):
+        return BudgetExceededError(f"disk full while {doing} into {staging}: {exc}")
+    if not staging.is_dir():
+        return CacheStoreError(f"staging area {staging} is gone (its generation was aborted or pruned) "
+                               f"while {doing}: {exc}")
+    return exc
+
+
+def _allocate_lock_file(staging: Path, create: bool = False) -> None:
+    """Give the staging area's ``lock.mdb`` its disk blocks before this process opens it.
+
+    LMDB maps its lock file shared and writable and writes the reader table
+    through the map: on a full disk, touching a page with no block behind it
+    is a SIGBUS that kills the process (``writemap=False`` only covers the
+    data file). With the blocks allocated first, a full disk is an ``ENOSPC``
+    here instead. The owner sets the file's size (`create`) when it creates
+    the staging area, before any process opens the environment, so every
+    process sizes its reader table alike (LMDB keeps a lock file at least as
+    large as it needs); each process then allocates it before opening, and
+    the first one to find no room raises - inside the shard writer, where the
+    loader applies ``on_budget_exceeded``.
+    """
+    path = staging / "lock.mdb"
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except OSError as exc:
+        if is_out_of_space(exc):  # not even an inode left
+            raise out_of_space(exc, "creating the LMDB lock file", staging) from exc
+        raise
+    try:
+        if create:
+            os.ftruncate(fd, LOCK_FILE_BYTES)  # a size costs no blocks: this never fails for room
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as exc:
+        if is_out_of_space(exc):
+            if create:
+                return  # the writers meet the full disk at their first flush
+            raise out_of_space(exc, "allocating the LMDB lock file", staging) from exc
+        # EOPNOTSUPP/EINVAL: no fallocate on this file system; LMDB uses the pages as they come.
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    finally:
+        os.close(fd)
+
+
 class LmdbShard(ShardWriter):
     def __init__(self, token: StagingToken, shard_id: str) -> None:
         super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
@@ -132,6 +182,23 @@ class LmdbShard(ShardWriter):
         if not self._pending:
             return
         try:
+            self._write_pending()
+        finally:
+            # Written or not, these records are done with: after an error the generation is
+            # discarded, and keeping them would only make close() try again, into a staging
+            # area that is gone by then (an lmdb.Error in the next epoch instead of a clean start).
+            self._pending = []
+            self._pending_indices = []
+            self._pending_bytes = 0
+        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
+        write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)  # out of space: BudgetExceededError
+
+    def _write_pending(self) -> None:
+        if self._env is None:
+            if not self.dir.is_dir():
+                raise CacheStoreError(f"staging area {self.dir} is gone (its generation was aborted or pruned)")
+            _allocate_lock_file(self.dir)  # no room: BudgetExceededError, before LMDB could SIGBUS
+        try:
             if self._env is None:
                 self._env = _acquire_env(self._env_key, lambda: lmdb.open(
                     str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
@@ -144,24 +211,24 @@ class LmdbShard(ShardWriter):
                 self._keys_fd = safefs.open_nofollow(_keys_file(self.dir, self.shard_id),
                                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             _append(self._keys_fd, np.asarray(self._pending_indices, dtype=_LOG).tobytes())
-        except (lmdb.MapFullError, lmdb.DiskError, OSError) as exc:
+        except (lmdb.MapFullError, lmdb.DiskError) as exc:
             raise BudgetExceededError(f"no room to write generation {self.generation} into {self.dir}: {exc}") from exc
-        except lmdb.Error as exc:
-            # LMDB reports a full disk at commit as a bare EIO ("Input/output error"): look at the disk.
-            if "No space" in str(exc) or _disk_full(self.dir, self._pending_bytes):
-                raise BudgetExceededError(f"disk full while writing generation {self.generation} "
-                                          f"into {self.dir}: {exc}") from exc
-            raise
-        self._pending = []
-        self._pending_indices = []
-        self._pending_bytes = 0
-        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
-        try:
-            write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            if is_out_of_space(exc):
+                raise out_of_space(exc, f"writing generation {self.generation}", self.dir) from exc
             raise
+        except lmdb.Error as exc:
+            err = _lmdb_error(exc, self.dir, self._pending_bytes, f"writing generation {self.generation}")
+            if err is exc:
+                raise
+            raise err from exc
+
+    def close(self) -> None:
+        if not self.closed and self._pending and not self.dir.is_dir():
+            # The generation was aborted (its staging removed): nothing to write the buffered
+            # records into, and nothing to report - as a memmap shard writing into unlinked files.
+            self._pending, self._pending_indices, self._pending_bytes = [], [], 0
+        super().close()
 
     def _close(self) -> None:
         if self._keys_fd is not None:
@@ -177,6 +244,15 @@ class LmdbShard(ShardWriter):
 
 class LmdbBackend(DirectoryBackend):
     name = "lmdb"
+
+    def begin(self, generation: int, budget: Any, num_samples: int | None) -> StagingToken:
+        token = super().begin(generation, budget, num_samples)
+        try:
+            _allocate_lock_file(Path(token.path), create=True)
+        except BaseException:
+            self.discard(token)
+            raise
+        return token
 
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         return LmdbShard(token, shard_id)
@@ -208,23 +284,30 @@ class LmdbBackend(DirectoryBackend):
             log_file.unlink()
         # Every index as often as it was written: duplicates are refused here, as by every backend.
         n = check_complete(np.concatenate(logged) if logged else [], num_samples, f"generation in {staging}")
-        if not (staging / "data.mdb").exists():
-            env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
-            env.close()
-        else:
-            key = ("write", str(staging))  # shared with any shard writer of this process still open
-            env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
-                                                      readahead=False))
-            try:
-                with env.begin() as txn:
-                    keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
-                                       dtype=np.int64)
-                env.sync(True)
-            finally:
-                _release_env(key, os.getpid())
-            if len(keys) != n or (len(keys) and keys.max() >= n):
-                raise CacheStoreError(f"generation in {staging} cannot be committed: LMDB holds {len(keys)} "
-                                      f"records where its writers logged indices 0..{n - 1}")
+        try:
+            if not (staging / "data.mdb").exists():
+                env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
+                env.close()
+            else:
+                _allocate_lock_file(staging)
+                key = ("write", str(staging))  # shared with any shard writer of this process still open
+                env = _acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
+                                                          readahead=False))
+                try:
+                    with env.begin() as txn:
+                        keys = np.fromiter((_KEY.unpack(k)[0] for k in txn.cursor().iternext(values=False)),
+                                           dtype=np.int64)
+                    env.sync(True)
+                finally:
+                    _release_env(key, os.getpid())
+        except lmdb.Error as exc:
+            err = _lmdb_error(exc, staging, 1 << 20, "committing")
+            if err is exc:
+                raise
+            raise err from exc
+        if len(keys) != n or (len(keys) and keys.max() >= n):
+            raise CacheStoreError(f"generation in {staging} cannot be committed: LMDB holds {len(keys)} "
+                                  f"records where its writers logged indices 0..{n - 1}")
         (staging / "lock.mdb").unlink(missing_ok=True)
         return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
 

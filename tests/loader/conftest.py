@@ -8,7 +8,7 @@ import os
 import psutil
 import pytest
 
-from loader.shm import shm_dir
+from loader.shm import MEMFD_PREFIX, shm_dir
 
 
 def live_children() -> list[psutil.Process]:
@@ -26,8 +26,29 @@ def live_children() -> list[psutil.Process]:
     return out
 
 
+def segments_of(pid: int) -> list[str]:
+    """Slots of training process `pid` still alive anywhere: files in /dev/shm, and memfd slots
+    (``/memfd:cachestore-<pid>-...``) any process still holds open or mapped."""
+    found = glob.glob(os.path.join(shm_dir(), f"cachestore-{pid}-*"))
+    label = f"{MEMFD_PREFIX}{pid}-"
+    for proc in psutil.pids():
+        for where in (f"/proc/{proc}/fd", f"/proc/{proc}/map_files"):
+            try:
+                entries = os.listdir(where)
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    link = os.readlink(os.path.join(where, entry))
+                except OSError:
+                    continue
+                if link.startswith(label):
+                    found.append(f"{link} (pid {proc})")
+    return sorted(set(found))
+
+
 def my_segments() -> list[str]:
-    return glob.glob(os.path.join(shm_dir(), f"cachestore-{os.getpid()}-*"))
+    return segments_of(os.getpid())
 
 
 def leftovers(root: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -121,7 +122,9 @@ class HangDataset(ArangeDataset):
         return super().__getitem__(index)
 
 
-def stuck_reading_the_labels() -> None:
-    import threading
+#: Set to let stuck thread workers go (a test ends); process workers are killed instead.
+RELEASE_STUCK = threading.Event()
 
-    threading.Event().wait()
+
+def stuck_reading_the_labels() -> None:
+    RELEASE_STUCK.wait()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loader import CachedLoader, default_collate
-from loader.shm import shm_dir
+from loader.shm import is_segment_path
 
 from .datasets import ArangeDataset, BigSampleDataset, MixedDataset
 
@@ -21,7 +21,7 @@ def _shm_ranges() -> list[tuple[int, int]]:
     with open("/proc/self/maps") as f:
         for line in f:
             parts = line.split()
-            if len(parts) >= 6 and parts[5].startswith(os.path.join(shm_dir(), "cachestore-")):
+            if len(parts) >= 6 and is_segment_path(parts[5]):
                 lo, hi = (int(v, 16) for v in parts[0].split("-"))
                 ranges.append((lo, hi))
     return ranges

@@ -38,3 +38,24 @@ def test_dataset_kwargs_alias_and_inf(tmp_path):
         assert len(loader) == 2
     with pytest.raises(ValueError, match="dataset_kwargs"):
         CachedLoader(ArangeDataset, {"n": 6}, dataset_kwargs={"n": 6})
+
+
+@pytest.mark.parametrize("key", ["verify", "background_refresh", "allow_pickle"])
+@pytest.mark.parametrize("value", ["no", "false", "False", "True", 0, 1, None, 1.0])
+def test_boolean_settings_accept_booleans_only(tmp_path, key, value):
+    # bool("no") is True: a string (or an int) must be refused, not read as a truth value.
+    with pytest.raises(ValueError, match=key) as info:
+        CachedLoader(ArangeDataset, {"n": 4}, batch_size=2, nb_worker=0,
+                     cache_setting={"prefix": str(tmp_path / "c"), key: value})
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_boolean_settings_take_true_and_false(tmp_path, value):
+    from loader.settings import CacheSettings
+
+    setting = {"prefix": str(tmp_path / "c"), "verify": value, "background_refresh": value, "allow_pickle": value}
+    parsed = CacheSettings.parse(setting)
+    assert (parsed.verify, parsed.background_refresh, parsed.allow_pickle) == (value, value, value)
+    defaults = CacheSettings.parse({"prefix": str(tmp_path / "c")})
+    assert (defaults.verify, defaults.background_refresh, defaults.allow_pickle) == (True, False, False)

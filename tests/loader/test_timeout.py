@@ -10,7 +10,7 @@ import loader.epoch
 from loader import CachedLoader
 from loader.errors import WorkerError, WorkerTimeoutError
 
-from .datasets import ArangeDataset, HangDataset
+from .datasets import RELEASE_STUCK, ArangeDataset, HangDataset
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,7 +31,11 @@ def test_timeout_names_indices_pid_and_stack(no_leaks, use_threading):
     if not use_threading:
         assert exc.pid is not None and f"pid {exc.pid}" in str(exc)
     assert got == [list(range(i, i + 8)) for i in (0, 8)], "batches before the stuck one are served in order"
-    loader.close()  # a stuck thread cannot be stopped, but close() returns: it is a daemon thread
+    RELEASE_STUCK.set()  # a stuck thread cannot be killed: let it finish before close() joins it
+    try:
+        loader.close()
+    finally:
+        RELEASE_STUCK.clear()
 
 
 def test_next_epoch_after_a_timeout_starts_new_workers(no_leaks, tmp_path):

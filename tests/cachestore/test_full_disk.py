@@ -1,0 +1,189 @@
+"""A file system that is (or becomes) full: BudgetExceededError, nothing locked, nothing left.
+
+On a real tmpfs of a few MiB. The store must turn every out-of-space path
+into :class:`BudgetExceededError`, release its writer lock, remove the staging
+area, and accept a writer once there is room again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from cachestore import BudgetExceededError, open_store
+
+from ..fullfs import fill, free, mounted_tmpfs, open_fds_to
+from .helpers import WAIT, check_generation, leftovers, recv, write_generation
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def sample(generation: int, index: int) -> dict:
+    return {"x": np.full(4096, generation * 1000 + index, dtype=np.float32), "y": index}  # 16 KiB
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    with mounted_tmpfs(tmp_path / "fs", "4m") as mount_point:
+        yield mount_point
+
+
+def _assert_room_again(store, path) -> None:
+    """Once the filler is gone, a writer takes the lock and commits."""
+    write_generation(store, 5, 20, sample)
+    check_generation(store.reader(5), 5, 20, sample)
+    assert leftovers(path) == []
+
+
+def test_new_store_on_a_full_disk(small_fs, disk_backend):
+    fill(small_fs)
+    path = small_fs / "store"
+    with pytest.raises(BudgetExceededError, match="disk full while writing store.json") as info:
+        open_store(path, disk_backend)
+    assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
+    assert leftovers(path) == []
+    free(small_fs)
+    with open_store(path, disk_backend) as store:
+        _assert_room_again(store, path)
+
+
+def test_full_disk_when_taking_the_writer_lock(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        fill(small_fs)
+        # No room for the pid in writer.lock: the lock is taken all the same; the generation
+        # fails at its first write (or, with a size given, at its projection: 0 B available).
+        with pytest.raises(BudgetExceededError, match="disk full|but only 0 B is available|over the 0 B available"):
+            with store.writer(0, 20) as writer:
+                for i in range(20):
+                    writer.put(i, sample(0, i))
+        # The lock's fd is closed (a leaked one held the flock: StoreLockedError for every later writer).
+        assert open_fds_to(path / "writer.lock") == []
+        assert sorted(os.listdir(path)) == ["store.json"]
+        free(small_fs)
+        _assert_room_again(store, path)
+
+
+def test_no_inode_left_for_the_writer_lock(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        fill(small_fs, inodes=True)
+        with pytest.raises(BudgetExceededError, match="disk full while creating the writer lock"):
+            store.writer(0, 20)
+        assert sorted(os.listdir(path)) == ["store.json"]
+        free(small_fs)
+        _assert_room_again(store, path)
+
+
+def test_prune_frees_a_full_disk(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        write_generation(store, 0, 60, sample)  # about 1 MiB
+        write_generation(store, 1, 60, sample)
+        fill(small_fs)
+        removed = store.prune(keep=1)  # takes the writer lock, which has no room for its pid
+        assert [r.generation for r in removed if r.kind == "generation"] == [0]
+        assert open_fds_to(path / "writer.lock") == []
+        write_generation(store, 2, 40, sample)  # in the space the prune freed
+        check_generation(store.reader(2), 2, 40, sample)
+        assert leftovers(path) == []
+
+
+def test_disk_fills_after_the_writer_opened(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        write_generation(store, 0, 10, sample)
+        writer = store.writer(1, 100)
+        fill(small_fs)
+        with pytest.raises(BudgetExceededError, match="disk full|no room"):
+            for i in range(100):
+                writer.put(i, sample(1, i))
+            writer.commit()
+        assert writer.state == "aborted"
+        assert sorted(os.listdir(path)) == ["gen-000000", "store.json"]
+        check_generation(store.reader(0), 0, 10, sample)
+        free(small_fs)
+        _assert_room_again(store, path)
+
+
+def _write_on_full_disk(path: str, backend: str, mount_point: str, conn) -> None:
+    """In a child: open a writer, fill the disk, write; report what was raised."""
+    store = open_store(path, backend)
+    writer = store.writer(0, 50)
+    fill(mount_point)
+    try:
+        for i in range(50):
+            writer.put(i, sample(0, i))
+        writer.commit()
+        conn.send(("committed", ""))
+    except Exception as exc:
+        conn.send((type(exc).__name__, str(exc)))
+    conn.send(sorted(os.listdir(path)))
+
+
+def test_full_disk_is_an_error_not_a_sigbus(small_fs, disk_backend, children):
+    # LMDB maps its lock file writable: on a full tmpfs, its first write through the map was a
+    # SIGBUS that killed the process. Run in a child, so a crash fails the test instead of pytest.
+    path = small_fs / "store"
+    proc, conn = children(_write_on_full_disk, str(path), disk_backend, str(small_fs))
+    kind, message = recv(conn)
+    assert (kind, proc.exitcode) == ("BudgetExceededError", None), message
+    assert recv(conn) == ["store.json"]
+    proc.join(WAIT)
+    assert proc.exitcode == 0
+    free(small_fs)
+    with open_store(path, disk_backend) as store:
+        _assert_room_again(store, path)
+
+
+def test_shard_of_an_aborted_generation_closes_quietly(small_fs, disk_backend):
+    # As the loader without workers does it: a shard from the writer's spec in this process.
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        writer = store.writer(0, 50)
+        shard = writer.shard_spec().open("main")
+        fill(small_fs)
+        with pytest.raises(BudgetExceededError):
+            for i in range(50):
+                shard.put(i, sample(0, i))
+            shard.flush()
+        writer.abort()
+        free(small_fs)
+        shard.close()  # its staging area is gone: nothing to write, nothing to raise
+        writer = store.writer(0, 20)  # the next generation, in this same process
+        shard = writer.shard_spec().open("main")
+        for i in range(20):
+            shard.put(i, sample(0, i))
+        shard.close()
+        writer.commit()
+        check_generation(store.reader(0), 0, 20, sample)
+        assert leftovers(path) == []
+
+
+def test_failed_shard_releases_the_space_at_once(small_fs, disk_backend):
+    path = small_fs / "store"
+    with open_store(path, disk_backend) as store:
+        writer = store.writer(0)  # no projection: the disk itself fills up
+        shard = writer.shard_spec().open("main")
+        with pytest.raises(BudgetExceededError):
+            for i in range(300):  # 4.8 MiB into 4 MiB
+                shard.put(i, sample(0, i))
+            shard.flush()
+        writer.abort()
+        # `shard` is not closed by anyone, yet its files are: their blocks are free again
+        # (an open fd keeps a deleted file's blocks allocated, and the disk full).
+        assert [link for link in _fd_links() if link.startswith(str(path))] == []
+        write_generation(store, 1, 150, sample)  # 2.4 MiB: needs the space back
+
+
+def _fd_links() -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return links
