@@ -224,14 +224,22 @@ class CacheController:
                         "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
         return exc
 
-    def rotation_fallback(self, fits: int | None, num_samples: int, batch_size: int) -> RotationSettings:
-        """``on_budget_exceeded="rotate"``: the disk rotation window that fits the budget."""
+    def rotation_fallback(self, sample_bytes: float, num_samples: int) -> RotationSettings:
+        """``on_budget_exceeded="rotate"``: the disk rotation window that fits what is left.
+
+        `sample_bytes` is the size of one stored sample. When not even one
+        fits on the disk, the window is kept in memory instead.
+        """
         self.off = True
         rotation = self.settings.k_or_none or FALLBACK_ROTATION
         available = self.store.budget().available
-        if fits and available:
-            # One file per slot: allocated in whole blocks, plus the record header.
-            per_slot = -(-(available / fits + 512) // 4096) * 4096
-            fits = int(available // per_slot)
-        size = max(1, min(fits if fits is not None else batch_size, num_samples))
-        return RotationSettings("disk", rotation, size, self.store.path)
+        if available is None:
+            return RotationSettings("disk", rotation, num_samples, self.store.path)
+        # One file per slot: allocated in whole blocks, plus the record header.
+        per_slot = -(-(sample_bytes + 512) // 4096) * 4096
+        fits = int(available // per_slot)
+        if fits < 1:
+            log.warning("not even one sample (%d bytes) fits the %d bytes left for %s: rotating through a "
+                        "window in memory instead", sample_bytes, available, self.store.path)
+            return RotationSettings("memory", rotation, None, None)
+        return RotationSettings("disk", rotation, min(fits, num_samples), self.store.path)

@@ -111,7 +111,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
             if build is not None:
                 build.count_inline(out.written)
                 if out.budget_error is not None:
-                    build.over_budget(out.budget_error, fits=out.budget_fits)
+                    build.over_budget(out.budget_error)
         if served:
             stats.batches += 1
             stats.samples += len(positions)

@@ -58,7 +58,6 @@ class GenerationBuild:
         self.in_workers = in_workers
         self.spec = writer.shard_spec()
         self.failed: str | None = None  # why writing stopped (budget), else None
-        self.fits: int | None = None  # samples that would fit the budget, when known
         self.written = 0
         self._main_shard: ShardWriter | None = None
         self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
@@ -107,7 +106,7 @@ class GenerationBuild:
         if msg.records:
             added += self.put_records(msg.records)
         if msg.budget_error is not None:
-            self.over_budget(msg.budget_error, fits=msg.budget_fits)
+            self.over_budget(msg.budget_error)
         self.written += added
         return added
 
@@ -129,16 +128,12 @@ class GenerationBuild:
                 return 0
         return len(records)
 
-    def over_budget(self, message: str, exc: BaseException | None = None, fits: int | None = None) -> None:
+    def over_budget(self, message: str, exc: BaseException | None = None) -> None:
         """The generation no longer fits: raise (policy ``"error"``) or stop writing it."""
         if self.policy is BudgetPolicy.ERROR:
             raise exc if exc is not None else BudgetExceededError(message)
-        if self.failed is None:
-            if self.policy is BudgetPolicy.STREAM:
-                log.warning("cache disabled, serving uncached samples from now on: %s", message)
-            if fits is None and isinstance(exc, BudgetExceededError):
-                fits = exc.fits_samples
-            self.fits = fits
+        if self.failed is None and self.policy is BudgetPolicy.STREAM:
+            log.warning("cache disabled, serving uncached samples from now on: %s", message)
         self.failed = message
 
     def worker_lost(self, shard_id: str) -> None:

@@ -98,7 +98,6 @@ class BatchDone:
     written: int = 0
     records: list | None = None
     budget_error: str | None = None
-    budget_fits: int | None = None
 
 
 @dataclass(frozen=True)
