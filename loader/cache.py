@@ -16,6 +16,7 @@ import logging
 from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import BudgetExceededError, StoreLockedError
 
+from .executor import Executor
 from .fingerprint import class_path, dataset_fingerprint, describe_params
 from .generation import GenerationBuild, workers_can_write
 from .layout import ConsumerLayout
@@ -79,8 +80,9 @@ class CacheController:
         return EpochMode.READ if generation in self.committed() else EpochMode.GENERATE
 
     # writing ---------------------------------------------------------------
-    def open_build(self, generation: int, use_threading: bool, background: bool = False) -> GenerationBuild:
-        """Open `generation` for writing.
+    def open_build(self, generation: int, use_threading: bool, background: bool = False,
+                   executor: Executor | None = None) -> GenerationBuild:
+        """Open `generation` for writing (by `executor`'s workers when they can write this store).
 
         For its own epoch, room is made first when the budget cannot hold two
         generations. In the `background` (a refresh) nothing is removed, and a
@@ -102,7 +104,7 @@ class CacheController:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
-        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading))
+        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading, executor))
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
         """Commit a finished build, then prune older generations."""

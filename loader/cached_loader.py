@@ -30,6 +30,7 @@ _ARGUMENTS = frozenset({
     "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
     "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
     "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
+    "executor", "executor_options",
 })
 
 
@@ -90,6 +91,23 @@ class CachedLoader:
         Multiprocessing start method of the workers (default ``"spawn"``).
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
+    executor
+        Where samples are computed: ``"process"`` (default: `nb_worker`
+        processes, or threads with `use_threading`) or ``"ray"``: Ray actors
+        anywhere in a Ray cluster, each building the dataset from
+        `dataset_class` and `dataset_params`. With Ray, batches and records
+        return through Ray's object store, this process writes the cache (or
+        the rotation window), and cached epochs are read here. Needs
+        ``pip install "cachestore[ray]"``.
+    executor_options
+        With ``executor="ray"``: ``{"address": None | "auto" | "HOST:PORT" |
+        "ray://HOST:PORT", "num_workers": N, "actor_options": {"num_cpus": 1,
+        "resources": {...}, ...}, "init_options": {...}, "start_timeout": 120}``.
+        Without an address, a process already connected to Ray uses that
+        connection, else a local Ray is started for the loader and shut down
+        when it closes; a loader that connected to a cluster leaves it running.
+        Its actors are always terminated on close. See
+        :func:`loader.settings.parse_executor`.
     """
 
     def __init__(
@@ -120,6 +138,8 @@ class CachedLoader:
         to_device: Callable | None = None,
         start_method: str = "spawn",
         max_worker_restarts: int = 3,
+        executor: str = "process",
+        executor_options: dict | None = None,
     ) -> None:
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
@@ -129,7 +149,8 @@ class CachedLoader:
             collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory, gpu_indices,
             max_minibatch_length, cache_setting, rotation_setting, dataset_kwargs=dataset_kwargs,
             worker_per_consumer=worker_per_consumer, nb_consumer=nb_consumer, consumer_index=consumer_index,
-            to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts)
+            to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
+            executor=executor, executor_options=executor_options)
         s = self.settings
         self.epoch_stats: list[EpochStats] = []
         self._epoch = 0

@@ -8,4 +8,8 @@ from cachestore.errors import CacheStoreError
 class WorkerError(CacheStoreError, RuntimeError):
     """A loader worker died repeatedly, could not be started, or failed outside the dataset."""
 
-__all__ = ["WorkerError"]
+
+class MissingDependencyError(CacheStoreError, ImportError):
+    """An optional extra the settings ask for is not installed (the message says what to install)."""
+
+__all__ = ["MissingDependencyError", "WorkerError"]
