@@ -11,6 +11,8 @@ from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError
                         GenerationNotFoundError, NotAStoreError, StoreLockedError, UnsupportedSampleError,
                         WorkerError, open_store)
 
+from loader.errors import MissingDependencyError
+
 from .helpers import write_generation
 
 HIERARCHY = {
@@ -22,6 +24,7 @@ HIERARCHY = {
     GenerationNotFoundError: LookupError,
     NotAStoreError: FileNotFoundError,
     WorkerError: RuntimeError,
+    MissingDependencyError: ImportError,
 }
 
 
