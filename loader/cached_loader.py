@@ -259,7 +259,7 @@ class CachedLoader:
         return self._res.store
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (empty for ``nb_worker=0`` or threads)."""
+        """Pids of the worker processes (empty for ``nb_worker=0``, threads or Ray actors)."""
         executor = self._res.executor
         return [] if executor is None else executor.pids()
 

@@ -22,7 +22,7 @@ from cachestore.errors import CacheStoreError, WorkerError
 from loader import CachedLoader
 
 from .conftest import leftovers, my_segments
-from .datasets import ArangeDataset
+from .datasets import ArangeDataset, KillSelfDataset
 from .ray_datasets import NodeRecordingDataset, read_nodes
 
 pytestmark = pytest.mark.timeout(120)
@@ -173,6 +173,15 @@ def test_killed_actor_is_replaced_and_its_batches_rerun(cluster, tmp_path):
                 assert np.array_equal(x, values[y])
         assert loader.epoch_stats[1].mode == "read"
         assert not loader.store.verify()
+    assert_released(tmp_path)
+
+
+def test_repeated_actor_deaths_end_in_clear_error(cluster, tmp_path):
+    options = ray_options(cluster, num_workers=1)
+    with CachedLoader(KillSelfDataset, {"kill_at": 5, "n": 12}, batch_size=4, max_worker_restarts=1,
+                      executor="ray", executor_options=options) as loader:
+        with pytest.raises(WorkerError, match="2 actor deaths, more than max_worker_restarts=1"):
+            list(loader)
     assert_released(tmp_path)
 
 
