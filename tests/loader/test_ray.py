@@ -176,6 +176,24 @@ def test_killed_actor_is_replaced_and_its_batches_rerun(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+def test_broken_off_epochs_give_every_slot_back(cluster, tmp_path):
+    cache = {"prefix": str(tmp_path / "c")}
+    with CachedLoader(ArangeDataset, {"n": 40, "delay": 0.005}, batch_size=4, seed=0, max_queue_size=4,
+                      cache_setting=cache, executor="ray", executor_options=ray_options(cluster)) as loader:
+        for _ in loader:
+            break  # a generate epoch broken off: nothing committed, its late results dropped
+        assert not [g for g in loader.store.generations() if g.committed]
+        assert sorted(int(y) for batch in loader for y in batch["y"]) == list(range(40))
+        assert loader.epoch_stats[1].committed
+        for _ in loader:
+            break  # a read epoch broken off with reads still queued here
+        assert sorted(int(y) for batch in loader for y in batch["y"]) == list(range(40))
+        assert [s.mode for s in loader.epoch_stats] == ["generate", "generate", "read", "read"]
+        slots = loader._res.slots
+        assert len(slots._free) == len(slots._names), "a slot stayed lent to a task of an abandoned epoch"
+    assert_released(tmp_path)
+
+
 def test_repeated_actor_deaths_end_in_clear_error(cluster, tmp_path):
     options = ray_options(cluster, num_workers=1)
     with CachedLoader(KillSelfDataset, {"kill_at": 5, "n": 12}, batch_size=4, max_worker_restarts=1,
