@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from cachestore.errors import CacheStoreError, WorkerError
+from cachestore.errors import WorkerError
 from loader import CachedLoader
 
 from .conftest import leftovers, my_segments
