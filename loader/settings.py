@@ -202,6 +202,28 @@ def parse_executor(executor: Any, options: Any, nb_worker: int | None, default_n
     ``ActorClass.options``; default ``{"num_cpus": 1}``), ``init_options``
     (keyword arguments of ``ray.init``) and ``start_timeout`` (seconds an actor
     may take to be placed).
+
+    Parameters
+    ----------
+    executor, options
+        The constructor's ``executor`` and ``executor_options``.
+    nb_worker
+        The constructor's `nb_worker` (alias resolved), ``None`` when not given.
+    default_nb_worker
+        Workers when neither `nb_worker` nor ``num_workers`` is given.
+    use_threading, gpu_indices
+        The constructor's; neither applies to Ray actors.
+
+    Returns
+    -------
+    tuple
+        The options with every default filled in (``{}`` for ``"process"``),
+        and the number of workers (processes, threads or actors).
+
+    Raises
+    ------
+    ValueError
+        Naming the argument or key at fault.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -233,7 +255,8 @@ def parse_executor(executor: Any, options: Any, nb_worker: int | None, default_n
                          "give one of them")
     check_int("executor_options['num_workers']", num_workers, 1)
     actor_options = options.get("actor_options", {})
-    _check_keys("executor_options['actor_options']", actor_options, set(actor_options))
+    if not isinstance(actor_options, dict):
+        raise ValueError(f"executor_options['actor_options'] must be a dict, got {type(actor_options).__name__}")
     reserved = sorted(RESERVED_ACTOR_OPTIONS & set(actor_options))
     if reserved:
         raise ValueError(f"executor_options['actor_options'] cannot set {', '.join(map(repr, reserved))}: the "
@@ -245,7 +268,10 @@ def parse_executor(executor: Any, options: Any, nb_worker: int | None, default_n
         raise ValueError("executor_options['actor_options']['resources'] must map resource names to positive "
                          f"amounts, e.g. {{'producer': 1}}; got {resources!r}")
     init_options = options.get("init_options", {})
-    _check_keys("executor_options['init_options']", init_options, set(init_options) - {"address"})
+    if not isinstance(init_options, dict):
+        raise ValueError(f"executor_options['init_options'] must be a dict, got {type(init_options).__name__}")
+    if "address" in init_options:
+        raise ValueError("executor_options['init_options'] cannot hold 'address': give executor_options['address']")
     timeout = options.get("start_timeout", DEFAULT_START_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"executor_options['start_timeout'] must be a number of seconds > 0, got {timeout!r}")
