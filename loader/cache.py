@@ -17,6 +17,7 @@ from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
                                GenerationNotFoundError, StoreLockedError)
 
+from .executor import Executor
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 from .generation import GenerationBuild, workers_can_write
 from .layout import ConsumerLayout
@@ -155,8 +156,9 @@ class CacheController:
         return self.store.latest()
 
     # writing ---------------------------------------------------------------
-    def open_build(self, generation: int, use_threading: bool, background: bool = False) -> GenerationBuild:
-        """Open `generation` for writing.
+    def open_build(self, generation: int, use_threading: bool, background: bool = False,
+                   executor: Executor | None = None) -> GenerationBuild:
+        """Open `generation` for writing (by `executor`'s workers when they can write this store).
 
         For its own epoch, room is made first when the budget cannot hold two
         generations. In the `background` (a refresh) nothing is removed, and a
@@ -178,7 +180,7 @@ class CacheController:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
-        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading))
+        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading, executor))
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
         """Commit a finished build, then prune older generations."""

@@ -32,7 +32,7 @@ _ARGUMENTS = frozenset({
     "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
     "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
     "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
-    "timeout", "progress",
+    "timeout", "progress", "executor", "executor_options",
 })
 
 
@@ -103,6 +103,23 @@ class CachedLoader:
         Show samples computed, samples/s and ETA on stderr during epochs that
         compute samples (generate, refresh, rotation) once they take more than
         a few seconds. ``None`` (default): only when stderr is a terminal.
+    executor
+        Where samples are computed: ``"process"`` (default: `nb_worker`
+        processes, or threads with `use_threading`) or ``"ray"``: Ray actors
+        anywhere in a Ray cluster, each building the dataset from
+        `dataset_class` and `dataset_params`. With Ray, batches and records
+        return through Ray's object store, this process writes the cache (or
+        the rotation window), and cached epochs are read here. Needs
+        ``pip install "cachestore[ray]"``.
+    executor_options
+        With ``executor="ray"``: ``{"address": None | "auto" | "HOST:PORT" |
+        "ray://HOST:PORT", "num_workers": N, "actor_options": {"num_cpus": 1,
+        "resources": {...}, ...}, "init_options": {...}, "start_timeout": 120}``.
+        Without an address, a process already connected to Ray uses that
+        connection, else a local Ray is started for the loader and shut down
+        when it closes; a loader that connected to a cluster leaves it running.
+        Its actors are always terminated on close. See
+        :func:`loader.settings.parse_executor`.
     """
 
     def __init__(
@@ -135,6 +152,8 @@ class CachedLoader:
         max_worker_restarts: int = 3,
         timeout: float | None = None,
         progress: bool | None = None,
+        executor: str = "process",
+        executor_options: dict | None = None,
     ) -> None:
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
@@ -145,7 +164,7 @@ class CachedLoader:
             max_minibatch_length, cache_setting, rotation_setting, dataset_kwargs=dataset_kwargs,
             worker_per_consumer=worker_per_consumer, nb_consumer=nb_consumer, consumer_index=consumer_index,
             to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
-            timeout=timeout, progress=progress)
+            timeout=timeout, progress=progress, executor=executor, executor_options=executor_options)
         s = self.settings
         check_importable_by_workers(s.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
                                     start_method=s.start_method, collate_fn=s.collate_fn)
@@ -328,7 +347,7 @@ class CachedLoader:
         return self._res.store
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (empty for ``nb_worker=0`` or threads)."""
+        """Pids of the worker processes (empty for ``nb_worker=0``, threads or Ray actors)."""
         executor = self._res.executor
         return [] if executor is None else executor.pids()
 

@@ -235,7 +235,12 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             slots.release_task(msg)
             return
         task = inflight.pop((msg.seq, msg.part))
-        done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
+        if msg.meta is None:
+            # Carried inline (an executor without shared memory, e.g. Ray): the slot was never written.
+            slots.release(task.slot)
+            done.setdefault(msg.seq, {})[msg.part] = msg.batch
+        else:
+            done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
         if plan.mode == EpochMode.READ:
             stats.read += len(task.indices)
         elif run.collate:

@@ -29,12 +29,16 @@ log = logging.getLogger(__name__)
 MAIN_SHARD = "main"
 
 
-def workers_can_write(backend: Backend, use_threading: bool) -> bool:
+def workers_can_write(backend: Backend, use_threading: bool, executor: Executor | None = None) -> bool:
     """Whether workers write their own shards (else they send records to the training process).
 
     Processes can when the backend accepts several writers in several
     processes; threads share this process, so any file-based backend will do.
+    Workers of an executor whose ``writes_local_store`` is false (Ray actors,
+    perhaps on other machines) never can.
     """
+    if executor is not None and not executor.writes_local_store:
+        return False
     return backend.persistent if use_threading else backend.supports_multiprocess_write
 
 

@@ -84,6 +84,8 @@ class WorkerPool:
     The default :class:`~loader.executor.Executor` (see the shutdown note above).
     """
 
+    writes_local_store = True  # workers run on this machine
+
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
                  start_method: str, max_restarts: int) -> None:
         self.make_config = make_config

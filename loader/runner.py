@@ -95,8 +95,14 @@ class EpochRunner:
             # would then keep the loader alive forever.
             make_config = WorkerConfigFactory(s.dataset_class, s.dataset_params, s.collate_fn, s.gpu_indices,
                                               s.allow_pickle)
-            res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                      s.max_worker_restarts)
+            if s.executor == "ray":
+                # Imported here only: `import loader` never imports ray (an optional extra).
+                from .ray_executor import RayExecutor
+
+                res.executor = RayExecutor(make_config, s.executor_options, s.max_worker_restarts, self.producer)
+            else:
+                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                                          s.max_worker_restarts)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, 4))
         return res.executor
@@ -154,7 +160,9 @@ class EpochRunner:
         plan = self.plan(epoch, skip)
         if plan.mode == EpochMode.GENERATE:
             try:
-                self.res.build = self.cache.open_build(plan.generation, self.settings.use_threading)
+                executor = self.ensure_executor() if self.settings.nb_worker > 0 else None
+                self.res.build = self.cache.open_build(plan.generation, self.settings.use_threading,
+                                                       executor=executor)
             except BudgetExceededError as exc:
                 self.give_up_caching(exc)
                 plan = self.plan(epoch, skip)
@@ -299,9 +307,10 @@ class EpochRunner:
         target = self.cache.refresh_target(plan.generation)
         if target is None:
             return
-        build = self.cache.open_build(target, self.settings.use_threading, background=True)
+        executor = self.ensure_executor()
+        build = self.cache.open_build(target, self.settings.use_threading, background=True, executor=executor)
         self.res.background = build
-        build.attach(self.ensure_executor())
+        build.attach(executor)
         chunk = max(1, self.settings.batch_size // REFRESH_CHUNK_DIVISOR)
         self.refresh = BackgroundRefresh(build, self.indices, chunk, self.settings.nb_worker)
 
