@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from cachestore import Store
@@ -173,6 +174,7 @@ class CachedLoader:
         self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()
         self._skip = 0  # batches of the next epoch served before a resume
         self._restore: dict | None = None  # a loaded state's cache plan, applied when the runner exists
+        self._progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
         self._active: Any = None
         self._runner: EpochRunner | None = None
         # Built here too: its length and fingerprint are needed, and a constructor
@@ -271,7 +273,8 @@ class CachedLoader:
             self._runner.restore(self._restore["cache"], self._restore["rotation_fallback"])
             self._restore = None
         self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
-        it = EpochIterator(self._runner.run(epoch, skip), epoch, skip)
+        self._progress = EpochProgress(epoch, skip)
+        it = EpochIterator(self._runner.run(epoch, skip), self._progress)
         self._active = weakref.ref(it)
         return it
 
@@ -291,7 +294,7 @@ class CachedLoader:
         check_int("epoch", epoch, 0)
         if epoch != self._next_epoch:
             self._skip = 0
-        self._next_epoch, self._current = epoch, None
+        self._next_epoch, self._current, self._progress = epoch, None, None
 
     def state_dict(self) -> dict:
         """Where the run is, as a small dict of plain values (picklable, JSON-able).
@@ -302,9 +305,10 @@ class CachedLoader:
         Samples are not in it: a generation being written survives in the
         store's staging area.
         """
-        active = self._active() if self._active is not None else None
-        if active is not None and not active.exhausted:
-            epoch, served = active.epoch, active.served
+        progress = self._progress
+        if progress is not None and not progress.exhausted:
+            # Also after a `break`: the rest of that epoch is what a resumed run serves first.
+            epoch, served = progress.epoch, progress.served
         else:
             epoch, served = self._next_epoch, self._skip
         if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
@@ -367,14 +371,22 @@ class CachedLoader:
         self.close()
 
 
+@dataclass
+class EpochProgress:
+    """How far an epoch got: kept by the loader, so a state taken after a ``break`` still knows."""
+
+    epoch: int
+    served: int = 0  # batches delivered so far (those before a resume included)
+    exhausted: bool = False
+
+
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Any], epoch: int, served: int = 0) -> None:
+    def __init__(self, batches: Iterator[Any], progress: EpochProgress) -> None:
         self._batches = batches
-        self.epoch = epoch
-        self.served = served  # batches of the epoch delivered so far (those before a resume included)
-        self.exhausted = False
+        self.progress = progress
+        self.epoch = progress.epoch
         self._superseded_by: int | None = None
 
     def __iter__(self) -> "EpochIterator":
@@ -389,9 +401,9 @@ class EpochIterator:
         try:
             batch = next(self._batches)
         except StopIteration:
-            self.exhausted = True
+            self.progress.exhausted = True
             raise
-        self.served += 1
+        self.progress.served += 1
         return batch
 
     def end(self, superseded_by: int | None = None) -> None:

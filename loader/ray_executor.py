@@ -59,7 +59,7 @@ from cachestore.errors import CorruptSampleError
 
 from . import messages as m
 from .errors import MissingDependencyError, WorkerError
-from .executor import DeathListener
+from .executor import DeathListener, StuckWorker
 from .settings import EpochMode
 from .worker import BatchProducer
 from .worker import _failure as task_failure
@@ -284,6 +284,19 @@ class RayExecutor:
         if worker_id == LOCAL_WORKER:
             return os.getpid()
         return next((w.pid for w in self.workers if w.worker_id == worker_id), None)
+
+    def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
+        """Actors holding any of `tasks`; their stacks are on their own nodes (``ray stack`` there)."""
+        stuck: dict[int, StuckWorker] = {}
+        held = [(w, t) for w, t in self._pending.values() if t is not None]
+        for worker, task in held:
+            if (task.epoch, task.seq, task.part) in tasks and worker.worker_id not in stuck:
+                # An actor runs its calls in order: the oldest one it holds is the one running.
+                running = next(t for w, t in held if w is worker)
+                stack = (f"(not available here: a Ray actor on node {worker.node_id}; "
+                         f"run `ray stack` on that node to see pid {worker.pid})")
+                stuck[worker.worker_id] = StuckWorker(worker.worker_id, worker.pid, running, stack)
+        return list(stuck.values())
 
     def begin_epoch(self) -> None:
         self.restarts = 0

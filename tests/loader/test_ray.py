@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import collections
 import os
-import traceback
 import subprocess
 import sys
 import textwrap
+import traceback
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,10 +20,11 @@ import psutil
 import pytest
 
 from cachestore.errors import WorkerError
+from loader.errors import WorkerTimeoutError
 from loader import CachedLoader
 
 from .conftest import leftovers, my_segments
-from .datasets import ArangeDataset, KillSelfDataset
+from .datasets import ArangeDataset, HangDataset, KillSelfDataset
 from .ray_datasets import NodeRecordingDataset, read_nodes
 
 pytestmark = pytest.mark.timeout(120)
@@ -221,6 +222,50 @@ def test_dataset_exception_keeps_its_type_index_and_traceback(cluster, tmp_path)
         assert not [g for g in loader.store.generations() if g.committed]
     finally:
         loader.close()
+    assert_released(tmp_path)
+
+
+def test_timeout_names_the_stuck_actor_and_its_indices(cluster, tmp_path):
+    loader = CachedLoader(HangDataset, {"n": 32, "hang_at": 9}, batch_size=4, shuffle=False, timeout=3,
+                          executor="ray", executor_options=ray_options(cluster))
+    try:
+        with pytest.raises(WorkerTimeoutError) as info:
+            list(loader)
+        assert 9 in info.value.indices and "ray stack" in str(info.value)
+    finally:
+        loader.close()
+    assert_released(tmp_path)
+
+
+def test_state_dict_resumes_mid_epoch_with_ray(cluster, tmp_path):
+    def build():
+        return CachedLoader(ArangeDataset, {"n": 30}, batch_size=4, seed=3, executor="ray",
+                            executor_options=ray_options(cluster),
+                            cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 2})
+
+    def ys(it, count=None):
+        out = []
+        for batch in it:
+            out.append(batch["y"].tolist())
+            if count is not None and len(out) == count:
+                break
+        return out
+
+    with build() as golden:
+        expected = ys(golden) + ys(golden)
+    for path in (tmp_path / "c").iterdir():  # a fresh cache for the interrupted run
+        if path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)
+    (tmp_path / "c" / "store.json").unlink()
+    with build() as first:
+        served = ys(iter(first), count=3)
+        state = first.state_dict()
+    with build() as second:
+        second.load_state_dict(state)
+        served += ys(second) + ys(second)
+    assert served == expected
     assert_released(tmp_path)
 
 
