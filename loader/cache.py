@@ -21,7 +21,8 @@ from .executor import Executor
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 from .generation import GenerationBuild, workers_can_write
 from .layout import ConsumerLayout
-from .settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings
+from .settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
+                       refresh_impossible)
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +195,25 @@ class CacheController:
         return info
 
     # background refresh -----------------------------------------------------
+    def decide_refresh(self, nb_worker: int) -> None:
+        """Turn ``background_refresh="auto"`` off for good, with one log line, when it can never run."""
+        if self.settings.background_refresh is False:
+            self.refresh_off = True
+            return
+        why = refresh_impossible(self.settings, nb_worker)
+        if why is not None:  # "auto": True was refused at construction
+            log.info("background refresh is off: %s; each generation is written during its own epoch", why)
+            self.refresh_off = True
+
     def refresh_target(self, read_generation: int) -> int | None:
-        """The generation to compute in the background while `read_generation` is read, if any."""
-        if (not self.settings.background_refresh or self.refresh_off or not self.settings.rewrites
-                or not self.store.backend.persistent):
+        """The generation to compute in the background while `read_generation` is read, if any.
+
+        Raises
+        ------
+        BudgetExceededError
+            ``background_refresh=True`` and the budget has no room for a second generation.
+        """
+        if self.refresh_off:
             return None
         generations = self.committed()
         nxt = read_generation + 1
@@ -206,9 +222,12 @@ class CacheController:
         budget = self.store.budget()
         current = generations.get(read_generation)
         if budget.available is not None and current is not None and current.nbytes > budget.available:
-            log.info("background refresh needs room for a second generation (about %d bytes, %d available): "
-                     "generation %d will be written during its own epoch instead", current.nbytes,
-                     budget.available, nxt)
+            why = (f"background refresh needs room for a second generation (about {current.nbytes} bytes, "
+                   f"{budget.available} available in {self.store.path})")
+            if self.settings.background_refresh is True:
+                raise BudgetExceededError(f"{why}; raise disk_budget, free space, or use background_refresh="
+                                          "'auto' to write each generation during its own epoch instead")
+            log.info("%s: generation %d will be written during its own epoch instead", why, nxt)
             self.refresh_off = True
             return None
         return nxt

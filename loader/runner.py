@@ -74,6 +74,7 @@ class EpochRunner:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset_class,
                                               settings.dataset_params, settings.batch_size)
             res.store = self.cache.store
+            self.cache.decide_refresh(settings.nb_worker)
         if settings.rotation is not None:
             self.open_window()
         if settings.nb_worker > 0:

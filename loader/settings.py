@@ -56,7 +56,7 @@ BUDGET_POLICIES = tuple(p.value for p in BudgetPolicy)
 #: (e.g. ``background_refresh`` taking ``"auto"``). Strings like ``"no"`` or ``"False"``
 #: are refused rather than read as true, which is what ``bool()`` would make of them.
 BOOL_VALUES: dict[str, tuple] = {"verify": (True, False), "allow_pickle": (True, False),
-                                 "background_refresh": (True, False)}
+                                 "background_refresh": ("auto", True, False)}
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
 
@@ -92,7 +92,10 @@ class CacheSettings:
     ``verify`` checks record checksums on read (default ``True``);
     ``allow_pickle`` stores otherwise unsupported sample types with pickle;
     ``background_refresh`` computes the next generation with idle workers during
-    the cached epochs before it (default ``False``; see :mod:`loader.refresh`);
+    the cached epochs before it: ``"auto"`` (default) whenever the budget has
+    room for a second generation (else written during its own epoch, with one
+    log line saying why), ``True`` insists (an error when it cannot), ``False``
+    writes each generation during its own epoch (see :mod:`loader.refresh`);
     ``fingerprint`` a string that replaces the computed identity of the
     dataset (class, parameters, source) for datasets whose identity the user
     knows better; ``on_mismatch`` ``"error"`` (default) or ``"regenerate"``
@@ -107,7 +110,7 @@ class CacheSettings:
     on_budget_exceeded: BudgetPolicy = BudgetPolicy.ERROR
     verify: bool = True
     allow_pickle: bool = False
-    background_refresh: bool = False
+    background_refresh: bool | str = "auto"
     fingerprint: str | None = None
     on_mismatch: MismatchPolicy = MismatchPolicy.ERROR
 
@@ -323,6 +326,19 @@ def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> 
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def refresh_impossible(cache: CacheSettings, nb_worker: int) -> str | None:
+    """Why a background refresh can never run with these settings (``None`` when it can)."""
+    from cachestore.backends import get_backend
+
+    if not cache.rewrites:
+        return "update_frequency is math.inf, so no generation is ever refreshed"
+    if not get_backend(cache.backend).persistent:
+        return f"the {cache.backend!r} backend lives in this process, where no idle worker can write it"
+    if nb_worker == 0:
+        return "nb_worker=0 leaves no worker to compute it"
+    return None
+
+
 def distributed_defaults() -> tuple[int, int]:
     """World size and rank when torch.distributed is initialised, else (1, 0)."""
     # Only a process that imported torch.distributed can have initialised it:
@@ -415,6 +431,11 @@ class LoaderSettings:
         if to_device is not None and not callable(to_device):
             raise ValueError("to_device must be callable")
         cache = CacheSettings.parse(cache_setting) if cache_setting is not None else None
+        if cache is not None and cache.background_refresh is True:
+            why = refresh_impossible(cache, nb_worker)
+            if why is not None:
+                raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
+                                 "use 'auto' (on when it can be) or False")
         rotation = RotationSettings.parse(rotation_setting) if rotation_setting is not None else None
         if cache is not None and rotation is not None:
             raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "

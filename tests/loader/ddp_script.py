@@ -30,7 +30,9 @@ def main() -> None:
     calls = os.path.join(args.out, f"calls-rank{rank}")
     os.makedirs(calls, exist_ok=True)
     params = {"n": 45, "counter_dir": calls}
-    cache = {"prefix": os.path.join(args.out, "cache"), "update_frequency": 2} if args.cache else None
+    # Write-through: the test counts dataset calls per epoch (a background refresh moves them earlier).
+    cache = ({"prefix": os.path.join(args.out, "cache"), "update_frequency": 2, "background_refresh": False}
+             if args.cache else None)
     dataset = AlwaysFails if rank == args.fail_rank else ArangeDataset
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=2, seed=7, cache_setting=cache)
     result = {"rank": rank, "world": dist.get_world_size(), "len": len(loader), "epochs": [], "calls": []}

@@ -33,7 +33,7 @@ def test_dataset_called_only_in_refresh_epochs(no_leaks, backend, nb_worker):
     n, k = 40, 3
     with CachedLoader(ArangeDataset, {"n": n, "counter_dir": str(calls_dir), "augment": True}, batch_size=6,
                       nb_worker=nb_worker, seed=3,
-                      cache_setting={"prefix": str(no_leaks / "cache"), "update_frequency": k,
+                      cache_setting={"prefix": str(no_leaks / "cache"), "update_frequency": k, "background_refresh": False,
                                      "backend": backend}) as loader:
         epochs = []
         counts = []
@@ -82,7 +82,7 @@ def test_new_process_reuses_committed_generation(no_leaks):
     calls_dir.mkdir()
     # Same class and params (the counter directory is a param: give the same one).
     with CachedLoader(ArangeDataset, {"n": 30, "counter_dir": str(first_calls)}, batch_size=8, nb_worker=2,
-                      cache_setting={"prefix": prefix, "update_frequency": 5}) as loader:
+                      cache_setting={"prefix": prefix, "update_frequency": 5, "background_refresh": False}) as loader:
         assert sorted(served(loader)) == list(range(30))
         assert loader.epoch_stats[0].mode == "read"
     assert len(read_calls(str(first_calls))) == 30  # zero new calls

@@ -109,7 +109,8 @@ def test_break_close_twice_and_gc_leave_nothing(no_leaks):
 
 def _refresh_forever(prefix: str, calls_dir: str, conn) -> None:
     with CachedLoader(ArangeDataset, {"n": 40, "counter_dir": calls_dir}, batch_size=4, nb_worker=2,
-                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+                      cache_setting={"prefix": prefix, "update_frequency": 2,
+                                     "background_refresh": False}) as loader:
         for epoch in range(10):
             for step, _ in enumerate(loader):
                 if epoch == 2 and step == 3:
@@ -138,7 +139,8 @@ def test_process_killed_during_refresh_leaves_previous_generation(no_leaks):
     assert any(not g.committed for g in store.generations()), "the crash left its staging"
     before = len(read_calls(str(calls_dir)))
     with CachedLoader(ArangeDataset, {"n": 40, "counter_dir": str(calls_dir)}, batch_size=4, nb_worker=2,
-                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+                      cache_setting={"prefix": prefix, "update_frequency": 2,
+                                     "background_refresh": False}) as loader:
         assert sorted(y for b in loader for y in b["y"].tolist()) == list(range(40))
         assert loader.epoch_stats[0].mode == "read"
         assert not loader.store.verify()
@@ -162,7 +164,8 @@ def test_corrupt_cached_sample_is_recomputed(no_leaks, nb_worker):
     calls = no_leaks / "calls"
     calls.mkdir()
     with CachedLoader(ArangeDataset, {"n": 24, "counter_dir": str(calls)}, batch_size=6, nb_worker=nb_worker,
-                      cache_setting={"prefix": str(prefix), "update_frequency": 5}) as loader:
+                      cache_setting={"prefix": str(prefix), "update_frequency": 5,
+                                     "background_refresh": False}) as loader:
         list(loader)
         column = next(prefix.glob("gen-*/col-0.bin"))
         data = bytearray(column.read_bytes())

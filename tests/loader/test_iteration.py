@@ -46,7 +46,8 @@ def test_an_iterator_ended_by_close_just_stops(no_leaks):
 def test_drop_last_still_caches_every_sample(no_leaks, nb_worker):
     prefix = str(no_leaks / "c")
     with CachedLoader(ArangeDataset, {"n": 30}, batch_size=8, nb_worker=nb_worker, drop_last=True,
-                      cache_setting={"prefix": prefix, "update_frequency": 2}) as cached:
+                      cache_setting={"prefix": prefix, "update_frequency": 2,
+                                     "background_refresh": False}) as cached:
         for epoch in range(3):
             served = np.concatenate([b["y"] for b in cached])
             assert len(served) == 24 and len(set(served.tolist())) == 24

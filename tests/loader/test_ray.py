@@ -91,7 +91,7 @@ def test_every_sample_is_computed_on_the_producer_node_and_cached(cluster, tmp_p
     nodes = tmp_path / "nodes"
     nodes.mkdir()
     params = {"node_dir": str(nodes), "n": 40}
-    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2}
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2, "background_refresh": False}
     with CachedLoader(NodeRecordingDataset, params, batch_size=4, seed=0, cache_setting=cache, executor="ray",
                       executor_options=ray_options(cluster)) as loader:
         assert loader.nb_worker == 2 and loader.executor == "ray"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import math
+
 import numpy as np
 import pytest
 
@@ -53,3 +56,49 @@ def test_refresh_survives_a_broken_off_epoch_and_close_aborts_it(no_leaks):
         next(it)
         del it
     assert [p.name for p in prefix.iterdir() if p.name.startswith("gen-")] == ["gen-000001"]
+
+
+def test_background_refresh_is_on_by_default_when_it_can_be(no_leaks, caplog):
+    prefix = str(no_leaks / "c")
+    with CachedLoader(ArangeDataset, {"n": 24}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+        for _ in range(4):
+            assert sorted(y for b in loader for y in b["y"].tolist()) == list(range(24))
+        modes = [(s.mode, s.generation) for s in loader.epoch_stats]
+    assert modes == [("generate", 0), ("read", 0), ("read", 1), ("read", 1)]
+
+
+@pytest.mark.parametrize("setting,why", [
+    ({"update_frequency": math.inf}, "math.inf"),
+    ({"update_frequency": 2, "backend": "memory"}, "memory"),
+])
+def test_auto_refresh_says_once_why_it_is_off(no_leaks, caplog, setting, why):
+    caplog.set_level(logging.INFO, logger="loader")
+    with CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": str(no_leaks / "c"), **setting}) as loader:
+        for _ in range(3):
+            list(loader)
+    lines = [r.getMessage() for r in caplog.records if "background refresh is off" in r.getMessage()]
+    assert len(lines) == 1 and why in lines[0]
+
+
+@pytest.mark.parametrize("setting,nb_worker,why", [
+    ({"update_frequency": math.inf}, 2, "math.inf"),
+    ({"update_frequency": 2, "backend": "memory"}, 2, "memory"),
+    ({"update_frequency": 2}, 0, "nb_worker=0"),
+])
+def test_background_refresh_true_insists(tmp_path, setting, nb_worker, why):
+    with pytest.raises(ValueError, match=why):
+        CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=nb_worker,
+                     cache_setting={"prefix": str(tmp_path / "c"), "background_refresh": True, **setting})
+
+
+def test_background_refresh_true_without_room_is_an_error(no_leaks):
+    from cachestore.errors import BudgetExceededError
+
+    with CachedLoader(ArangeDataset, {"n": 40, "shape": (64, 64)}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": 2,
+                                     "background_refresh": True, "disk_budget": "1MiB"}) as loader:
+        list(loader)  # generation 0 (about 650 KiB) fits, a second one does not
+        with pytest.raises(BudgetExceededError, match="second generation"):
+            list(loader)

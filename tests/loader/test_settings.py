@@ -58,4 +58,4 @@ def test_boolean_settings_take_true_and_false(tmp_path, value):
     parsed = CacheSettings.parse(setting)
     assert (parsed.verify, parsed.background_refresh, parsed.allow_pickle) == (value, value, value)
     defaults = CacheSettings.parse({"prefix": str(tmp_path / "c")})
-    assert (defaults.verify, defaults.background_refresh, defaults.allow_pickle) == (True, False, False)
+    assert (defaults.verify, defaults.background_refresh, defaults.allow_pickle) == (True, "auto", False)
