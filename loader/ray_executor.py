@@ -398,7 +398,7 @@ class RayExecutor:
                 else:
                     batch = reader.get_batch(task.positions)
             except CorruptSampleError as exc:
-                log.warning("%s; computing this batch on a Ray actor instead", exc)
+                log.warning("%s; computing this batch on a Ray actor instead", str(exc))
                 self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))
                 return None
         except Exception as exc:
@@ -462,7 +462,7 @@ class RayExecutor:
                     try:
                         ray.kill(worker.actor, no_restart=True)
                     except Exception as exc:  # its node may be gone already
-                        log.debug("could not kill Ray actor of worker %d: %s", worker.worker_id, exc)
+                        log.debug("could not kill Ray actor of worker %d: %s", worker.worker_id, str(exc))
         finally:
             if self._connected:
                 self._connected = False

@@ -144,7 +144,7 @@ class BatchProducer:
             return self.recompute(task, exc)
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Any:
-        log.warning("%s; computing this batch from the dataset instead", exc)
+        log.warning("%s; computing this batch from the dataset instead", str(exc))
         samples = []
         for index in task.indices.tolist():
             try:

@@ -255,7 +255,7 @@ class DirectoryBackend(Backend):
                 self.open_generation(generation).close()
             except CorruptSampleError as exc:
                 # We hold the writer lock and this name is the store's: replace the damage.
-                log.warning("%s (replacing it now)", exc)
+                log.warning("%s (replacing it now)", str(exc))  # text: a record must not keep frames alive
                 self.remove_generation(generation)
             except GenerationNotFoundError:
                 pass  # pruned since we looked
