@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds the training loop waits for one batch before a warning says who is stuck where.
 HANG_WARNING_SECONDS = 60.0
+#: Batches in flight per worker at the start of an epoch (see PoolRun).
+INITIAL_DEPTH_PER_WORKER = 2
 
 
 @dataclass
@@ -142,7 +144,10 @@ def concat_batches(parts: list[Any]) -> Any:
 class PoolRun:
     """How the executor runs one epoch, beside its :class:`EpochPlan`.
 
-    ``max_in_flight`` batches are submitted ahead of the training loop;
+    At most ``max_in_flight`` batches are submitted ahead of the training
+    loop: the depth starts at two per worker and grows by one (up to that
+    bound) each time the loop waits while a worker has nothing to do, so a
+    loop slower than its workers holds few batches in memory;
     ``minibatch`` splits each batch into tasks of at most that many samples;
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
@@ -190,6 +195,8 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     exhausted = False
     background_start = background.computed if background is not None else 0
     prefetch_deadline = time.monotonic() + run.prefetch_time if run.prefetch_time else None
+    depth = min(run.max_in_flight, INITIAL_DEPTH_PER_WORKER * executor.nb_worker)
+    stats.extra["max_in_flight"] = depth
     waiting_for, wait_since, warned = -1, 0.0, False  # the batch the loop waits for, since when
 
     def submit(seq: int, positions: np.ndarray) -> None:
@@ -250,7 +257,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
 
     try:
         while True:
-            while not exhausted and submitted - delivered < run.max_in_flight:
+            while not exhausted and submitted - delivered < depth:
                 positions = next(source, None)
                 if positions is None:
                     exhausted = True
@@ -282,6 +289,11 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             now = time.monotonic()
             if waiting_for != delivered:
                 waiting_for, wait_since, warned = delivered, now, False
+                if depth < run.max_in_flight and not exhausted and executor.idle_workers():
+                    # The loop waits and a worker idles: the queue, not the workers, is the bottleneck.
+                    depth += 1
+                    stats.extra["max_in_flight"] = depth
+                    continue
             # Checked before every wait: results of other batches may keep arriving meanwhile.
             if run.timeout is not None and now - wait_since >= run.timeout:
                 late = {(plan.epoch, s, p) for (s, p) in inflight if s == delivered}

@@ -66,6 +66,9 @@ class Executor(Protocol):
     def pids(self) -> list[int]:
         """Pids of the live worker processes."""
 
+    def idle_workers(self) -> int:
+        """Workers with no task queued or running."""
+
     def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
         """The workers holding any of `tasks` (``(epoch, seq, part)``), with their stacks now."""
 

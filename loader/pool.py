@@ -133,6 +133,9 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None and not w.is_thread]
 
+    def idle_workers(self) -> int:
+        return sum(not w.outstanding for w in self.workers)
+
     def worker_pid(self, worker_id: int) -> int | None:
         return next((w.pid for w in self.workers if w.worker_id == worker_id), None)
 

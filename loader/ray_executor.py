@@ -280,6 +280,9 @@ class RayExecutor:
         """Empty: actors are not processes of this machine (their pids are in :attr:`workers`)."""
         return []
 
+    def idle_workers(self) -> int:
+        return sum(w.outstanding == 0 for w in self.workers if not w.dead)
+
     def worker_pid(self, worker_id: int) -> int | None:
         if worker_id == LOCAL_WORKER:
             return os.getpid()

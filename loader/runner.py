@@ -236,7 +236,10 @@ class EpochRunner:
                 run = PoolRun(self.ensure_executor(), self.res.slots, s.max_queue_size, self.kill_executor,
                               s.max_minibatch_length, collate=False, timeout=s.timeout)
                 return run_pool(compute, run, stats)
-        return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, rng,
+        # Its own generator for the order within each batch: the schedule is drawn as far ahead as the
+        # workers compute, which varies, so a shared one would make the batches depend on timing.
+        shuffle = np.random.default_rng([s.seed, plan.epoch, 3])
+        return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, shuffle,
                             skip=plan.skip)
 
     def finish_generation(self, plan: EpochPlan, build: GenerationBuild, stats: EpochStats) -> None:
