@@ -93,7 +93,12 @@ class GenerationWriter:
             else:
                 self.token = backend.begin(generation, budget(), num_samples)  # budget after the debris is gone
                 if resume and record is not None:  # only a resuming writer leaves a partial generation
-                    backend.record_staging(self.token, {**record, "generation": generation})
+                    try:
+                        backend.record_staging(self.token, {**record, "generation": generation})
+                    except OSError:
+                        # No room for even the record (a full disk): write on; without its record
+                        # the staging area is not adoptable, and whether samples fit is the shards' call.
+                        pass
         except BaseException:
             lease.release()
             raise

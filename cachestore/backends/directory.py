@@ -345,8 +345,13 @@ class DirectoryBackend(Backend):
         if not safefs.is_real_dir(staging):
             return
         record = staging_record(staging)
-        if record is not None:
+        if record is None:
+            self.discard(token)  # not a resuming writer's: nobody could adopt it
+            return
+        try:
             write_json_atomic(staging / STAGING_META, {**record, "kept": True})
+        except OSError:  # BudgetExceededError included: on a full disk the room matters more
+            self.discard(token)
 
     def adopt(self, generation: int, num_samples: int | None, record: dict) -> StagingToken | None:
         if num_samples is None or record.get("fingerprint") is None:
