@@ -80,6 +80,7 @@ class GenerationBuild:
         self._main_shard: ShardWriter | None = None
         self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
         self._executor: Executor | None = None
+        self.epoch = -1  # the epoch that writes it (set when that epoch is broken off)
 
     # state ---------------------------------------------------------------
     @property
@@ -109,6 +110,10 @@ class GenerationBuild:
     def samples_in(self) -> int:
         """Samples the generation holds now (adopted ones and those written by delivered results)."""
         return self.adopted + self.written
+
+    def complete(self) -> bool:
+        """Whether every sample is in (on disk, results not delivered included); the writers must be stopped."""
+        return self.active and self.open and len(self.writer.present()) == len(self.have)
 
     def missing(self, positions: np.ndarray) -> np.ndarray:
         """`positions` the generation does not hold yet."""

@@ -193,17 +193,15 @@ class EpochRunner:
             stats.seconds = time.perf_counter() - t0
             if not finished and self.res.build is not None:
                 build, self.res.build = self.res.build, None
-                log.info("epoch %d ended with generation %d incomplete (%d of %d samples in, %d of them from "
-                         "an earlier attempt): kept, the next epoch or run of this generation completes it",
-                         epoch, build.generation, build.samples_in, len(build.have), build.adopted)
-                # A broken-off or failed epoch commits nothing, but keeps what it wrote. Workers may
-                # still be running its tasks: the build is kept once they are done (settle()).
+                build.epoch = epoch
+                # A broken-off or failed epoch keeps what it wrote. Workers may still be running its
+                # tasks: the build is kept (or committed, when they complete it) once they are done.
                 if self.res.executor is not None and self.settings.nb_worker > 0:
                     build.detach()
                     self.res.pending.append(build)
                 else:
                     self.producer.close_shard()
-                    build.keep()
+                    self.keep_or_commit(build)
 
     def settle(self) -> None:
         """Keep the builds of broken-off epochs, once the workers finished the tasks that write into them.
@@ -235,7 +233,32 @@ class EpochRunner:
                      [b.generation for b in self.res.pending], exc)
             self.kill_executor()  # keeps every build
             return
-        self.res.keep_pending()
+        pending, self.res.pending = self.res.pending, []
+        for build in pending:
+            self.keep_or_commit(build)
+
+    def keep_or_commit(self, build: GenerationBuild) -> None:
+        """A broken-off epoch's build, its writers stopped: commit it when complete, else keep it.
+
+        Complete happens when the interrupted epoch was the one that wrote the
+        last missing samples (a loop that always breaks early still gets its
+        cache); the tasks still running at the break count too.
+        """
+        epoch = build.epoch
+        try:
+            if build.complete():
+                self.cache.commit(build, epoch)
+                log.info("epoch %d was broken off, but generation %d is complete: committed", epoch,
+                         build.generation)
+                return
+        except Exception as exc:  # the commit refused it (and discarded it): the next epoch writes it again
+            log.warning("generation %d could not be committed after epoch %d was broken off: %s",
+                        build.generation, epoch, exc)
+            return
+        log.info("epoch %d ended with generation %d incomplete (%d of %d samples in): kept, the next epoch "
+                 "or run of this generation completes it", epoch, build.generation,
+                 len(build.writer.present()) if build.open else 0, len(build.have))
+        build.keep()
 
     def _batches(self, plan: EpochPlan, stats: EpochStats, build: GenerationBuild | None) -> Iterator[Any]:
         s, store = self.settings, self.res.store

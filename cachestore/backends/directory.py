@@ -367,6 +367,9 @@ class DirectoryBackend(Backend):
         staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
         os.rename(old, staging)
         fsync_dir(self.path)
+        for entry in staging.iterdir():
+            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                safefs.unlink_name(entry)  # a dead writer's half-written temp file (its rename never came)
         kept = self._adopt_shards(staging, f"a{secrets.token_hex(3)}-", num_samples)
         write_json_atomic(staging / STAGING_META, {**record, "generation": generation, "kept": False})
         log.info("adopted the partial generation %d in %s (%d of %d samples present)", generation, old.name,
