@@ -153,6 +153,11 @@ class Store:
             json.dumps(fingerprint, sort_keys=True, default=str).encode())
         return {"fingerprint": digest, "num_samples": num_samples, "compression": self.compression}
 
+    def partial_record(self) -> dict | None:
+        """What the partial generations of this store's producer have in common (``None``: no fingerprint)."""
+        fingerprint = self.staging_record(None)["fingerprint"]
+        return None if fingerprint is None else {"fingerprint": fingerprint}
+
     @property
     def _writing(self) -> bool:
         return self._lease is not None and not self._lease.released
@@ -287,8 +292,7 @@ class Store:
         had_lock = persistent and os.path.lexists(lock_file)  # looked at before our guard creates one
         lock_bytes = allocated_bytes(lock_file) if had_lock else 0
         guard: WriterLock | None = None
-        fingerprint = self.staging_record(None)["fingerprint"]
-        mine = None if partial or fingerprint is None else {"fingerprint": fingerprint}
+        mine = None if partial else self.partial_record()
         if self._writing:
             holder: int | None = os.getpid()
         elif persistent and not dry_run:
