@@ -246,7 +246,7 @@ class EpochRunner:
         """
         epoch = build.epoch
         try:
-            if build.complete():
+            if build.finish(None) is None and build.complete():  # finish: records sent to this process are in
                 self.cache.commit(build, epoch)
                 log.info("epoch %d was broken off, but generation %d is complete: committed", epoch,
                          build.generation)
