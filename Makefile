@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is available locally; other versions download gigabytes.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -17,6 +17,7 @@ from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
                                GenerationNotFoundError, StoreLockedError)
 
+from .executor import Executor
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 from .generation import GenerationBuild, workers_can_write
 from .layout import ConsumerLayout
@@ -155,8 +156,9 @@ class CacheController:
         return self.store.latest()
 
     # writing ---------------------------------------------------------------
-    def open_build(self, generation: int, use_threading: bool, background: bool = False) -> GenerationBuild:
-        """Open `generation` for writing.
+    def open_build(self, generation: int, use_threading: bool, background: bool = False,
+                   executor: Executor | None = None) -> GenerationBuild:
+        """Open `generation` for writing (by `executor`'s workers when they can write this store).
 
         For its own epoch, room is made first when the budget cannot hold two
         generations. In the `background` (a refresh) nothing is removed, and a
@@ -179,7 +181,7 @@ class CacheController:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
-        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading))
+        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading, executor))
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
         """Commit a finished build, then prune older generations."""
@@ -225,14 +227,22 @@ class CacheController:
                         "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
         return exc
 
-    def rotation_fallback(self, fits: int | None, num_samples: int, batch_size: int) -> RotationSettings:
-        """``on_budget_exceeded="rotate"``: the disk rotation window that fits the budget."""
+    def rotation_fallback(self, sample_bytes: float, num_samples: int) -> RotationSettings:
+        """``on_budget_exceeded="rotate"``: the disk rotation window that fits what is left.
+
+        `sample_bytes` is the size of one stored sample. When not even one
+        fits on the disk, the window is kept in memory instead.
+        """
         self.off = True
         rotation = self.settings.k_or_none or FALLBACK_ROTATION
         available = self.store.budget().available
-        if fits and available:
-            # One file per slot: allocated in whole blocks, plus the record header.
-            per_slot = -(-(available / fits + 512) // 4096) * 4096
-            fits = int(available // per_slot)
-        size = max(1, min(fits if fits is not None else batch_size, num_samples))
-        return RotationSettings("disk", rotation, size, self.store.path)
+        if available is None:
+            return RotationSettings("disk", rotation, num_samples, self.store.path)
+        # One file per slot: allocated in whole blocks, plus the record header.
+        per_slot = -(-(sample_bytes + 512) // 4096) * 4096
+        fits = int(available // per_slot)
+        if fits < 1:
+            log.warning("not even one sample (%d bytes) fits the %d bytes left for %s: rotating through a "
+                        "window in memory instead", sample_bytes, available, self.store.path)
+            return RotationSettings("memory", rotation, None, None)
+        return RotationSettings("disk", rotation, min(fits, num_samples), self.store.path)

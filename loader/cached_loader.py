@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from cachestore import Store
@@ -32,7 +33,7 @@ _ARGUMENTS = frozenset({
     "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
     "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
     "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
-    "timeout", "progress",
+    "timeout", "progress", "executor", "executor_options",
 })
 
 
@@ -103,6 +104,23 @@ class CachedLoader:
         Show samples computed, samples/s and ETA on stderr during epochs that
         compute samples (generate, refresh, rotation) once they take more than
         a few seconds. ``None`` (default): only when stderr is a terminal.
+    executor
+        Where samples are computed: ``"process"`` (default: `nb_worker`
+        processes, or threads with `use_threading`) or ``"ray"``: Ray actors
+        anywhere in a Ray cluster, each building the dataset from
+        `dataset_class` and `dataset_params`. With Ray, batches and records
+        return through Ray's object store, this process writes the cache (or
+        the rotation window), and cached epochs are read here. Needs
+        ``pip install "cachestore[ray]"``.
+    executor_options
+        With ``executor="ray"``: ``{"address": None | "auto" | "HOST:PORT" |
+        "ray://HOST:PORT", "num_workers": N, "actor_options": {"num_cpus": 1,
+        "resources": {...}, ...}, "init_options": {...}, "start_timeout": 120}``.
+        Without an address, a process already connected to Ray uses that
+        connection, else a local Ray is started for the loader and shut down
+        when it closes; a loader that connected to a cluster leaves it running.
+        Its actors are always terminated on close. See
+        :func:`loader.settings.parse_executor`.
     """
 
     def __init__(
@@ -135,6 +153,8 @@ class CachedLoader:
         max_worker_restarts: int = 3,
         timeout: float | None = None,
         progress: bool | None = None,
+        executor: str = "process",
+        executor_options: dict | None = None,
     ) -> None:
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
@@ -145,7 +165,7 @@ class CachedLoader:
             max_minibatch_length, cache_setting, rotation_setting, dataset_kwargs=dataset_kwargs,
             worker_per_consumer=worker_per_consumer, nb_consumer=nb_consumer, consumer_index=consumer_index,
             to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
-            timeout=timeout, progress=progress)
+            timeout=timeout, progress=progress, executor=executor, executor_options=executor_options)
         s = self.settings
         check_importable_by_workers(s.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
                                     start_method=s.start_method, collate_fn=s.collate_fn)
@@ -154,6 +174,7 @@ class CachedLoader:
         self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()
         self._skip = 0  # batches of the next epoch served before a resume
         self._restore: dict | None = None  # a loaded state's cache plan, applied when the runner exists
+        self._progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
         self._active: Any = None
         self._runner: EpochRunner | None = None
         # Built here too: its length and fingerprint are needed, and a constructor
@@ -252,7 +273,8 @@ class CachedLoader:
             self._runner.restore(self._restore["cache"], self._restore["rotation_fallback"])
             self._restore = None
         self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
-        it = EpochIterator(self._runner.run(epoch, skip), epoch, skip)
+        self._progress = EpochProgress(epoch, skip)
+        it = EpochIterator(self._runner.run(epoch, skip), self._progress)
         self._active = weakref.ref(it)
         return it
 
@@ -272,7 +294,7 @@ class CachedLoader:
         check_int("epoch", epoch, 0)
         if epoch != self._next_epoch:
             self._skip = 0
-        self._next_epoch, self._current = epoch, None
+        self._next_epoch, self._current, self._progress = epoch, None, None
 
     def state_dict(self) -> dict:
         """Where the run is, as a small dict of plain values (picklable, JSON-able).
@@ -283,9 +305,10 @@ class CachedLoader:
         Samples are not in it: a generation being written survives in the
         store's staging area.
         """
-        active = self._active() if self._active is not None else None
-        if active is not None and not active.exhausted:
-            epoch, served = active.epoch, active.served
+        progress = self._progress
+        if progress is not None and not progress.exhausted:
+            # Also after a `break`: the rest of that epoch is what a resumed run serves first.
+            epoch, served = progress.epoch, progress.served
         else:
             epoch, served = self._next_epoch, self._skip
         if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
@@ -328,7 +351,7 @@ class CachedLoader:
         return self._res.store
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (empty for ``nb_worker=0`` or threads)."""
+        """Pids of the worker processes (empty for ``nb_worker=0``, threads or Ray actors)."""
         executor = self._res.executor
         return [] if executor is None else executor.pids()
 
@@ -353,14 +376,22 @@ class CachedLoader:
         self.close()
 
 
+@dataclass
+class EpochProgress:
+    """How far an epoch got: kept by the loader, so a state taken after a ``break`` still knows."""
+
+    epoch: int
+    served: int = 0  # batches delivered so far (those before a resume included)
+    exhausted: bool = False
+
+
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Any], epoch: int, served: int = 0) -> None:
+    def __init__(self, batches: Iterator[Any], progress: EpochProgress) -> None:
         self._batches = batches
-        self.epoch = epoch
-        self.served = served  # batches of the epoch delivered so far (those before a resume included)
-        self.exhausted = False
+        self.progress = progress
+        self.epoch = progress.epoch
         self._superseded_by: int | None = None
 
     def __iter__(self) -> "EpochIterator":
@@ -375,9 +406,9 @@ class EpochIterator:
         try:
             batch = next(self._batches)
         except StopIteration:
-            self.exhausted = True
+            self.progress.exhausted = True
             raise
-        self.served += 1
+        self.progress.served += 1
         return batch
 
     def end(self, superseded_by: int | None = None) -> None:

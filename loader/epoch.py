@@ -112,7 +112,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
             if build is not None:
                 build.count_inline(out.written)
                 if out.budget_error is not None:
-                    build.over_budget(out.budget_error, fits=out.budget_fits)
+                    build.over_budget(out.budget_error)
         if served:
             stats.batches += 1
             stats.samples += len(positions)
@@ -236,7 +236,12 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             slots.release_task(msg)
             return
         task = inflight.pop((msg.seq, msg.part))
-        done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
+        if msg.meta is None:
+            # Carried inline (an executor without shared memory, e.g. Ray): the slot was never written.
+            slots.release(task.slot)
+            done.setdefault(msg.seq, {})[msg.part] = msg.batch
+        else:
+            done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
         if plan.mode == EpochMode.READ:
             stats.read += len(task.indices)
         elif run.collate:

@@ -20,4 +20,10 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     pid: int | None = None
     stack: str | None = None
 
-__all__ = ["WorkerError", "WorkerTimeoutError"]
+
+
+class MissingDependencyError(CacheStoreError, ImportError):
+    """An optional extra the settings ask for is not installed (the message says what to install)."""
+
+
+__all__ = ["MissingDependencyError", "WorkerError", "WorkerTimeoutError"]

@@ -1,8 +1,8 @@
 """The seam between the loader and whatever computes its tasks.
 
 An :class:`Executor` runs :class:`~loader.messages.Task` objects somewhere
-(worker processes, threads; another engine can be added behind the same five
-verbs) and hands back their results as messages. The epoch runners only
+(worker processes and threads: :mod:`loader.pool`; Ray actors:
+:mod:`loader.ray_executor`) and hands back their results as messages. The epoch runners only
 submit, receive, flush and close; replacing a dead worker and re-running its
 tasks is the executor's own business, reported to listeners (a
 :class:`~loader.generation.GenerationBuild` drops what the dead worker wrote).
@@ -36,6 +36,8 @@ class Executor(Protocol):
 
     #: Number of workers (tasks that can run at once).
     nb_worker: int
+    #: Whether workers can write into this machine's store (else they send records to the training process).
+    writes_local_store: bool
 
     def submit(self, task: Task) -> None:
         """Queue `task` on some worker."""

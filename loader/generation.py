@@ -39,12 +39,16 @@ log = logging.getLogger(__name__)
 MAIN_SHARD = "main"
 
 
-def workers_can_write(backend: Backend, use_threading: bool) -> bool:
+def workers_can_write(backend: Backend, use_threading: bool, executor: Executor | None = None) -> bool:
     """Whether workers write their own shards (else they send records to the training process).
 
     Processes can when the backend accepts several writers in several
     processes; threads share this process, so any file-based backend will do.
+    Workers of an executor whose ``writes_local_store`` is false (Ray actors,
+    perhaps on other machines) never can.
     """
+    if executor is not None and not executor.writes_local_store:
+        return False
     return backend.persistent if use_threading else backend.supports_multiprocess_write
 
 
@@ -68,7 +72,6 @@ class GenerationBuild:
         self.in_workers = in_workers
         self.spec = writer.shard_spec()
         self.failed: str | None = None  # why writing stopped (budget), else None
-        self.fits: int | None = None  # samples that would fit the budget, when known
         self.written = 0
         # Positions already in the generation: adopted from an interrupted attempt.
         self.have = np.zeros(writer.num_samples or 0, dtype=bool)
@@ -145,7 +148,7 @@ class GenerationBuild:
         if msg.records:
             added += self.put_records(msg.records)
         if msg.budget_error is not None:
-            self.over_budget(msg.budget_error, fits=msg.budget_fits)
+            self.over_budget(msg.budget_error)
         self.written += added
         return added
 
@@ -167,16 +170,12 @@ class GenerationBuild:
                 return 0
         return len(records)
 
-    def over_budget(self, message: str, exc: BaseException | None = None, fits: int | None = None) -> None:
+    def over_budget(self, message: str, exc: BaseException | None = None) -> None:
         """The generation no longer fits: raise (policy ``"error"``) or stop writing it."""
         if self.policy is BudgetPolicy.ERROR:
             raise exc if exc is not None else BudgetExceededError(message)
-        if self.failed is None:
-            if self.policy is BudgetPolicy.STREAM:
-                log.warning("cache disabled, serving uncached samples from now on: %s", message)
-            if fits is None and isinstance(exc, BudgetExceededError):
-                fits = exc.fits_samples
-            self.fits = fits
+        if self.failed is None and self.policy is BudgetPolicy.STREAM:
+            log.warning("cache disabled, serving uncached samples from now on: %s", message)
         self.failed = message
 
     def worker_lost(self, shard_id: str) -> None:

@@ -100,7 +100,6 @@ class BatchDone:
     staged: int = 0  # samples read back from the generation being written instead of computed
     records: list | None = None
     budget_error: str | None = None
-    budget_fits: int | None = None
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,11 @@ import collections
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import concurrent.futures
 import faulthandler
+import functools
 import os
+import queue
 import re
 import signal
 import tempfile
@@ -81,6 +84,8 @@ class WorkerPool:
     The default :class:`~loader.executor.Executor` (see the shutdown note above).
     """
 
+    writes_local_store = True  # workers run on this machine
+
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
                  start_method: str, max_restarts: int) -> None:
         self.make_config = make_config
@@ -89,12 +94,27 @@ class WorkerPool:
         self.ctx = mp.get_context(start_method)
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.workers: list[WorkerHandle] = []
+        self._workers: list[WorkerHandle] = []
         self._listeners: list[DeathListener] = []
         self.closed = False
         self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
-        for wid in range(nb_worker):
-            self.workers.append(self._start(wid))
+        # Processes start from a thread of their own, so the constructor does not wait for them.
+        self._spawner = _Spawner() if not use_threading else None
+        self._starting = [self._spawner.submit(functools.partial(self._start, wid)) if self._spawner
+                          else _done(self._start(wid)) for wid in range(nb_worker)]
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        """The workers' handles (waits for the ones still starting)."""
+        if self._starting:
+            starting, self._starting = self._starting, []
+            self._workers = [future.result() for future in starting]
+        return self._workers
+
+    def _spawn(self, wid: int) -> WorkerHandle:
+        """Start worker `wid` now (a replacement), from the spawner thread like the first ones."""
+        return self._spawner.submit(functools.partial(self._start, wid)).result() if self._spawner \
+            else self._start(wid)
 
     def _start(self, wid: int) -> WorkerHandle:
         parent_conn, child_conn = mp.Pipe(duplex=True)
@@ -242,8 +262,8 @@ class WorkerPool:
         for listener in list(self._listeners):
             listener(dead.shard_id)
         dead.conn.close()
-        replacement = self._start(dead.worker_id)
-        self.workers[self.workers.index(dead)] = replacement
+        replacement = self._spawn(dead.worker_id)
+        self._workers[self._workers.index(dead)] = replacement
         for task in dead.outstanding:
             replacement.outstanding.append(task)
             self._send(replacement, task)
@@ -293,7 +313,8 @@ class WorkerPool:
                 w.conn.close()
             except OSError:
                 pass
-        self.workers = []
+        self._workers = []
+        self._close_spawner()
 
     def kill(self) -> None:
         """Stop workers without waiting for them to finish their task (errors, abandoned epochs)."""
@@ -306,8 +327,15 @@ class WorkerPool:
                 w.conn.close()
             except OSError:
                 pass
-        self.workers = []
+        self._workers = []
         self.closed = True
+        self._close_spawner()
+
+    def _close_spawner(self) -> None:
+        # Only after the workers are gone: its thread's exit is their parent-death signal.
+        spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            spawner.close()
 
 
 def _thread_stack(ident: int | None) -> str:
@@ -322,3 +350,42 @@ def _thread_stack(ident: int | None) -> str:
         if match and ident is not None and int(match.group(1), 16) == ident:
             return block.strip()
     return "(the thread has ended)"
+
+
+def _done(value: Any) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+class _Spawner:
+    """Starts worker processes from one thread that lives as long as the pool.
+
+    Two reasons for a thread of its own: the loader's constructor returns while
+    the workers start, so their start overlaps whatever the training script does
+    next (building the model); and a worker's parent-death signal (Linux) fires
+    when the *thread* that started it exits, so that thread must outlive the
+    workers - neither the constructor's thread nor any other may be it.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="cachestore-spawner", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, future))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits for this worker
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(JOIN_TIMEOUT)

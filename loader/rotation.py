@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from cachestore import codec, safefs
-from cachestore.disk import remove_paths
+from cachestore.disk import is_out_of_space, out_of_space, remove_paths
 from cachestore.scratch import dead_windows, new_window_dir
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,13 @@ class DiskWindow:
     def put(self, slot: int, sample: Any) -> None:
         # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
         # A fresh file (O_EXCL | O_NOFOLLOW): a slot name swapped for a symlink is unlinked, not written through.
-        safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        try:
+            safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        except OSError as exc:
+            if is_out_of_space(exc):
+                self._file(slot).unlink(missing_ok=True)  # a partly written slot file holds blocks for nothing
+                raise out_of_space(exc, f"writing rotation slot {slot}", self.path) from exc
+            raise
         self._held[slot] = True
 
     def get(self, slot: int) -> Any:

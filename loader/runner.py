@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from cachestore import codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError
 
@@ -97,8 +98,14 @@ class EpochRunner:
             # would then keep the loader alive forever.
             make_config = WorkerConfigFactory(s.dataset_class, s.dataset_params, s.collate_fn, s.gpu_indices,
                                               s.allow_pickle)
-            res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                      s.max_worker_restarts)
+            if s.executor == "ray":
+                # Imported here only: `import loader` never imports ray (an optional extra).
+                from .ray_executor import RayExecutor
+
+                res.executor = RayExecutor(make_config, s.executor_options, s.max_worker_restarts, self.producer)
+            else:
+                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                                          s.max_worker_restarts)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, 4))
         return res.executor
@@ -155,17 +162,23 @@ class EpochRunner:
         start = time.perf_counter()
         self.settle()
         plan = self.plan(epoch, skip)
+        if plan.mode == EpochMode.GENERATE:
+            try:
+                executor = self.ensure_executor() if self.settings.nb_worker > 0 else None
+                self.res.build = self.cache.open_build(plan.generation, self.settings.use_threading,
+                                                       executor=executor)
+            except BudgetExceededError as exc:
+                self.give_up_caching(exc)
+                plan = self.plan(epoch, skip)
         stats = EpochStats(epoch, plan.mode, plan.generation, extra=dict(plan.notes))
         stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.stats.append(stats)
         if self.res.executor is not None:
             self.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
-        if plan.mode == EpochMode.GENERATE:
-            self.res.build = self.cache.open_build(plan.generation, self.settings.use_threading)
-            if self.res.build.adopted:
-                # Samples an interrupted attempt wrote: those this epoch does not serve need no work.
-                plan.unserved = [b for b in map(self.res.build.missing, plan.unserved) if len(b)]
-                stats.extra["adopted"] = self.res.build.adopted
+        if plan.mode == EpochMode.GENERATE and self.res.build is not None and self.res.build.adopted:
+            # Samples an interrupted attempt wrote: those this epoch does not serve need no work.
+            plan.unserved = [b for b in map(self.res.build.missing, plan.unserved) if len(b)]
+            stats.extra["adopted"] = self.res.build.adopted
         build = self.res.build
         finished = False
         t0 = start
@@ -310,20 +323,40 @@ class EpochRunner:
                 raise RuntimeError(f"workers could not finish generation {plan.generation}: {problem}")
             self.cache.off = True
             if build.policy is BudgetPolicy.ROTATE:
-                self.switch_to_rotation(build.fits)
+                self.switch_to_rotation()
             return
         self.cache.commit(build, plan.epoch)
         stats.committed = True
 
-    def switch_to_rotation(self, fits: int | None) -> None:
-        """``on_budget_exceeded="rotate"``: the cache does not fit; rotate through a disk window that does."""
+    def switch_to_rotation(self) -> None:
+        """``on_budget_exceeded="rotate"``: the cache does not fit; rotate through a window that does."""
         s = self.settings
-        s.rotation = self.fallback = self.cache.rotation_fallback(fits, len(self.indices), s.batch_size)
+        s.rotation = self.fallback = self.cache.rotation_fallback(self.sample_bytes(), len(self.indices))
         self.open_window()
-        log.warning("the cache of %d samples does not fit the disk budget of %s: switching to disk rotation "
-                    "(rotation=%d, size=%d samples, window under %s); an epoch now serves %d batches",
-                    len(self.indices), self.cache.store.path, s.rotation.rotation, s.rotation.size,
-                    self.cache.store.path, self.num_batches())
+        log.warning("the cache of %d samples does not fit the disk budget of %s: switching to %s rotation "
+                    "(rotation=%d, window of %d samples%s); an epoch now serves %d batches",
+                    len(self.indices), self.cache.store.path, s.rotation.medium, s.rotation.rotation,
+                    self.res.window.slots, f" under {s.rotation.prefix}" if s.rotation.prefix else "",
+                    self.num_batches())
+
+    def sample_bytes(self) -> int:
+        """Bytes one sample takes as a record (one dataset call in this process)."""
+        sample = self.producer.dataset[int(self.indices[0])] if len(self.indices) else None
+        return len(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+
+    def give_up_caching(self, exc: BudgetExceededError) -> None:
+        """The generation cannot even be opened (a full disk): apply ``on_budget_exceeded``."""
+        policy = self.cache.settings.on_budget_exceeded
+        if policy is BudgetPolicy.ERROR:
+            raise CacheController.explain(exc)
+        self.cache.off = True
+        # Logged as text: a log record holding the exception would keep its frames, and with them
+        # this epoch's batches (and their shared-memory slots), alive as long as the record.
+        if policy is BudgetPolicy.ROTATE:
+            log.warning("%s", str(exc))
+            self.switch_to_rotation()
+        else:
+            log.warning("cache disabled, serving uncached samples from now on: %s", str(exc))
 
     # resuming --------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict | None, dict | None]:
@@ -348,9 +381,10 @@ class EpochRunner:
         target = self.cache.refresh_target(plan.generation)
         if target is None:
             return
-        build = self.cache.open_build(target, self.settings.use_threading, background=True)
+        executor = self.ensure_executor()
+        build = self.cache.open_build(target, self.settings.use_threading, background=True, executor=executor)
         self.res.background = build
-        build.attach(self.ensure_executor())
+        build.attach(executor)
         chunk = max(1, self.settings.batch_size // REFRESH_CHUNK_DIVISOR)
         self.refresh = BackgroundRefresh(build, self.indices, chunk, self.settings.nb_worker)
 

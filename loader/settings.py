@@ -216,6 +216,106 @@ class RotationSettings:
         return max(1, min(size, n))
 
 
+#: Where tasks run: ``"process"`` (the worker pool: processes, or threads) or ``"ray"`` (Ray actors).
+EXECUTORS = ("process", "ray")
+#: Keys of ``executor_options`` (``executor="ray"``); see :func:`parse_executor`.
+RAY_OPTION_KEYS = frozenset({"address", "num_workers", "actor_options", "init_options", "start_timeout"})
+#: Actor options the Ray executor sets itself: it replaces dead actors (and counts them against
+#: ``max_worker_restarts``), runs one task at a time per actor, and no actor may outlive the loader.
+RESERVED_ACTOR_OPTIONS = frozenset({"max_restarts", "max_task_retries", "max_concurrency", "lifetime", "name",
+                                    "namespace", "get_if_exists"})
+#: Seconds a Ray actor may take to be placed and started before the loader says why it is not.
+DEFAULT_START_TIMEOUT = 120.0
+
+
+def parse_executor(executor: Any, options: Any, nb_worker: int | None, default_nb_worker: int, use_threading: bool,
+                   gpu_indices: Any) -> tuple[dict, int]:
+    """Validate ``executor`` and ``executor_options``; return the filled-in options and the worker count.
+
+    ``executor_options`` (only with ``executor="ray"``): ``address`` (``None``:
+    this process's Ray connection, else a Ray instance started for the loader;
+    ``"auto"``, ``"HOST:PORT"`` or ``"ray://..."``: that cluster),
+    ``num_workers`` (actors; default `nb_worker`), ``actor_options`` (passed to
+    ``ActorClass.options``; default ``{"num_cpus": 1}``), ``init_options``
+    (keyword arguments of ``ray.init``) and ``start_timeout`` (seconds an actor
+    may take to be placed).
+
+    Parameters
+    ----------
+    executor, options
+        The constructor's ``executor`` and ``executor_options``.
+    nb_worker
+        The constructor's `nb_worker` (alias resolved), ``None`` when not given.
+    default_nb_worker
+        Workers when neither `nb_worker` nor ``num_workers`` is given.
+    use_threading, gpu_indices
+        The constructor's; neither applies to Ray actors.
+
+    Returns
+    -------
+    tuple
+        The options with every default filled in (``{}`` for ``"process"``),
+        and the number of workers (processes, threads or actors).
+
+    Raises
+    ------
+    ValueError
+        Naming the argument or key at fault.
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    if executor == "process":
+        if options:
+            raise ValueError("executor_options apply to executor='ray' only; the process executor is set up by "
+                             "nb_worker, use_threading and start_method")
+        return {}, default_nb_worker if nb_worker is None else nb_worker
+    options = {} if options is None else options
+    _check_keys("executor_options", options, set(RAY_OPTION_KEYS))
+    if use_threading:
+        raise ValueError("use_threading=True means worker threads in this process; it cannot be combined with "
+                         "executor='ray'")
+    if gpu_indices is not None:
+        raise ValueError("gpu_indices applies to worker processes; with executor='ray' ask Ray for GPUs: "
+                         "executor_options={'actor_options': {'num_gpus': 1}}")
+    address = options.get("address")
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ValueError(f"executor_options['address'] must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT', "
+                         f"got {address!r}")
+    num_workers = options.get("num_workers")
+    if nb_worker == 0:
+        raise ValueError("nb_worker=0 computes samples in this process; executor='ray' needs at least one actor "
+                         "(executor_options['num_workers'])")
+    if num_workers is None:
+        num_workers = default_nb_worker if nb_worker is None else nb_worker
+    elif nb_worker is not None and nb_worker != num_workers:
+        raise ValueError(f"nb_worker={nb_worker} and executor_options['num_workers']={num_workers} disagree; "
+                         "give one of them")
+    check_int("executor_options['num_workers']", num_workers, 1)
+    actor_options = options.get("actor_options", {})
+    if not isinstance(actor_options, dict):
+        raise ValueError(f"executor_options['actor_options'] must be a dict, got {type(actor_options).__name__}")
+    reserved = sorted(RESERVED_ACTOR_OPTIONS & set(actor_options))
+    if reserved:
+        raise ValueError(f"executor_options['actor_options'] cannot set {', '.join(map(repr, reserved))}: the "
+                         "loader replaces dead actors itself (max_worker_restarts) and terminates its actors "
+                         "when it closes")
+    resources = actor_options.get("resources", {})
+    if not isinstance(resources, dict) or not all(isinstance(k, str) and isinstance(v, (int, float)) and v > 0
+                                                  for k, v in resources.items()):
+        raise ValueError("executor_options['actor_options']['resources'] must map resource names to positive "
+                         f"amounts, e.g. {{'producer': 1}}; got {resources!r}")
+    init_options = options.get("init_options", {})
+    if not isinstance(init_options, dict):
+        raise ValueError(f"executor_options['init_options'] must be a dict, got {type(init_options).__name__}")
+    if "address" in init_options:
+        raise ValueError("executor_options['init_options'] cannot hold 'address': give executor_options['address']")
+    timeout = options.get("start_timeout", DEFAULT_START_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"executor_options['start_timeout'] must be a number of seconds > 0, got {timeout!r}")
+    return {"address": address, "num_workers": num_workers, "actor_options": {"num_cpus": 1, **actor_options},
+            "init_options": dict(init_options), "start_timeout": float(timeout)}, num_workers
+
+
 def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     if allow_none and value is None:
         return
@@ -269,6 +369,8 @@ class LoaderSettings:
     timeout: float | None = None
     progress: bool | None = None
     seed_given: bool = True  # False: the seed was drawn at random (a resumed run takes the state's)
+    executor: str = "process"
+    executor_options: dict | None = None  # filled in by parse_executor
 
     @classmethod
     def from_arguments(cls, dataset_class: Any, dataset_params: dict | None, batch_size: Any, nb_worker: Any,
@@ -277,7 +379,8 @@ class LoaderSettings:
                        pin_memory: bool, gpu_indices: Any, max_minibatch_length: Any, cache_setting: Any,
                        rotation_setting: Any, *, dataset_kwargs: dict | None, worker_per_consumer: Any,
                        nb_consumer: Any, consumer_index: Any, to_device: Any, start_method: str,
-                       max_worker_restarts: Any, timeout: Any = None, progress: Any = None) -> "LoaderSettings":
+                       max_worker_restarts: Any, timeout: Any = None, progress: Any = None,
+                       executor: Any = "process", executor_options: Any = None) -> "LoaderSettings":
         """Validate the constructor's arguments (same names and meaning as there)."""
         if not isinstance(dataset_class, type):
             raise ValueError(f"dataset_class must be a class, got {dataset_class!r}")
@@ -287,7 +390,8 @@ class LoaderSettings:
         if nb_worker is not None and worker_per_consumer is not None:
             raise ValueError("give nb_worker or its alias worker_per_consumer, not both")
         nb_worker = worker_per_consumer if nb_worker is None else nb_worker
-        nb_worker = min(4, os.cpu_count() or 1) if nb_worker is None else nb_worker
+        executor_options, nb_worker = parse_executor(executor, executor_options, nb_worker,
+                                                     min(4, os.cpu_count() or 1), use_threading, gpu_indices)
         check_int("batch_size", batch_size, 1)
         check_int("nb_worker", nb_worker, 0)
         check_int("nearby_shuffle", nearby_shuffle, 0)
@@ -332,7 +436,8 @@ class LoaderSettings:
                    collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory,
                    list(gpu_indices) if gpu_indices is not None else None, max_minibatch_length, cache, rotation,
                    consumers, index, deferred, to_device, start_method, max_worker_restarts,
-                   float(timeout) if timeout is not None else None, progress, seed_given)
+                   float(timeout) if timeout is not None else None, progress, seed_given, executor,
+                   executor_options)
 
     @property
     def allow_pickle(self) -> bool:

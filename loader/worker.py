@@ -54,7 +54,6 @@ class Produced:
     written: int = 0  # samples written into the task's shard
     records: list | None = None  # encoded samples for the training process to write
     budget_error: str | None = None  # why writing stopped, when the budget ran out
-    budget_fits: int | None = None  # samples that would fit, when known
     staged: int = 0  # samples read back from the staging area instead of computed
 
 
@@ -74,7 +73,6 @@ class BatchProducer:
         self._writing = True
         self._reader: Any = None
         self._reader_key: Any = None
-        self.budget_fits: int | None = None  # from the last budget error, when known
 
     # generation shards ---------------------------------------------------
     def _shard_for(self, spec: Any) -> Any:
@@ -157,8 +155,7 @@ class BatchProducer:
             except BudgetExceededError as exc:
                 # A buffering backend (lmdb) meets the full disk here, not in put().
                 budget_error = self._stop_writing(task, exc)
-        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error,
-                        self.budget_fits if budget_error else None, staged)
+        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
 
     def _call(self, index: int) -> Any:
         try:
@@ -170,7 +167,6 @@ class BatchProducer:
         """The generation does not fit: raise (policy "error") or stop writing it and keep serving."""
         if task.on_budget == BudgetPolicy.ERROR:
             raise exc
-        self.budget_fits = exc.fits_samples
         self._writing = False
         return str(exc)
 
@@ -238,7 +234,7 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
     meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, out.batch) if task.slot >= 0 else None
     return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, shard_id=producer.shard_id,
                        written=out.written, records=out.records, budget_error=out.budget_error,
-                       budget_fits=out.budget_fits, staged=out.staged)
+                       staged=out.staged)
 
 
 def _next(waiting: collections.deque) -> Any:

@@ -11,6 +11,8 @@ from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError
                         FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
                         SymlinkError, UnsupportedSampleError, WorkerError, open_store)
 
+from loader.errors import MissingDependencyError
+
 from .helpers import write_generation
 
 HIERARCHY = {
@@ -25,6 +27,7 @@ HIERARCHY = {
     SymlinkError: OSError,
     WorkerError: RuntimeError,
     loader.errors.WorkerTimeoutError: TimeoutError,
+    MissingDependencyError: ImportError,
 }
 
 

@@ -10,7 +10,6 @@ the same prefix caches.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -57,19 +56,6 @@ def _caches_once_there_is_room(prefix, mount_point, nb_worker, backend) -> None:
 
 
 WHEN = ["full", "no-inodes", "fills"]
-NEEDS_LOADER_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="needs loader fix: CachedLoader._begin_generation lets the BudgetExceededError of "
-           "store.writer() (here: no inode for writer.lock; on other file systems also no block for the "
-           "staging directory) end the epoch instead of applying on_budget_exceeded ('stream': serve "
-           "computed samples uncached; 'rotate': switch to rotation, streaming when not even a window fits)")
-NEEDS_ROTATION_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="needs loader fix: after the full disk, CachedLoader._switch_to_rotation opens a disk "
-           "rotation window sized without looking at the room left (fits unknown: batch_size samples), "
-           "and DiskWindow.put raises a raw OSError ENOSPC in every epoch; 'rotate' must size the window "
-           "from the free space and, when not even one sample fits, rotate in memory or stream (with a "
-           "warning), and a window that meets a full disk must raise BudgetExceededError")
 CASES = [(backend, nb_worker) for backend in ("memmap", "lmdb") for nb_worker in (0, 2)]
 
 
@@ -102,9 +88,7 @@ def test_error_policy_raises_budget_error_and_unlocks(small_fs, when, backend, n
 
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize("backend,nb_worker", CASES)
-def test_stream_policy_serves_every_sample(request, small_fs, when, backend, nb_worker):
-    if when == "no-inodes":
-        request.applymarker(NEEDS_LOADER_FIX)
+def test_stream_policy_serves_every_sample(small_fs, when, backend, nb_worker):
     prefix, loader = _run(small_fs, "stream", when, backend, nb_worker)
     with loader:
         for _ in range(2):
@@ -116,11 +100,7 @@ def test_stream_policy_serves_every_sample(request, small_fs, when, backend, nb_
 
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize("backend,nb_worker", CASES)
-def test_rotate_policy_keeps_serving(request, small_fs, when, backend, nb_worker):
-    if when == "no-inodes":
-        request.applymarker(NEEDS_LOADER_FIX)
-    if when == "full":
-        request.applymarker(NEEDS_ROTATION_FIX)
+def test_rotate_policy_keeps_serving(small_fs, when, backend, nb_worker):
     prefix, loader = _run(small_fs, "rotate", when, backend, nb_worker)
     with loader:
         for _ in range(3):

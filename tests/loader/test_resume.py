@@ -167,3 +167,27 @@ def test_load_after_iterating_is_refused(tmp_path):
         list(cached)
         with pytest.raises(RuntimeError, match="before iterating"):
             cached.load_state_dict(state)
+
+
+def test_a_state_taken_after_break_resumes_the_rest_of_that_epoch(tmp_path):
+    def build():
+        return CachedLoader(ArangeDataset, {"n": 30}, batch_size=4, nb_worker=0, seed=3,
+                            cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 2})
+
+    with build() as golden:
+        expected = [b["y"].tolist() for b in golden]
+    prune = __import__("cachestore").open_store(tmp_path / "c")
+    prune.prune(keep=0)
+    prune.close()
+    with build() as first:
+        served = []
+        for batch in first:  # the loop's own iterator is gone once it breaks
+            served.append(batch["y"].tolist())
+            if len(served) == 3:
+                break
+        state = first.state_dict()
+    assert (state["epoch"], state["batches_served"]) == (0, 3)
+    with build() as second:
+        second.load_state_dict(state)
+        served += [b["y"].tolist() for b in second]
+    assert served == expected

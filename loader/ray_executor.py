@@ -1,0 +1,473 @@
+"""The Ray executor: samples computed by Ray actors anywhere in a Ray cluster.
+
+``CachedLoader(..., executor="ray", executor_options={...})`` puts this
+:class:`~loader.executor.Executor` where the :class:`~loader.pool.WorkerPool`
+would be. ``ray`` is an optional extra: this module imports it only when an
+executor is built, so ``import loader`` never does.
+
+How a batch travels (see also ``docs/ARCHITECTURE.md``, "The path of a batch")
+--------------------------------------------------------------------------------
+* **Computed** (generate, compute, rotation and background-refresh tasks):
+  the task goes to one of ``num_workers`` :class:`RayWorker` actors, which
+  built the dataset from its class and keyword arguments. The actor answers
+  :class:`~loader.messages.BatchDone` with ``meta=None`` and the batch inline;
+  it comes back through Ray's object store (shared memory slots do not cross
+  machines). An actor never writes the training node's store (it may run on
+  another machine): ``writes_local_store`` is false, so a generation being
+  written asks for records (``send_records``), which
+  :meth:`~loader.generation.GenerationBuild.put_records` writes here.
+* **Read** (cached epochs): the store lives on the training node, so read
+  tasks never leave it. They are queued here and run in this process, one per
+  :meth:`RayExecutor.next_message`, after the results Ray already has; the
+  actors meanwhile stay free for a background refresh. A corrupt record turns
+  its batch into a compute task for an actor.
+
+Deaths and shutdown (the rules of the shutdown note in :mod:`loader.pool`)
+---------------------------------------------------------------------------
+* Each task is one actor method call; its ``ObjectRef`` is the only thing
+  waited on (``ray.wait`` with a timeout, never a bare ``ray.get``). An actor
+  that dies - killed, out of memory, its node gone - makes its calls fail
+  with ``RayActorError``: the first such failure replaces the actor (a new
+  incarnation, a new shard id, death listeners told), every failed call is
+  re-run on a live actor, and a call that succeeded before the death is
+  delivered as usual, so each task is delivered exactly once. Deaths count
+  against ``max_worker_restarts`` per epoch.
+* An actor that Ray cannot place (no node has the resources asked for) is
+  reported after ``start_timeout`` seconds instead of waiting forever.
+* Actors are created with ``max_restarts=0`` (the loader replaces them) and
+  are never detached, so they also die with this process (Ray ties an actor
+  to its owner). :meth:`RayExecutor.shutdown` kills them; a Ray instance the
+  loader started is shut down with the last loader that uses it, a connection
+  the loader opened is closed, and a connection or cluster that existed
+  before is left as it was.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from cachestore.errors import CorruptSampleError
+
+from . import messages as m
+from .errors import MissingDependencyError, WorkerError
+from .executor import DeathListener, StuckWorker
+from .settings import EpochMode
+from .worker import BatchProducer
+from .worker import _failure as task_failure
+
+log = logging.getLogger(__name__)
+
+#: The install command named by the error when ray is missing.
+INSTALL_HINT = 'pip install "cachestore[ray]"'
+#: Seconds between checks (actor start deadlines) while waiting for results.
+POLL_INTERVAL = 0.5
+#: ``worker_id`` of read tasks run in the training process.
+LOCAL_WORKER = -1
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a :class:`~loader.errors.MissingDependencyError` naming the install command."""
+    try:
+        import ray
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise  # ray is there but broken: its own error says more
+        raise MissingDependencyError(f"executor='ray' needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+class RayConnection:
+    """This process's connection to Ray, shared by the loaders that use it.
+
+    Ray has one driver connection per process, so this is per process too (the
+    module holds the one instance). A connection that existed before the first
+    loader is borrowed and never closed; one the loaders opened - to a cluster,
+    or to a Ray instance started for them - is closed by the last loader that
+    uses it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0  # loaders using a connection this class opened
+        self._ours = False
+
+    def acquire(self, ray: Any, address: str | None, init_options: dict, cpus_needed: float) -> bool:
+        """Connect if needed; return whether the caller must :meth:`release` the connection."""
+        with self._lock:
+            if ray.is_initialized():
+                if not self._ours:
+                    if address is not None:
+                        log.info("this process is already connected to Ray: executor_options['address'] %r is "
+                                 "not used", address)
+                    return False
+                self._users += 1
+                return True
+            options = dict(init_options)
+            if address is None:
+                # A Ray just for this loader: on this machine only, no dashboard, and enough logical CPUs
+                # that every actor can be placed here whatever the machine's core count.
+                options.setdefault("_node_ip_address", "127.0.0.1")
+                options.setdefault("include_dashboard", False)
+                options.setdefault("num_cpus", max(os.cpu_count() or 1, int(np.ceil(cpus_needed))))
+                ray.init(address="local", **options)
+                log.info("started a local Ray instance for the loader")
+            else:
+                ray.init(address=address, **options)
+            self._ours = True
+            self._users += 1
+            return True
+
+    def release(self, ray: Any) -> None:
+        """One loader less; the last one closes the connection (and a Ray instance it started)."""
+        with self._lock:
+            self._users = max(0, self._users - 1)
+            if self._users == 0 and self._ours:
+                self._ours = False
+                if ray.is_initialized():
+                    ray.shutdown()
+
+
+CONNECTION = RayConnection()
+
+
+class RayWorker:
+    """One Ray actor: builds the dataset from its config and runs compute tasks.
+
+    Instantiated by Ray (``ray.remote(RayWorker)``) on whichever node offers
+    the actor's resources. It runs one task at a time and returns every
+    result as a message; nothing in it raises to Ray but a death.
+    """
+
+    def __init__(self, config: m.WorkerConfig) -> None:
+        self.config = config
+        self.failure: m.TaskFailed | None = None
+        self.producer: BatchProducer | None = None
+        try:
+            dataset = config.dataset_class(**config.dataset_params)
+        except Exception as exc:
+            # Reported by ready() and every run(), like a worker process's "init" failure.
+            self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
+                                                       index=None, kind="init")
+        else:
+            self.producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
+
+    def ready(self) -> tuple[int, str, m.TaskFailed | None]:
+        """Pid and Ray node id of this actor, and why its dataset could not be built (if so)."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id(), self.failure
+
+    def run(self, task: m.Task) -> m.BatchDone | m.TaskFailed:
+        """Compute `task`; the batch (and the records of a generate task) travel in the answer."""
+        wid = self.config.worker_id
+        if self.failure is not None:
+            return self.failure
+        if task.shard is not None or task.mode == EpochMode.READ:
+            # The store lives on the training node; an actor may not (see the module docstring).
+            return task_failure(WorkerError("a Ray actor was asked to read or write the training node's store"),
+                                task, wid)
+        try:
+            out = self.producer.compute(task)
+        except Exception as exc:
+            return task_failure(exc, task, wid)
+        # A task without a slot (background refresh) only sends its records: the batch is not needed.
+        return m.BatchDone(task.epoch, task.seq, task.part, wid, None, batch=out.batch if task.slot >= 0 else None,
+                           shard_id=self.config.shard_id, written=out.written, records=out.records,
+                           budget_error=out.budget_error)
+
+
+@dataclass
+class ActorHandle:
+    """One actor incarnation as the executor sees it."""
+
+    worker_id: int
+    actor: Any  # ray.actor.ActorHandle
+    shard_id: str
+    created: float  # time.monotonic() at creation: start_timeout counts from here
+    outstanding: int = 0  # calls submitted and not yet taken
+    ready: bool = False
+    pid: int | None = None  # on the actor's node, which may be another machine
+    node_id: str | None = None
+    dead: bool = False
+
+
+def writable(batch: Any) -> Any:
+    """`batch` with every read-only array copied.
+
+    Arrays Ray returns are read-only views of its object store, which stay
+    pinned there while they live: a copy gives the training loop the writable
+    arrays it gets from the process executor, and frees the store's memory now.
+    """
+    if isinstance(batch, np.ndarray):
+        return batch if batch.flags.writeable else batch.copy()
+    if isinstance(batch, dict):
+        return {k: writable(v) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [writable(v) for v in batch]
+    if isinstance(batch, tuple):
+        items = [writable(v) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+    return batch
+
+
+class RayExecutor:
+    """Compute tasks on Ray actors, read tasks in the training process (see the module docstring).
+
+    Parameters
+    ----------
+    make_config
+        Builds each actor incarnation's config (a fresh shard id every time).
+    options
+        The filled-in ``executor_options`` (:func:`loader.settings.parse_executor`).
+    max_restarts
+        Actor deaths tolerated per epoch.
+    local
+        The training process's producer: it reads the cached epochs here.
+    """
+
+    writes_local_store = False  # actors may run on other machines
+
+    def __init__(self, make_config: Callable[[int], m.WorkerConfig], options: dict, max_restarts: int,
+                 local: BatchProducer) -> None:
+        self.ray = import_ray()
+        self.make_config = make_config
+        self.options = options
+        self.nb_worker: int = options["num_workers"]
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.local = local
+        self.workers: list[ActorHandle] = []
+        self.closed = False
+        self._listeners: list[DeathListener] = []
+        self._pending: dict[Any, tuple[ActorHandle, m.Task | None]] = {}  # ObjectRef -> (actor, task; None: ready)
+        self._local: collections.deque[m.Task] = collections.deque()
+        self._answered: collections.deque[m.BatchDone] = collections.deque()
+        self._actor_options = {**options["actor_options"], "max_restarts": 0, "max_task_retries": 0,
+                               "max_concurrency": 1}
+        cpus = self.nb_worker * self._actor_options.get("num_cpus", 1)
+        self._connected = CONNECTION.acquire(self.ray, options["address"], options["init_options"], cpus)
+        try:
+            self._actor_class = self.ray.remote(RayWorker)
+            for wid in range(self.nb_worker):
+                self.workers.append(self._start(wid))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # actors ------------------------------------------------------------------
+    def _start(self, wid: int) -> ActorHandle:
+        config = self.make_config(wid)
+        actor = self._actor_class.options(**self._actor_options).remote(config)
+        handle = ActorHandle(wid, actor, config.shard_id, time.monotonic())
+        self._pending[actor.ready.remote()] = (handle, None)
+        return handle
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles of the live incarnations, by worker id."""
+        return [w.actor for w in self.workers]
+
+    def pids(self) -> list[int]:
+        """Empty: actors are not processes of this machine (their pids are in :attr:`workers`)."""
+        return []
+
+    def worker_pid(self, worker_id: int) -> int | None:
+        if worker_id == LOCAL_WORKER:
+            return os.getpid()
+        return next((w.pid for w in self.workers if w.worker_id == worker_id), None)
+
+    def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
+        """Actors holding any of `tasks`; their stacks are on their own nodes (``ray stack`` there)."""
+        stuck: dict[int, StuckWorker] = {}
+        held = [(w, t) for w, t in self._pending.values() if t is not None]
+        for worker, task in held:
+            if (task.epoch, task.seq, task.part) in tasks and worker.worker_id not in stuck:
+                # An actor runs its calls in order: the oldest one it holds is the one running.
+                running = next(t for w, t in held if w is worker)
+                stack = (f"(not available here: a Ray actor on node {worker.node_id}; "
+                         f"run `ray stack` on that node to see pid {worker.pid})")
+                stuck[worker.worker_id] = StuckWorker(worker.worker_id, worker.pid, running, stack)
+        return list(stuck.values())
+
+    def begin_epoch(self) -> None:
+        self.restarts = 0
+        # Reads queued by an abandoned epoch are answered unread: their results are dropped anyway,
+        # and the answer gives their shared-memory slot back (loader.epoch, receive).
+        while self._local:
+            task = self._local.popleft()
+            self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_death_listener(self, listener: DeathListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    # tasks -------------------------------------------------------------------
+    def submit(self, task: m.Task) -> None:
+        if task.mode == EpochMode.READ:
+            self._local.append(task)  # the store is on this node: read here (see the module docstring)
+        else:
+            self._submit_remote(task)
+
+    def _submit_remote(self, task: m.Task) -> None:
+        worker = min((w for w in self.workers if not w.dead), key=lambda w: w.outstanding)
+        worker.outstanding += 1
+        self._pending[worker.actor.run.remote(task)] = (worker, task)
+
+    def next_message(self, timeout: float | None = None) -> Any:
+        """The next result or failure; ``None`` after `timeout` seconds, or at once when nothing is pending.
+
+        Results the actors have finished come first, then one read of this
+        process; dead actors are replaced and their failed calls re-run meanwhile.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._answered:
+                return self._answered.popleft()
+            if self._pending:
+                ready, _ = self.ray.wait(list(self._pending), num_returns=1, timeout=0)
+                if ready:
+                    msg = self._take(ready[0])
+                    if msg is not None:
+                        return msg
+                    continue
+            if self._local:
+                msg = self._read_local(self._local.popleft())
+                if msg is not None:
+                    return msg
+                continue
+            if not self._pending:
+                return None
+            self._check_started()
+            left = POLL_INTERVAL if deadline is None else max(0.0, min(POLL_INTERVAL, deadline - time.monotonic()))
+            ready, _ = self.ray.wait(list(self._pending), num_returns=1, timeout=left)
+            if ready:
+                msg = self._take(ready[0])
+                if msg is not None:
+                    return msg
+            elif deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def _take(self, ref: Any) -> Any:
+        """The message of a finished call, or ``None`` when there is none to deliver (start, death)."""
+        ray = self.ray
+        worker, task = self._pending.pop(ref)
+        if task is not None:
+            worker.outstanding -= 1
+        try:
+            value = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            self._lost(worker, exc)
+            if task is not None:
+                self._submit_remote(task)  # re-run: its result never arrived
+            return None
+        except ray.exceptions.RayTaskError as exc:
+            # Only what escapes RayWorker's own handling gets here (a result Ray cannot serialise, say).
+            failed = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if task is None:
+                return m.TaskFailed.from_exception(failed, epoch=-1, seq=-1, part=-1, worker_id=worker.worker_id,
+                                                   index=None, kind="init")
+            return task_failure(failed, task, worker.worker_id)
+        if task is None:
+            worker.ready = True
+            worker.pid, worker.node_id, failure = value
+            return failure
+        if isinstance(value, m.BatchDone) and value.batch is not None:
+            value = dataclasses.replace(value, batch=writable(value.batch))
+        return value
+
+    def _read_local(self, task: m.Task) -> Any:
+        """A read task, run in this process; ``None`` when a corrupt record sent it to an actor instead."""
+        producer = self.local
+        try:
+            reader = producer.reader(task.reader)
+            try:
+                if producer.custom_collate:
+                    batch = producer.collate([reader.get(int(i), copy=False) for i in task.positions])
+                else:
+                    batch = reader.get_batch(task.positions)
+            except CorruptSampleError as exc:
+                log.warning("%s; computing this batch on a Ray actor instead", exc)
+                self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))
+                return None
+        except Exception as exc:
+            return task_failure(exc, task, LOCAL_WORKER)
+        return m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None, batch=batch)
+
+    def _lost(self, dead: ActorHandle, exc: BaseException) -> None:
+        """An actor died (its call failed with `exc`): replace it once (see the module docstring)."""
+        if dead.dead:
+            return  # replaced already, at its first failed call
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise WorkerError(f"Ray actor of loader worker {dead.worker_id} (pid {dead.pid} on node {dead.node_id}) "
+                              f"died; {self.restarts} actor deaths, more than max_worker_restarts="
+                              f"{self.max_restarts}. Ray says: {type(exc).__name__}: {exc}") from exc
+        dead.dead = True
+        log.warning("Ray actor of loader worker %d (pid %s on node %s) died (%s); starting a new one and re-running "
+                    "its unfinished batches", dead.worker_id, dead.pid, dead.node_id, type(exc).__name__)
+        for listener in list(self._listeners):
+            listener(dead.shard_id)
+        try:
+            self.ray.kill(dead.actor, no_restart=True)  # it may only look dead (an unreachable node)
+        except Exception:
+            pass
+        self.workers[self.workers.index(dead)] = self._start(dead.worker_id)
+
+    def _check_started(self) -> None:
+        """Raise when an actor has waited longer than ``start_timeout`` to be placed and started."""
+        limit = self.options["start_timeout"]
+        now = time.monotonic()
+        for worker in self.workers:
+            if not worker.ready and not worker.dead and now - worker.created > limit:
+                try:
+                    available = self.ray.available_resources()
+                except Exception:
+                    available = "unknown"
+                raise WorkerError(f"Ray did not start loader actor {worker.worker_id} within {limit:.0f} s: no node "
+                                  f"offers the actor's options {self.options['actor_options']!r} (resources "
+                                  f"available now: {available!r}). Add such a node (ray start --address=... "
+                                  "--resources=...) or change executor_options['actor_options']; "
+                                  "executor_options['start_timeout'] sets the wait")
+
+    def flush_shards(self) -> list[str]:
+        """Nothing to flush: actors never write shards (``writes_local_store`` is false)."""
+        return []
+
+    # shutdown ----------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill the actors, close the Ray connection this loader opened (idempotent; see the module docstring)."""
+        if self.closed:
+            return
+        self.closed = True
+        ray = self.ray
+        workers, self.workers = self.workers, []
+        self._pending.clear()
+        self._local.clear()
+        try:
+            # Nothing of an actor's is worth waiting for: it writes nothing on the training node.
+            if ray.is_initialized():
+                for worker in workers:
+                    try:
+                        ray.kill(worker.actor, no_restart=True)
+                    except Exception as exc:  # its node may be gone already
+                        log.debug("could not kill Ray actor of worker %d: %s", worker.worker_id, exc)
+        finally:
+            if self._connected:
+                self._connected = False
+                CONNECTION.release(ray)
+
+    def kill(self) -> None:
+        """Same as :meth:`shutdown`: actors are killed at once either way."""
+        self.shutdown()
