@@ -3,7 +3,7 @@
 ::
 
     cachestore inspect PATH [--json] [--verify]
-    cachestore prune PATH [--keep N] [--max-bytes SIZE] [--dry-run]
+    cachestore prune PATH [--keep N] [--max-bytes SIZE] [--dry-run] [--partial]
 
 PATH is what the loader got as ``prefix``: a store (a directory with
 ``store.json``), or a directory whose subdirectories are stores (a loader
@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--max-bytes", type=_size, default=None, metavar="SIZE",
                        help="then remove the oldest generations until the store fits, e.g. 20GB or 512MiB")
     prune.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    prune.add_argument("--partial", action="store_true",
+                       help="also remove partial generations of this store's dataset (kept by an interrupted "
+                            "run for the next one to complete); those of another dataset always go")
     prune.set_defaults(run=_prune)
     return parser
 
@@ -155,7 +158,9 @@ def describe_store(path: str, verify: bool = False) -> dict:
         if holder is None and os.path.lexists(lock_file):
             pid = _recorded_pid(lock_file)
             stale_lock = {"path": str(lock_file), "pid": pid, "pid_alive": pid is not None and pid_alive(pid)}
-        debris = [] if holder is not None and holder < 0 else store.backend.debris(keep_pid=holder)
+        # A partial generation of this store's producer is not debris: the next run completes it.
+        debris = [] if holder is not None and holder < 0 else store.backend.debris(
+            keep_pid=holder, keep_record=store.partial_record())
         doc: dict[str, Any] = {
             "path": path, "backend": store.backend_name, "format": meta.get("format"),
             "compression": meta.get("compression"), "created": meta.get("created"),
@@ -375,7 +380,8 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
     for n, root in enumerate(roots):
         try:
             with open_store(root) as store:
-                removed = store.prune(keep=args.keep, dry_run=args.dry_run, max_bytes=args.max_bytes)
+                removed = store.prune(keep=args.keep, dry_run=args.dry_run, max_bytes=args.max_bytes,
+                                      partial=args.partial)
                 kept = _kept_for_live_processes(store)
         except (CacheStoreError, OSError, ValueError) as exc:
             _error(f"cannot prune store {root}: {exc}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import xxhash
 
 from . import safefs
 from .backends import get_backend
@@ -112,7 +114,7 @@ class Store:
         return self.meta.get("fingerprint")
 
     # writing -------------------------------------------------------------------
-    def writer(self, generation: int, num_samples: int | None = None) -> GenerationWriter:
+    def writer(self, generation: int, num_samples: int | None = None, resume: bool = False) -> GenerationWriter:
         """Open generation `generation` for writing (one writer per store at a time).
 
         Parameters
@@ -122,6 +124,12 @@ class Store:
         num_samples
             Expected number of samples. Enables the early budget projection and
             makes commit check that exactly these indices were written.
+        resume
+            Adopt a partial generation `generation` left by a writer that
+            crashed or called :meth:`GenerationWriter.keep`, when it was
+            produced for the same fingerprint and `num_samples` (a store
+            without a fingerprint never adopts): ``writer.present()`` then
+            lists the indices already written, which must not be written again.
 
         Raises
         ------
@@ -132,10 +140,23 @@ class Store:
             raise CacheStoreError(f"{self.path} was opened readonly=True; it cannot be written")
         lease = self._take_lease()
         try:
-            return GenerationWriter(self.spec, self.backend, generation, num_samples, lease, self.budget)
+            return GenerationWriter(self.spec, self.backend, generation, num_samples, lease, self.budget,
+                                    record=self.staging_record(num_samples), resume=resume)
         except BaseException:
             lease.release()
             raise
+
+    def staging_record(self, num_samples: int | None) -> dict:
+        """What a staging area records of its producer, so only the same producer adopts it."""
+        fingerprint = self.fingerprint
+        digest = None if fingerprint is None else xxhash.xxh3_64_hexdigest(
+            json.dumps(fingerprint, sort_keys=True, default=str).encode())
+        return {"fingerprint": digest, "num_samples": num_samples, "compression": self.compression}
+
+    def partial_record(self) -> dict | None:
+        """What the partial generations of this store's producer have in common (``None``: no fingerprint)."""
+        fingerprint = self.staging_record(None)["fingerprint"]
+        return None if fingerprint is None else {"fingerprint": fingerprint}
 
     @property
     def _writing(self) -> bool:
@@ -156,8 +177,11 @@ class Store:
             return os.getpid()
         return lock_holder(self.path) if self.backend.persistent else None
 
-    def budget(self) -> Budget:
+    def budget(self, reclaim: int = 0) -> Budget:
         """Bytes a new generation may take now: the budget less committed generations, capped by free space.
+
+        `reclaim`: bytes already taken by the generation itself (an adopted
+        partial one), counted as free.
 
         Returns
         -------
@@ -167,7 +191,7 @@ class Store:
         used = sum(g.nbytes if self.backend.persistent else g.stored_bytes
                    for g in self.generations() if g.committed)
         if self.backend.persistent:
-            free, unit = free_bytes(self.path), "disk"
+            free, unit = free_bytes(self.path) + reclaim, "disk"
         else:
             vm = psutil.virtual_memory()
             free, unit = max(0, int(vm.available - vm.total * RAM_RESERVE_FRACTION)), "memory"
@@ -232,7 +256,8 @@ class Store:
         return allocated_bytes(self.path) if self.backend.persistent else 0
 
     # maintenance ---------------------------------------------------------------
-    def prune(self, keep: int = 1, dry_run: bool = False, max_bytes: int | str | None = None) -> list[Removed]:
+    def prune(self, keep: int = 1, dry_run: bool = False, max_bytes: int | str | None = None,
+              partial: bool = False) -> list[Removed]:
         """Remove committed generations beyond the newest `keep`, and crash debris.
 
         Parameters
@@ -244,6 +269,12 @@ class Store:
         max_bytes
             Then remove the oldest remaining generations until the store takes
             at most this many bytes.
+        partial
+            Also remove partial generations of this store's producer (staging
+            areas kept by a writer that stopped, or left by one that crashed,
+            with this store's fingerprint), which are otherwise kept for the
+            next writer of their generation to adopt. Those of another
+            fingerprint are always removed.
 
         Returns
         -------
@@ -261,6 +292,7 @@ class Store:
         had_lock = persistent and os.path.lexists(lock_file)  # looked at before our guard creates one
         lock_bytes = allocated_bytes(lock_file) if had_lock else 0
         guard: WriterLock | None = None
+        mine = None if partial else self.partial_record()
         if self._writing:
             holder: int | None = os.getpid()
         elif persistent and not dry_run:
@@ -273,9 +305,9 @@ class Store:
             if holder is not None and holder < 0:
                 found = []  # a live writer whose pid is not written yet: whose staging is whose is unknown
             elif dry_run:
-                found = self.backend.debris(keep_pid=holder)
+                found = self.backend.debris(keep_pid=holder, keep_record=mine)
             else:
-                found = self.backend.remove_debris(keep_pid=holder)
+                found = self.backend.remove_debris(keep_pid=holder, keep_record=mine)
             # Only without a live writer (or as it): one may be replacing a damaged generation right now.
             damaged = [g for g in self.generations() if g.damaged] if holder in (None, os.getpid()) else []
             if not dry_run:

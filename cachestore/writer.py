@@ -6,7 +6,8 @@ import os
 import weakref
 from typing import Any, Callable
 
-from .backends.base import Backend, Budget, GenerationInfo, ShardWriter
+from .backends.base import Backend, Budget, GenerationInfo, ShardWriter, StagingData
+from .disk import allocated_bytes
 from .errors import BudgetExceededError, CacheStoreError
 from .locking import WriterLease
 from .spec import StoreSpec
@@ -33,6 +34,16 @@ class ShardSpec:
         backend = self._backend if self._backend is not None else self.spec.open_backend()
         return backend.shard_writer(self.token, shard_id)
 
+    def open_staging(self) -> StagingData | None:
+        """Read access to the samples already written (``None`` when the backend cannot give it here)."""
+        backend = self._backend if self._backend is not None else self.spec.open_backend()
+        return backend.open_staging(self.token)
+
+
+def _allocated(token: Any) -> int:
+    path = getattr(token, "path", "")
+    return allocated_bytes(path) if path and os.path.isdir(path) else 0
+
 
 def _abandon(backend: Backend, token: Any, lease: WriterLease) -> None:
     """Finalizer of an uncommitted writer: drop its staging, give the lease back."""
@@ -46,12 +57,21 @@ class GenerationWriter:
     """Writes one generation; commits on clean exit of ``with``, discards on error.
 
     Obtained from :meth:`cachestore.Store.writer`, which hands it the store's
-    writer `lease`: the writer holds it from creation to :meth:`commit` or
-    :meth:`abort` (or garbage collection) and gives it back exactly once.
+    writer `lease`: the writer holds it from creation to :meth:`commit`,
+    :meth:`abort` or :meth:`keep` (or garbage collection) and gives it back
+    exactly once.
+
+    With `resume` (and a `record` naming the producer), a partial generation
+    left by an earlier resuming writer of the same generation and producer is
+    adopted: :meth:`present` lists what it already holds, and those indices
+    must not be written again; this writer's own staging area records the
+    producer so a later one can adopt it in turn. Every other staging area
+    left behind is removed.
     """
 
     def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int | None,
-                 lease: WriterLease, budget: Callable[[], Budget]) -> None:
+                 lease: WriterLease, budget: Callable[..., Budget], record: dict | None = None,
+                 resume: bool = False) -> None:
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be a non-negative int, got {generation!r}")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 0):
@@ -61,9 +81,24 @@ class GenerationWriter:
         self.generation = generation
         self.num_samples = num_samples
         self._lease = lease
+        self.adopted = False
         try:
-            backend.remove_debris()  # we hold the lease: any staging left is a dead writer's
-            self.token = backend.begin(generation, budget(), num_samples)  # budget after the debris is gone
+            # We hold the lease: any staging area left is a dead (or kept) writer's.
+            token = backend.adopt(generation, num_samples, record) if resume and record is not None else None
+            backend.remove_debris(keep_paths=[token.path] if token is not None else [])
+            if token is not None:
+                self.adopted = True
+                # What the adopted area holds is part of this generation, not of the space taken.
+                self.token = backend.with_budget(token, budget(reclaim=_allocated(token)))
+            else:
+                self.token = backend.begin(generation, budget(), num_samples)  # budget after the debris is gone
+                if resume and record is not None:  # only a resuming writer leaves a partial generation
+                    try:
+                        backend.record_staging(self.token, {**record, "generation": generation})
+                    except OSError:
+                        # No room for even the record (a full disk): write on; without its record
+                        # the staging area is not adoptable, and whether samples fit is the shards' call.
+                        pass
         except BaseException:
             lease.release()
             raise
@@ -103,6 +138,32 @@ class GenerationWriter:
         """A picklable spec other processes use to write into this generation."""
         self._check_open()
         return ShardSpec(self.spec, self.token, self.backend)
+
+    def present(self) -> Any:
+        """Sorted indices (numpy int64) already written: adopted, and flushed by any shard since."""
+        return self.backend.present(self.token)
+
+    def keep(self) -> None:
+        """Give the lease back and leave what was written for the next writer of this generation.
+
+        The staging area stays (it is the partial generation, not debris):
+        ``Store.writer(generation, n, resume=True)`` with the same producer
+        record adopts it. Every shard writer must be closed first (the
+        loader's workers included). Idempotent; a no-op after commit or abort.
+        """
+        if self.state != "open":
+            return
+        self.state = "kept"
+        try:
+            if self._shard is not None:
+                self._shard.close()
+        except Exception:  # what it could not flush is simply not in the partial generation
+            pass
+        self._finalizer.detach()
+        try:
+            self.backend.keep(self.token)
+        finally:
+            self._lease.release()
 
     def discard_shard_tail(self, shard_id: str, keep: int) -> None:
         """Keep only the first `keep` samples a dead shard writer recorded."""

@@ -176,7 +176,8 @@ class CacheController:
                 log.info("budget has no room for two generations: removed %d old one(s) before writing %d",
                          len(removed), generation)
         try:
-            writer = store.writer(generation, num_samples=self.num_samples)
+            # resume: a partial generation an interrupted attempt kept is completed, not started over.
+            writer = store.writer(generation, num_samples=self.num_samples, resume=True)
         except StoreLockedError as exc:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None

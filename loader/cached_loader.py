@@ -356,7 +356,12 @@ class CachedLoader:
         return [] if executor is None else executor.pids()
 
     def close(self) -> None:
-        """Stop workers, release shared memory, abort an unfinished generation (idempotent)."""
+        """Stop workers, release shared memory, keep an unfinished generation as a partial one (idempotent).
+
+        The partial generation (the staging area of the generation being
+        written) is adopted and completed by the next run with the same
+        fingerprint; ``cachestore prune --partial`` removes it.
+        """
         if self._closed:
             return
         self._closed = True
@@ -407,7 +412,7 @@ class EpochIterator:
         return batch
 
     def end(self, superseded_by: int | None = None) -> None:
-        """Stop the epoch now (its workers' results are dropped, an unfinished generation is aborted)."""
+        """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""
         self._superseded_by = superseded_by
         close = getattr(self._batches, "close", None)
         if close is not None:

@@ -100,7 +100,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
         else:
             fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
             if build is not None:
-                fields = build.task_fields()
+                fields = build.task_fields(positions)
                 fields.pop("send_records", None)  # this process writes its shard itself
                 if fields["mode"] == EpochMode.GENERATE:
                     fields["shard"] = build.spec
@@ -108,7 +108,8 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
                           **fields)
             out = producer.produce(task)
             batch = out.batch
-            stats.computed += len(positions)
+            stats.computed += len(positions) - out.staged
+            stats.read += out.staged
             stats.written += out.written
             if build is not None:
                 build.count_inline(out.written)
@@ -215,7 +216,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             if plan.mode == EpochMode.READ:
                 fields = {"mode": EpochMode.READ, "reader": run.reader}
             elif plan.mode == EpochMode.GENERATE and build is not None:
-                fields = build.task_fields()
+                fields = build.task_fields(chunk)
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=run.collate, **fields)
             inflight[(seq, part)] = task
@@ -251,7 +252,8 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
         if plan.mode == EpochMode.READ:
             stats.read += len(task.indices)
         elif run.collate:
-            stats.computed += len(task.indices)
+            stats.computed += len(task.indices) - msg.staged
+            stats.read += msg.staged
             if build is not None:
                 stats.written += build.accept(msg)
 

@@ -5,14 +5,24 @@ written (by the workers into their own shards, or here from records they
 send), assembles the write part of every task, counts what each worker
 incarnation wrote in results that were delivered, drops what a dead worker
 wrote for results that never arrived, applies the budget policy, and finally
-flushes, commits or aborts. The epoch runner and the background refresh both
-compose it; nothing else touches a writer. See ``docs/ARCHITECTURE.md``.
+flushes, commits, aborts or keeps. The epoch runner and the background
+refresh both compose it; nothing else touches a writer. See
+``docs/ARCHITECTURE.md``.
+
+A build whose epoch is broken off, fails or is closed is *kept*, not aborted:
+its staging area stays as the partial generation, and the next build of the
+same generation (this run's next epoch, or a later run with the same
+fingerprint) adopts it. :attr:`GenerationBuild.have` says which positions it
+already holds; tasks mark those ``present`` so workers read them back instead
+of computing them, and never write them twice.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import numpy as np
 
 from cachestore import GenerationInfo, GenerationWriter, codec
 from cachestore.backends import ShardWriter
@@ -63,9 +73,17 @@ class GenerationBuild:
         self.spec = writer.shard_spec()
         self.failed: str | None = None  # why writing stopped (budget), else None
         self.written = 0
+        # Positions already in the generation: adopted from an interrupted attempt.
+        self.have = np.zeros(writer.num_samples or 0, dtype=bool)
+        self.have[writer.present()] = True
+        self.adopted = int(self.have.sum())
+        if self.adopted:
+            log.info("generation %d: %d of %d samples were written by an interrupted attempt; completing it",
+                     self.generation, self.adopted, len(self.have))
         self._main_shard: ShardWriter | None = None
         self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
         self._executor: Executor | None = None
+        self.epoch = -1  # the epoch that writes it (set when that epoch is broken off)
 
     # state ---------------------------------------------------------------
     @property
@@ -91,8 +109,24 @@ class GenerationBuild:
             self._executor = None
 
     # tasks and results ----------------------------------------------------
-    def task_fields(self) -> dict[str, Any]:
-        """The write part of a task computing samples of this generation (the one place it is built)."""
+    @property
+    def samples_in(self) -> int:
+        """Samples the generation holds now (adopted ones and those written by delivered results)."""
+        return self.adopted + self.written
+
+    def complete(self) -> bool:
+        """Whether every sample is in (on disk, results not delivered included); the writers must be stopped."""
+        return self.active and self.open and len(self.writer.present()) == len(self.have)
+
+    def missing(self, positions: np.ndarray) -> np.ndarray:
+        """`positions` the generation does not hold yet."""
+        return positions[~self.have[positions]] if self.adopted else positions
+
+    def task_fields(self, positions: np.ndarray | None = None) -> dict[str, Any]:
+        """The write part of a task computing samples of this generation (the one place it is built).
+
+        With `positions`, those already in the generation are marked ``present``.
+        """
         if not self.active:
             return {"mode": EpochMode.COMPUTE}
         fields: dict[str, Any] = {"mode": EpochMode.GENERATE, "on_budget": self.policy}
@@ -100,6 +134,10 @@ class GenerationBuild:
             fields["shard"] = self.spec
         else:
             fields["send_records"] = True
+        if positions is not None and self.adopted:
+            present = self.have[positions]
+            if present.any():
+                fields["present"] = present
         return fields
 
     def accept(self, msg: m.BatchDone) -> int:
@@ -161,6 +199,28 @@ class GenerationBuild:
         return self.writer.commit(extra=extra)
 
     def abort(self) -> None:
-        """Discard everything written (idempotent)."""
+        """Discard everything written, kept or not (idempotent)."""
         self.detach()
+        if self.writer.state == "kept":
+            # Kept a moment ago (the workers were stopped first), then found not worth keeping.
+            self.writer.backend.discard(self.writer.token)
         self.writer.abort()
+
+    def keep(self) -> None:
+        """Leave what was written as a partial generation for the next attempt (idempotent).
+
+        Every writer must have stopped: the workers' shards closed (or the
+        workers gone), results of abandoned tasks in.
+        """
+        self.detach()
+        if not self.open:
+            return
+        try:
+            if self._main_shard is not None:
+                self._main_shard.close()
+        except Exception as exc:  # what it could not flush is not part of the partial generation
+            log.debug("closing the main shard of generation %d: %s", self.generation, exc)
+        if not self.active:
+            self.writer.abort()  # over the budget: a partial generation that cannot be completed
+            return
+        self.writer.keep()

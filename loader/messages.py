@@ -61,6 +61,7 @@ class Task:
     reader: tuple | None = None
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
+    present: np.ndarray | None = None  # GENERATE: per sample, already in the generation: read it back, never rewrite
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class BatchDone:
     batch: Any = None
     shard_id: str = ""  # the worker incarnation's shard, which `written` counts into
     written: int = 0
+    staged: int = 0  # samples read back from the generation being written instead of computed
     records: list | None = None
     budget_error: str | None = None
 

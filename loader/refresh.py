@@ -48,7 +48,7 @@ class BackgroundRefresh:
         self.build = build
         self.generation = build.generation
         self.indices = indices
-        positions = np.arange(len(indices), dtype=np.int64)
+        positions = build.missing(np.arange(len(indices), dtype=np.int64))  # an adopted refresh goes on
         self.todo = collections.deque(positions[i:i + chunk] for i in range(0, len(positions), chunk))
         self.inflight: dict[int, m.Task] = {}
         self.max_inflight = CHUNKS_PER_WORKER * max(1, nb_worker)

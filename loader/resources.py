@@ -24,24 +24,40 @@ class Resources:
         self.slots: SlotPool | None = None
         self.build: GenerationBuild | None = None  # the generation the current epoch writes
         self.background: GenerationBuild | None = None  # the generation a background refresh writes
+        # Builds of broken-off epochs, kept once the workers finished the tasks that write into them.
+        self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
         self.window: RotationWindow | None = None
 
-    def abort_builds(self) -> None:
-        """Discard the generations being written (an error, an abandoned epoch, shutdown)."""
+    def keep_builds(self) -> None:
+        """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
+
+        What they hold is not debris: the next attempt at the same generation,
+        in this run or a later one with the same fingerprint, adopts and
+        completes it (see ``docs/ARCHITECTURE.md``, "Resuming").
+        """
+        builds, self.pending = self.pending, []
         for name in ("build", "background"):
             build = getattr(self, name)
             setattr(self, name, None)
             if build is not None:
-                build.abort()
+                builds.append(build)
+        for build in builds:
+            build.keep()
+
+    def keep_pending(self) -> None:
+        """Keep the builds of broken-off epochs (their workers are done with them)."""
+        pending, self.pending = self.pending, []
+        for build in pending:
+            build.keep()
 
     def release(self) -> None:
         """Release everything (see the shutdown note in :mod:`loader.pool`)."""
-        # Order: stop the writers (workers) before removing what they write into.
+        # Order: stop the writers (workers) before keeping what they wrote into.
         executor, self.executor = self.executor, None
         if executor is not None:
             executor.shutdown()
-        self.abort_builds()
+        self.keep_builds()
         slots, self.slots = self.slots, None
         if slots is not None:
             slots.close()

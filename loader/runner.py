@@ -5,7 +5,7 @@ One :class:`EpochRunner` per started loader. It asks the
 :class:`~loader.generation.GenerationBuild` for a generate epoch, runs the
 batches (:mod:`loader.epoch`, :mod:`loader.rotation`), composes a
 :class:`~loader.refresh.BackgroundRefresh` during cached epochs, and commits or
-aborts at the end. The path of a batch is described in ``docs/ARCHITECTURE.md``.
+keeps (a partial generation) at the end. The path of a batch is described in ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from cachestore import codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError
 
+from . import messages as m
 from . import sampler
 from .cache import CacheController
 from .epoch import EpochPlan, EpochStats, PoolRun, run_inline, run_pool
@@ -46,6 +47,8 @@ REFRESH_CHUNK_DIVISOR = 8
 #: Epochs that show progress (see the ``progress`` argument), once they take this many seconds.
 PROGRESS_MODES = (EpochMode.GENERATE, EpochMode.ROTATE)
 PROGRESS_DELAY = 3.0
+#: Seconds the workers get to finish the tasks of a broken-off epoch (without ``timeout``).
+SETTLE_TIMEOUT = 120.0
 
 
 def stats_total(plan: EpochPlan, settings: LoaderSettings) -> int:
@@ -113,7 +116,7 @@ class EpochRunner:
         executor, self.res.executor = self.res.executor, None
         if executor is not None:
             executor.kill()
-        self.res.abort_builds()
+        self.res.keep_builds()  # the workers are gone: what they wrote is whole on disk
         self.refresh = None
 
     def num_batches(self) -> int:
@@ -158,6 +161,7 @@ class EpochRunner:
     def run(self, epoch: int, skip: int = 0) -> Iterator[Any]:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
+        self.settle()
         plan = self.plan(epoch, skip)
         if plan.mode == EpochMode.GENERATE:
             try:
@@ -172,6 +176,10 @@ class EpochRunner:
         self.stats.append(stats)
         if self.res.executor is not None:
             self.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
+        if plan.mode == EpochMode.GENERATE and self.res.build is not None and self.res.build.adopted:
+            # Samples an interrupted attempt wrote: those this epoch does not serve need no work.
+            plan.unserved = [b for b in map(self.res.build.missing, plan.unserved) if len(b)]
+            stats.extra["adopted"] = self.res.build.adopted
         build = self.res.build
         finished = False
         t0 = start
@@ -189,6 +197,9 @@ class EpochRunner:
                 self.finish_generation(plan, build, stats)
             finished = True
         except BudgetExceededError as exc:
+            if build is not None:  # a generation that does not fit is not worth keeping
+                self.res.build = None
+                build.abort()
             raise CacheController.explain(exc)
         finally:
             if progress is not None:
@@ -196,9 +207,72 @@ class EpochRunner:
             stats.seconds = time.perf_counter() - t0
             if not finished and self.res.build is not None:
                 build, self.res.build = self.res.build, None
-                log.info("epoch %d ended with generation %d incomplete (%d of %d samples written)", epoch,
-                         build.generation, build.written, len(self.indices))
-                build.abort()  # a broken-off or failed epoch commits nothing
+                build.epoch = epoch
+                # A broken-off or failed epoch keeps what it wrote. Workers may still be running its
+                # tasks: the build is kept (or committed, when they complete it) once they are done.
+                if self.res.executor is not None and self.settings.nb_worker > 0:
+                    build.detach()
+                    self.res.pending.append(build)
+                else:
+                    self.producer.close_shard()
+                    self.keep_or_commit(build)
+
+    def settle(self) -> None:
+        """Keep the builds of broken-off epochs, once the workers finished the tasks that write into them.
+
+        Workers run the tasks they were sent in order, so the abandoned
+        epoch's results arrive first (their slots are freed as they come);
+        then every worker closes its shard. A worker that takes too long is
+        killed: what it wrote is whole on disk either way.
+        """
+        if not self.res.pending:
+            return
+        executor, slots = self.res.executor, self.res.slots
+        if executor is None or not any(b.in_workers for b in self.res.pending):
+            self.res.keep_pending()
+            return
+        deadline = time.monotonic() + (self.settings.timeout or SETTLE_TIMEOUT)
+        try:
+            while slots is not None and slots.orphaned():
+                msg = executor.next_message(timeout=max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise TimeoutError("the tasks of a broken-off epoch did not finish")
+                if self.refresh is not None and self.refresh.handle(msg):
+                    continue
+                if isinstance(msg, (m.BatchDone, m.TaskFailed)):
+                    slots.release_task(msg)
+            executor.flush_shards()
+        except Exception as exc:
+            log.info("stopping the workers to keep generation(s) %s: %s",
+                     [b.generation for b in self.res.pending], exc)
+            self.kill_executor()  # keeps every build
+            return
+        pending, self.res.pending = self.res.pending, []
+        for build in pending:
+            self.keep_or_commit(build)
+
+    def keep_or_commit(self, build: GenerationBuild) -> None:
+        """A broken-off epoch's build, its writers stopped: commit it when complete, else keep it.
+
+        Complete happens when the interrupted epoch was the one that wrote the
+        last missing samples (a loop that always breaks early still gets its
+        cache); the tasks still running at the break count too.
+        """
+        epoch = build.epoch
+        try:
+            if build.finish(None) is None and build.complete():  # finish: records sent to this process are in
+                self.cache.commit(build, epoch)
+                log.info("epoch %d was broken off, but generation %d is complete: committed", epoch,
+                         build.generation)
+                return
+        except Exception as exc:  # the commit refused it (and discarded it): the next epoch writes it again
+            log.warning("generation %d could not be committed after epoch %d was broken off: %s",
+                        build.generation, epoch, exc)
+            return
+        log.info("epoch %d ended with generation %d incomplete (%d of %d samples in): kept, the next epoch "
+                 "or run of this generation completes it", epoch, build.generation,
+                 len(build.writer.present()) if build.open else 0, len(build.have))
+        build.keep()
 
     def _batches(self, plan: EpochPlan, stats: EpochStats, build: GenerationBuild | None) -> Iterator[Any]:
         s, store = self.settings, self.res.store
@@ -334,7 +408,8 @@ class EpochRunner:
                 return False
             self.cache.commit(build, epoch, background=True)
         except BaseException:
-            build.abort()
+            if build.open:
+                self.res.background = build  # kept, with what it computed, once the workers are stopped
             self.kill_executor()
             raise
         return True

@@ -348,6 +348,10 @@ class SlotPool:
         for task in tasks:
             self._orphans[(task.epoch, task.seq, task.part)] = task.slot
 
+    def orphaned(self) -> int:
+        """Slots still lent to tasks of ended epochs."""
+        return len(self._orphans)
+
     def release_task(self, msg: Any) -> None:
         """A late result of an orphaned task arrived: its slot is free again."""
         slot = self._orphans.pop((msg.epoch, msg.seq, msg.part), None)

@@ -54,6 +54,7 @@ class Produced:
     written: int = 0  # samples written into the task's shard
     records: list | None = None  # encoded samples for the training process to write
     budget_error: str | None = None  # why writing stopped, when the budget ran out
+    staged: int = 0  # samples read back from the staging area instead of computed
 
 
 class BatchProducer:
@@ -67,6 +68,8 @@ class BatchProducer:
         self.allow_pickle = allow_pickle
         self._shard: Any = None
         self._shard_token: Any = None
+        self._staging: Any = None  # reads back samples a partial generation already holds
+        self._staging_token: Any = None
         self._writing = True
         self._reader: Any = None
         self._reader_key: Any = None
@@ -83,8 +86,29 @@ class BatchProducer:
     def close_shard(self) -> None:
         shard, self._shard, self._shard_token = self._shard, None, None
         self._writing = True
+        staging, self._staging, self._staging_token = self._staging, None, None
+        if staging is not None:
+            staging.close()
         if shard is not None:
             shard.close()
+
+    def _staged(self, spec: Any, pos: int) -> Any:
+        """Sample `pos` as the generation being written already holds it, ``None`` when it cannot be read here."""
+        if spec is None:
+            return None  # records travel to the training process: nothing to read from here
+        if self._staging_token != spec.token:
+            if self._staging is not None:
+                self._staging.close()
+            self._staging, self._staging_token = spec.open_staging(), spec.token
+        if self._staging is None:
+            return None
+        try:
+            return self._staging.read(pos)
+        except CacheStoreError as exc:
+            # Adoption checked every record: this is damage since. Serve a computed sample; the
+            # stored one stays (it must not be written twice) and a cached read recomputes it.
+            log.warning("%s; computing it from the dataset instead", exc)
+            return None
 
     # reading ---------------------------------------------------------------
     def reader(self, key: tuple) -> Any:
@@ -101,13 +125,20 @@ class BatchProducer:
         """Samples of `task` from the dataset, written to the shard if asked, collated."""
         shard = self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None else None
         positions = task.positions if task.positions is not None else task.indices
-        samples, written, budget_error = [], 0, None
+        samples, written, staged, budget_error = [], 0, 0, None
         records: list | None = [] if task.send_records else None
-        for index, pos in zip(task.indices.tolist(), positions.tolist()):
-            try:
-                sample = self.dataset[index]
-            except Exception as exc:
-                raise SampleError(index, exc) from exc
+        present = task.present.tolist() if task.present is not None else None
+        for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions.tolist())):
+            if present is not None and present[k]:
+                # Already in the generation (written before an interruption): served, never rewritten.
+                sample = self._staged(task.shard, pos)
+                if sample is None:
+                    sample = self._call(index)
+                else:
+                    staged += 1
+                samples.append(sample)
+                continue
+            sample = self._call(index)
             samples.append(sample)
             if shard is not None:
                 try:
@@ -124,7 +155,13 @@ class BatchProducer:
             except BudgetExceededError as exc:
                 # A buffering backend (lmdb) meets the full disk here, not in put().
                 budget_error = self._stop_writing(task, exc)
-        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error)
+        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
+
+    def _call(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except Exception as exc:
+            raise SampleError(index, exc) from exc
 
     def _stop_writing(self, task: m.Task, exc: BudgetExceededError) -> str:
         """The generation does not fit: raise (policy "error") or stop writing it and keep serving."""
@@ -196,7 +233,8 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
     # A task without a slot (background refresh) only writes the store.
     meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, out.batch) if task.slot >= 0 else None
     return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, shard_id=producer.shard_id,
-                       written=out.written, records=out.records, budget_error=out.budget_error)
+                       written=out.written, records=out.records, budget_error=out.budget_error,
+                       staged=out.staged)
 
 
 def _next(waiting: collections.deque) -> Any:
@@ -247,7 +285,7 @@ def die_with_parent(parent: int) -> None:
     except (OSError, AttributeError):  # no libc prctl: keep the idle check of the parent pid
         pass
     if os.getppid() != parent:
-        os._exit(0)  # orphaned before the signal was armed: nobody wants our results
+        raise SystemExit(0)  # orphaned before the signal was armed: nobody wants our results
 
 
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:

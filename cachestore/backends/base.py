@@ -17,10 +17,11 @@ backend only implements storage. The conformance suite in
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Collection, Sequence
 
 import numpy as np
 import xxhash
@@ -312,6 +313,23 @@ class GenerationData(ABC):
         """Release maps and handles."""
 
 
+class StagingData(ABC):
+    """Read access to samples already written into a staging area (a partial generation).
+
+    Only indices reported by ``present()`` (or written and flushed since) can
+    be read; a staging area is never served as a generation, but a generate
+    epoch serves the samples it already holds from here instead of computing
+    them again.
+    """
+
+    @abstractmethod
+    def read(self, index: int) -> Any:
+        """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
+
+    def close(self) -> None:
+        """Release files and handles."""
+
+
 class Backend(ABC):
     """The catalog of one store: generations, staging, commit, removal.
 
@@ -401,13 +419,46 @@ class Backend(ABC):
     def remove_generation(self, generation: int) -> int:
         """Delete a committed generation; return the bytes freed."""
 
-    def debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
-        """Crash leftovers ``(path, bytes)``, except those of live writer `keep_pid`."""
+    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+               keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
+        """Crash leftovers ``(path, bytes)``, except those of live writer `keep_pid`, the staging
+        areas in `keep_paths`, and partial generations whose producer record matches `keep_record`
+        (any generation; see :meth:`adopt`)."""
         return []
 
-    def remove_debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
+    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+                      keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         """Remove what :meth:`debris` lists; return it."""
         return []
+
+    # partial generations --------------------------------------------------
+    def record_staging(self, token: Any, record: dict) -> None:
+        """Remember who produces the staging area `token` (generation, fingerprint hash, sample count)."""
+
+    def keep(self, token: Any) -> None:
+        """Leave the staging area `token` for a later writer of the same generation (see :meth:`adopt`)."""
+        self.discard(token)  # a backend that cannot keep one discards it
+
+    def adopt(self, generation: int, num_samples: int | None, record: dict) -> Any | None:
+        """Take over a partial staging area of `generation` whose producer record matches `record`.
+
+        Only called by the holder of the writer lease, so no staging area is
+        being written by anyone else. Returns the token (its ``budget`` still
+        to be set, :meth:`with_budget`) or ``None`` when there is none to adopt.
+        """
+        return None
+
+    def with_budget(self, token: Any, budget: Budget) -> Any:
+        """`token` with its budget replaced (an adopted token gets one after the debris is gone)."""
+        return dataclasses.replace(token, budget=budget)
+
+    def present(self, token: Any) -> Any:
+        """Sorted indices already written into the staging area `token` (a numpy int64 array)."""
+        return np.zeros(0, dtype=np.int64)
+
+    def open_staging(self, token: Any) -> "StagingData | None":
+        """Read access to the samples written so far into `token` (``None`` when not supported here)."""
+        return None
 
     def close(self) -> None:
         """Release everything the backend holds."""

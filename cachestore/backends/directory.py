@@ -5,7 +5,7 @@ Layout of a store directory::
     store.json                     format version, backend, fingerprint, producer
     writer.lock                    present while a writer lives (see locking.py)
     gen-000003/                    a committed generation: manifest.json + data
-    .staging-000004-<pid>-<hex>/   a generation being written; never read
+    .staging-000004-<pid>-<hex>/   a generation being written (or a partial one kept); never read as one
     rotation-<pid>-<hex>/          a process's rotation window (see cachestore/scratch.py)
 
 Commit protocol (why each step): data files are fsync'ed first, so the
@@ -14,8 +14,22 @@ written to a temp name, fsync'ed and renamed, so it is whole or absent; the
 staging directory is then renamed to ``gen-NNNNNN`` in one ``rename(2)``, which
 is atomic, and the parent directory fsync'ed so the rename survives a power
 cut. A reader therefore sees a generation complete or not at all, and a crash
-at any point leaves only a ``.staging-*`` directory, which the next writer or
-``prune`` removes.
+at any point leaves only a ``.staging-*`` directory, which the next writer adopts
+(below) or removes.
+
+Partial generations: every staging area records its producer in
+``staging.json`` (generation, sample count, compression and the hash of the
+store's fingerprint). A writer that gives up without committing can *keep*
+its staging area (``kept: true``) instead of removing it, and a crashed
+writer leaves its own behind. The next writer of the same generation whose
+record matches (``Store.writer(..., resume=True)``) *adopts* it: renames it
+to its own name, renames the shards it finds (so its own shard ids never
+append to or truncate someone else's), drops index entries that are out of
+range, duplicated or fail their checksum, and continues; ``present()`` says
+which indices are already in. Anything else is debris. Durability: a record
+is indexed only after its bytes were written, so what the index lists
+survives the writer's process being killed (the page cache keeps it);
+commit fsyncs everything as before.
 
 Damage after a commit: since a ``gen-NNNNNN`` directory only ever appears
 whole, one that cannot be served is damage, never a commit in progress. The
@@ -48,7 +62,7 @@ import time
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import xxhash
@@ -62,6 +76,7 @@ from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
 log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
+STAGING_META = "staging.json"
 MANIFEST_NAME = "manifest.json"
 GEN_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
@@ -320,6 +335,57 @@ class DirectoryBackend(Backend):
     def discard(self, token: StagingToken) -> None:
         remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
+    # partial generations ----------------------------------------------------
+    def record_staging(self, token: StagingToken, record: dict) -> None:
+        safefs.require_real_dir(token.path, "staging area")
+        write_json_atomic(Path(token.path) / STAGING_META, {**record, "kept": False})
+
+    def keep(self, token: StagingToken) -> None:
+        staging = Path(token.path)
+        if not safefs.is_real_dir(staging):
+            return
+        record = staging_record(staging)
+        if record is None:
+            self.discard(token)  # not a resuming writer's: nobody could adopt it
+            return
+        try:
+            write_json_atomic(staging / STAGING_META, {**record, "kept": True})
+        except OSError:  # BudgetExceededError included: on a full disk the room matters more
+            self.discard(token)
+
+    def adopt(self, generation: int, num_samples: int | None, record: dict) -> StagingToken | None:
+        if num_samples is None or record.get("fingerprint") is None:
+            return None  # without them nothing says the samples are this producer's
+        if os.path.lexists(self.path / gen_dirname(generation)):
+            return None  # committed (or damaged): begin() decides
+        found = [entry for entry, parsed in self._staging_entries() if parsed[0] == generation
+                 and safefs.is_real_dir(entry) and matches(staging_record(entry), {**record, "generation": generation})]
+        if not found:
+            return None
+        # The one with most written, by bytes; the others are debris the writer removes next.
+        old = max(found, key=allocated_bytes)
+        staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
+        os.rename(old, staging)
+        fsync_dir(self.path)
+        for entry in staging.iterdir():
+            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                safefs.unlink_name(entry)  # a dead writer's half-written temp file (its rename never came)
+        kept = self._adopt_shards(staging, f"a{secrets.token_hex(3)}-", num_samples)
+        write_json_atomic(staging / STAGING_META, {**record, "generation": generation, "kept": False})
+        log.info("adopted the partial generation %d in %s (%d of %d samples present)", generation, old.name,
+                 kept, num_samples)
+        return StagingToken(str(staging), generation, None, num_samples,  # type: ignore[arg-type]
+                            self.compression == "zstd", self.allow_pickle)
+
+    def present(self, token: StagingToken) -> np.ndarray:
+        return np.unique(self._logged(Path(token.path)))
+
+    def _staging_entries(self) -> list[tuple[Path, tuple[int, int]]]:
+        if not self.path.is_dir():
+            return []
+        return [(entry, parsed) for entry in sorted(self.path.iterdir())
+                if (parsed := parse_staging(entry.name)) is not None]
+
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
@@ -348,13 +414,17 @@ class DirectoryBackend(Backend):
         remove_paths([str(doomed)])
         return freed
 
-    def debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
+    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+               keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         found = []
         if not self.path.is_dir():
             return found
         for entry in self.path.iterdir():
             parsed = parse_staging(entry.name)
-            if parsed is not None and parsed[1] != keep_pid:
+            if parsed is not None and parsed[1] != keep_pid and str(entry) not in keep_paths:
+                if keep_record is not None and safefs.is_real_dir(entry) and matches(
+                        staging_record(entry), keep_record):
+                    continue  # a partial generation of this producer: the next writer adopts it
                 found.append((str(entry), allocated_bytes(entry)))
             elif (tmp := _TMP_RE.match(entry.name)) and not pid_alive(int(tmp.group(1))):
                 # a live pid may be between writing and renaming its temp file
@@ -362,8 +432,9 @@ class DirectoryBackend(Backend):
         found += dead_windows(self.path)
         return sorted(found)
 
-    def remove_debris(self, keep_pid: int | None = None) -> list[tuple[str, int]]:
-        removed = self.debris(keep_pid)
+    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+                      keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
+        removed = self.debris(keep_pid, keep_record, keep_paths)
         remove_paths([path for path, _ in removed])
         return removed
 
@@ -385,6 +456,34 @@ class DirectoryBackend(Backend):
     @abstractmethod
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         """Read access to a committed generation directory."""
+
+    @abstractmethod
+    def _logged(self, staging: Path) -> np.ndarray:
+        """Every index the shards of `staging` recorded as written (duplicates included)."""
+
+    @abstractmethod
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+        """Make an adopted staging area writable by new shards; return the samples kept.
+
+        Renames every shard to ``prefix + shard id`` and keeps, per index in
+        ``0..num_samples-1``, one entry whose record passes its checksum.
+        """
+
+
+def staging_record(staging: Path) -> dict | None:
+    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
+    try:
+        record = safefs.read_json(staging / STAGING_META)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def matches(found: dict | None, wanted: dict) -> bool:
+    """Whether a staging record names the producer `wanted` names (every field `wanted` has)."""
+    if found is None or wanted.get("fingerprint") is None:
+        return False
+    return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
 
 
 def manifest_checksum(manifest: dict) -> str:

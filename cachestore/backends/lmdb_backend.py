@@ -37,8 +37,8 @@ from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-from .base import GenerationData, ShardWriter, batch_indices, checksum
-from .directory import DirectoryBackend, StagingToken, check_complete, write_json_atomic
+from .base import GenerationData, ShardWriter, StagingData, batch_indices, checksum
+from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir, write_json_atomic
 
 _KEY = struct.Struct(">Q")
 _SUM = struct.Struct("<Q")
@@ -313,6 +313,91 @@ class LmdbBackend(DirectoryBackend):
 
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return LmdbGeneration(gen_dir, manifest, self.verify)
+
+    # partial generations ----------------------------------------------------
+    def _logged(self, staging: Path) -> np.ndarray:
+        parts = []
+        for log_file in sorted(staging.glob("keys-*.bin")):
+            data = safefs.read_bytes(log_file)
+            parts.append(np.frombuffer(data[:len(data) - len(data) % _LOG.itemsize], dtype=_LOG))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+        # The dead writer's lock file may hold its stale reader slots: nobody has it open now
+        # (we hold the writer lease, the owner and its workers are gone), so start a fresh one.
+        (staging / "lock.mdb").unlink(missing_ok=True)
+        _allocate_lock_file(staging, create=True)
+        seen = np.zeros(num_samples, dtype=bool)
+        records = LmdbStaging(staging, verify=True)
+        try:
+            for log_file in sorted(staging.glob("keys-*.bin")):
+                shard_id = log_file.name[len("keys-"):-len(".bin")]
+                data = safefs.read_bytes(log_file)
+                logged = np.frombuffer(data[:len(data) - len(data) % _LOG.itemsize], dtype=_LOG)
+                keep = np.zeros(len(logged), dtype=bool)
+                for k, i in enumerate(logged.tolist()):
+                    # LMDB holds one value per key: any copy that verifies is the one a reader gets.
+                    keep[k] = 0 <= i < num_samples and not seen[i] and records.sound(i)
+                    if keep[k]:
+                        seen[i] = True
+                safefs.write_new(_keys_file(staging, prefix + shard_id), logged[keep].tobytes())
+                log_file.unlink()
+                stats = staging / f"stats-{shard_id}.json"
+                if stats.exists():
+                    os.rename(stats, staging / f"stats-{prefix}{shard_id}.json")
+        finally:
+            records.close()
+        fsync_dir(staging)
+        return int(seen.sum())
+
+    def open_staging(self, token: StagingToken) -> StagingData:
+        return LmdbStaging(Path(token.path), self.verify)
+
+
+class LmdbStaging(StagingData):
+    """Samples of an LMDB staging area, read through this process's environment of it."""
+
+    def __init__(self, staging: Path, verify: bool) -> None:
+        self.dir = staging
+        self.verify = verify
+        self._key = ("write", str(staging))  # the environment shard writers of this process share
+        self._env: Any = None
+        self._pid = -1
+
+    def _value(self, index: int) -> bytes | None:
+        if self._env is None or self._pid != os.getpid():
+            if not (self.dir / "data.mdb").exists():
+                return None
+            _allocate_lock_file(self.dir)
+            self._env = _acquire_env(self._key, lambda: lmdb.open(
+                str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
+                readahead=True, max_dbs=0, lock=True, create=False))
+            self._pid = os.getpid()
+        with self._env.begin() as txn:
+            return txn.get(_key(index))
+
+    def _record(self, index: int) -> memoryview | None:
+        value = self._value(index)
+        if value is None or len(value) < _SUM.size:
+            return None
+        record = memoryview(value)[_SUM.size:]
+        if self.verify and checksum([record]) != _SUM.unpack_from(value)[0]:
+            return None
+        return record
+
+    def sound(self, index: int) -> bool:
+        return self._record(index) is not None
+
+    def read(self, index: int) -> Any:
+        record = self._record(index)
+        if record is None:
+            raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is missing or corrupt")
+        return codec.unflatten(*codec.decode_record(record, copy=True))
+
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            _release_env(self._key, self._pid)
+        self._env = None
 
     def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
         data = gen_dir / "data.mdb"

@@ -32,9 +32,9 @@ import xxhash
 from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
-from ..errors import BudgetExceededError, CorruptSampleError
-from .base import GenerationData, ShardWriter, batch_indices, checksum, gather_columns
-from .directory import DirectoryBackend, StagingToken, check_complete
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from .base import GenerationData, ShardWriter, StagingData, batch_indices, checksum, gather_columns
+from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir
 
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
                         ("length", "<i8"), ("checksum", "<u8"), ("raw", "<i8")])
@@ -202,6 +202,36 @@ class MemmapBackend(DirectoryBackend):
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return MemmapGeneration(gen_dir, manifest, self.verify)
 
+    # partial generations ----------------------------------------------------
+    def _logged(self, staging: Path) -> np.ndarray:
+        parts = [_read_rows(path)["index"] for path in sorted(staging.glob("*.idx"))]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+        records = StagingRecords(staging, verify=True)
+        seen = np.zeros(num_samples, dtype=bool)
+        for path in sorted(staging.glob("*.idx")):
+            shard_id = path.name[:-4]
+            rows = _read_rows(path)
+            keep = np.zeros(len(rows), dtype=bool)
+            for k, row in enumerate(rows):
+                i = int(row["index"])
+                # Written twice (a re-run that raced a worker's death): the first copy that verifies.
+                keep[k] = 0 <= i < num_samples and not seen[i] and records.sound(shard_id, row)
+                if keep[k]:
+                    seen[i] = True
+            new_id = prefix + shard_id
+            if (staging / f"{shard_id}.seg").exists():
+                os.rename(staging / f"{shard_id}.seg", staging / f"{new_id}.seg")
+            safefs.write_new(staging / f"{new_id}.idx", rows[keep].tobytes())
+            path.unlink()
+        records.close()
+        fsync_dir(staging)
+        return int(seen.sum())
+
+    def open_staging(self, token: StagingToken) -> StagingData:
+        return StagingRecords(Path(token.path), self.verify)
+
     def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
         # Headers and small files only: listing runs this for every generation.
         n = manifest["num_samples"]
@@ -247,6 +277,77 @@ class MemmapBackend(DirectoryBackend):
             if st.st_size < needed:
                 return f"{col} is truncated: {st.st_size} bytes, {n} samples need {needed}"
         return None
+
+
+class StagingRecords(StagingData):
+    """Samples of a memmap staging area, read with ``pread`` (its files still grow)."""
+
+    def __init__(self, staging: Path, verify: bool) -> None:
+        self.dir = staging
+        self.verify = verify
+        self._where: dict[int, tuple[str, Any]] = {}  # index -> (shard id, index row)
+        self._schema: tuple | None = None
+        self._specs: list = []
+
+    def _scan(self) -> None:
+        for path in sorted(self.dir.glob("*.idx")):
+            shard_id = path.name[:-4]
+            for row in _read_rows(path):
+                self._where.setdefault(int(row["index"]), (shard_id, row))
+        if self._schema is None:
+            self._schema = _load_schema(self.dir)
+            self._specs = codec.leaf_specs(self._schema) if self._schema is not None else []
+
+    def _leaves(self, shard_id: str, row: Any) -> tuple[tuple, list[np.ndarray]] | None:
+        """The record of `row` as ``(treedef, leaves)``, ``None`` when it is missing or fails its checksum."""
+        if self._schema is None:
+            self._schema = _load_schema(self.dir)
+            self._specs = codec.leaf_specs(self._schema) if self._schema is not None else []
+        i = int(row["index"])
+        if row["shard"] == COLUMN:
+            if self._schema is None:
+                return None
+            leaves = []
+            for k, (dtype, shape) in enumerate(self._specs):
+                rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                data = _pread(self.dir / _col_name(k), i * rowbytes, rowbytes) if rowbytes else b""
+                if len(data) != rowbytes:
+                    return None
+                leaves.append(np.frombuffer(data, dtype=dtype).reshape(shape).copy())
+            if self.verify and checksum(leaves) != row["checksum"]:
+                return None
+            return self._schema, leaves
+        record = _pread(self.dir / f"{shard_id}.seg", int(row["offset"]), int(row["length"]))
+        if len(record) != row["length"] or (self.verify and checksum([record]) != row["checksum"]):
+            return None
+        try:
+            return codec.decode_record(record, copy=True)
+        except CorruptSampleError:
+            return None
+
+    def sound(self, shard_id: str, row: Any) -> bool:
+        return self._leaves(shard_id, row) is not None
+
+    def read(self, index: int) -> Any:
+        if index not in self._where:
+            self._scan()  # written since the last look
+        if index not in self._where:
+            raise CacheStoreError(f"sample {index} is not in the staging area {self.dir}")
+        leaves = self._leaves(*self._where[index])
+        if leaves is None:
+            raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is corrupt or truncated")
+        return codec.unflatten(*leaves)
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    try:
+        fd = safefs.open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
 
 
 def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

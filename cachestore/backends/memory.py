@@ -5,6 +5,10 @@ store's ``disk_budget`` read as a RAM budget). State is per instance: two
 ``open_store(path, backend="memory")`` calls are two independent stores, and
 a reader pickled into another process carries its arrays with it. Samples are
 copied on ``put`` so later changes by the caller never reach the store.
+
+A kept staging area (a partial generation) stays in this ``Store`` object and
+is adopted by its next writer of the same generation; it dies with the object
+(and the process), so a new run starts such a generation over.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
 from .. import codec
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, batch_indices, gather_columns
+from .base import (Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData, batch_indices,
+                   gather_columns)
 from .directory import check_complete
 
 _tokens = itertools.count()
@@ -32,10 +37,16 @@ class MemoryToken:
     budget: Budget
     num_samples: int | None
 
+    @property
+    def path(self) -> str:
+        return f"memory:{self.key}"
+
 
 class _Staging:
     def __init__(self, token: MemoryToken) -> None:
         self.token = token
+        self.record: dict | None = None
+        self.kept = False
         self.samples: dict[int, tuple[tuple, list[np.ndarray]]] = {}
         self.created = time.time()
         self.raw_bytes = 0
@@ -120,6 +131,15 @@ class MemoryGeneration(GenerationData):
         pass  # arrays are shared with readers; they go with the last reference
 
 
+class MemoryStaging(StagingData):
+    def __init__(self, staging: _Staging) -> None:
+        self.staging = staging
+
+    def read(self, index: int) -> Any:
+        treedef, leaves = self.staging.samples[index]
+        return codec.unflatten(treedef, [np.array(leaf) for leaf in leaves])
+
+
 class MemoryBackend(Backend):
     name = "memory"
     supports_multiprocess_write = False
@@ -175,6 +195,51 @@ class MemoryBackend(Backend):
 
     def discard(self, token: MemoryToken) -> None:
         self._staging.pop(token.key, None)
+
+    # partial generations (within this Store object only) ----------------------
+    def record_staging(self, token: MemoryToken, record: dict) -> None:
+        self._staging[token.key].record = dict(record)
+
+    def keep(self, token: MemoryToken) -> None:
+        staging = self._staging.get(token.key)
+        if staging is not None:
+            staging.kept = True
+
+    def adopt(self, generation: int, num_samples: int | None, record: dict) -> MemoryToken | None:
+        if generation in self._gens:
+            return None
+        for staging in self._staging.values():
+            if staging.kept and staging.token.generation == generation and staging.record == {
+                    **record, "generation": generation}:
+                staging.kept = False
+                return staging.token
+        return None
+
+    def with_budget(self, token: MemoryToken, budget: Budget) -> MemoryToken:
+        token = MemoryToken(token.key, token.generation, budget, token.num_samples)
+        self._staging[token.key].token = token
+        return token
+
+    def present(self, token: MemoryToken) -> np.ndarray:
+        return np.array(sorted(self._staging[token.key].samples), dtype=np.int64)
+
+    def open_staging(self, token: MemoryToken) -> StagingData:
+        return MemoryStaging(self._staging[token.key])
+
+    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+               keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
+        return [(s.token.path, s.raw_bytes) for s in self._staging.values()
+                if s.kept and s.token.path not in keep_paths and not (
+                    keep_record is not None and s.record is not None
+                    and all(s.record.get(k) == v for k, v in keep_record.items()))]
+
+    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+                      keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
+        found = self.debris(keep_pid, keep_record, keep_paths)
+        doomed = {path for path, _ in found}
+        for key in [k for k, s in self._staging.items() if s.token.path in doomed]:
+            del self._staging[key]
+        return found
 
     def open_generation(self, generation: int) -> GenerationData:
         gen = self._gens.get(generation)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import psutil
@@ -51,10 +52,20 @@ def my_segments() -> list[str]:
     return segments_of(os.getpid())
 
 
+def kept_partial(path: str) -> bool:
+    """Whether `path` is a staging area kept on purpose: a partial generation for the next run to adopt."""
+    try:
+        with open(os.path.join(path, "staging.json")) as f:
+            return json.load(f).get("kept") is True
+    except (OSError, ValueError):
+        return False
+
+
 def leftovers(root: str) -> list[str]:
-    """Staging directories, temp files and locks anywhere under `root`."""
+    """Staging directories, temp files and locks anywhere under `root` (kept partial generations are not debris)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not kept_partial(os.path.join(dirpath, d))]
         for name in dirnames + filenames:
             if name.startswith(".staging-") or name.endswith(".tmp") or name in ("writer.lock", "lock.mdb"):
                 found.append(os.path.join(dirpath, name))

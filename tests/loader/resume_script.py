@@ -3,7 +3,8 @@
 python -m tests.loader.resume_script OUT.json --setting JSON [--load STATE] [--stop-after N] [--epochs E]
 
 The stream is one entry per batch: [epoch, mode, indices, values] where values are the served "x"
-means (they encode the generation that produced them for cached epochs).
+means (they encode the generation that produced them for cached epochs). The stats are one entry
+per epoch: [epoch, mode, dataset calls, samples read, samples adopted, committed].
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def main() -> None:
             if state is not None:
                 break
         final = state if state is not None else loader.state_dict()
+        stats = [[s.epoch, str(s.mode), s.computed, s.read, s.extra.get("adopted", 0), s.committed]
+                 for s in loader.epoch_stats]
     with open(args.out, "w") as f:
-        json.dump({"stream": stream, "state": pickle.dumps(final).hex()}, f)
+        json.dump({"stream": stream, "state": pickle.dumps(final).hex(), "stats": stats}, f)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from cachestore import open_store
 from cachestore.errors import WorkerError
 from loader import CachedLoader
 
-from .conftest import leftovers, live_children, my_segments
+from .conftest import kept_partial, leftovers, live_children, my_segments
 from .datasets import ArangeDataset, FailingInit, KillSelfDataset, read_calls
 
 pytestmark = pytest.mark.timeout(90)
@@ -92,9 +93,11 @@ def test_break_close_twice_and_gc_leave_nothing(no_leaks):
             break
     del batch  # a batch still referenced keeps its slot's memory mapped, by design
     assert loader.store.latest() is None, "a broken-off epoch commits nothing"
+    loader.close()
+    loader.close()
+    # What the epoch wrote is kept as a partial generation for the next run (not debris), nothing else.
     assert not leftovers(prefix)
-    loader.close()
-    loader.close()
+    assert [kept_partial(str(p)) for p in Path(prefix).glob(".staging-*")] == [True]
     # Garbage collection without close().
     loader = CachedLoader(ArangeDataset, {"n": 50}, batch_size=4, nb_worker=2,
                           cache_setting={"prefix": prefix + "2", "update_frequency": 2})
@@ -145,8 +148,11 @@ def test_process_killed_during_refresh_leaves_previous_generation(no_leaks):
         assert loader.epoch_stats[0].mode == "read"
         assert not loader.store.verify()
     assert len(read_calls(str(calls_dir))) == before
-    # Staging left by the crash is removed by the next writer or by prune.
+    # Staging left by the crash is this producer's partial generation 1: prune keeps it for the next
+    # writer of generation 1 to adopt; prune(partial=True) (or a writer of another generation) removes it.
     open_store(prefix).prune()
+    assert len(list(Path(prefix).glob(".staging-000001-*"))) == 1
+    open_store(prefix).prune(partial=True)
     assert not leftovers(prefix)
 
 

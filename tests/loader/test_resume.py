@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -12,13 +13,13 @@ import pytest
 
 from loader import CachedLoader
 
-from .datasets import ArangeDataset
+from .datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def leg(tmp, name, setting, load=None, stop_after=None, epochs=5):
+def leg(tmp, name, setting, load=None, stop_after=None, epochs=5, stats=False):
     out = tmp / f"{name}.json"
     cmd = [sys.executable, "-m", "tests.loader.resume_script", str(out), "--setting", json.dumps(setting),
            "--epochs", str(epochs)]
@@ -31,6 +32,8 @@ def leg(tmp, name, setting, load=None, stop_after=None, epochs=5):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
+    if stats:
+        return doc["stream"], pickle.loads(bytes.fromhex(doc["state"])), doc["stats"]
     return doc["stream"], pickle.loads(bytes.fromhex(doc["state"]))
 
 
@@ -61,6 +64,47 @@ def test_resumed_stream_equals_the_uninterrupted_one(no_leaks, case, stop_after)
     assert [v for *_, v in resumed] == [v for *_, v in golden]  # values: index-encoded, from the same generation
     modes = [m for _, m, _, _ in golden]
     assert modes.count("generate") and modes.count("read")
+
+
+@pytest.mark.parametrize("case", [c for c in SETTINGS if SETTINGS[c]["backend"] != "memory"] + ["lmdb-2"])
+def test_resume_mid_generate_epoch_adopts_what_was_written(no_leaks, case):
+    """Random augmentation: a recomputed sample would differ, so equal values prove adoption."""
+    backend, workers = case.split("-")
+    nb_worker = int(workers)
+    calls, golden_calls = no_leaks / "calls", no_leaks / "golden-calls"
+    calls.mkdir()
+    golden_calls.mkdir()
+
+    def setting(name, counter):
+        s = setting_for(no_leaks, backend, nb_worker, name)
+        s["params"].update(augment=True, counter_dir=str(counter))
+        s["cache"]["background_refresh"] = False  # the call counts below are those of write-through
+        return s
+
+    golden, _ = leg(no_leaks, "golden", setting("golden", golden_calls))
+    first, state, first_stats = leg(no_leaks, "first", setting("resumed", calls), stop_after=3, stats=True)
+    called_first = collections.Counter(read_calls(str(calls)))
+    second, _, stats = leg(no_leaks, "second", setting("resumed", calls), load=state, stats=True)
+    called_second = collections.Counter(read_calls(str(calls))) - called_first
+    resumed = first + second
+    assert [(e, idx) for e, _, idx, _ in resumed] == [(e, idx) for e, _, idx, _ in golden]
+    # Generation 0 is written in epoch 0 and read in epoch 1 (K=2): every value epoch 1 serves is the
+    # one epoch 0 delivered - those of the first leg included, so its samples were adopted, not recomputed.
+    served = {e: {} for e in (0, 1)}
+    for e, _, idx, vals in resumed:
+        if e in served:
+            served[e].update(zip(idx, vals))
+    assert len(served[0]) == 37 and served[1] == served[0]
+    # Dataset calls: generation 0 took exactly 37 in all, each sample once, across the two processes.
+    epoch0 = stats[0]
+    assert (epoch0[0], epoch0[1], epoch0[5]) == (0, "generate", True)
+    adopted = epoch0[4]
+    assert adopted >= 15 and epoch0[2] == 37 - adopted and epoch0[3] == 22 - epoch0[2]
+    assert sum(called_first.values()) == adopted, "every sample the first leg computed was kept"
+    assert first_stats[0][2] >= 15  # it served 15; workers computed (and wrote) ahead
+    # Then generations 1 and 2 (epochs 2 and 4), each computed once; read epochs compute nothing.
+    assert sum(called_second.values()) == 37 - adopted + 2 * 37
+    assert [s[2] for s in stats[1:]] == [0, 37, 0, 37]
 
 
 def test_rotation_resumes_mid_epoch(no_leaks):
