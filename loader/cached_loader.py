@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from cachestore import Store
@@ -24,7 +23,7 @@ from .resources import Resources
 from .rotation import batch_sizes
 from .runner import EpochRunner
 from .settings import CacheSettings, LoaderSettings, RotationSettings, check_int
-from .state import check_state, make_state
+from .state import EpochIterator, EpochProgress, check_state, make_state
 from .shm import sweep_dead_segments
 from .worker import BatchProducer
 
@@ -374,50 +373,3 @@ class CachedLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-@dataclass
-class EpochProgress:
-    """How far an epoch got: kept by the loader, so a state taken after a ``break`` still knows."""
-
-    epoch: int
-    served: int = 0  # batches delivered so far (those before a resume included)
-    exhausted: bool = False
-
-
-class EpochIterator:
-    """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
-
-    def __init__(self, batches: Iterator[Any], progress: EpochProgress) -> None:
-        self._batches = batches
-        self.progress = progress
-        self.epoch = progress.epoch
-        self._superseded_by: int | None = None
-
-    def __iter__(self) -> "EpochIterator":
-        return self
-
-    def __next__(self) -> Any:
-        if self._superseded_by is not None:
-            raise RuntimeError(
-                f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "
-                f"{self._superseded_by}): a loader serves one epoch at a time, so iterate it once per epoch "
-                "(zip(loader, loader) or two live iterators cannot work; use two loaders for that)")
-        try:
-            batch = next(self._batches)
-        except StopIteration:
-            self.progress.exhausted = True
-            raise
-        self.progress.served += 1
-        return batch
-
-    def end(self, superseded_by: int | None = None) -> None:
-        """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""
-        self._superseded_by = superseded_by
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
-
-    def close(self) -> None:
-        """End the epoch early, like a generator's ``close()``."""
-        self.end()

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import sys
 import threading
 import weakref
 from collections import deque
@@ -40,14 +39,13 @@ from typing import Any, Callable, Iterator
 from cachestore.collate import stack_samples
 
 from .cached_loader import CachedLoader
+from .compat_logging import LogRouting, log_handlers
 from .epoch import EpochStats
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AsyncDataLoader", "DataLoader", "SwiftLoader"]
 
-#: Loggers that carry everything this package logs (swift_loader's ``logger=`` routes them).
-PACKAGE_LOGGERS = ("loader", "cachestore")
 
 # Why an original argument is not needed here, by argument name. Said once per
 # process (like the warnings registry): a training script that builds a loader
@@ -143,29 +141,6 @@ def validate_dataset(dataset_class: type, dataset_params: dict, batch_size: int,
 
 
 # ---------------------------------------------------------------------------- logging
-class _JsonLines(logging.Formatter):
-    """One JSON object per record, as swift_loader wrote its ``.json`` log files."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                 "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-class _Forward(logging.Handler):
-    """Hands our records to a logger of the user's (``logger=some_logging_logger``)."""
-
-    def __init__(self, target: logging.Logger) -> None:
-        super().__init__()
-        self.target = target
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.target.isEnabledFor(record.levelno):
-            self.target.handle(record)
-
-
 def parse_logger_spec(spec: Any) -> dict | logging.Logger | None:
     """Check swift_loader's ``logger`` argument; a dict (or the Logger, or ``None``) back.
 
@@ -191,99 +166,6 @@ def parse_logger_spec(spec: Any) -> dict | logging.Logger | None:
     return {**spec, "level": level}
 
 
-def log_handlers(spec: dict | logging.Logger | None, consumer_index: int) -> tuple[list[logging.Handler], int | None]:
-    """Handlers and level for a :func:`parse_logger_spec` result.
-
-    A file goes to ``<path>_Dataloader-<consumer_index>.json`` (JSON lines),
-    or ``.log`` (text) when `path` ends in ``.log``, as swift_loader named it.
-    """
-    if spec is None:
-        return [], None
-    if isinstance(spec, logging.Logger):
-        ours = [logging.getLogger(name) for name in PACKAGE_LOGGERS]
-        # A record already propagates to the root and to ancestors of our loggers:
-        # forwarding it there too would print it twice.
-        if spec is logging.getLogger() or all(lg.name.startswith(spec.name + ".") for lg in ours):
-            return [], spec.getEffectiveLevel()
-        return [_Forward(spec)], spec.getEffectiveLevel()
-    level = spec["level"]
-    text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = []
-    path = spec.get("path")
-    if path:
-        path = os.fspath(path)
-        ext = ".log" if path.endswith(".log") else ".json"
-        if path.endswith((".json", ".log")):
-            path = path[:-len(ext)]
-        filename = f"{path}_Dataloader-{consumer_index}{ext}"
-        os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(filename, encoding="utf-8")
-        handler.setFormatter(_JsonLines() if ext == ".json" else text)
-        handlers.append(handler)
-    if spec.get("stdout"):
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(text)
-        handlers.append(handler)
-    for handler in handlers:
-        handler.setLevel(level)
-    return handlers, level
-
-
-class _AncestorsAbove(logging.Handler):
-    """Passes records at or above `threshold` on to the ancestors of a logger that no longer propagates."""
-
-    def __init__(self, parent: logging.Logger, threshold: int) -> None:
-        super().__init__()
-        self.parent = parent
-        self.threshold = threshold
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= self.threshold:
-            self.parent.handle(record)
-
-
-class _LogRouting:
-    """Handlers added to the ``loader`` and ``cachestore`` loggers for one loader; removed at close.
-
-    A logger left at its default level would drop INFO records before any
-    handler saw them, so its level is lowered to the requested one while the
-    loader lives. Lowering it alone would also send those records up to the
-    root's handlers (a handler has no level of its own after
-    ``logging.basicConfig``) and flood the user's console: the logger stops
-    propagating, and :class:`_AncestorsAbove` hands the ancestors exactly the
-    records they saw before. Everything is restored at close. Two such loaders
-    alive at once restore in their closing order.
-    """
-
-    def __init__(self, handlers: list[logging.Handler], level: int | None) -> None:
-        self.handlers = handlers
-        self.saved: list[tuple[logging.Logger, int, bool, list[logging.Handler]]] = []
-        for name in PACKAGE_LOGGERS:
-            logger = logging.getLogger(name)
-            added = list(handlers)
-            saved = (logger, logger.level, logger.propagate, added)
-            before = logger.getEffectiveLevel()
-            if level is not None and before > level:
-                logger.setLevel(level)
-                if logger.propagate and logger.parent is not None:
-                    logger.propagate = False
-                    added.append(_AncestorsAbove(logger.parent, before))
-            for handler in added:
-                logger.addHandler(handler)
-            self.saved.append(saved)
-
-    def remove(self) -> None:
-        saved, self.saved = self.saved, []
-        for logger, level, propagate, added in reversed(saved):
-            for handler in added:
-                logger.removeHandler(handler)
-            logger.setLevel(level)
-            logger.propagate = propagate
-        for handler in self.handlers:
-            handler.close()
-
-
-# ---------------------------------------------------------------------------- the loader
 def _read_ahead(batches: Iterator[Any], depth: int) -> Iterator[Any]:
     """Yield from `batches`, keeping `depth` more already taken (and so already moved to the device)."""
     pending: deque = deque()
@@ -316,15 +198,15 @@ class _CompatLoader(CachedLoader):
         self._benchmark = bool(benchmark) or benchmark_file is not None
         self.benchmark_file = os.fspath(benchmark_file) if benchmark_file is not None else None
         self.max_nb_batch_on_device = max_on_device
-        self._routing: _LogRouting | None = None
+        self._routing: LogRouting | None = None
         self._routing_finalizer: Any = None
 
     def _route_logs(self, handlers: list[logging.Handler], level: int | None) -> None:
         if not handlers and level is None:
             return
-        self._routing = _LogRouting(handlers, level)
+        self._routing = LogRouting(handlers, level)
         # A loader that is garbage-collected unclosed must not leave its handlers behind.
-        self._routing_finalizer = weakref.finalize(self, _LogRouting.remove, self._routing)
+        self._routing_finalizer = weakref.finalize(self, LogRouting.remove, self._routing)
 
     def __iter__(self) -> Iterator[Any]:
         # The loader appends one EpochStats per epoch, when the epoch starts: this epoch's is the next one.
@@ -537,7 +419,7 @@ class SwiftLoader(_CompatLoader):
     logger
         A file prefix, a dict (``path``, ``stdout``, ``level``) or a
         :class:`logging.Logger`: where the ``loader`` and ``cachestore``
-        loggers also write while this loader lives (see :func:`log_handlers`).
+        loggers also write while this loader lives (see :func:`loader.compat_logging.log_handlers`).
     nearby_shuffle
         Default ``5 * batch_size``, as in swift_loader (0: a full shuffle).
     benchmark, benchmark_file

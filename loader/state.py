@@ -1,4 +1,4 @@
-"""What ``CachedLoader.state_dict()`` holds, and the check that a state fits the loader it is loaded into.
+"""What ``CachedLoader.state_dict()`` holds, how far each epoch got, and the check that a state fits.
 
 A state is small and made of plain Python values: where the run is (the epoch
 and how many of its batches were served), the seed, the cache's plan (which
@@ -11,8 +11,8 @@ survives in the store's staging area instead (see ``docs/ARCHITECTURE.md``,
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
 
 from .fingerprint import dataset_fingerprint
 from .settings import LoaderSettings, RotationSettings
@@ -85,3 +85,50 @@ def check_state(state: Any, settings: LoaderSettings, num_samples: int, seed_giv
     if seed_given and state["seed"] != settings.seed:
         raise ValueError(f"this state was taken from a loader with another seed ({state['seed']}; this loader "
                          f"has {settings.seed}): pass seed={state['seed']} or seed=None to resume")
+
+
+@dataclass
+class EpochProgress:
+    """How far an epoch got: kept by the loader, so a state taken after a ``break`` still knows."""
+
+    epoch: int
+    served: int = 0  # batches delivered so far (those before a resume included)
+    exhausted: bool = False
+
+
+class EpochIterator:
+    """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
+
+    def __init__(self, batches: Iterator[Any], progress: EpochProgress) -> None:
+        self._batches = batches
+        self.progress = progress
+        self.epoch = progress.epoch
+        self._superseded_by: int | None = None
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._superseded_by is not None:
+            raise RuntimeError(
+                f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "
+                f"{self._superseded_by}): a loader serves one epoch at a time, so iterate it once per epoch "
+                "(zip(loader, loader) or two live iterators cannot work; use two loaders for that)")
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self.progress.exhausted = True
+            raise
+        self.progress.served += 1
+        return batch
+
+    def end(self, superseded_by: int | None = None) -> None:
+        """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""
+        self._superseded_by = superseded_by
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        """End the epoch early, like a generator's ``close()``."""
+        self.end()
