@@ -81,6 +81,7 @@ class Epoch:
     t_start: float
     t_end: float = 0.0
     served: list = field(default_factory=list)  # (index, version, nonce)
+    batches: list = field(default_factory=list)  # the same, batch by batch
     bad: list = field(default_factory=list)
     waits: list = field(default_factory=list)
     error: dict | None = None
@@ -107,7 +108,8 @@ def epochs_of(run) -> list[Epoch]:
             continue
         elif kind == "batch":
             e = out[-1]
-            e.served += list(zip(ev["y"], ev["v"], ev["nonce"]))
+            e.batches.append(list(zip(ev["y"], ev["v"], ev["nonce"])))
+            e.served += e.batches[-1]
             e.bad += ev["bad"]
             e.waits.append(ev["wait"])
             e.t_end = ev["t"]
@@ -366,12 +368,13 @@ def check_generations(s: dict, runs: list, paths: Paths) -> list[str]:
         known = content[key]
         flips_before = {i for t, g, i in flipped if g == e.generation and t < e.t_end}
         differ = []
-        for i, _, nonce in e.served:
-            if i in flips_before:
-                continue
-            if i in known and known[i] != nonce:
-                differ.append(i)
-            known.setdefault(i, nonce)
+        for batch in e.batches:
+            if any(i in flips_before for i, _, _ in batch):
+                continue  # a corrupt record makes its whole batch a miss, computed afresh
+            for i, _, nonce in batch:
+                if i in known and known[i] != nonce:
+                    differ.append(i)
+                known.setdefault(i, nonce)
         if differ:
             problems.append(f"{e.run} epoch {e.epoch} read generation {e.generation} but served other "
                             f"computations of indices {differ[:8]} than earlier epochs of that generation")
