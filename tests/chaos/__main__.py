@@ -60,6 +60,8 @@ def main() -> int:
         print(summary_line(result), flush=True)
         for problem in result.problems:
             print("        " + problem.replace("\n", "\n        "), flush=True)
+        for note in result.notes:
+            print("        note: " + note, flush=True)
         if result.skipped:
             print(f"        skipped: {result.skipped}", flush=True)
     wall = time.monotonic() - start

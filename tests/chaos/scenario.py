@@ -33,7 +33,7 @@ WEIGHTS = {"worker-kill": 3, "hang": 2, "raise": 2, "train-sigkill": 2, "train-s
            "bitflip": 2, "second-run": 1, "concurrent-run": 2, "new-version": 1}
 
 #: Seconds a batch may take when a hang is armed (the loader's ``timeout``).
-HANG_TIMEOUTS = (1.0, 1.5, 2.0)
+HANG_TIMEOUTS = (2.0, 3.0)
 #: The ``timeout`` of runs without a hang: None (wait) or generous.
 PLAIN_TIMEOUTS = (None, 30.0)
 #: Size of the tmpfs of a disk-full scenario.
