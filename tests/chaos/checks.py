@@ -563,7 +563,7 @@ def notes(s: dict, runs: list, paths: Paths) -> list[str]:
     out = []
     for f in read_fired(paths.ctl):
         run = owner_run(f["pid"], runs, paths.ctl)
-        if f["kind"] == "hang" and run is not None and not any(TIMEOUT_ERROR in e["mro"] for e in errors_of(run)):
+        if f["kind"] == "hang" and run is not None and run.killed_by is None and not any(TIMEOUT_ERROR in e["mro"] for e in errors_of(run)):
             out.append(f"the hang at index {f['index']} (pid {f['pid']}) ended without a timeout error")
     for run in runs:
         for err in errors_of(run):

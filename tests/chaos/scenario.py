@@ -100,6 +100,15 @@ def draw(seed: int) -> dict:
     return s
 
 
+def computing_epochs(s: dict) -> list[int]:
+    """Epochs of the first run that call the dataset when nothing goes wrong (a cache generates at
+    epoch 0 and every K epochs; a refresh computes during cached epochs too)."""
+    epochs = range(s["epochs"])
+    if s["mode"] != "cache" or (s["background_refresh"] and s["K"]):
+        return list(epochs)
+    return [e for e in epochs if e == 0 or (s["K"] and e % s["K"] == 0)]
+
+
 def _point(s: dict, rng: random.Random, rotation: bool, epochs: int, first_epoch: int = 0) -> tuple[int, int]:
     """A random moment: (epoch, batch after which it happens; -1 = before the epoch's first batch)."""
     epoch = rng.randrange(first_epoch, epochs)
@@ -118,7 +127,9 @@ def _runs(s: dict, rng: random.Random) -> list[dict]:
             acts.append({"kind": "kill-worker", "epoch": e, "batch": max(b, 0), "which": rng.randrange(3)})
     for kind in ("raise", "hang"):
         if kind in faults:
-            e, b = _point(s, rng, rotation, s["epochs"])
+            # Armed early in an epoch that computes samples, so that it fires more often than not.
+            e = rng.choice(computing_epochs(s))
+            b = rng.randrange(-1, max(0, batches_per_epoch(s, rotation) // 2))
             acts.append({"kind": f"arm-{kind}", "epoch": e, "batch": b, "index": rng.randrange(s["n"])})
     if "bitflip" in faults:
         e = rng.randrange(1, s["epochs"])
