@@ -76,6 +76,20 @@ class ScenarioResult:
     def passed(self) -> bool:
         return not self.problems and self.skipped is None
 
+    @property
+    def known_bugs(self) -> list[str]:
+        """The known bugs behind the problems, when every problem is one (else empty)."""
+        bugs = [checks.known_bug(p) for p in self.problems]
+        return sorted(set(bugs)) if bugs and None not in bugs else []
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "SKIP"
+        if self.passed:
+            return "ok"
+        return "KNOWN" if self.known_bugs else "FAIL"
+
 
 class Mount:
     """A tmpfs of :data:`TMPFS_SIZE` at `path` (root only); unmounted lazily on exit."""
@@ -198,5 +212,5 @@ def _wait(run: RunResult) -> None:
 
 def summary_line(result: ScenarioResult) -> str:
     s = result.scenario
-    status = "SKIP" if result.skipped else ("ok" if result.passed else "FAIL")
-    return f"[{status:4}] {result.seconds:5.1f}s {describe(s)}"
+    known = f" (known bug: {', '.join(result.known_bugs)})" if result.known_bugs else ""
+    return f"[{result.status:5}] {result.seconds:5.1f}s {describe(s)}{known}"

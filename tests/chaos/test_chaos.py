@@ -28,6 +28,9 @@ def check(seed: int, tmp_path) -> None:
     result = run_scenario(draw(seed), tmp_path)
     if result.skipped:
         pytest.skip(result.skipped)
+    if result.known_bugs:
+        # Each has its own strict xfail in test_regressions.py; a race may show one here too.
+        pytest.xfail(f"known bug(s) {', '.join(result.known_bugs)}: " + "\n".join(result.problems))
     assert not result.problems, (f"{describe(result.scenario)}\n(CHAOS_SEED={seed} CHAOS_N=1 make chaos; "
                                  f"logs in {result.directory})\n" + "\n".join(result.problems))
 
