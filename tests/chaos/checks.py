@@ -56,6 +56,10 @@ LOCKED_ERROR = "cachestore.errors.StoreLockedError"
 #: What a debris problem adds when no run of its group wrote the store (the debris is a killed run's).
 READ_ONLY = "no run of this group wrote the store"
 
+#: What a debris problem says of a staging area a run that closed normally left of its own.
+OWN_STAGING = "its own staging area outlived close()"
+STAGING = ".staging"
+
 #: Bugs the suite found, each a strict xfail in test_regressions.py: id -> (what a problem it causes
 #: says, the bug in a line). A failing scenario whose problems all match is reported as a known bug.
 KNOWN_BUGS = {
@@ -70,6 +74,9 @@ KNOWN_BUGS = {
     "read-only-run-keeps-debris": (r"left under the prefix: .*\(" + READ_ONLY + r"\)",
                                    "a run that only reads never removes a killed writer's staging area and "
                                    "writer.lock (only writers and prune sweep debris)"),
+    "abort-before-kill": (OWN_STAGING,
+                          "a failed background refresh removes its staging area while the workers still "
+                          "write into it (EpochRunner.complete_refresh aborts before it stops the workers)"),
     "tmp-in-generation": (r"temp files inside committed generations",
                           "a worker killed inside write_json_atomic leaves its temp file in the staging "
                           "area, and the commit takes it into the generation"),
@@ -253,6 +260,10 @@ def after_group(s: dict, runs: list, before: list, paths: Paths) -> list[str]:
         who = ", ".join(r.name for r in runs)
         if in_generations:
             problems.append(f"after {who} closed: temp files inside committed generations: {in_generations}")
+        own = [path for path in left for run in runs if f"{STAGING}-" in path and f"-{run.pid}-" in path]
+        left = [path for path in left if path not in own]
+        if own:
+            problems.append(f"after {who} closed: {OWN_STAGING}: {own}")
         if left:
             wrote = any(e.mode == "generate" for run in runs for e in epochs_of(run))
             problems.append(f"after {who} closed: left under the prefix: {left}"
