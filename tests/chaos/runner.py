@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,10 @@ def run_scenario(s: dict, workdir: Path, keep: bool = False) -> ScenarioResult:
             if mount.refused:
                 result.skipped = mount.refused
                 return result
-            _run(s, base, result, mount)
+            try:
+                _run(s, base, result, mount)
+            except Exception:  # a fault of the suite itself: this scenario fails, the others still run
+                result.problems.append(f"the chaos runner failed: {traceback.format_exc()}")
     finally:
         result.seconds = time.monotonic() - start
         if result.passed and not keep:
@@ -157,9 +161,17 @@ def _run(s: dict, base: Path, result: ScenarioResult, mount) -> None:
     groups = [[r for r in s["runs"] if r["after"] is None]] + [[r] for r in s["runs"] if r["after"] is not None]
     done: list[RunResult] = []
     for group in groups:
-        runs = [_start(s, spec, base, paths) for spec in group]
-        for run in runs:
-            _wait(run)
+        runs: list[RunResult] = []
+        try:
+            for spec in group:
+                runs.append(_start(s, spec, base, paths))
+            for run in runs:
+                _wait(run)
+        finally:
+            for run in runs:  # only after an error of our own (or Ctrl-C): nothing may outlive the suite
+                if run.proc.poll() is None:
+                    run.proc.kill()
+                    run.proc.wait(30)
         result.problems += checks.after_group(s, runs, done, paths)
         done += runs
     if s["tmpfs"]:
