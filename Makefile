@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test chaos bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Randomised fault scenarios against real processes and files (tests/chaos). CHAOS_SEED and
+# CHAOS_N reproduce and size a run (default 200 scenarios); a 20-scenario subset runs in `make test`.
+chaos: $(STAMP)
+	$(PY) -m tests.chaos
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

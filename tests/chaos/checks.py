@@ -1,0 +1,624 @@
+"""What must hold after a chaos scenario (issue 12), each check returning the problems it found.
+
+After every group of runs (:func:`after_group`):
+
+* a run ends by itself (exit 0, loader closed), or by the signal the scenario sent it;
+  never by the runner's deadline (a hang);
+* no process of the run is left (workers included, found by the environment variable they
+  inherit), no shared-memory slot of it (``/dev/shm`` file or memfd held anywhere);
+* no lock, staging directory, temp file or rotation window is left under the prefix once the
+  runs have closed; after a killed run, once the next run on the prefix has closed;
+* after a killed run, the generation committed before it is still there and verifies.
+
+After the scenario (:func:`after_scenario`):
+
+* every served sample is one the dataset produced, intact, of the run's dataset version;
+* every index exactly once per completed epoch (R times in a rotation epoch, one computation
+  served R times), never twice in any epoch;
+* a generation serves the same computation of an index in every epoch that reads it (unless
+  its record was flipped: then a fresh one), and no computation is served under two
+  generations (a stale generation, or a fresh epoch serving stored samples);
+* each exception is one the faults explain - the dataset's own type with its index, a
+  ``WorkerTimeoutError`` naming the stuck worker and index, a ``BudgetExceededError`` on a
+  full disk under ``on_budget_exceeded="error"``, a ``StoreLockedError`` beside a concurrent
+  run - and every exception the dataset raised reaches the training loop;
+* no wait for a batch longer than the bound (``timeout`` + slack, or :data:`WAIT_BOUND`);
+* ``Store.verify()`` finds nothing but the records flipped on purpose, and
+  ``cachestore inspect --verify`` agrees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+#: Seconds any batch may take without a hang (tiny datasets; worker start-up included).
+WAIT_BOUND = 30.0
+#: Slack over ``timeout`` for the stack dump of the stuck worker and stopping the workers.
+TIMEOUT_SLACK = 8.0
+#: Seconds for the kernel to take a killed run's processes and memory away.
+REAP_DEADLINE = 15.0
+
+CHAOS_ERROR = "tests.chaos.dataset.ChaosError"
+TIMEOUT_ERROR = "loader.errors.WorkerTimeoutError"
+BUDGET_ERROR = "cachestore.errors.BudgetExceededError"
+LOCKED_ERROR = "cachestore.errors.StoreLockedError"
+#: What a debris problem adds when no run of its group wrote the store (the debris is a killed run's).
+READ_ONLY = "no run of this group wrote the store"
+
+#: What a debris problem says of a staging area a run that closed normally left of its own.
+OWN_STAGING = "its own staging area outlived close()"
+STAGING = ".staging"
+
+#: Bugs the suite found, each a strict xfail in test_regressions.py: id -> (what a problem it causes
+#: says, the bug in a line). A failing scenario whose problems all match is reported as a known bug.
+KNOWN_BUGS = {
+    "commit-enospc": (r"although on_budget_exceeded=.*disk full while committing generation",
+                      "a commit that meets a full disk raises BudgetExceededError under 'stream'/'rotate' "
+                      "(EpochRunner.finish_generation applies no policy to the commit)"),
+    "window-enospc": (r"builtins\.OSError, which no fault explains: \[Errno 28\].*rotation\.py\S*, line \d+, in put",
+                      "a disk rotation window on a full disk raises a raw OSError (DiskWindow.put)"),
+    "rotation-no-index": (r"ChaosError: sample_index None is not the index \d+ that raised \(rotate epoch, nb_worker=0\)",
+                          "a dataset error in a rotation epoch without workers has no sample_index "
+                          "(EpochRunner.rotation_batches calls the dataset directly)"),
+    "read-only-run-keeps-debris": (r"left under the prefix: .*\(" + READ_ONLY + r"\)",
+                                   "a run that only reads never removes a killed writer's staging area and "
+                                   "writer.lock (only writers and prune sweep debris)"),
+    "abort-before-kill": (OWN_STAGING,
+                          "a failed background refresh removes its staging area while the workers still "
+                          "write into it (EpochRunner.complete_refresh aborts before it stops the workers)"),
+    "tmp-in-generation": (r"temp files inside committed generations",
+                          "a worker killed inside write_json_atomic leaves its temp file in the staging "
+                          "area, and the commit takes it into the generation"),
+}
+
+
+def known_bug(problem: str) -> str | None:
+    """The id of the known bug `problem` shows, or ``None``."""
+    return next((bug for bug, (pattern, _) in KNOWN_BUGS.items() if re.search(pattern, problem, re.S)), None)
+
+
+#: What a WorkerTimeoutError says of a worker that was still starting (spawn) when the timeout expired.
+STARTING = "the worker had not finished starting"
+
+
+@dataclass(frozen=True)
+class Paths:
+    prefix: str
+    rotation: str
+    ctl: str
+    mount: str
+
+
+def wait_until(condition: Callable[[], Any], seconds: float) -> Any:
+    """`condition()` once it is true, polled until `seconds` pass; its last (false) value otherwise."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)  # polling a condition under a deadline, not synchronising by sleeping
+
+
+# ------------------------------------------------------------------------------------------ evidence
+@dataclass
+class Epoch:
+    run: str
+    epoch: int
+    version: int
+    t_start: float
+    t_end: float = 0.0
+    served: list = field(default_factory=list)  # (index, version, nonce)
+    batches: list = field(default_factory=list)  # the same, batch by batch
+    bad: list = field(default_factory=list)
+    waits: list = field(default_factory=list)
+    error: dict | None = None
+    stats: dict | None = None
+    completed: bool = False
+
+    @property
+    def mode(self) -> str | None:
+        return self.stats["mode"] if self.stats else None
+
+    @property
+    def generation(self) -> int | None:
+        return self.stats["generation"] if self.stats else None
+
+
+def epochs_of(run) -> list[Epoch]:
+    out: list[Epoch] = []
+    version = run.spec["version"]
+    for ev in run.events:
+        kind = ev["ev"]
+        if kind == "epoch":
+            out.append(Epoch(run.name, ev["epoch"], version, ev["t"], ev["t"]))
+        elif not out:
+            continue
+        elif kind == "batch":
+            e = out[-1]
+            e.batches.append(list(zip(ev["y"], ev["v"], ev["nonce"])))
+            e.served += e.batches[-1]
+            e.bad += ev["bad"]
+            e.waits.append(ev["wait"])
+            e.t_end = ev["t"]
+        elif kind == "error" and ev["epoch"] >= 0:
+            out[-1].error, out[-1].t_end = ev, ev["t"]
+        elif kind == "stats":
+            out[-1].stats, out[-1].completed, out[-1].t_end = ev["stats"], ev["completed"], ev["t"]
+    return out
+
+
+def errors_of(run) -> list[dict]:
+    return [ev for ev in run.events if ev["ev"] == "error"]
+
+
+def actions_of(runs, kind: str) -> list[tuple[Any, dict]]:
+    return [(run, ev) for run in runs for ev in run.events
+            if ev["ev"] == "action" and ev["kind"] == kind and not ev.get("skipped")]
+
+
+def read_calls(ctl: str) -> dict[int, dict[int, int]]:
+    """index -> {nonce: version} of every dataset call."""
+    calls: dict[int, dict[int, int]] = defaultdict(dict)
+    for path in Path(ctl, "calls").glob("*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                calls[int(parts[0])][int(parts[1])] = int(parts[2])
+    return calls
+
+
+def read_fired(ctl: str) -> list[dict]:
+    out = []
+    for path in sorted(Path(ctl, "fired").iterdir()):
+        kind, index, pid = path.name.split("-")
+        try:
+            info = json.loads(path.read_text())
+        except ValueError:  # renamed, then its process was killed before it wrote
+            info = {"time": path.stat().st_mtime}
+        out.append({"kind": kind, "index": int(index), "pid": int(pid), "time": info["time"]})
+    return out
+
+
+def owner_run(pid: int, runs, ctl: str) -> Any:
+    """The run a process belonged to (itself, or the training process that started it)."""
+    for run in runs:
+        if run.pid == pid:
+            return run
+    try:
+        ppid = json.loads(Path(ctl, "procs", str(pid)).read_text())["ppid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((run for run in runs if run.pid == ppid), None)
+
+
+# ------------------------------------------------------------------------------------------ after each group
+def tagged_processes(tag: str) -> list[str]:
+    """Live processes whose environment carries `tag` (a run's training process and its workers)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("CACHESTORE_CHAOS_RUN") == tag:
+                found.append(f"pid {proc.pid} ({' '.join(proc.cmdline())[:100]})")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def debris(paths: Paths) -> list[str]:
+    """Locks, staging areas, temp files and rotation windows anywhere under the prefixes."""
+    from tests.loader.conftest import leftovers
+
+    found = []
+    for root in (paths.prefix, paths.rotation):
+        if os.path.isdir(root):
+            found += leftovers(root)
+            for dirpath, dirnames, _ in os.walk(root):
+                found += [os.path.join(dirpath, d) for d in dirnames if d.startswith("rotation-")]
+    return sorted(found)
+
+
+def after_group(s: dict, runs: list, before: list, paths: Paths) -> list[str]:
+    from tests.loader.conftest import segments_of
+
+    problems: list[str] = []
+    for run in runs:
+        planned = run.planned_kill()
+        tail = "\n    ".join(run.stderr.strip().splitlines()[-25:])
+        if run.timed_out:
+            problems.append(f"{run.name}: did not end within its deadline (a hang); its stderr:\n    {tail}")
+        elif run.killed_by is not None and run.killed_by != planned:
+            problems.append(f"{run.name}: died of signal {run.killed_by} (the scenario sent {planned}); "
+                            f"stderr:\n    {tail}")
+        elif run.killed_by is None and run.returncode != 0:
+            problems.append(f"{run.name}: exited with status {run.returncode}; stderr:\n    {tail}")
+        elif run.killed_by is None and not any(ev["ev"] == "closed" for ev in run.events):
+            problems.append(f"{run.name}: ended without closing its loader")
+        left = wait_until(lambda: tagged_processes(run.tag) == [] or None, REAP_DEADLINE)
+        if left is None:
+            problems.append(f"{run.name}: processes left {REAP_DEADLINE:.0f} s after the run ended: "
+                            f"{tagged_processes(run.tag)}")
+        if wait_until(lambda: not segments_of(run.pid), REAP_DEADLINE) is False:
+            problems.append(f"{run.name}: shared-memory slots of pid {run.pid} left: {segments_of(run.pid)}")
+    killed = [run for run in runs if run.killed_by is not None]
+    if not killed:
+        left = debris(paths)
+        in_generations = [path for path in left if re.search(r"/gen-\d+/[^/]*\.tmp$", path)]
+        left = [path for path in left if path not in in_generations]
+        who = ", ".join(r.name for r in runs)
+        if in_generations:
+            problems.append(f"after {who} closed: temp files inside committed generations: {in_generations}")
+        own = [path for path in left for run in runs if f"{STAGING}-" in path and f"-{run.pid}-" in path]
+        left = [path for path in left if path not in own]
+        if own:
+            problems.append(f"after {who} closed: {OWN_STAGING}: {own}")
+        if left:
+            wrote = any(e.mode == "generate" for run in runs for e in epochs_of(run))
+            problems.append(f"after {who} closed: left under the prefix: {left}"
+                            + ("" if wrote else f" ({READ_ONLY})"))
+    elif s["mode"] == "cache" and s["backend"] != "memory":
+        problems += intact_after_kill(s, before + runs, paths)
+    return problems
+
+
+def intact_after_kill(s: dict, runs: list, paths: Paths) -> list[str]:
+    """The generation committed before a killed run is still there, and verifies."""
+    from cachestore import open_store
+    from cachestore.errors import CacheStoreError
+
+    committed = [e.generation for run in runs for e in epochs_of(run)
+                 if e.stats and e.stats["committed"] and e.mode == "generate"]
+    if not committed:
+        return []
+    try:
+        with open_store(paths.prefix, readonly=True) as store:
+            latest = store.latest()
+            errors = store.verify()
+    except CacheStoreError as exc:
+        return [f"after the kill the store cannot be opened: {exc}"]
+    problems = []
+    if "disk-full" not in s["faults"] and (latest is None or latest < max(committed)):
+        problems.append(f"after the kill the newest committed generation is {latest}, but generation "
+                        f"{max(committed)} had been committed before")
+    allowed = live_flips(runs, paths)
+    bad = [e for e in errors if (e.generation, e.index) not in allowed]
+    if bad:
+        problems.append(f"after the kill the store does not verify: {[str(e)[:200] for e in bad[:3]]}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ after the scenario
+def after_scenario(s: dict, runs: list, paths: Paths) -> list[str]:
+    problems: list[str] = []
+    calls = read_calls(paths.ctl)
+    epochs = [e for run in runs for e in epochs_of(run)]
+    problems += check_samples(epochs, calls)
+    problems += check_counts(s, epochs)
+    problems += check_generations(s, runs, paths)
+    problems += check_errors(s, runs, paths)
+    problems += check_waits(s, runs)
+    problems += check_stats(s, runs)
+    if s["mode"] == "cache" and s["backend"] != "memory":
+        problems += check_store(runs, paths)
+    return problems
+
+
+def check_samples(epochs: list[Epoch], calls: dict) -> list[str]:
+    """Every served sample is intact, of the run's version, and produced by a logged dataset call."""
+    problems = []
+    for e in epochs:
+        where = f"{e.run} epoch {e.epoch} ({e.mode}, generation {e.generation})"
+        if e.bad:
+            problems.append(f"{where}: served corrupt samples: {e.bad[:3]}")
+        stale = [(i, v) for i, v, _ in e.served if v != e.version]
+        if stale:
+            problems.append(f"{where}: served samples of dataset version {stale[0][1]} to a run of version "
+                            f"{e.version} (stale): indices {[i for i, _ in stale[:8]]}")
+        unknown = [(i, n) for i, _, n in e.served if n not in calls.get(i, {})]
+        if unknown:
+            problems.append(f"{where}: served samples no dataset call produced: {unknown[:3]}")
+    return problems
+
+
+def expected_repeats(s: dict) -> int:
+    """Times a rotation epoch serves each sample (the fallback of "rotate" uses K, or 4)."""
+    if s["mode"] == "rotation":
+        return s["rotation"]
+    return s["K"] or 4
+
+
+def check_counts(s: dict, epochs: list[Epoch]) -> list[str]:
+    problems = []
+    n = s["n"]
+    rotating: set[str] = set()  # runs that rotate (from the start, or since "rotate" switched)
+    for e in epochs:
+        mode = e.mode
+        if mode is None:  # the run was killed in this epoch: it does what the epoch before did
+            mode = "rotate" if s["mode"] == "rotation" or e.run in rotating else None
+        if mode == "rotate":
+            rotating.add(e.run)
+        where = f"{e.run} epoch {e.epoch} ({mode})"
+        counts = Counter(i for i, _, _ in e.served)
+        if mode == "rotate":
+            nonces = defaultdict(set)
+            for i, _, nonce in e.served:
+                nonces[i].add(nonce)
+            twice = {i: len(v) for i, v in nonces.items() if len(v) > 1}
+            if twice:
+                problems.append(f"{where}: a rotation epoch served several computations of indices {twice}")
+            r = expected_repeats(s)
+            if e.completed and (set(counts) != set(range(n)) or set(counts.values()) != {r}):
+                wrong = {i: counts.get(i, 0) for i in range(n) if counts.get(i, 0) != r}
+                problems.append(f"{where}: each index must be served {r} times; got {dict(list(wrong.items())[:8])}")
+            elif not e.completed and any(c > r for c in counts.values()):
+                problems.append(f"{where}: indices served more than {r} times in a rotation epoch")
+            continue
+        dup = sorted(i for i, c in counts.items() if c > 1)
+        if dup:
+            problems.append(f"{where}: indices served more than once: {dup[:8]}")
+        if e.completed and set(counts) != set(range(n)):
+            missing = sorted(set(range(n)) - set(counts))
+            problems.append(f"{where}: completed epoch without indices {missing[:8]}")
+    return problems
+
+
+def store_key(s: dict, e: Epoch, paths: Paths) -> tuple:
+    """What a read or generate epoch serves from: the store (one per run for the in-RAM backend),
+    the dataset version and the generation."""
+    store = e.run if s["backend"] == "memory" else paths.prefix
+    return (store, e.version, e.generation)
+
+
+def live_flips(runs: list, paths: Paths) -> set[tuple[int, int]]:
+    """(generation, index) of flipped records that no later commit of their generation replaced."""
+    flips = [(ev["t"], ev["generation"], i) for _, ev in actions_of(runs, "flip")
+             if ev.get("generation") is not None for i in ev["indices"]]
+    rewrites = [(e.t_end, e.generation) for run in runs for e in epochs_of(run)
+                if e.stats and e.stats["committed"]]
+    return {(g, i) for t, g, i in flips if not any(t2 > t and g2 == g for t2, g2 in rewrites)}
+
+
+def check_generations(s: dict, runs: list, paths: Paths) -> list[str]:
+    """One computation per index per generation; a computation under one generation only."""
+    problems: list[str] = []
+    if s["mode"] != "cache":
+        keyed = []
+    else:
+        keyed = sorted((e for run in runs for e in epochs_of(run) if e.mode in ("read", "generate")),
+                       key=lambda e: e.t_end)
+    flipped = {(ev["t"], ev["generation"], i) for _, ev in actions_of(runs, "flip")
+               if ev.get("generation") is not None for i in ev["indices"]}
+    # Under which key each computation was served.
+    where: dict[int, set] = defaultdict(set)
+    for run in runs:
+        for e in epochs_of(run):
+            if e.stats is None:
+                continue  # killed before its stats: what it served from is unknown
+            key = store_key(s, e, paths) if e.mode in ("read", "generate") and s["mode"] == "cache" else (
+                "fresh", e.run, e.epoch)
+            for i, _, nonce in e.served:
+                where[nonce].add(key)
+    shared = {nonce: keys for nonce, keys in where.items() if len(keys) > 1}
+    if shared:
+        nonce, keys = next(iter(shared.items()))
+        problems.append(f"{len(shared)} computation(s) served under several generations or in fresh epochs, "
+                        f"e.g. nonce {nonce} under {sorted(map(str, keys))}")
+    content: dict[tuple, dict[int, int]] = defaultdict(dict)
+    for e in keyed:
+        key = store_key(s, e, paths)
+        if e.mode == "generate":
+            if e.stats["committed"]:
+                content[key] = {i: nonce for i, _, nonce in e.served}
+            continue
+        known = content[key]
+        flips_before = {i for t, g, i in flipped if g == e.generation and t < e.t_end}
+        differ = []
+        for batch in e.batches:
+            if any(i in flips_before for i, _, _ in batch):
+                continue  # a corrupt record makes its whole batch a miss, computed afresh
+            for i, _, nonce in batch:
+                if i in known and known[i] != nonce:
+                    differ.append(i)
+                known.setdefault(i, nonce)
+        if differ:
+            problems.append(f"{e.run} epoch {e.epoch} read generation {e.generation} but served other "
+                            f"computations of indices {differ[:8]} than earlier epochs of that generation")
+    return problems
+
+
+def _disk_full_during(runs: list, t0: float, t1: float) -> bool:
+    """Whether the disk was full at some moment between `t0` and `t1`."""
+    changes = sorted([(ev["t"], True) for _, ev in actions_of(runs, "fill-disk")]
+                     + [(ev["t"], False) for _, ev in actions_of(runs, "free-disk")])
+    full = False
+    for t, state in changes:
+        if t > t1:
+            break
+        if t >= t0 and state:
+            return True
+        full = state
+    return full
+
+
+def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
+    problems: list[str] = []
+    fired = read_fired(paths.ctl)
+    explained: set[int] = set()  # positions in `fired` an exception accounted for
+    for run in runs:
+        epochs = {e.epoch: e for e in epochs_of(run)}
+        for err in errors_of(run):
+            where = f"{run.name} epoch {err['epoch']}: {err['type']}"
+            mro = err["mro"]
+            e = epochs.get(err["epoch"])
+            t0 = e.t_start if e else run.started
+            if CHAOS_ERROR in mro:
+                match = [k for k, f in enumerate(fired) if f["kind"] == "raise" and f["index"] == err["index"]
+                         and owner_run(f["pid"], runs, paths.ctl) is run]
+                if not match:
+                    problems.append(f"{where} for index {err['index']}, which no fault of this run raised")
+                elif err["sample_index"] != err["index"]:
+                    mode = e.mode if e else None
+                    problems.append(f"{where}: sample_index {err['sample_index']} is not the index "
+                                    f"{err['index']} that raised ({mode} epoch, nb_worker={run.spec['nb_worker']})")
+                explained.update(match)
+            elif TIMEOUT_ERROR in mro:
+                match = [k for k, f in enumerate(fired) if f["kind"] == "hang" and f["time"] <= err["t"]
+                         and owner_run(f["pid"], runs, paths.ctl) is run]
+                if not match and STARTING in err["message"]:
+                    pass  # the loaded machine started workers slower than `timeout`: see notes()
+                elif not match:
+                    problems.append(f"{where} but no worker of this run hung: {err['message'][:300]}")
+                else:
+                    f = fired[match[-1]]
+                    if err["pid"] != f["pid"] or f["index"] not in (err["indices"] or []):
+                        problems.append(f"{where} names pid {err['pid']} computing {err['indices']}, but the "
+                                        f"stuck worker is pid {f['pid']}, inside dataset[{f['index']}]")
+                    explained.update(match)
+            elif BUDGET_ERROR in mro:
+                full = s["tmpfs"] and _disk_full_during(runs, t0, err["t"])
+                if not full:
+                    problems.append(f"{where} without a full disk: {err['message'][:300]}")
+                elif s["mode"] == "cache" and s["policy"] != "error":
+                    problems.append(f"{where} although on_budget_exceeded={s['policy']!r} promises to keep "
+                                    f"serving: {err['message'][:300]}")
+            elif LOCKED_ERROR in mro:
+                others = [r for r in runs if r is not run and r.started <= err["t"] <= r.ended]
+                if not others:
+                    problems.append(f"{where} with no other run alive: {err['message'][:300]}")
+            else:
+                problems.append(f"{where}, which no fault explains: {err['message'][:500]}\n"
+                                f"    {err['traceback'][-1500:]}")
+    problems += _lost(s, runs, paths, fired, explained)
+    return problems
+
+
+def _lost(s: dict, runs: list, paths: Paths, fired: list[dict], explained: set[int]) -> list[str]:
+    """Dataset exceptions that never reached the training loop (and were not excused)."""
+    problems = []
+    for k, f in enumerate(fired):
+        if k in explained or f["kind"] != "raise":
+            continue
+        run = owner_run(f["pid"], runs, paths.ctl)
+        if run is None or run.killed_by is not None or run.timed_out:
+            continue
+        killed = [ev for _, ev in actions_of([run], "kill-worker") if ev.get("pid") == f["pid"]]
+        if killed:
+            continue  # the worker died with its error unsent
+        epochs = epochs_of(run)
+        current = [e for e in epochs if e.t_start <= f["time"] <= (e.t_end or f["time"])]
+        if any(e.error is not None for e in current):
+            continue  # another exception ended the epoch first: its workers were stopped
+        later = [e for e in epochs if e.t_start >= f["time"]]
+        if s["background_refresh"] and not later:
+            continue  # a background chunk of the last epoch: the run closed before it was needed
+        problems.append(f"{run.name}: dataset[{f['index']}] raised ChaosError in pid {f['pid']}, "
+                        "but the exception never reached the training loop")
+    return problems
+
+
+def check_waits(s: dict, runs: list) -> list[str]:
+    problems = []
+    for run in runs:
+        timeout = run.spec["loader"]["timeout"]
+        bound = timeout + TIMEOUT_SLACK if timeout is not None and timeout < WAIT_BOUND else WAIT_BOUND
+        for ev in run.events:
+            if ev["ev"] in ("batch", "error") and ev.get("wait", 0) > bound:
+                problems.append(f"{run.name} epoch {ev['epoch']}: waited {ev['wait']:.1f} s for a batch "
+                                f"(bound {bound:.0f} s)")
+    return problems
+
+
+def check_stats(s: dict, runs: list) -> list[str]:
+    problems = []
+    for run in runs:
+        for e in epochs_of(run):
+            if not e.completed or e.stats is None:
+                continue
+            if e.stats["samples"] != len(e.served):
+                problems.append(f"{run.name} epoch {e.epoch}: epoch_stats says {e.stats['samples']} samples, "
+                                f"{len(e.served)} were served")
+            if (e.mode == "generate" and not e.stats["committed"] and "disk-full" not in s["faults"]):
+                problems.append(f"{run.name} epoch {e.epoch}: a generate epoch ran to its end but committed "
+                                f"nothing ({e.stats})")
+    return problems
+
+
+def check_store(runs: list, paths: Paths) -> list[str]:
+    """The store verifies but for the records flipped on purpose; ``cachestore inspect --verify`` agrees."""
+    from cachestore import open_store
+    from cachestore.cli import main as cli_main
+    from cachestore.errors import CacheStoreError
+
+    if not os.path.exists(os.path.join(paths.prefix, "store.json")):
+        return []
+    try:
+        with open_store(paths.prefix, readonly=True) as store:
+            errors = store.verify()
+    except CacheStoreError as exc:
+        return [f"the store cannot be opened at the end: {exc}"]
+    allowed = live_flips(runs, paths)
+    found = {(e.generation, e.index) for e in errors}
+    problems = []
+    bad = [str(e)[:300] for e in errors if (e.generation, e.index) not in allowed]
+    if bad:
+        problems.append(f"Store.verify() at the end: {bad[:3]}")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli_main(["inspect", paths.prefix, "--verify"])
+    if status != (1 if found else 0):
+        problems.append(f"cachestore inspect --verify exited {status} with {len(found)} bad record(s) found by "
+                        f"verify(): {(out.getvalue() + err.getvalue())[-600:]}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ the table
+def fired_faults(s: dict, runs: list, paths: Paths) -> set[str]:
+    """The faults of `s` that took effect (a fault armed at an index nobody computed did not)."""
+    out = set()
+    kinds = {f["kind"] for f in read_fired(paths.ctl)}
+    for fault in s["faults"]:
+        if fault == "worker-kill":
+            took = any(ev.get("pid") for _, ev in actions_of(runs, "kill-worker"))
+        elif fault in ("raise", "hang"):
+            took = fault in kinds
+        elif fault.startswith("train-"):
+            took = any(run.killed_by is not None for run in runs)
+        elif fault == "disk-full":
+            took = bool(actions_of(runs, "fill-disk"))
+        elif fault == "bitflip":
+            took = any(ev.get("indices") for _, ev in actions_of(runs, "flip"))
+        else:
+            took = len(runs) > 1
+        if took:
+            out.add(fault)
+    return out
+
+
+def notes(s: dict, runs: list, paths: Paths) -> list[str]:
+    """Things worth knowing that are not failures."""
+    out = []
+    for f in read_fired(paths.ctl):
+        run = owner_run(f["pid"], runs, paths.ctl)
+        if f["kind"] == "hang" and run is not None and run.killed_by is None and not any(TIMEOUT_ERROR in e["mro"] for e in errors_of(run)):
+            out.append(f"the hang at index {f['index']} (pid {f['pid']}) ended without a timeout error")
+    for run in runs:
+        for err in errors_of(run):
+            if TIMEOUT_ERROR in err["mro"] and STARTING in err["message"]:
+                out.append(f"{run.name} epoch {err['epoch']}: WorkerTimeoutError while a worker was still "
+                           f"starting (timeout={run.spec['loader']['timeout']})")
+        for ev in run.events:
+            if ev["ev"] == "action" and ev.get("skipped"):
+                out.append(f"{run.name}: {ev['kind']} not reached")
+    return out
