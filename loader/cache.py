@@ -12,6 +12,7 @@ the budget has no room for two).
 from __future__ import annotations
 
 import logging
+import sys
 
 from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
@@ -52,6 +53,7 @@ class CacheController:
         if latest is not None:
             log.info("reusing generation %d of %s", latest, store.path)
         self._sound: set[int] = set()  # generations opened once without damage
+        self.damaged: dict[int, str] = {}  # generation -> why, for those found damaged and removed
         self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
         self.refresh_off = False  # background refresh gave up for this run
 
@@ -97,7 +99,17 @@ class CacheController:
             log.warning("%s held samples of another dataset (%s): removed %d old generation(s); writing new "
                         "ones (on_mismatch='regenerate')", path, what, len(removed))
             store = open_it(fingerprint)
-        return cls(settings, store, layout.per_consumer)
+        # A run that only reads must not leave a killed writer's debris (a stale lock, staging of
+        # another dataset, dead rotation windows) for ever: sweep it now. Generations and this
+        # dataset's partial generations stay; a live writer's things are never touched.
+        damaged = {g.id: g.damaged for g in store.generations() if g.damaged}
+        removed = {r.generation for r in store.prune(keep=sys.maxsize) if r.kind == "damaged"}
+        controller = cls(settings, store, layout.per_consumer)
+        for generation in sorted(removed & set(damaged)):
+            log.warning("generation %d of %s was damaged (%s): removed; it is written again when an epoch "
+                        "needs it", generation, store.path, damaged[generation])
+            controller.damaged[generation] = damaged[generation]
+        return controller
 
     # the plan ------------------------------------------------------------
     def generation_for(self, epoch: int) -> int:
@@ -132,7 +144,8 @@ class CacheController:
                      "generation %d", self.store.path, ahead, epoch, generation)
             self.base += ahead - generation
             return ahead, EpochMode.READ, {"moved_to": ahead}
-        damaged = next((g.damaged for g in infos if g.id == generation and g.damaged), None)
+        damaged = next((g.damaged for g in infos if g.id == generation and g.damaged),
+                       self.damaged.get(generation))
         if damaged is not None:
             log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
                         damaged)

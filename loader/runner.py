@@ -303,7 +303,7 @@ class EpochRunner:
         if s.nb_worker == 0:
             def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
                 for indices in arrays:
-                    yield [self.producer.dataset[int(i)] for i in indices]
+                    yield self.producer.samples(indices, plan.epoch)
         else:
             def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
                 compute = EpochPlan(plan.epoch, EpochMode.COMPUTE, None, arrays, np.arange(self.layout.num_samples))
@@ -329,7 +329,13 @@ class EpochRunner:
             if build.policy is BudgetPolicy.ROTATE:
                 self.switch_to_rotation()
             return
-        self.cache.commit(build, plan.epoch)
+        try:
+            self.cache.commit(build, plan.epoch)
+        except BudgetExceededError as exc:
+            # Every sample fit, the index or manifest did not: the same promise as for the samples.
+            build.abort()
+            self.give_up_caching(exc)
+            return
         stats.committed = True
 
     def switch_to_rotation(self) -> None:

@@ -170,6 +170,19 @@ class BatchProducer:
         self._writing = False
         return str(exc)
 
+    def samples(self, indices: Any, epoch: int) -> list:
+        """``dataset[i]`` for each of `indices`, in this process: a dataset error is raised as itself,
+        with the index (``sample_index``) and a note saying where, as every other path does."""
+        out = []
+        for index in (int(i) for i in indices):
+            try:
+                out.append(self.dataset[index])
+            except Exception as exc:
+                SampleError(index, exc)  # sets exc.sample_index
+                exc.add_note(f"raised by the dataset while computing sample {index} of epoch {epoch}")
+                raise
+        return out
+
     def read(self, task: m.Task, reader: Any = None) -> Any:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
         reader = reader if reader is not None else self.reader(task.reader)

@@ -297,6 +297,11 @@ class DirectoryBackend(Backend):
         if os.path.lexists(final):
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
         safefs.require_real_dir(staging, "staging area")
+        # Every writer has closed its shard by now: a temp file left is a killed writer's half-written
+        # one (a rename that never came), not part of the generation.
+        for entry in staging.iterdir():
+            if _TMP_RE.match(entry.name):
+                safefs.unlink_name(entry)
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():

@@ -167,7 +167,10 @@ def loader_settings(s: dict, run: dict, prefix: str, rotation_dir: str, ctl: str
     }
     if s["mode"] == "cache":
         kwargs["cache_setting"] = {"prefix": prefix, "update_frequency": s["K"] if s["K"] else math.inf,
-                                   "backend": s["backend"], "background_refresh": s["background_refresh"],
+                                   "backend": s["backend"],
+                                   # drawn True: refresh wherever it can run ("auto"); True would refuse
+                                   # the settings where it cannot (memory backend, K=inf, no workers)
+                                   "background_refresh": "auto" if s["background_refresh"] else False,
                                    "on_budget_exceeded": s["policy"], "on_mismatch": run["on_mismatch"]}
     else:
         setting = {"medium": s["medium"], "rotation": s["rotation"], "size": s["size"]}

@@ -1,4 +1,4 @@
-"""Bugs the chaos suite found, kept visible until fixed: each is a strict xfail.
+"""Bugs the chaos suite found, each a regression test (they were strict xfails until fixed).
 
 A seed names a whole scenario (``CHAOS_SEED=<seed> CHAOS_N=1 make chaos`` runs it again with its
 logs); where the failure depends on the exact moment a process was killed, the aftermath of that
@@ -33,13 +33,6 @@ def scenario(faults: list[str], actions: list[dict], **settings) -> dict:
     return s
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs loader fix: the disk fills during a generate epoch after its samples were written, and "
-    "the commit itself (memmap index.npy, the manifest) meets ENOSPC: EpochRunner.finish_generation "
-    "(loader/runner.py) calls CacheController.commit without applying on_budget_exceeded, so the "
-    "BudgetExceededError ends the epoch after its last batch even under 'stream' and 'rotate', which "
-    "promise to keep serving (the policy is only applied to puts: BatchProducer._stop_writing, "
-    "GenerationBuild.over_budget). Chaos: seed 3 (policy 'rotate', the disk filled after batch 1)"))
 def test_commit_on_a_full_disk_keeps_the_budget_policy(tmp_path):
     # 3 batches; the disk fills after the last one is served, before the epoch commits.
     s = scenario(["disk-full"], [{"kind": "fill-disk", "epoch": 0, "batch": 2}], policy="stream")
@@ -49,32 +42,15 @@ def test_commit_on_a_full_disk_keeps_the_budget_policy(tmp_path):
     assert not result.problems, "\n".join(result.problems)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs loader fix: with nb_worker=0 a rotation epoch calls dataset[i] directly "
-    "(EpochRunner.rotation_batches, `fresh` for nb_worker == 0, loader/runner.py), bypassing "
-    "BatchProducer and its SampleError: the dataset's exception reaches the training loop without "
-    "sample_index and without the 'raised by the dataset while computing sample i of epoch e' note "
-    "that every other path (workers, cache epochs inline) adds"))
 def test_seed_5019_dataset_error_in_a_rotation_epoch_without_workers_names_the_index(tmp_path):
     check(5019, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs fix: a run killed while writing generation g leaves .staging-<g>-<pid>-* and writer.lock; "
-    "ARCHITECTURE.md (Shutdown rules) says 'the next writer, the next loader or cachestore prune "
-    "removes them', but only a writer does (GenerationWriter.__init__ -> backend.remove_debris, "
-    "cachestore/writer.py) and prune: the next run on the prefix that only reads (its epochs all read "
-    "committed generations) opens the store (CacheController.open / Store.__init__) without sweeping "
-    "the dead writer's debris, so it stays until some later run writes"))
 def test_seed_117_next_run_that_only_reads_cleans_up_after_a_killed_writer(tmp_path):
     # run1 (K=3) is SIGKILLed while writing generation 1; run2 reads generation 0 for its 3 epochs.
     check(117, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs loader fix (known: test_full_disk NEEDS_ROTATION_FIX): a disk rotation window that meets a "
-    "full disk raises a raw OSError ENOSPC from DiskWindow.put (loader/rotation.py, via "
-    "safefs.write_new) in every epoch, instead of a BudgetExceededError (issue 12, item 5)"))
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path)
 
@@ -86,13 +62,6 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs store fix: a worker SIGKILLed inside LmdbShard._flush -> write_json_atomic (after creating "
-    "its temp file, before the rename) leaves '.stats-<shard>.json.<pid>.<hex>.tmp' in the staging "
-    "area; DirectoryBackend.commit (cachestore/backends/directory.py) lists every regular file of the "
-    "staging area into the manifest and renames it to gen-NNNNNN, where no debris sweep looks (they "
-    "only scan the store's top level): the dead worker's temp file is committed with the generation "
-    "and stays until it is pruned (chaos: lmdb, worker-kill, e.g. seeds 159 and 205 of an earlier run)"))
 def test_a_killed_workers_temp_file_is_not_committed(tmp_path):
     store = open_store(tmp_path / "store", "lmdb")
     writer = store.writer(0, num_samples=4)
@@ -111,14 +80,6 @@ def test_a_killed_workers_temp_file_is_not_committed(tmp_path):
     assert left == [], f"committed with generation {info.id}: {left}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs loader fix: when finishing a background refresh fails (a dataset exception in a chunk, a "
-    "timeout), EpochRunner.complete_refresh (loader/runner.py) calls build.abort() - removing the "
-    "staging area - before self.kill_executor(), while the other workers still compute refresh chunks "
-    "and write into it; ARCHITECTURE.md (Shutdown rules) says executor first, then the open builds. "
-    "Chaos seed 5815 (lmdb, 3 workers, K=2, refresh; about 1 run in 6): a worker's "
-    "'.stats-w0-i1.json.<pid>.<hex>.tmp' written after the removal keeps '.staging-000002-<pid>-*' alive "
-    "after close(); with the pid of a live process no sweep removes it"))
 def test_a_failed_refresh_stops_the_workers_before_removing_the_staging_area(tmp_path, monkeypatch):
     from loader import CachedLoader
     from loader.generation import GenerationBuild
@@ -149,5 +110,6 @@ def test_a_failed_refresh_stops_the_workers_before_removing_the_staging_area(tmp
         list(loader)
         with pytest.raises(ChaosError):
             list(loader)
-    assert alive_at_abort and not any(alive_at_abort), (
-        f"the refresh's staging area was removed while workers {alive_at_abort} still ran")
+    # A failed refresh keeps what it computed for the next attempt; whenever a staging area is
+    # removed, the workers that write into it are gone first.
+    assert not any(alive_at_abort), f"the refresh's staging area was removed while workers {alive_at_abort} ran"
