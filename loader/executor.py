@@ -79,6 +79,25 @@ class Executor(Protocol):
         """Stop every worker now, without waiting for running tasks (errors, abandoned epochs)."""
 
 
+class DeathListeners:
+    """The death-listener part of an :class:`Executor`, shared by the implementations."""
+
+    def __init__(self) -> None:
+        self._listeners: list[DeathListener] = []
+
+    def add_death_listener(self, listener: DeathListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_death_listener(self, listener: DeathListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def notify_death(self, shard_id: str) -> None:
+        """Tell every listener that the worker incarnation writing `shard_id` died."""
+        for listener in list(self._listeners):
+            listener(shard_id)
+
+
 class WorkerConfigFactory:
     """Builds each worker incarnation's config, with a fresh shard id every time.
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from . import messages as m
 from .errors import WorkerError
-from .executor import DeathListener, StuckWorker
+from .executor import DeathListeners, StuckWorker
 from .worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class WorkerHandle:
         return self.process.is_alive()
 
 
-class WorkerPool:
+class WorkerPool(DeathListeners):
     """A fixed number of worker processes (or threads) with per-worker pipes.
 
     The default :class:`~loader.executor.Executor` (see the shutdown note above).
@@ -95,7 +95,7 @@ class WorkerPool:
         self.max_restarts = max_restarts
         self.restarts = 0
         self._workers: list[WorkerHandle] = []
-        self._listeners: list[DeathListener] = []
+        DeathListeners.__init__(self)
         self.closed = False
         self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
         # Processes start from a thread of their own, so the constructor does not wait for them.
@@ -178,13 +178,6 @@ class WorkerPool:
     def begin_epoch(self) -> None:
         self.restarts = 0
 
-    def add_death_listener(self, listener: DeathListener) -> None:
-        self._listeners.append(listener)
-
-    def remove_death_listener(self, listener: DeathListener) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
     def submit(self, task: m.Task) -> None:
         worker = min(self.workers, key=lambda w: len(w.outstanding))
         worker.outstanding.append(task)
@@ -262,8 +255,7 @@ class WorkerPool:
                               + hint)
         log.warning("loader worker %d (pid %s) died (%s); restarting it and re-running %d unfinished batches",
                     dead.worker_id, dead.pid, how, len(dead.outstanding))
-        for listener in list(self._listeners):
-            listener(dead.shard_id)
+        self.notify_death(dead.shard_id)
         dead.conn.close()
         replacement = self._spawn(dead.worker_id)
         self._workers[self._workers.index(dead)] = replacement

@@ -59,7 +59,7 @@ from cachestore.errors import CorruptSampleError
 
 from . import messages as m
 from .errors import MissingDependencyError, WorkerError
-from .executor import DeathListener, StuckWorker
+from .executor import DeathListeners, StuckWorker
 from .settings import EpochMode
 from .worker import BatchProducer
 from .worker import _failure as task_failure
@@ -219,7 +219,7 @@ def writable(batch: Any) -> Any:
     return batch
 
 
-class RayExecutor:
+class RayExecutor(DeathListeners):
     """Compute tasks on Ray actors, read tasks in the training process (see the module docstring).
 
     Parameters
@@ -247,7 +247,7 @@ class RayExecutor:
         self.local = local
         self.workers: list[ActorHandle] = []
         self.closed = False
-        self._listeners: list[DeathListener] = []
+        DeathListeners.__init__(self)
         self._pending: dict[Any, tuple[ActorHandle, m.Task | None]] = {}  # ObjectRef -> (actor, task; None: ready)
         self._local: collections.deque[m.Task] = collections.deque()
         self._answered: collections.deque[m.BatchDone] = collections.deque()
@@ -308,13 +308,6 @@ class RayExecutor:
         while self._local:
             task = self._local.popleft()
             self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))
-
-    def add_death_listener(self, listener: DeathListener) -> None:
-        self._listeners.append(listener)
-
-    def remove_death_listener(self, listener: DeathListener) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
 
     # tasks -------------------------------------------------------------------
     def submit(self, task: m.Task) -> None:
@@ -420,8 +413,7 @@ class RayExecutor:
         dead.dead = True
         log.warning("Ray actor of loader worker %d (pid %s on node %s) died (%s); starting a new one and re-running "
                     "its unfinished batches", dead.worker_id, dead.pid, dead.node_id, type(exc).__name__)
-        for listener in list(self._listeners):
-            listener(dead.shard_id)
+        self.notify_death(dead.shard_id)
         try:
             self.ray.kill(dead.actor, no_restart=True)  # it may only look dead (an unreachable node)
         except Exception:
