@@ -25,6 +25,7 @@ from . import sampler
 from .cache import CacheController
 from .epoch import EpochPlan, EpochStats, PoolRun, run_inline, run_pool
 from .executor import Executor, WorkerConfigFactory
+from .gather import GatherPlacement
 from .generation import GenerationBuild
 from .layout import ConsumerLayout
 from .pool import WorkerPool
@@ -70,6 +71,7 @@ class EpochRunner:
         self.cache: CacheController | None = None
         self.refresh: BackgroundRefresh | None = None
         self.fallback: RotationSettings | None = None  # the window on_budget_exceeded="rotate" switched to
+        self.placement = GatherPlacement()
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset_class,
                                               settings.dataset_params, settings.batch_size)
@@ -196,8 +198,10 @@ class EpochRunner:
         if plan.mode == EpochMode.ROTATE:
             return self.rotation_batches(plan, stats)
         if s.nb_worker == 0 or (plan.mode == EpochMode.READ and not store.backend.persistent):
-            reader = store.reader(plan.generation) if plan.mode == EpochMode.READ else None
-            return run_inline(plan, self.producer, reader, build, stats)
+            if plan.mode != EpochMode.READ:
+                return run_inline(plan, self.producer, None, build, stats)
+            stats.extra["gather"] = "main"
+            return run_inline(plan, self.producer, store.reader(plan.generation), None, stats, self.local_slots())
         executor = self.ensure_executor()
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
                       s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout)
@@ -209,7 +213,21 @@ class EpochRunner:
             run.background = self.refresh
             # Reading a batch takes milliseconds: a deep queue would only hold memory.
             run.max_in_flight = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)
+            if self.refresh is None:  # a refresh needs the workers' idle time: they gather then
+                # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
+                return self.placement.batches(
+                    (store.path, plan.generation, s.batch_size), plan, stats,
+                    lambda p: run_inline(p, self.producer, store.reader(p.generation), None, stats,
+                                         self.local_slots()),
+                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight)
+            stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
+
+    def local_slots(self) -> SlotPool:
+        """Slots a read epoch gathers into in this process (those of the executor when there is one)."""
+        if self.res.slots is None:
+            self.res.slots = SlotPool(0)
+        return self.res.slots
 
     def rotation_batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
         s, window = self.settings, self.res.window

@@ -1,0 +1,87 @@
+"""Where a cached epoch gathers its batches: in the training process, or in the workers.
+
+A batch read from a committed store is one vectorised gather per leaf (plus its
+checksums). Workers do it in parallel with the training loop, but each batch
+then costs the training process a hand-off: a message, a slot mapped as
+arrays, the reorder buffer. For small samples that hand-off costs more than
+the gather itself (a cached epoch of 16-float samples ran slower with 2 workers
+than with none); for large samples the workers' parallel copies win.
+
+The rule: what counts is the training process's time per batch, since that is
+what the training loop waits for. The first read epoch of a store, generation
+and batch size probes both: its first ``PROBE_BATCHES`` batches are gathered
+in the training process, the rest by the workers, each timed from the moment
+the loop asks for a batch until it has it (the loop's own time is not
+counted; a worker batch that is ready when asked costs only its hand-off).
+The cheaper side, per batch, serves the later read epochs of that key. The
+choice and both costs are in ``EpochStats.extra`` (``"gather"``: ``"main"`` or
+``"workers"``; ``"gather_costs"``: seconds per batch). While a background
+refresh runs the workers gather (its chunks are scheduled between batch tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from .epoch import EpochPlan, EpochStats
+
+#: Batches of the first read epoch gathered in the training process to time it (the first one
+#: maps pages and is not counted).
+PROBE_BATCHES = 4
+
+
+def timed(batches: Iterable[Any], times: list[float]) -> Iterator[Any]:
+    """`batches`, appending to `times` how long each took to come (the consumer's time excluded)."""
+    it = iter(batches)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        times.append(time.perf_counter() - start)
+        yield batch
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class GatherPlacement:
+    """The gather place chosen per key (store path, generation, batch size); see the module docstring."""
+
+    def __init__(self) -> None:
+        self.choices: dict[tuple, tuple[str, dict]] = {}
+
+    def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable[[EpochPlan], Iterator[Any]],
+                pool: Callable[[EpochPlan], Iterator[Any]], warmup: int) -> Iterator[Any]:
+        """The batches of read epoch `plan`, from `inline` or `pool` (each runs a plan).
+
+        `warmup`: worker batches not counted while probing (the queue filling up).
+        """
+        known = self.choices.get(key)
+        if known is not None:
+            place, costs = known
+            stats.extra.update(gather=place, gather_costs=costs)
+            return inline(plan) if place == "main" else pool(plan)
+        return self._probe(key, plan, stats, inline, pool, warmup)
+
+    def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable, pool: Callable,
+               warmup: int) -> Iterator[Any]:
+        batches = list(plan.batches)
+        head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
+        stats.extra["gather"] = "workers"  # until the probe says otherwise
+        if not head:  # too short an epoch to time both: workers, probe the next one
+            yield from pool(plan)
+            return
+        main_times: list[float] = []
+        worker_times: list[float] = []
+        yield from timed(inline(dataclasses.replace(plan, batches=batches[:head])), main_times)
+        yield from timed(pool(dataclasses.replace(plan, batches=batches[head:])), worker_times)
+        steady = worker_times[min(warmup, len(worker_times) // 2):]
+        costs = {"main": _mean(main_times[1:]), "workers": _mean(steady)}
+        place = "main" if costs["main"] <= costs["workers"] else "workers"
+        self.choices[key] = (place, costs)
+        stats.extra.update(gather=place, gather_costs=costs, gather_probed=True)
