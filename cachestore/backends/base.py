@@ -17,6 +17,7 @@ backend only implements storage. The conformance suite in
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
 
 def flat_rows(arrays: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
     """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)`` (they must be contiguous)."""
-    return [a.reshape(n, int(np.prod(a.shape[1:], dtype=np.int64))).view(np.uint8) for a in arrays]
+    return [a.reshape(n, math.prod(a.shape[1:])).view(np.uint8) for a in arrays]
 
 
 def first_mismatch(sums: list[int], expected: list[int]) -> int | None:

@@ -43,7 +43,6 @@ import numpy as np
 
 from .. import codec
 from ..disk import is_out_of_space
-from ..errors import CorruptSampleError
 from .base import checksum, first_mismatch, flat_rows, row_checksums
 
 CHUNK_KEY = struct.Struct(">cIQ")
