@@ -72,6 +72,7 @@ class EpochRunner:
         self.refresh: BackgroundRefresh | None = None
         self.fallback: RotationSettings | None = None  # the window on_budget_exceeded="rotate" switched to
         self.placement = GatherPlacement()
+        self._reader: Any = None  # see inline_reader
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset_class,
                                               settings.dataset_params, settings.batch_size)
@@ -201,7 +202,8 @@ class EpochRunner:
             if plan.mode != EpochMode.READ:
                 return run_inline(plan, self.producer, None, build, stats)
             stats.extra["gather"] = "main"
-            return run_inline(plan, self.producer, store.reader(plan.generation), None, stats, self.local_slots())
+            return run_inline(plan, self.producer, self.inline_reader(plan.generation), None, stats,
+                              self.local_slots())
         executor = self.ensure_executor()
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
                       s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout)
@@ -217,11 +219,23 @@ class EpochRunner:
                 # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
                 return self.placement.batches(
                     (store.path, plan.generation, s.batch_size), plan, stats,
-                    lambda p: run_inline(p, self.producer, store.reader(p.generation), None, stats,
-                                         self.local_slots()),
+                    lambda p, counts: run_inline(p, self.producer, self.inline_reader(p.generation), None, counts,
+                                                 self.local_slots()),
                     lambda p: run_pool(p, run, stats), warmup=run.max_in_flight)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
+
+    def inline_reader(self, generation: int) -> Any:
+        """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).
+
+        A reader opened per epoch maps the store afresh: every page an epoch touches faulted in
+        again, which cost a cached epoch of 48 KiB samples a third of its time.
+        """
+        if self._reader is None or self._reader.generation != generation:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = self.res.store.reader(generation)
+        return self._reader
 
     def local_slots(self) -> SlotPool:
         """Slots a read epoch gathers into in this process (those of the executor when there is one)."""

@@ -340,7 +340,7 @@ class SlotPool:
         with self._lock:
             if not self._free:
                 self._new_slot()
-            slot = self._free.popleft()
+            slot = self._free.pop()  # the slot released last: its pages are the likeliest in cache
             return slot, self._names[slot], self._sizes[slot]
 
     def release(self, slot: int) -> None:
