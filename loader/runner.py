@@ -237,6 +237,13 @@ class EpochRunner:
             self._reader = self.res.store.reader(generation)
         return self._reader
 
+    def drop_reader(self) -> None:
+        """After a commit: a generation written again under the same id (it was damaged) must not
+        be served from the old files the kept reader still maps."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
     def local_slots(self) -> SlotPool:
         """Slots a read epoch gathers into in this process (those of the executor when there is one)."""
         if self.res.slots is None:
@@ -276,6 +283,7 @@ class EpochRunner:
                 self.switch_to_rotation()
             return
         self.cache.commit(build, plan.epoch)
+        self.drop_reader()
         stats.committed = True
 
     def switch_to_rotation(self) -> None:
@@ -352,6 +360,7 @@ class EpochRunner:
                             "instead", refresh.generation, problem, epoch)
                 return False
             self.cache.commit(build, epoch, background=True)
+            self.drop_reader()
         except BaseException:
             build.abort()
             self.kill_executor()

@@ -52,6 +52,8 @@ CHUNK_BYTES = 4 << 20
 #: Chunk bytes written per write transaction of the conversion.
 TXN_BYTES = 64 << 20
 LAYOUT = "columns"  # manifest "lmdb_layout"
+#: Rows wider than this are copied one by one; narrower ones with one fancy index per chunk.
+ROW_LOOP_BYTES = 4096
 _SUM = struct.Struct("<Q")
 
 
@@ -189,8 +191,16 @@ class Columns:
             c, rows = int(chunks[group[0]]), within[group]
             first = int(idx[group[0]])
             for k, d in enumerate(dest):
-                if d.shape[1]:
-                    d[group] = self._chunk(txn, k, c, first)[rows]
+                if not d.shape[1]:
+                    continue
+                chunk = self._chunk(txn, k, c, first)
+                if d.shape[1] <= ROW_LOOP_BYTES:
+                    # Rows as single void items: the fancy index then copies whole rows, not bytes.
+                    row = np.dtype((np.void, d.shape[1]))
+                    d.view(row)[group, 0] = chunk.view(row)[rows, 0]
+                else:  # wide rows: one copy each, straight into place (a fancy index copies twice)
+                    for j, r in zip(group.tolist(), rows.tolist()):
+                        d[j] = chunk[r]
             if verify:
                 expected[group] = self._chunk(txn, SUMS, c, first).view("<u8")[rows, 0]
         if verify:
