@@ -24,6 +24,7 @@ refresh runs the workers gather (its chunks are scheduled between batch tasks).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -36,14 +37,21 @@ PROBE_BATCHES = 4
 def timed(batches: Iterable[Any], times: list[float]) -> Iterator[Any]:
     """`batches`, appending to `times` how long each took to come (the consumer's time excluded)."""
     it = iter(batches)
-    while True:
-        start = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        times.append(time.perf_counter() - start)
-        yield batch
+    try:
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            times.append(time.perf_counter() - start)
+            yield batch
+    finally:
+        # An epoch broken off closes this generator: close the pool run now too, so its slots
+        # and in-flight tasks are handled as for any broken-off epoch, not whenever it is collected.
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def _mean(values: list[float]) -> float | None:
@@ -91,7 +99,9 @@ class GatherPlacement:
             pass
         yield from timed(pool(dataclasses.replace(plan, batches=batches[head:])), worker_times)
         steady = worker_times[min(warmup, len(worker_times) // 2):]
-        costs = {"main": _mean(main_times), "workers": _mean(steady)}
+        # Median for the training process (one batch that meets a page-table or allocator hiccup
+        # must not decide), mean for the workers (their batches arrive in bursts, two at a time).
+        costs = {"main": statistics.median(main_times), "workers": _mean(steady)}
         place = "main" if costs["main"] <= costs["workers"] else "workers"
         self.choices[key] = (place, costs)
         stats.extra.update(gather=place, gather_costs=costs, gather_probed=True)

@@ -202,8 +202,7 @@ class EpochRunner:
             if plan.mode != EpochMode.READ:
                 return run_inline(plan, self.producer, None, build, stats)
             stats.extra["gather"] = "main"
-            return run_inline(plan, self.producer, self.inline_reader(plan.generation), None, stats,
-                              self.local_slots())
+            return run_inline(plan, self.producer, self.inline_reader(plan.generation), None, stats)
         executor = self.ensure_executor()
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
                       s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout)
@@ -219,8 +218,7 @@ class EpochRunner:
                 # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
                 return self.placement.batches(
                     (store.path, plan.generation, s.batch_size), plan, stats,
-                    lambda p, counts: run_inline(p, self.producer, self.inline_reader(p.generation), None, counts,
-                                                 self.local_slots()),
+                    lambda p, counts: run_inline(p, self.producer, self.inline_reader(p.generation), None, counts),
                     lambda p: run_pool(p, run, stats), warmup=run.max_in_flight)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
@@ -243,12 +241,6 @@ class EpochRunner:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-
-    def local_slots(self) -> SlotPool:
-        """Slots a read epoch gathers into in this process (those of the executor when there is one)."""
-        if self.res.slots is None:
-            self.res.slots = SlotPool(0)
-        return self.res.slots
 
     def rotation_batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
         s, window = self.settings, self.res.window

@@ -59,10 +59,6 @@ log = logging.getLogger(__name__)
 
 ALIGN = 64
 MIN_SLOT = 1 << 20
-#: Batches smaller than this are gathered into new arrays by :meth:`SlotPool.gather`: lending a
-#: slot (an exporter and a finalizer per batch) costs more than a small allocation, which
-#: takes no fresh pages.
-LOCAL_GATHER_MIN_BYTES = 256 << 10
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 #: Start of the ``/proc/<pid>/maps`` path of a memfd slot (``/memfd:<label> (deleted)``).
 MEMFD_PREFIX = "/memfd:cachestore-"
@@ -381,36 +377,6 @@ class SlotPool:
         weakref.finalize(owner, self.release, slot)
         leaves = leaf_views(owner, meta["specs"], meta["offsets"])
         return codec.unflatten(meta["treedef"], leaves)
-
-    def gather(self, reader: Any, positions: np.ndarray) -> Any | None:
-        """Gather a fixed-layout batch from `reader` into a free slot, in this process.
-
-        The gather in the training process (``nb_worker=0``, or when gathering there is
-        cheaper than a hand-off from workers: see :mod:`loader.gather`). Reusing slots matters
-        here as in workers: a fresh 12 MiB array per batch costs its page faults, which took
-        more time than the copy. ``None`` when the generation has no fixed layout.
-        """
-        layout = reader.batch_layout()
-        if layout is None:
-            return None
-        treedef, sample_specs = layout
-        n = len(positions)
-        specs = [(dtype, (n, *shape)) for dtype, shape in sample_specs]
-        offsets, total = plan_layout(specs)
-        if total < LOCAL_GATHER_MIN_BYTES:
-            return None
-        slot, name, size = self.acquire()
-        try:
-            if total > size:
-                size = _round_up(total, MIN_SLOT)
-                _allocate(self._fds[slot], size)
-                self.adopt(slot, name, size)
-            reader.get_batch(positions, out=leaf_views(self._maps[slot], specs, offsets))
-        except BaseException:
-            self.release(slot)
-            raise
-        return self.view(slot, {"treedef": batch_treedef(treedef, n), "specs": specs, "offsets": offsets,
-                                "total": total, "name": name, "size": size})
 
     def close(self) -> None:
         """Release every slot (mappings still viewed by live batches stay valid until they die)."""
