@@ -46,7 +46,8 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
     backend
         ``"memmap"``, ``"lmdb"`` or ``"memory"``.
     repeats
-        Timed epochs of each, after one untimed warm-up epoch each (page
+        Timed epochs of each, after one untimed warm-up epoch each (ours: two, its first two
+        read epochs measure where to gather; page
         mapping, slots, torch's worker start-up).
     """
     import torch.utils.data as tud
@@ -69,28 +70,29 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
             raw = epoch_times(unverified, n, batch_size, repeats, seed=1)
             dl = tud.DataLoader(reader, batch_size=batch_size, shuffle=True, num_workers=workers,
                                 persistent_workers=workers > 0)
-            for _ in range(repeats + 1):  # alternate, so a neighbour's load hits both
-                for times, batches in ((ours, loader), (theirs, dl)):
+            for _batch in loader:  # the first two read epochs measure where to gather (loader/gather.py)
+                pass
+            # The same store read by a loader without workers, in the same rounds (a memory store
+            # lives in its loader: the one above reads it in-process already).
+            inline = None if backend == "memory" else CachedLoader(
+                StoredSamples, {"n": n, "shape": shape}, batch_size=batch_size, nb_worker=0, device="cpu",
+                cache_setting=setting)
+            rounds = [(ours, loader), (theirs, dl)] + ([(no_workers, inline)] if inline is not None else [])
+            for _ in range(repeats + 1):  # alternate, so a neighbour's load hits all
+                for times, batches in rounds:
                     t = time.perf_counter()
                     for _batch in batches:
                         pass
                     times.append(time.perf_counter() - t)
             del dl
+            if inline is not None:
+                inline.close()
             modes = [s.mode for s in loader.epoch_stats]
             gather_place = loader.epoch_stats[-1].extra.get("gather")
             reader.close()
-        if backend != "memory":  # a memory store lives in its loader: the one above read in-process already
-            with CachedLoader(StoredSamples, {"n": n, "shape": shape}, batch_size=batch_size, nb_worker=0,
-                              device="cpu", cache_setting=setting) as inline:
-                for epoch in range(repeats + 1):
-                    t = time.perf_counter()
-                    for _batch in inline:
-                        pass
-                    if epoch:
-                        no_workers.append(time.perf_counter() - t)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ours, theirs = ours[1:], theirs[1:]
+    ours, theirs, no_workers = ours[1:], theirs[1:], no_workers[1:]
     sample_bytes = int(np.prod(shape)) * 4 + 8
     batches = -(-n // batch_size)
     per_batch = {k: statistics.median(v) / batches for k, v in (("raw", raw), ("verified", gather), ("ours", ours))}

@@ -8,14 +8,15 @@ the gather itself (a cached epoch of 16-float samples ran slower with 2 workers
 than with none); for large samples the workers' parallel copies win.
 
 The rule: what counts is the training process's time per batch, since that is
-what the training loop waits for. The first read epoch of a store, generation
-and batch size probes both: its first ``PROBE_BATCHES`` batches are gathered
-in the training process (and timed on a second, undelivered gather of the
-same batches, once the store's pages are mapped), the rest by the workers,
-each timed from the moment the loop asks for a batch until it has it (the
-loop's own time is not counted; a worker batch that is ready when asked costs
-only its hand-off).
-The cheaper side, per batch, serves the later read epochs of that key. The
+what the training loop waits for. The first two read epochs of a store, generation
+and batch size measure both, warm: the first gathers its first
+``PROBE_BATCHES`` batches in the training process, timed on a second,
+undelivered gather of the same batches (once the store's pages are mapped),
+and the rest in the workers; the second runs on the workers, timed (their
+first epoch mapped pages and grew slots). Each batch is timed from the moment
+the loop asks for it until it has it (the loop's own time is not counted; a
+worker batch that is ready when asked costs only its hand-off). The cheaper
+side, per batch, serves the later read epochs of that key. The
 choice and both costs are in ``EpochStats.extra`` (``"gather"``: ``"main"`` or
 ``"workers"``; ``"gather_costs"``: seconds per batch). While a background
 refresh runs the workers gather (its chunks are scheduled between batch tasks).
@@ -73,14 +74,17 @@ class GatherPlacement:
         `warmup`: worker batches not counted while probing (the queue filling up).
         """
         known = self.choices.get(key)
+        if known is not None and known[0] == "pending":
+            return self._time_workers(key, plan, stats, pool, warmup, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
             return inline(plan, stats) if place == "main" else pool(plan)
-        return self._probe(key, plan, stats, inline, pool, warmup)
+        return self._probe(key, plan, stats, inline, pool)
 
-    def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable, pool: Callable,
-               warmup: int) -> Iterator[Any]:
+    def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable,
+               pool: Callable) -> Iterator[Any]:
+        """First read epoch: time the training process's gather; the workers serve the rest."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
         stats.extra["gather"] = "workers"  # until the probe says otherwise
@@ -88,7 +92,6 @@ class GatherPlacement:
             yield from pool(plan)
             return
         main_times: list[float] = []
-        worker_times: list[float] = []
         probe = dataclasses.replace(plan, batches=batches[:head])
         yield from inline(probe, stats)
         # Timed on a second gather of the same batches, not delivered: the first one also paid
@@ -97,11 +100,22 @@ class GatherPlacement:
         # at a third of the training process's real speed.
         for _ in timed(inline(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
-        yield from timed(pool(dataclasses.replace(plan, batches=batches[head:])), worker_times)
+        yield from pool(dataclasses.replace(plan, batches=batches[head:]))
+        # Median: one batch that meets a page-table or allocator hiccup must not decide.
+        self.choices[key] = ("pending", {"main": statistics.median(main_times)})
+
+    def _time_workers(self, key: tuple, plan: EpochPlan, stats: EpochStats, pool: Callable, warmup: int,
+                      costs: dict) -> Iterator[Any]:
+        """Second read epoch: time the workers, now warm (their first epoch mapped the store's
+        pages and grew their slots, as the training process's timed gathers did not pay), and decide."""
+        stats.extra["gather"] = "workers"
+        worker_times: list[float] = []
+        yield from timed(pool(plan), worker_times)
         steady = worker_times[min(warmup, len(worker_times) // 2):]
-        # Median for the training process (one batch that meets a page-table or allocator hiccup
-        # must not decide), mean for the workers (their batches arrive in bursts, two at a time).
-        costs = {"main": statistics.median(main_times), "workers": _mean(steady)}
+        if not steady:
+            return  # an empty epoch (a resume at its end): decide at the next one
+        # Mean for the workers: their batches arrive in bursts, two at a time.
+        costs = {**costs, "workers": _mean(steady)}
         place = "main" if costs["main"] <= costs["workers"] else "workers"
         self.choices[key] = (place, costs)
         stats.extra.update(gather=place, gather_costs=costs, gather_probed=True)
