@@ -86,6 +86,16 @@ def test_variable_or_mixed_samples_keep_one_record_each(make_store, store_path, 
         assert_same(make(0, i), reader[i])
 
 
+def test_wide_samples_keep_one_record_each(make_store, store_path):
+    def wide(generation: int, index: int):
+        return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1, index, dtype=np.float32), "y": index}
+
+    store = make_store("lmdb")
+    write_generation(store, 0, 4, wide)
+    assert "lmdb_layout" not in manifest(store_path)
+    check_generation(store.reader(), 0, 4, wide)
+
+
 def test_compressed_samples_keep_one_record_each(make_store, store_path):
     store = make_store("lmdb", compression="zstd")
     write_generation(store, 0, 6, fixed_sample)
