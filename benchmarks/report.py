@@ -81,16 +81,25 @@ def _throughput_section(cases: list[dict], memcpy: float | None) -> list[str]:
         ours, gather = c["ours_samples_per_s"]["median"], c["gather_samples_per_s"]["median"]
         size = f"{c['sample_bytes'] / 1024:.1f} KiB" if c["sample_bytes"] > 1024 else f"{c['sample_bytes']} B"
         gbps = ours * c["sample_bytes"]
+        no_workers = c.get("no_workers_samples_per_s")
+        split = c.get("split_s_per_batch")
         rows.append([c["backend"], size, c["n"], c["ours_reads_in"], pm(c["ours_samples_per_s"], 1e-3, "{:.1f}"),
-                     f"{gbps / 1e9:.2f}", f"{gbps / memcpy:.2f}x" if memcpy else "-", f"{gather / 1e3:.1f}",
+                     f"{gbps / 1e9:.2f}", f"{gbps / memcpy:.2f}x" if memcpy else "-",
+                     pm(no_workers, 1e-3, "{:.1f}") if no_workers else "(same)", f"{gather / 1e3:.1f}",
+                     " / ".join(f"{split[k] * 1e6:.0f}" for k in ("gather", "verify", "hand_off")) if split else "-",
                      pm(c["torch_samples_per_s"], 1e-3, "{:.1f}"), f"{c['ratio']['median']:.1f}x"])
     c0 = cases[0]
     return [f"### 2. Cached-epoch throughput: batch {c0['batch_size']}, {c0['workers']} workers, random order", "",
             "k samples/s, median ± half-range of the epochs after a warm-up epoch, ours and torch alternating. "
-            "*store gather*: `reader.get_batch` into reused buffers in one process, no loader (the ceiling). "
+            "*ours reads in*: where the loader chose to gather (loader/gather.py); *0 workers*: the same "
+            "store read by a loader with `nb_worker=0`. *store gather*: `reader.get_batch` (verified) into "
+            "reused buffers in one process, no loader. *split*: microseconds per batch of the store gather "
+            "without checksums / what verifying them adds / the rest of a loader epoch (hand-off, reorder, "
+            "tensor wrap) over the verified gather. "
             "torch: `DataLoader(store.reader(), num_workers=2)`, one sample at a time.", "",
             md_table(["backend", "sample", "samples", "ours reads in", "ours k/s", "ours GB/s", "x memcpy",
-                      "store gather k/s", "torch k/s", "ours / torch"], rows, "lrrlrrrrrr")]
+                      "0 workers k/s", "store gather k/s", "split us/batch: gather / verify / hand-off",
+                      "torch k/s", "ours / torch"], rows, "lrrlrrrrrlrr")]
 
 
 def _rotation_section(rot: dict) -> list[str]:

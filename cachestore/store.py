@@ -24,7 +24,9 @@ from .scratch import is_window_name
 from .spec import StoreSpec
 from .writer import GenerationWriter
 
-FORMAT_VERSION = 1
+#: 2: LMDB generations of fixed-shape samples are stored by column (stores made as 1 keep writing
+#: records, which the cachestore that made them reads; see cachestore/backends/lmdb_columns.py).
+FORMAT_VERSION = 2
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10

@@ -188,14 +188,19 @@ class CacheController:
                 removed = store.prune(keep=0)
                 log.info("budget has no room for two generations: removed %d old one(s) before writing %d",
                          len(removed), generation)
+        in_workers = workers_can_write(store.backend, use_threading, executor)
+        # resume: a partial generation an interrupted attempt kept is completed, not started over -
+        # where the samples it holds can be served from it: by this process (no workers), or by
+        # workers that open the store. Workers that send records (Ray, an in-RAM store) would compute
+        # them again to serve them, and serve other values than the generation then holds.
+        resume = executor is None or in_workers
         try:
-            # resume: a partial generation an interrupted attempt kept is completed, not started over.
-            writer = store.writer(generation, num_samples=self.num_samples, resume=True)
+            writer = store.writer(generation, num_samples=self.num_samples, resume=resume)
         except StoreLockedError as exc:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
-        return GenerationBuild(writer, policy, workers_can_write(store.backend, use_threading, executor))
+        return GenerationBuild(writer, policy, in_workers)
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
         """Commit a finished build, then prune older generations."""

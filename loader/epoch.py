@@ -78,7 +78,13 @@ class EpochStats:
 
 def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, build: GenerationBuild | None,
                stats: EpochStats) -> Iterator[Any]:
-    """An epoch without workers (``nb_worker=0``, or a cached epoch of an in-RAM store)."""
+    """An epoch in the training process (``nb_worker=0``, a cached epoch of an in-RAM store, or
+    a cached epoch whose gather is cheaper here than a hand-off from workers).
+
+    A read epoch gathers into new arrays: the allocator hands back the memory of the batch
+    before last, and private memory was faster to write than a reused shared-memory slot
+    (1.3 ms vs 0.9 ms for 12 MiB here, huge pages against 4 KiB ones).
+    """
     try:
         yield from _inline_batches(plan, producer, reader, build, stats)
     except SampleError as exc:

@@ -40,6 +40,7 @@ import ctypes
 import errno
 import glob
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -169,7 +170,7 @@ def plan_layout(leaf_specs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> tuple
     offsets, end = [], 0
     for dtype, shape in leaf_specs:
         offsets.append(end)
-        end = _round_up(end + dtype.itemsize * int(np.prod(shape, dtype=np.int64)), ALIGN)
+        end = _round_up(end + dtype.itemsize * math.prod(shape), ALIGN)
     return offsets, end
 
 
@@ -177,7 +178,7 @@ def leaf_views(buf: Any, specs: Sequence[tuple[np.dtype, tuple[int, ...]]], offs
     """Writable arrays over `buf`, one per leaf."""
     out = []
     for (dtype, shape), off in zip(specs, offsets):
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         out.append(np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape))
     return out
 
@@ -335,7 +336,7 @@ class SlotPool:
         with self._lock:
             if not self._free:
                 self._new_slot()
-            slot = self._free.popleft()
+            slot = self._free.pop()  # the slot released last: its pages are the likeliest in cache
             return slot, self._names[slot], self._sizes[slot]
 
     def release(self, slot: int) -> None:

@@ -18,6 +18,7 @@ backend only implements storage. The conformance suite in
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -44,6 +45,54 @@ def checksum(parts: Sequence[Any]) -> int:
     for part in parts:
         h.update(part)
     return h.intdigest()
+
+
+#: Rows up to this many bytes are hashed from one ``bytes`` copy of their block: a Python call per
+#: row on a numpy row view costs more than hashing 1 KiB.
+SMALL_ROW_BYTES = 1024
+#: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
+#: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
+VERIFY_BLOCK_BYTES = 1 << 20
+
+
+def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
+    """:func:`checksum` of each row's leaves, for rows laid out as one 2-D ``uint8`` array per leaf.
+
+    Row ``j``'s checksum hashes ``rows[0][j]``, ``rows[1][j]``, ... concatenated: the same value
+    :func:`checksum` gives for the sample's leaves, so stored checksums need no new definition.
+    """
+    rows = [r for r in rows if r.shape[1]]
+    if not rows:
+        return [checksum([b""])] * n
+    width = sum(r.shape[1] for r in rows)
+    hash_one = xxhash.xxh3_64_intdigest
+    if width <= SMALL_ROW_BYTES:
+        # One contiguous copy of the block, then a bytes slice per row: ~4x faster than a
+        # hasher fed numpy row views, which dominated a verified read of small samples.
+        data = (rows[0] if len(rows) == 1 else np.concatenate(rows, axis=1)).tobytes()
+        return [hash_one(data[o:o + width]) for o in range(0, n * width, width)]
+    if len(rows) == 1:
+        (only,) = rows
+        return [hash_one(only[j]) for j in range(n)]
+    hasher, sums = xxhash.xxh3_64(), []
+    for j in range(n):
+        hasher.reset()
+        for r in rows:
+            hasher.update(r[j])
+        sums.append(hasher.intdigest())
+    return sums
+
+
+def flat_rows(arrays: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
+    """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)`` (they must be contiguous)."""
+    return [a.reshape(n, math.prod(a.shape[1:])).view(np.uint8) for a in arrays]
+
+
+def first_mismatch(sums: list[int], expected: list[int]) -> int | None:
+    """Position of the first row whose checksum differs, or ``None``."""
+    if sums == expected:
+        return None
+    return next(j for j, (a, b) in enumerate(zip(sums, expected)) if a != b)
 
 
 def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) -> np.ndarray:

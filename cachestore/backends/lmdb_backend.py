@@ -37,6 +37,7 @@ from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from . import lmdb_columns
 from .base import GenerationData, ShardWriter, StagingData, batch_indices, checksum
 from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir, write_json_atomic
 
@@ -46,6 +47,8 @@ MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
 #: Size of a staging area's lock.mdb, allocated up front (LMDB needs 8 KiB for its default 126 readers).
 LOCK_FILE_BYTES = 64 << 10
+#: The store format (``store.json``) from which generations of fixed-shape samples are stored by column.
+COLUMNS_FORMAT = 2
 
 
 _LOG = np.dtype("<i8")  # one entry of a shard's keys-<shard>.bin
@@ -308,8 +311,32 @@ class LmdbBackend(DirectoryBackend):
         if len(keys) != n or (len(keys) and keys.max() >= n):
             raise CacheStoreError(f"generation in {staging} cannot be committed: LMDB holds {len(keys)} "
                                   f"records where its writers logged indices 0..{n - 1}")
+        summary = {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
+        if n and not self.compression and (self.read_meta() or {}).get("format", 1) >= COLUMNS_FORMAT:
+            columns = self._to_columns(staging, n)
+            if columns is not None:
+                summary.update(columns, layout="fixed", stored_bytes=raw)
         (staging / "lock.mdb").unlink(missing_ok=True)
-        return {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
+        return summary
+
+    def _to_columns(self, staging: Path, n: int) -> dict | None:
+        """Rewrite a generation of fixed-shape samples by column (see :mod:`.lmdb_columns`)."""
+        key = ("write", str(staging))
+        with _ENVS_LOCK:
+            if key in _ENVS:  # a shard writer of this process still has the environment open
+                return None
+        target = staging / ".columns"
+        env = lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False, readonly=True, lock=False)
+        try:
+            def corrupt(i: int, why: str) -> Exception:
+                return CacheStoreError(f"generation in {staging} cannot be committed: sample {i}: {why}")
+            with env.begin(buffers=True) as txn:
+                columns = lmdb_columns.convert(txn, n, target, _key, corrupt)
+        finally:
+            env.close()
+        if columns is not None:
+            lmdb_columns.replace_data(staging, target)
+        return columns
 
     def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
         return LmdbGeneration(gen_dir, manifest, self.verify)
@@ -411,6 +438,13 @@ class LmdbGeneration(GenerationData):
         self.dir = gen_dir
         self._env: Any = None
         self._pid = -1
+        self.columns: lmdb_columns.Columns | None = None
+        if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
+            try:
+                self.columns = lmdb_columns.Columns(manifest, self.num_samples, self.corrupt)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptSampleError(f"manifest of generation {self.generation} in {gen_dir} has no "
+                                         f"usable column schema: {exc}") from exc
         self.env  # open now so a damaged file fails at open, not at the first read
 
     @property
@@ -446,10 +480,12 @@ class LmdbGeneration(GenerationData):
                                      f"{size} bytes, expected at least {needed}; "
                                      "the generation is damaged (prune it and rewrite)")
         entries = env.stat()["entries"]
-        if entries != self.num_samples:  # a commit stores exactly indices 0..n-1
+        # A commit stores exactly indices 0..n-1, or each chunk of each column once.
+        expected = self.num_samples if self.columns is None else self.columns.entries()
+        if entries != expected:
             env.close()
             raise CorruptSampleError(f"data file {data} of generation {self.generation} holds {entries} records "
-                                     f"but its manifest says {self.num_samples} samples")
+                                     f"but its manifest says {expected} ({self.num_samples} samples)")
         return env
 
     def _leaves(self, i: int, value: Any, copy: bool) -> tuple[tuple, list[np.ndarray]]:
@@ -472,6 +508,12 @@ class LmdbGeneration(GenerationData):
 
     def read(self, index: int, copy: bool = True) -> Any:
         i = self.check_index(index)
+        if self.columns is not None:
+            try:
+                with self.env.begin(buffers=True) as txn:
+                    return codec.unflatten(self.columns.schema, self.columns.read(txn, i, self.verify))
+            except lmdb.Error as exc:
+                raise self.corrupt(i, f"LMDB error: {exc}") from exc
         try:
             with self.env.begin() as txn:
                 value = txn.get(_key(i))
@@ -479,7 +521,18 @@ class LmdbGeneration(GenerationData):
             raise self.corrupt(i, f"LMDB error: {exc}") from exc
         return self._decode(i, value, copy)
 
+    def batch_layout(self) -> tuple[tuple, list] | None:
+        return (self.columns.schema, self.columns.specs) if self.columns is not None else None
+
     def read_batch(self, indices: Any, out: Any = None) -> Any:
+        if self.columns is not None:
+            idx = batch_indices(indices, self.num_samples, self.generation)
+            try:
+                with self.env.begin(buffers=True) as txn:
+                    out = self.columns.gather(txn, idx, out, self.verify)
+            except lmdb.Error as exc:
+                raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
+            return codec.unflatten_batch(self.columns.schema, out)
         if out is not None:
             raise ValueError("out= is only supported for generations with a fixed layout")
         checked = batch_indices(indices, self.num_samples, self.generation).tolist()

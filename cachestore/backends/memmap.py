@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import xxhash
 
 from .. import codec, safefs
 from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-from .base import GenerationData, ShardWriter, StagingData, batch_indices, checksum, gather_columns
+from .base import (VERIFY_BLOCK_BYTES, GenerationData, ShardWriter, StagingData, batch_indices, checksum,
+                   first_mismatch, flat_rows, gather_columns, row_checksums)
 from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir
 
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
@@ -415,35 +415,32 @@ class MemmapGeneration(GenerationData):
                 raise ValueError("out= is only supported for generations with a fixed layout")
             return stack_samples([self.read(i, copy=False) for i in indices])
         idx = batch_indices(indices, self.num_samples, self.generation)
-        out = gather_columns(self.columns, self.specs, idx, out)
         if self.verify:
-            self._verify_rows(idx, out)
+            out = self._gather_verified(idx, out)
+        else:
+            out = gather_columns(self.columns, self.specs, idx, out)
         return codec.unflatten_batch(self.schema, out)
 
-    def _verify_rows(self, idx: np.ndarray, out: list[np.ndarray]) -> None:
-        """Check the checksum of every gathered row (what :func:`checksum` of its leaves gives).
+    def _gather_verified(self, idx: np.ndarray, out: list[np.ndarray] | None) -> list[np.ndarray]:
+        """Gather rows `idx` into `out` and check each row's checksum, block by block.
 
-        Hashing 48 KiB takes ~1.5 us; building per-row lists of views and a hasher each time
-        cost as much again. So: flat byte rows made once per batch, one reused hasher, and
-        expected sums as Python ints.
+        A block (``VERIFY_BLOCK_BYTES``) is gathered, then hashed while it is still in cache:
+        gathering the whole batch first and hashing it after read every byte from memory twice
+        (a 12 MiB batch does not fit in cache), which cost a third of the read's speed.
         """
-        flat = [dest.reshape(idx.size, count).view(np.uint8)
-                for dest, (_, shape) in zip(out, self.specs)
-                if (count := int(np.prod(shape, dtype=np.int64)))]
+        n = idx.size
+        if out is None:
+            out = [np.empty((n, *shape), dtype=dtype) for dtype, shape in self.specs]
+        rows = flat_rows(out, n)
         expected = self.rows["checksum"][idx].tolist()
-        if len(flat) == 1:
-            (rows,) = flat
-            bad = [j for j in range(idx.size) if xxhash.xxh3_64_intdigest(rows[j]) != expected[j]]
-        else:
-            hasher, bad = xxhash.xxh3_64(), []
-            for j in range(idx.size):
-                hasher.reset()
-                for rows in flat:
-                    hasher.update(rows[j])
-                if hasher.intdigest() != expected[j]:
-                    bad.append(j)
-        if bad:
-            raise self.corrupt(int(idx[bad[0]]), "checksum mismatch")
+        block = max(1, VERIFY_BLOCK_BYTES // max(1, sum(r.shape[1] for r in rows)))
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            gather_columns(self.columns, self.specs, idx[lo:hi], [dest[lo:hi] for dest in out])
+            bad = first_mismatch(row_checksums([r[lo:hi] for r in rows], hi - lo), expected[lo:hi])
+            if bad is not None:
+                raise self.corrupt(int(idx[lo + bad]), "checksum mismatch")
+        return out
 
     def close(self) -> None:
         self.columns = []

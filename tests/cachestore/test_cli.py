@@ -121,7 +121,7 @@ def test_inspect_shows_store_generations_and_producer(tmp_path, capsys):
     store = build(tmp_path / "cache")
     code, out, err = run(capsys, "inspect", store)
     assert code == 0 and err == ""
-    assert "memmap (format 1, compression none)" in out
+    assert "memmap (format 2, compression none)" in out
     assert "dataset: mypkg.MyDataset" in out
     assert '"root": "/data/train"' in out
     assert "kwargs:  9f2c" in out  # the fingerprint, one key per line
@@ -150,7 +150,7 @@ def test_inspect_json_is_one_machine_readable_document(tmp_path, capsys):
     assert code == 0
     assert doc["path"] == str(store) and doc["rotation_windows"] == []
     (info,) = doc["stores"]
-    assert (info["backend"], info["format"], info["compression"]) == ("memmap", 1, None)
+    assert (info["backend"], info["format"], info["compression"]) == ("memmap", 2, None)
     assert info["fingerprint"] == FINGERPRINT and info["producer"] == PRODUCER
     assert info["writer_pid"] is None and info["stale_lock"] is None and info["debris"] == []
     assert [(g["id"], g["state"], g["epochs"], g["num_samples"]) for g in info["generations"]] == [

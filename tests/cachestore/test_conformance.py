@@ -91,7 +91,7 @@ def test_fixed_shape_dataset(make_store, backend, compression):
     write_generation(store, 0, 20, stackable)
     reader = store.reader()
     check_generation(reader, 0, 20, stackable)
-    if backend in ("memmap", "memory") and compression is None:
+    if compression is None:
         # The columnar layout: a batch is one gather per leaf, optionally into the caller's arrays.
         layout = reader.batch_layout()
         assert layout is not None

@@ -47,17 +47,29 @@ def corrupt_sample(gen_dir: Path, backend: str, compression: str | None, index: 
     # LMDB may hold stale copies of a page (copy-on-write); flip the value everywhere it appears.
     import lmdb
 
+    from cachestore.backends.lmdb_columns import chunk_key
+
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    columns = manifest.get("lmdb_layout") == "columns"
     env = lmdb.open(str(gen_dir), readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            value = txn.get(index.to_bytes(8, "big"))  # checksum | record: unique to this sample
+            if columns:  # the chunk of the first leaf that holds the sample
+                chunk, row = divmod(index, manifest["chunk_rows"])
+                value = txn.get(chunk_key(0, chunk))
+                rows = min(manifest["chunk_rows"], manifest["num_samples"] - chunk * manifest["chunk_rows"])
+                width = len(value) // rows
+                inside = row * width + width // 2
+            else:
+                value = txn.get(index.to_bytes(8, "big"))  # checksum | record: unique to this sample
+                inside = len(value) // 2
     finally:
         env.close()
     data = (gen_dir / "data.mdb").read_bytes()
     offset = data.find(value)
     assert offset >= 0
     while offset >= 0:
-        flip(gen_dir / "data.mdb", offset + len(value) // 2)
+        flip(gen_dir / "data.mdb", offset + inside)
         offset = data.find(value, offset + 1)
 
 

@@ -1,0 +1,121 @@
+"""Where a cached epoch gathers its batches: in the training process, or in the workers.
+
+A batch read from a committed store is one vectorised gather per leaf (plus its
+checksums). Workers do it in parallel with the training loop, but each batch
+then costs the training process a hand-off: a message, a slot mapped as
+arrays, the reorder buffer. For small samples that hand-off costs more than
+the gather itself (a cached epoch of 16-float samples ran slower with 2 workers
+than with none); for large samples the workers' parallel copies win.
+
+The rule: what counts is the training process's time per batch, since that is
+what the training loop waits for. The first two read epochs of a store, generation
+and batch size measure both, warm: the first gathers its first
+``PROBE_BATCHES`` batches in the training process, timed on a second,
+undelivered gather of the same batches (once the store's pages are mapped),
+and the rest in the workers; the second runs on the workers, timed (their
+first epoch mapped pages and grew slots). Each batch is timed from the moment
+the loop asks for it until it has it (the loop's own time is not counted; a
+worker batch that is ready when asked costs only its hand-off). The cheaper
+side, per batch, serves the later read epochs of that key. The
+choice and both costs are in ``EpochStats.extra`` (``"gather"``: ``"main"`` or
+``"workers"``; ``"gather_costs"``: seconds per batch). While a background
+refresh runs the workers gather (its chunks are scheduled between batch tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from .epoch import EpochPlan, EpochStats
+
+#: Batches of the first read epoch gathered in the training process to time it.
+PROBE_BATCHES = 4
+
+
+def timed(batches: Iterable[Any], times: list[float]) -> Iterator[Any]:
+    """`batches`, appending to `times` how long each took to come (the consumer's time excluded)."""
+    it = iter(batches)
+    try:
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            times.append(time.perf_counter() - start)
+            yield batch
+    finally:
+        # An epoch broken off closes this generator: close the pool run now too, so its slots
+        # and in-flight tasks are handled as for any broken-off epoch, not whenever it is collected.
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class GatherPlacement:
+    """The gather place chosen per key (store path, generation, batch size); see the module docstring."""
+
+    def __init__(self) -> None:
+        self.choices: dict[tuple, tuple[str, dict]] = {}
+
+    def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
+                inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
+                pool: Callable[[EpochPlan], Iterator[Any]], warmup: int) -> Iterator[Any]:
+        """The batches of read epoch `plan`, from `inline` or `pool` (each runs a plan; `inline`
+        counts into the stats it is given).
+
+        `warmup`: worker batches not counted while probing (the queue filling up).
+        """
+        known = self.choices.get(key)
+        if known is not None and known[0] == "pending":
+            return self._time_workers(key, plan, stats, pool, warmup, known[1])
+        if known is not None:
+            place, costs = known
+            stats.extra.update(gather=place, gather_costs=costs)
+            return inline(plan, stats) if place == "main" else pool(plan)
+        return self._probe(key, plan, stats, inline, pool)
+
+    def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable,
+               pool: Callable) -> Iterator[Any]:
+        """First read epoch: time the training process's gather; the workers serve the rest."""
+        batches = list(plan.batches)
+        head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
+        stats.extra["gather"] = "workers"  # until the probe says otherwise
+        if not head:  # too short an epoch to time both: workers, probe the next one
+            yield from pool(plan)
+            return
+        main_times: list[float] = []
+        probe = dataclasses.replace(plan, batches=batches[:head])
+        yield from inline(probe, stats)
+        # Timed on a second gather of the same batches, not delivered: the first one also paid
+        # for mapping the store's pages into this process, which a later epoch does not (its
+        # reader stays open), and a probe that counted it sent 48 KiB samples to the workers
+        # at a third of the training process's real speed.
+        for _ in timed(inline(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
+            pass
+        yield from pool(dataclasses.replace(plan, batches=batches[head:]))
+        # Median: one batch that meets a page-table or allocator hiccup must not decide.
+        self.choices[key] = ("pending", {"main": statistics.median(main_times)})
+
+    def _time_workers(self, key: tuple, plan: EpochPlan, stats: EpochStats, pool: Callable, warmup: int,
+                      costs: dict) -> Iterator[Any]:
+        """Second read epoch: time the workers, now warm (their first epoch mapped the store's
+        pages and grew their slots, as the training process's timed gathers did not pay), and decide."""
+        stats.extra["gather"] = "workers"
+        worker_times: list[float] = []
+        yield from timed(pool(plan), worker_times)
+        steady = worker_times[min(warmup, len(worker_times) // 2):]
+        if not steady:
+            return  # an empty epoch (a resume at its end): decide at the next one
+        # Mean for the workers: their batches arrive in bursts, two at a time.
+        costs = {**costs, "workers": _mean(steady)}
+        place = "main" if costs["main"] <= costs["workers"] else "workers"
+        self.choices[key] = (place, costs)
+        stats.extra.update(gather=place, gather_costs=costs, gather_probed=True)

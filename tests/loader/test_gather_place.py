@@ -1,0 +1,73 @@
+"""Where cached epochs gather: measured in the first two read epochs of a store, generation and
+batch size, then kept.
+
+Which side wins depends on the machine, so these tests force it (through the
+recorded choice) and check that both sides serve the same batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loader import CachedLoader
+from loader.gather import PROBE_BATCHES
+
+from .datasets import ArangeDataset
+
+pytestmark = pytest.mark.timeout(120)
+
+N, BATCH = 96, 4  # 24 batches: enough to probe (2 * PROBE_BATCHES + 2)
+
+
+def epoch_labels(loader) -> list[int]:
+    labels = []
+    for batch in loader:
+        assert np.array_equal(np.asarray(batch["x"])[:, 0, 0], np.asarray(batch["y"], dtype=np.float32))
+        labels += np.asarray(batch["y"]).tolist()
+    return labels
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (64, 64)])  # a small batch and one gathered into a slot
+def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, shape):
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
+    with CachedLoader(ArangeDataset, {"n": N, "shape": shape}, batch_size=BATCH, nb_worker=2, shuffle=True,
+                      cache_setting=setting) as loader:
+        epoch_labels(loader)  # generate
+        for _ in range(2):  # the training process's gather timed, then the workers'
+            probe = epoch_labels(loader)
+            stats = loader.epoch_stats[-1]
+            assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
+        assert "gather_probed" not in loader.epoch_stats[-2].extra
+        first = loader.epoch_stats[-1]
+        assert first.extra["gather_probed"] and first.extra["gather"] in ("main", "workers")
+        costs = first.extra["gather_costs"]
+        assert costs["main"] > 0 and costs["workers"] > 0
+        choice = first.extra["gather"]
+        for place in ("main", "workers", choice):
+            # The recorded choice is what later epochs follow: force each side in turn.
+            key = next(iter(loader._runner.placement.choices))
+            loader._runner.placement.choices[key] = (place, costs)
+            labels = epoch_labels(loader)
+            stats = loader.epoch_stats[-1]
+            assert sorted(labels) == list(range(N)) and stats.read == N
+            assert stats.extra["gather"] == place and "gather_probed" not in stats.extra
+
+
+def test_a_short_epoch_reads_in_workers_without_a_verdict(tmp_path):
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
+    n = BATCH * (2 * PROBE_BATCHES + 1)
+    with CachedLoader(ArangeDataset, {"n": n, "shape": (2, 2)}, batch_size=BATCH, nb_worker=2, cache_setting=setting) as loader:
+        for _ in range(3):
+            assert sorted(epoch_labels(loader)) == list(range(n))
+        stats = loader.epoch_stats[-1]
+        assert stats.extra["gather"] == "workers" and "gather_costs" not in stats.extra
+
+
+def test_without_workers_the_training_process_gathers(tmp_path):
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
+    with CachedLoader(ArangeDataset, {"n": 16, "shape": (64, 64)}, batch_size=4, nb_worker=0,
+                      cache_setting=setting) as loader:
+        for _ in range(3):
+            assert sorted(epoch_labels(loader)) == list(range(16))
+        assert loader.epoch_stats[-1].extra["gather"] == "main"
