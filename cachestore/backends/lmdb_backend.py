@@ -84,7 +84,8 @@ def _disk_full(path: Path, needed: int) -> bool:
 # shared and counted. An entry inherited through fork is closed in the child - that touches
 # none of the parent's locks or reader slots - and opened afresh.
 _ENVS: dict[Any, list] = {}  # key -> [pid, env, refs]
-_ENVS_LOCK = threading.Lock()
+# Re-entrant: opening an environment may run garbage collection, whose finalizers release others.
+_ENVS_LOCK = threading.RLock()
 
 
 def _acquire_env(key: Any, opener: Callable[[], Any]) -> Any:

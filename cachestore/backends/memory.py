@@ -194,7 +194,11 @@ class MemoryStaging(StagingData):
         self.staging = staging
 
     def read(self, index: int) -> Any:
-        treedef, leaves = self.staging.samples[index]
+        st = self.staging
+        if index in st.samples:
+            treedef, leaves = st.samples[index]
+        else:  # in its row of the columns
+            treedef, leaves = st.schema, [col[index] for col in st.columns]
         return codec.unflatten(treedef, [np.array(leaf) for leaf in leaves])
 
 
@@ -279,7 +283,7 @@ class MemoryBackend(Backend):
         return token
 
     def present(self, token: MemoryToken) -> np.ndarray:
-        return np.array(sorted(self._staging[token.key].samples), dtype=np.int64)
+        return np.array(sorted(self._staging[token.key].indices()), dtype=np.int64)
 
     def open_staging(self, token: MemoryToken) -> StagingData:
         return MemoryStaging(self._staging[token.key])
