@@ -6,7 +6,6 @@ import errno
 import os
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from cachestore import BudgetExceededError, open_store
 from cachestore.backends.base import ShardWriter
 from cachestore.disk import allocated_bytes
 
+from ..fullfs import mounted_tmpfs
 from .helpers import check_generation, fixed_sample, leftovers, write_generation
 
 SIZE_RE = r"([\d.]+) (B|KiB|MiB|GiB)"
@@ -111,19 +111,8 @@ def test_a_generation_over_budget_never_commits(make_store, store_path, backend)
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A real 2 MiB tmpfs (we may be root in a container that forbids mounts: then skip)."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                       check=True, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", None) or exc
-        pytest.skip(f"mounting a 2 MiB tmpfs is not permitted here ({str(detail).strip()}); "
-                    "test_simulated_enospc_aborts_cleanly covers the code path")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny", "2m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=True, timeout=30)
 
 
 def test_real_enospc_aborts_cleanly(tiny_fs, disk_backend):
