@@ -270,6 +270,7 @@ class CachedLoader:
         self._close_active(superseded_by=epoch)
         if self._restore is not None:
             self._runner.restore(self._restore["cache"], self._restore["rotation_fallback"])
+            self._runner.adopt_window(self._restore["rotation_window"], epoch, skip)
             self._restore = None
         self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
         self._progress = EpochProgress(epoch, skip)
@@ -310,13 +311,15 @@ class CachedLoader:
             epoch, served = progress.epoch, progress.served
         else:
             epoch, served = self._next_epoch, self._skip
+        window = self._runner.window_path() if self._runner is not None else None
         if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
             cache, fallback = self._restore["cache"], self._restore["rotation_fallback"]
+            window = self._restore["rotation_window"]
         elif self._runner is not None:
             cache, fallback = self._runner.snapshot()
         else:
             cache, fallback = None, None
-        return make_state(self.settings, self.num_samples, epoch, served, cache, fallback)
+        return make_state(self.settings, self.num_samples, epoch, served, cache, fallback, window)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the run `state` was taken from (call before iterating).
@@ -335,7 +338,8 @@ class CachedLoader:
         if self._runner is not None:
             self._runner.layout.seed = state["seed"]
         self._next_epoch, self._skip = state["epoch"], state["batches_served"]
-        self._restore = {"cache": state.get("cache"), "rotation_fallback": state.get("rotation_fallback")}
+        self._restore = {"cache": state.get("cache"), "rotation_fallback": state.get("rotation_fallback"),
+                         "rotation_window": state.get("rotation_window")}
 
     def _close_active(self, superseded_by: int | None = None) -> None:
         active = self._active() if self._active is not None else None

@@ -31,8 +31,12 @@ boundary left to place its double at.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -41,9 +45,14 @@ import numpy as np
 
 from cachestore import codec, safefs
 from cachestore.disk import is_out_of_space, out_of_space, remove_paths
+from cachestore.errors import CacheStoreError
 from cachestore.scratch import dead_windows, new_window_dir
 
 log = logging.getLogger(__name__)
+
+#: A disk window's record of how far its epoch got (see DiskWindow.adopt).
+POSITION = "position.json"
+_SLOT_RE = re.compile(r"^slot-(\d+)\.rec$")
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,9 @@ class RotationWindow(Protocol):
     def held(self) -> int:
         """Slots holding a sample now."""
 
+    def mark(self, epoch: int, applied: int, clean: bool) -> None:
+        """Record how far epoch `epoch` got: `applied` batches in, `clean` when none is half applied."""
+
     def close(self) -> None:
         """Release everything (files included)."""
 
@@ -195,6 +207,9 @@ class MemoryWindow:
     def held(self) -> int:
         return sum(s is not None for s in self._samples)
 
+    def mark(self, epoch: int, applied: int, clean: bool) -> None:
+        pass  # a memory window dies with its process: nothing to resume from
+
     def close(self) -> None:
         self._samples = []
 
@@ -203,8 +218,10 @@ class DiskWindow:
     """The window as one record file per slot under ``<prefix>/rotation-<pid>-<hex>/``.
 
     At most one file per slot, so the bytes on disk stay within the window's
-    samples. The directory is removed on close; one left by a crashed process
-    is removed by the next loader using the prefix, or by ``cachestore prune``.
+    samples. The directory is removed on close. One left by a crashed process
+    is adopted by a run that resumes exactly where it stopped (``position.json``
+    says how far its epoch got), and otherwise removed at the next loader's
+    first rotation epoch, or by ``cachestore prune``.
     """
 
     def __init__(self, prefix: str, slots: int) -> None:
@@ -212,18 +229,63 @@ class DiskWindow:
         self._made_root = not root.exists()
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        stale = dead_windows(root)
-        if stale:
-            remove_paths([path for path, _ in stale])
-            log.info("removed %d rotation window(s) left by dead processes under %s", len(stale), root)
+        # Swept at the first epoch, not now: a resumed run adopts one of them first (see adopt()).
+        self._stale: list[str] | None = [path for path, _ in dead_windows(root)]
         self.path = new_window_dir(root)
         self.slots = slots
         self._held = [False] * slots
+        self._resume: tuple[int, int] | None = None  # (epoch, batches applied) of an adopted window
+
+    def adopt(self, path: str, epoch: int, applied: int) -> bool:
+        """Take over the window a killed run left at `path`, if it stopped after `applied` batches of `epoch`.
+
+        Returns whether it was adopted: its slot files then serve the rest of
+        that epoch, and no sample it holds is computed again.
+        """
+        old = Path(path)
+        if self._stale is None or str(old) not in self._stale or old.parent != self.root:
+            return False
+        try:
+            position = safefs.read_json(old / POSITION, "a rotation window position")
+        except (OSError, ValueError, CacheStoreError):
+            return False
+        if position != {"epoch": epoch, "applied": applied, "clean": True, "slots": self.slots}:
+            return False  # it went on (or was cut mid-batch) after the state was taken: rebuild instead
+        for entry in old.iterdir():
+            match = _SLOT_RE.match(entry.name)
+            if match and int(match.group(1)) < self.slots and stat.S_ISREG(entry.lstat().st_mode):
+                os.rename(entry, self._file(int(match.group(1))))
+                self._held[int(match.group(1))] = True
+        self._resume = (epoch, applied)
+        log.info("adopted the rotation window of a stopped run at batch %d of epoch %d", applied, epoch)
+        return True
+
+    def resumes(self, epoch: int, applied: int) -> bool:
+        """Whether this window already holds the state after `applied` batches of `epoch` (adopted)."""
+        return self._resume == (epoch, applied)
 
     def reset(self) -> None:
+        self._resume = None
+        stale, self._stale = self._stale or [], None
+        if stale:
+            remove_paths([path for path in stale if os.path.lexists(path)])
+            log.info("removed %d rotation window(s) left by dead processes under %s", len(stale), self.root)
         for slot in range(self.slots):
             if self._held[slot]:
                 self.free(slot)
+
+    def mark(self, epoch: int, applied: int, clean: bool) -> None:
+        # Atomic (temp name, rename): a kill leaves the old position or the new one, never a torn one.
+        tmp = self.path / f".{POSITION}.tmp"
+        try:
+            tmp.unlink(missing_ok=True)
+            safefs.write_new(tmp, json.dumps({"epoch": epoch, "applied": applied, "clean": clean,
+                                              "slots": self.slots}).encode())
+            os.replace(tmp, self.path / POSITION)
+        except OSError:
+            # No room for a few bytes: this window just cannot be resumed from; serving goes on.
+            tmp.unlink(missing_ok=True)
+            (self.path / POSITION).unlink(missing_ok=True)
 
     def _file(self, slot: int) -> Path:
         return self.path / f"slot-{slot}.rec"
@@ -252,6 +314,8 @@ class DiskWindow:
         return sum(self._held)
 
     def close(self) -> None:
+        stale, self._stale = self._stale or [], None
+        remove_paths([path for path in stale if os.path.lexists(path)])
         shutil.rmtree(self.path, ignore_errors=True)
         if self._made_root:
             try:
@@ -262,27 +326,38 @@ class DiskWindow:
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,
                  fresh_batches: Callable[[Iterator[np.ndarray]], Iterator[list]], collate: Callable[[list], Any],
-                 stats: Any, rng: np.random.Generator, skip: int = 0) -> Iterator[Any]:
-    """Serve one rotation epoch (from batch `skip` on, after a resume).
+                 stats: Any, rng: np.random.Generator, skip: int = 0, epoch: int = 0,
+                 adopted: bool = False) -> Iterator[Any]:
+    """Serve one rotation epoch `epoch` (from batch `skip` on, after a resume).
 
     ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
     sample lists, one per array, in order (computed ahead by the workers).
     The serves of a batch are applied in schedule order - a slot's last read
     and free come before its next sample is stored, so a slot never holds two
     samples - and delivered in random order. The first `skip` batches are
-    replayed without being delivered: a resumed epoch rebuilds the window
-    (its fresh samples are computed again) and draws the same random numbers.
+    not delivered: with a window `adopted` from the stopped run they are only
+    counted (it already holds what they left), otherwise they are replayed -
+    the window is rebuilt, its fresh samples computed again. Either way the
+    same random numbers are drawn. The window records its position around
+    every batch (:meth:`RotationWindow.mark`).
     """
     batches = iter(schedule)
     pending: list[list[Serve]] = []
 
     def upcoming() -> Iterator[np.ndarray]:
-        for batch in batches:
+        for number, batch in enumerate(batches):
             pending.append(batch)
-            yield np.array([dataset_index[s.sample] for s in batch if s.fresh], dtype=np.int64)
+            if adopted and number < skip:
+                yield np.zeros(0, dtype=np.int64)  # nothing to compute: the window holds its state
+            else:
+                yield np.array([dataset_index[s.sample] for s in batch if s.fresh], dtype=np.int64)
 
     for number, samples in enumerate(fresh_batches(upcoming())):
         batch = pending.pop(0)
+        if adopted and number < skip:
+            rng.permutation(len(batch))  # the draws of the stopped run, to stay in step with it
+            continue
+        window.mark(epoch, number, clean=False)
         served: list[Any] = []
         fresh = iter(samples)
         for serve in batch:
@@ -294,6 +369,7 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
                 served.append(window.get(serve.slot))
                 if serve.last:
                     window.free(serve.slot)
+        window.mark(epoch, number + 1, clean=True)
         stats.computed += len(samples)
         order = rng.permutation(len(served))
         if number < skip:

@@ -330,7 +330,9 @@ class EpochRunner:
         rng = np.random.default_rng([s.seed, plan.epoch, 2])
         schedule = rotation_schedule(len(plan.indices), s.rotation.rotation, window.slots, s.batch_size,
                                      s.drop_last, rng)
-        window.reset()
+        adopted = plan.skip > 0 and isinstance(window, DiskWindow) and window.resumes(plan.epoch, plan.skip)
+        if not adopted:
+            window.reset()
         if s.nb_worker == 0:
             def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list]:
                 for indices in arrays:
@@ -345,7 +347,7 @@ class EpochRunner:
         # workers compute, which varies, so a shared one would make the batches depend on timing.
         shuffle = np.random.default_rng([s.seed, plan.epoch, 3])
         return run_rotation(schedule, plan.indices, window, fresh, s.collate_fn or stack_samples, stats, shuffle,
-                            skip=plan.skip)
+                            skip=plan.skip, epoch=plan.epoch, adopted=adopted)
 
     def finish_generation(self, plan: EpochPlan, build: GenerationBuild, stats: EpochStats) -> None:
         """End of a generate epoch: commit, or give up caching as the budget policy says."""
@@ -405,6 +407,17 @@ class EpochRunner:
         """The cache plan and the rotation fallback, as plain values (see :mod:`loader.state`)."""
         cache = self.cache.snapshot() if self.cache is not None else None
         return cache, rotation_as_dict(self.fallback) if self.fallback is not None else None
+
+    def window_path(self) -> str | None:
+        """Where the disk rotation window lives (a resumed run adopts it), ``None`` for none."""
+        window = self.res.window
+        return str(window.path) if isinstance(window, DiskWindow) else None
+
+    def adopt_window(self, path: str | None, epoch: int, applied: int) -> None:
+        """Take over a stopped run's disk window when it stopped exactly after `applied` batches of `epoch`."""
+        window = self.res.window
+        if path is not None and applied > 0 and isinstance(window, DiskWindow):
+            window.adopt(path, epoch, applied)
 
     def restore(self, cache: dict | None, fallback: dict | None) -> None:
         """Continue the plan of the run a state was taken from."""

@@ -42,17 +42,20 @@ def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, Any]:
 
 
 def make_state(settings: LoaderSettings, num_samples: int, epoch: int, served: int,
-               cache: dict | None, rotation_fallback: dict | None) -> dict:
+               cache: dict | None, rotation_fallback: dict | None, window: str | None = None) -> dict:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
-    rotation window ``on_budget_exceeded="rotate"`` switched to (as a dict).
+    rotation window ``on_budget_exceeded="rotate"`` switched to (as a dict);
+    `window` the directory of a disk rotation window, which a resumed run
+    adopts when this run stopped right there.
     """
     identity = _identity(settings, num_samples)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": settings.seed,
-            "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback}
+            "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
+            "rotation_window": window}
 
 
 def rotation_as_dict(rotation: RotationSettings) -> dict:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def leg(tmp, name, setting, load=None, stop_after=None, epochs=5, stats=False):
+def leg(tmp, name, setting, load=None, stop_after=None, epochs=5, die=False, stats=False):
     out = tmp / f"{name}.json"
     cmd = [sys.executable, "-m", "tests.loader.resume_script", str(out), "--setting", json.dumps(setting),
            "--epochs", str(epochs)]
@@ -29,6 +29,8 @@ def leg(tmp, name, setting, load=None, stop_after=None, epochs=5, stats=False):
         cmd += ["--load", str(state_file)]
     if stop_after is not None:
         cmd += ["--stop-after", str(stop_after)]
+    if die:
+        cmd += ["--die"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -116,6 +118,29 @@ def test_rotation_resumes_mid_epoch(no_leaks):
     assert [(e, idx, v) for e, _, idx, v in first + second] == [(e, idx, v) for e, _, idx, v in golden]
 
 
+@pytest.mark.parametrize("die", [True, False])
+def test_a_disk_rotation_window_survives_a_stopped_run(no_leaks, die):
+    """Stopped right after its checkpoint (preempted), the window is adopted: nothing is computed twice."""
+    calls = no_leaks / "calls"
+    calls.mkdir()
+    window = no_leaks / "window"
+    setting = {"params": {"n": 23, "shape": [2], "counter_dir": str(calls)}, "batch_size": 4, "nb_worker": 0,
+               "seed": 5, "rotation": {"medium": "disk", "rotation": 3, "size": 6, "prefix": str(window)}}
+    golden_setting = {**setting, "params": {"n": 23, "shape": [2]},
+                      "rotation": {**setting["rotation"], "prefix": str(no_leaks / "golden-window")}}
+    golden, _ = leg(no_leaks, "golden", golden_setting, epochs=1)
+    first, state = leg(no_leaks, "first", setting, stop_after=7, epochs=1, die=die)
+    first_calls = len(read_calls(str(calls)))
+    second, _ = leg(no_leaks, "second", setting, load=state, epochs=1)
+    assert [(e, idx, v) for e, _, idx, v in first + second] == [(e, idx, v) for e, _, idx, v in golden]
+    total = len(read_calls(str(calls)))
+    if die:
+        assert total == 23, "the adopted window's samples were computed again"
+    else:
+        assert total > 23 and first_calls < 23  # closed normally: the window is gone, the epoch replays it
+    assert not [p for p in window.iterdir() if p.name.startswith("rotation-")] if window.exists() else True
+
+
 def test_state_is_small_plain_and_pickles(tmp_path):
     with CachedLoader(ArangeDataset, {"n": 20}, batch_size=4, nb_worker=0,
                       cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 3}) as cached:
@@ -192,3 +217,39 @@ def test_a_state_taken_after_break_resumes_the_rest_of_that_epoch(tmp_path):
         second.load_state_dict(state)
         served += [b["y"].tolist() for b in second]
     assert served == expected
+
+
+def test_every_rank_resumes_its_own_part(tmp_path):
+    """Two consumers (ranks), each with its own state: resumed together, they continue in step."""
+    def build(rank, prefix):
+        return CachedLoader(ArangeDataset, {"n": 30}, batch_size=4, nb_worker=0, seed=9, nb_consumer=2,
+                            consumer_index=rank, cache_setting={"prefix": str(prefix), "update_frequency": 2})
+
+    def stream(loader, epochs, stop=None):
+        out = []
+        for _ in range(epochs):
+            for batch in loader:
+                out.append((loader.epoch, batch["y"].tolist()))
+                if stop is not None and len(out) == stop:
+                    return out
+        return out
+
+    golden = {}
+    for rank in (0, 1):
+        with build(rank, tmp_path / "golden") as loader:
+            golden[rank] = stream(loader, 3)
+    states, first = {}, {}
+    for rank in (0, 1):
+        with build(rank, tmp_path / "run") as loader:
+            first[rank] = stream(loader, 3, stop=5)
+            states[rank] = loader.state_dict()
+    assert states[0]["arguments"]["consumer_index"] == 0 and states[1]["arguments"]["consumer_index"] == 1
+    with build(0, tmp_path / "run") as other:
+        with pytest.raises(ValueError, match="consumer_index"):
+            other.load_state_dict(states[1])
+    for rank in (0, 1):
+        with build(rank, tmp_path / "run") as loader:
+            loader.load_state_dict(states[rank])
+            rest = stream(loader, 3 - loader.epoch)
+        assert first[rank] + rest == golden[rank]
+    assert len(golden[0]) == len(golden[1])  # the same number of batches on every rank

@@ -122,7 +122,10 @@ def test_crash_leftovers_are_cleaned_by_next_start_or_prune(no_leaks, capsys):
             assert "rotation" in capsys.readouterr().out
         else:
             with CachedLoader(ArangeDataset, {"n": 10}, batch_size=4, nb_worker=0,
-                              rotation_setting={"medium": "disk", "rotation": 2, "size": 8, "prefix": prefix}):
+                              rotation_setting={"medium": "disk", "rotation": 2, "size": 8,
+                                                "prefix": prefix}) as loader:
+                # Swept at the first epoch, not at construction: a resumed run adopts its window first.
+                list(loader)
                 assert len(list((no_leaks / "rot").iterdir())) == 1  # only its own window
         assert not any((no_leaks / "rot").iterdir())
 
