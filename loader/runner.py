@@ -457,7 +457,14 @@ class EpochRunner:
                 log.warning("background refresh of generation %d gave up (%s); writing it during epoch %d "
                             "instead", refresh.generation, problem, epoch)
                 return False
-            self.cache.commit(build, epoch, background=True)
+            try:
+                self.cache.commit(build, epoch, background=True)
+            except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
+                build.abort()
+                self.cache.refresh_off = True
+                log.warning("background refresh of generation %d could not commit (%s); writing it during "
+                            "epoch %d instead", refresh.generation, str(exc), epoch)
+                return False
             self.drop_reader()
         except BaseException:
             if build.open:

@@ -200,6 +200,15 @@ def tagged_processes(tag: str) -> list[str]:
     return found
 
 
+def _in_partial_generation(path: str) -> bool:
+    """Whether `path` is, or is inside, a staging area kept with its record for the next run."""
+    parts = path.split(os.sep)
+    for k, part in enumerate(parts):
+        if part.startswith(STAGING) and os.path.isfile(os.sep.join(parts[:k + 1] + [STAGING_META])):
+            return True
+    return False
+
+
 def debris(paths: Paths) -> list[str]:
     """Locks, staging areas, temp files and rotation windows anywhere under the prefixes."""
     from tests.loader.conftest import leftovers
@@ -209,9 +218,7 @@ def debris(paths: Paths) -> list[str]:
         if os.path.isdir(root):
             # A staging area with its record is a partial generation kept for the next run of the same
             # dataset (it adopts it; another dataset's writer or `prune --partial` removes it): not debris.
-            found += [path for path in leftovers(root)
-                      if not (os.path.basename(path).startswith(STAGING)
-                              and os.path.isfile(os.path.join(path, STAGING_META)))]
+            found += [path for path in leftovers(root) if not _in_partial_generation(path)]
             for dirpath, dirnames, _ in os.walk(root):
                 found += [os.path.join(dirpath, d) for d in dirnames if d.startswith("rotation-")]
     return sorted(found)

@@ -226,7 +226,8 @@ def test_dataset_exception_keeps_its_type_index_and_traceback(cluster, tmp_path)
 
 
 def test_timeout_names_the_stuck_actor_and_its_indices(cluster, tmp_path):
-    loader = CachedLoader(HangDataset, {"n": 32, "hang_at": 9}, batch_size=4, shuffle=False, timeout=3,
+    # Long enough for the actors to start on a loaded machine: the clock counts start-up too.
+    loader = CachedLoader(HangDataset, {"n": 32, "hang_at": 9}, batch_size=4, shuffle=False, timeout=10,
                           executor="ray", executor_options=ray_options(cluster))
     try:
         with pytest.raises(WorkerTimeoutError) as info:
