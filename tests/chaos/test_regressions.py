@@ -113,3 +113,19 @@ def test_a_failed_refresh_stops_the_workers_before_removing_the_staging_area(tmp
     # A failed refresh keeps what it computed for the next attempt; whenever a staging area is
     # removed, the workers that write into it are gone first.
     assert not any(alive_at_abort), f"the refresh's staging area was removed while workers {alive_at_abort} ran"
+
+
+def test_seed_89_a_refresh_whose_commit_meets_a_full_disk_keeps_serving(tmp_path):
+    # memmap, K=2, background refresh, policy 'stream': the disk fills while generation 1 is refreshed.
+    check(89, tmp_path)
+
+
+def test_seed_159_a_kept_partial_generation_is_not_debris(tmp_path):
+    # lmdb: run1 is SIGKILLed while writing; its staging (with lock.mdb, temp files) is the partial generation.
+    check(159, tmp_path)
+
+
+def test_seed_20261197_workers_sending_records_never_serve_other_values_than_stored(tmp_path):
+    # memory backend, 3 workers, a worker killed and a dataset error: a partial generation their
+    # records built must not be resumed by recomputing its samples (served values would differ).
+    check(20261197, tmp_path)
