@@ -151,7 +151,7 @@ def _training_section(ts: dict) -> list[str]:
             "Share of each epoch the loop spent waiting in `iter()`/`next()` (median of "
             f"{_runs(ts['repeats'])} of each, taking turns; epoch 0 includes building the loader). CachedLoader with "
             "`background_refresh=True` (its idle workers compute the next generation during the cached epochs), "
-            "with the default write-through refresh (a refresh epoch computes its samples), and torch.", "",
+            "as configured by default (background_refresh='auto': on when the budget has room), and torch.", "",
             md_table(["epoch", "bg refresh: mode", "s", "waits", "default: mode", "s", "waits", "torch s",
                       "torch waits"], rows, "llrrlrrrr")]
 

@@ -11,8 +11,8 @@ constructing the loader and starting its workers. For CachedLoader the
 Three loaders: CachedLoader with ``background_refresh=True`` (idle workers
 compute the next generation during the cached epochs, so a refresh epoch
 reads at cache speed: a performance target in docs/ARCHITECTURE.md), CachedLoader as configured by
-default (write-through: a refresh epoch computes its samples while the loop
-waits) and torch's DataLoader. Background refresh can only keep up when the
+default (``background_refresh="auto"``: the same, whenever the budget has room for a second
+generation) and torch's DataLoader. Background refresh can only keep up when the
 cached epochs leave the workers enough time: ``(K - 1) * batches * step``
 must exceed ``n * cost / workers`` (:func:`idle_margin`); the sizes in
 ``benchmarks/__main__.py`` leave about a 2x margin.
@@ -56,14 +56,16 @@ def _epochs(make: Callable[[], Any], epochs: int, step: float) -> tuple[list[flo
 
 
 def _ours(kwargs: dict, epochs: int, k: int, workers: int, batch_size: int, step: float,
-          background_refresh: bool) -> dict:
+          background_refresh: bool | None) -> dict:
     tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
     loader = None
     try:
         def make() -> CachedLoader:
+            cache = {"prefix": f"{tmp}/cache", "update_frequency": k}
+            if background_refresh is not None:  # None: the default
+                cache["background_refresh"] = background_refresh
             return CachedLoader(ExpensiveDataset, kwargs, batch_size=batch_size, nb_worker=workers,
-                                cache_setting={"prefix": f"{tmp}/cache", "update_frequency": k,
-                                               "background_refresh": background_refresh})
+                                cache_setting=cache)
         walls, waits, loader = _epochs(make, epochs, step)
         stats = list(loader.epoch_stats)
     finally:
@@ -116,7 +118,8 @@ def training_step_scenario(n: int, cost: float, epochs: int, k: int, workers: in
             if name == "torch":
                 runs[name].append(_torch(kwargs, epochs, workers, batch_size, step))
             else:
-                runs[name].append(_ours(kwargs, epochs, k, workers, batch_size, step, name == "refresh"))
+                runs[name].append(_ours(kwargs, epochs, k, workers, batch_size, step,
+                                        True if name == "refresh" else None))
     return {"n": n, "cost_ms": cost * 1e3, "epochs": epochs, "update_frequency": k, "workers": workers,
             "batch_size": batch_size, "step_ms": step * 1e3, "repeats": repeats,
             "batches_per_epoch": -(-n // batch_size), "idle_margin": idle_margin(n, cost, k, workers, batch_size, step),
