@@ -148,7 +148,7 @@ def _training_rows(results: dict) -> list[TargetRow]:
         worst = max(range(1, ts["epochs"]), key=lambda e: fractions[e]["median"])
         note = f"the cached epochs leave the workers {ts['idle_margin']:.1f}x the time the refresh needs"
         if name == "ours" and modes[worst] == "generate":
-            note = "the refresh was off here (no room for two generations): its epoch computes while the loop waits"
+            note = "a generate epoch: the loop waited while its samples were computed"
         rows.append(_row(target, f"{how}: worst epoch after the first",
                          f"epoch {worst} ({modes[worst]}); torch's worst {torch_worst:.1%}",
                          percent(fractions[worst]), "<= 5%", lambda r: r <= 0.05, note))
