@@ -109,11 +109,6 @@ class GenerationBuild:
             self._executor = None
 
     # tasks and results ----------------------------------------------------
-    @property
-    def samples_in(self) -> int:
-        """Samples the generation holds now (adopted ones and those written by delivered results)."""
-        return self.adopted + self.written
-
     def complete(self) -> bool:
         """Whether every sample is in (on disk, results not delivered included); the writers must be stopped."""
         return self.active and self.open and len(self.writer.present()) == len(self.have)

@@ -116,29 +116,6 @@ def _allocate(fd: int, size: int) -> None:
                                  "batches") from exc
 
 
-def create_segment(name: str, size: int) -> tuple[mmap.mmap, int]:
-    """Create and map a file segment of `size` bytes under :func:`shm_dir` (the fallback without memfd)."""
-    path = os.path.join(_SHM_DIR, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        _allocate(fd, size)
-        return mmap.mmap(fd, size), size
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-
-
-def open_segment(name: str) -> mmap.mmap:
-    """Map the whole segment `name` (a memfd slot or a file segment)."""
-    fd = os.open(_path_of(name), os.O_RDWR)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-
-
 def unlink_segment(name: str) -> None:
     """Remove a file segment's name (nothing to do for a memfd slot: it has none)."""
     if name.startswith(_PROC_FD):

@@ -40,10 +40,15 @@ class SampleError(Exception):
         super().__init__(index)
         self.index = index
         self.cause = cause
-        try:
-            cause.sample_index = index  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            pass  # __slots__ without it: the index is still in the message's notes
+        tag_sample_index(cause, index)
+
+
+def tag_sample_index(exc: BaseException, index: int) -> None:
+    """Give the dataset's exception the index it was raised for (``exc.sample_index``)."""
+    try:
+        exc.sample_index = index  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass  # __slots__ without it: the index is still in the message's notes
 
 
 @dataclass
@@ -178,7 +183,7 @@ class BatchProducer:
             try:
                 out.append(self.dataset[index])
             except Exception as exc:
-                SampleError(index, exc)  # sets exc.sample_index
+                tag_sample_index(exc, index)
                 exc.add_note(f"raised by the dataset while computing sample {index} of epoch {epoch}")
                 raise
         return out
