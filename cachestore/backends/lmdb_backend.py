@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import lmdb
 import numpy as np
+import xxhash
 
 from .. import codec, safefs
 from ..collate import stack_samples
@@ -315,8 +316,10 @@ class LmdbBackend(DirectoryBackend):
         summary = {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
         if n and not self.compression and (self.read_meta() or {}).get("format", 1) >= COLUMNS_FORMAT:
             columns = self._to_columns(staging, n)
-            if columns is not None:
+            if columns is not None and columns["lmdb_layout"] == lmdb_columns.LAYOUT:
                 summary.update(columns, layout="fixed", stored_bytes=raw)
+            elif columns is not None:
+                summary.update(columns, layout="fixed")
         (staging / "lock.mdb").unlink(missing_ok=True)
         return summary
 
@@ -335,7 +338,7 @@ class LmdbBackend(DirectoryBackend):
                 columns = lmdb_columns.convert(txn, n, target, _key, corrupt)
         finally:
             env.close()
-        if columns is not None:
+        if columns is not None and columns["lmdb_layout"] == lmdb_columns.LAYOUT:
             lmdb_columns.replace_data(staging, target)
         return columns
 
@@ -433,6 +436,18 @@ class LmdbStaging(StagingData):
         return None if kind == "a file" else f"{data} is {kind}"
 
 
+def _destinations(treedef: tuple, n: int, out: list[np.ndarray] | None) -> list[np.ndarray]:
+    """The arrays a batch of `n` samples of `treedef` lands in: `out` (checked) or new ones."""
+    specs = codec.leaf_specs(treedef)
+    if out is None:
+        return [np.empty((n, *shape), dtype=dtype) for dtype, shape in specs]
+    if len(out) != len(specs) or any(a.shape != (n, *shape) or a.dtype != dtype or not a.flags.c_contiguous
+                                     for a, (dtype, shape) in zip(out, specs)):
+        raise ValueError(f"out= must be {len(specs)} C-contiguous arrays shaped like the batch: "
+                         + ", ".join(f"{(n, *shape)} {dtype}" for dtype, shape in specs))
+    return out
+
+
 class LmdbGeneration(GenerationData):
     def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
         super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
@@ -440,12 +455,16 @@ class LmdbGeneration(GenerationData):
         self._env: Any = None
         self._pid = -1
         self.columns: lmdb_columns.Columns | None = None
-        if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
-            try:
+        self.fixed: tuple[tuple, list] | None = None  # (schema, leaf specs) of fixed-layout records
+        try:
+            if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
                 self.columns = lmdb_columns.Columns(manifest, self.num_samples, self.corrupt)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptSampleError(f"manifest of generation {self.generation} in {gen_dir} has no "
-                                         f"usable column schema: {exc}") from exc
+            elif manifest.get("lmdb_layout") == lmdb_columns.RECORDS:
+                schema = codec.treedef_from_json(manifest["schema"])
+                self.fixed = (schema, codec.leaf_specs(schema))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptSampleError(f"manifest of generation {self.generation} in {gen_dir} has no "
+                                     f"usable schema: {exc}") from exc
         self.env  # open now so a damaged file fails at open, not at the first read
 
     @property
@@ -523,7 +542,7 @@ class LmdbGeneration(GenerationData):
         return self._decode(i, value, copy)
 
     def batch_layout(self) -> tuple[tuple, list] | None:
-        return (self.columns.schema, self.columns.specs) if self.columns is not None else None
+        return (self.columns.schema, self.columns.specs) if self.columns is not None else self.fixed
 
     def read_batch(self, indices: Any, out: Any = None) -> Any:
         if self.columns is not None:
@@ -534,10 +553,12 @@ class LmdbGeneration(GenerationData):
             except lmdb.Error as exc:
                 raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
             return codec.unflatten_batch(self.columns.schema, out)
-        if out is not None:
+        if out is not None and self.fixed is None:
             raise ValueError("out= is only supported for generations with a fixed layout")
         checked = batch_indices(indices, self.num_samples, self.generation).tolist()
-        batch = self._gather(checked) if checked else None
+        if out is not None and not checked:
+            return codec.unflatten_batch(self.fixed[0], out)
+        batch = self._gather(checked, out) if checked else None
         if batch is not None:
             return batch
         try:
@@ -548,43 +569,59 @@ class LmdbGeneration(GenerationData):
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
         return stack_samples([self._decode(i, v, copy=False) for i, v in zip(checked, values)])
 
-    def _gather(self, checked: list[int]) -> Any:
+    def _gather(self, checked: list[int], out: list[np.ndarray] | None = None) -> Any:
         """The batch when its records share one uncompressed, stackable layout, else ``None``.
+
+        In a generation whose manifest says its records share one layout, a record that
+        differs is damaged, and the batch lands in `out` when it is given.
 
         Each leaf is copied once, from LMDB's map straight into its stacked array (values are
         transaction-bound buffers, not ``bytes``), at offsets read from the first record:
         no per-sample copy, decode, sample object or ``np.stack``, each of which cost as much
-        as the copy itself. A record that differs sends the batch to the general path.
+        as the copy itself. The copies are ``memoryview`` slice assignments: a ``frombuffer``
+        and a numpy row assignment per leaf and sample cost about 1.5 us each, a third of a
+        48 KiB sample's whole read. A record that differs sends the batch to the general path.
         """
-        n, verify = len(checked), self.verify
+        n, verify, pack, hash_of = len(checked), self.verify, _KEY.pack, xxhash.xxh3_64_intdigest
+        body = _SUM.size
         try:
             with self.env.begin(buffers=True) as txn:
                 for j, i in enumerate(checked):
-                    value = txn.get(_KEY.pack(i))
+                    value = txn.get(pack(i))
                     if j == 0:
                         self._leaves(i, value, copy=False)  # checks the first record fully
-                        record = memoryview(value)[_SUM.size:]
+                        record = memoryview(value)[body:]
                         try:
                             layout = codec.record_layout(record)
                         except CorruptSampleError as exc:
                             raise self.corrupt(i, str(exc)) from exc
                         if layout is None or not codec.is_stackable(layout[0]):
-                            return None
+                            return self._differs(i)
                         treedef, head, spans = layout
+                        if self.fixed is not None and treedef != self.fixed[0]:
+                            return self._differs(i)
                         size, prefix = len(value), bytes(record[:head])
-                        out = [np.empty((n, *shape), dtype=dtype) for dtype, shape in codec.leaf_specs(treedef)]
-                        copies = [(dest.reshape(n, nbytes // dest.itemsize).view(np.uint8), start, nbytes)
+                        out = _destinations(treedef, n, out)
+                        copies = [(memoryview(dest).cast("B"), body + start, nbytes)
                                   for dest, (start, nbytes) in zip(out, spans) if nbytes]
-                    elif value is None or len(value) != size or value[_SUM.size:_SUM.size + head] != prefix:
-                        return None
-                    for rows, start, nbytes in copies:
-                        rows[j] = np.frombuffer(value, np.uint8, nbytes, _SUM.size + start)
+                    elif value is None or len(value) != size or value[body:body + head] != prefix:
+                        return self._differs(i)
+                    for dest, start, nbytes in copies:
+                        at = j * nbytes
+                        dest[at:at + nbytes] = value[start:start + nbytes]
                     # Hashed after the copy, while the record is still in cache from it.
-                    if j and verify and checksum([value[_SUM.size:]]) != _SUM.unpack_from(value)[0]:
+                    if j and verify and hash_of(value[body:]) != _SUM.unpack_from(value)[0]:
                         raise self.corrupt(i, "checksum mismatch")
         except lmdb.Error as exc:
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
         return codec.unflatten_batch(treedef, out)
+
+    def _differs(self, i: int) -> None:
+        """A record of another layout than the batch's first: the general path reads the batch,
+        unless the manifest promised one layout for every record."""
+        if self.fixed is not None:
+            raise self.corrupt(i, "its record does not have the generation's fixed layout")
+        return None
 
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():

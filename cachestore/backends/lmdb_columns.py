@@ -22,7 +22,10 @@ per row. ``chunk_rows`` makes a chunk of all leaves about ``CHUNK_BYTES``
 Wide samples (over ``MAX_ROW_BYTES``) keep one record each: a record's one
 ``get`` already moves a whole row, and the columns cost a ``get`` per leaf and
 per checksum chunk for each row touched, plus the Python around each: a 48 KiB
-sample read at 54k samples/s by column against 130k/s as a record.
+sample read at 54k samples/s by column against 130k/s as a record. When they
+all share one layout, the manifest says so (``lmdb_layout`` ``"fixed-records"``
+and the ``schema``): a batch of them is then gathered straight into the
+caller's arrays, as a column batch is.
 
 Why at commit and not while writing: shard writers in several processes write
 samples in any order, and a chunk needs all its rows. The commit reads each
@@ -58,6 +61,8 @@ CHUNK_BYTES = 4 << 20
 #: Chunk bytes written per write transaction of the conversion.
 TXN_BYTES = 64 << 20
 LAYOUT = "columns"  # manifest "lmdb_layout"
+#: Manifest "lmdb_layout" of wide records that all share one fixed layout (no rewrite).
+RECORDS = "fixed-records"
 #: Samples wider than this keep one record each (see the module docstring).
 MAX_ROW_BYTES = 4096
 _SUM = struct.Struct("<Q")
@@ -82,6 +87,8 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     Returns the manifest fields of the columnar layout, or ``None`` (nothing left at
     `target`) when the records do not share one fixed, uncompressed, stackable
     layout or the disk has no room for the copy: the generation then keeps its records.
+    Wide samples (over ``MAX_ROW_BYTES``) of one layout keep their records too, and get the
+    fields of :data:`RECORDS` (nothing written at `target`).
     """
     first = txn.get(record_key(0))
     if first is None or len(first) <= _SUM.size:
@@ -92,9 +99,9 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     treedef, head, spans = layout
     specs = codec.leaf_specs(treedef)
     widths = row_bytes(specs)
-    if sum(widths) > MAX_ROW_BYTES:
-        return None
     size, prefix = len(first), bytes(first[_SUM.size:_SUM.size + head])
+    if sum(widths) > MAX_ROW_BYTES:
+        return _fixed_records(txn, n, record_key, treedef, size, prefix)
     chunk_rows = max(1, CHUNK_BYTES // max(1, sum(widths)))
     try:
         env = lmdb.open(str(target), map_size=1 << 40, writemap=False, sync=False, metasync=False,
@@ -139,6 +146,22 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
         raise
     env.close()
     return {"lmdb_layout": LAYOUT, "schema": codec.treedef_to_json(treedef), "chunk_rows": chunk_rows}
+
+
+def _fixed_records(txn: Any, n: int, record_key: Callable[[int], bytes], treedef: tuple, size: int,
+                   prefix: bytes) -> dict | None:
+    """The manifest fields of wide records that all share record 0's layout, else ``None``.
+
+    Such a generation keeps its records, but says its batch layout up front, so a batch can
+    be gathered straight into a caller's arrays (a worker's shared-memory slot) instead of
+    into new ones copied there after. Only sizes and headers are compared: each record's
+    checksum is still verified when it is read.
+    """
+    for i in range(1, n):
+        value = txn.get(record_key(i))
+        if value is None or len(value) != size or value[_SUM.size:_SUM.size + len(prefix)] != prefix:
+            return None
+    return {"lmdb_layout": RECORDS, "schema": codec.treedef_to_json(treedef)}
 
 
 def _put(env: Any, items: list[tuple[bytes, bytes]]) -> None:

@@ -86,14 +86,62 @@ def test_variable_or_mixed_samples_keep_one_record_each(make_store, store_path, 
         assert_same(make(0, i), reader[i])
 
 
-def test_wide_samples_keep_one_record_each(make_store, store_path):
-    def wide(generation: int, index: int):
-        return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1, index, dtype=np.float32), "y": index}
+def wide(generation: int, index: int):
+    return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1, index, dtype=np.float32), "y": index}
+
+
+def test_wide_samples_keep_one_record_each_and_say_their_layout(make_store, store_path):
+    store = make_store("lmdb")
+    write_generation(store, 0, 6, wide)
+    info = manifest(store_path)
+    assert info["lmdb_layout"] == "fixed-records" and info["layout"] == "fixed"
+    reader = store.reader()
+    check_generation(reader, 0, 6, wide)
+    # The layout is known up front, so a batch lands in the caller's arrays (a worker's slot).
+    layout = reader.batch_layout()
+    assert layout is not None
+    idx = [5, 0, 3, 3]
+    out = [np.empty((len(idx), *shape), dtype=dtype) for dtype, shape in layout[1]]
+    batch = reader.get_batch(idx, out=out)
+    assert_same(stack_samples([wide(0, i) for i in idx]), batch)
+    assert np.shares_memory(batch["x"], out[0])
+    with pytest.raises(ValueError, match="C-contiguous arrays shaped like the batch"):
+        reader.get_batch(idx, out=[a[:2] for a in out])
+
+
+def test_wide_samples_of_several_shapes_have_no_batch_layout(make_store, store_path):
+    def two_shapes(generation: int, index: int):
+        return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1 + index % 2, index, dtype=np.float32)}
 
     store = make_store("lmdb")
-    write_generation(store, 0, 4, wide)
+    write_generation(store, 0, 4, two_shapes)
     assert "lmdb_layout" not in manifest(store_path)
-    check_generation(store.reader(), 0, 4, wide)
+    reader = store.reader()
+    assert reader.batch_layout() is None
+    check_generation(reader, 0, 4, two_shapes)
+
+
+def test_a_fixed_record_whose_header_changed_is_corrupt(make_store, store_path):
+    """A record of a fixed-records generation that no longer has the generation's layout is damage,
+    not a reason to read the batch another way."""
+    import lmdb
+
+    store = make_store("lmdb")
+    write_generation(store, 0, 6, wide)
+    gen_dir = Path(store_path) / "gen-000000"
+    env = lmdb.open(str(gen_dir), readonly=True, lock=False)
+    with env.begin() as txn:
+        value = bytes(txn.get((4).to_bytes(8, "big")))
+    env.close()
+    data = bytearray((gen_dir / "data.mdb").read_bytes())
+    offset = data.find(value)
+    assert offset >= 0
+    data[offset + 8 + 20] ^= 0xFF  # inside the record's structure JSON
+    (gen_dir / "data.mdb").write_bytes(bytes(data))
+    reader = store.reader()
+    with pytest.raises(CorruptSampleError, match="sample 4"):
+        reader.get_batch([0, 4])
+    assert_same(stack_samples([wide(0, i) for i in (0, 5)]), reader.get_batch([0, 5]))
 
 
 def test_compressed_samples_keep_one_record_each(make_store, store_path):
