@@ -302,6 +302,7 @@ class DirectoryBackend(Backend):
         for entry in staging.iterdir():
             if _TMP_RE.match(entry.name):
                 safefs.unlink_name(entry)
+        _mark_committing(staging)
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
@@ -484,9 +485,27 @@ def staging_record(staging: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def _mark_committing(staging: Path) -> None:
+    """Make a staging area unadoptable before its commit changes it.
+
+    ``_finalize`` is not a step a later writer can resume: it drops the shards' logs and may
+    rewrite the data (LMDB's columns, memmap's index), so a writer killed in the middle of it
+    leaves an area whose samples no log describes. Such an area is debris, never a partial
+    generation; without room for the mark, the record goes (an area without one is debris too).
+    """
+    record = staging_record(staging)
+    if record is None:
+        return
+    try:
+        write_json_atomic(staging / STAGING_META, {**record, "committing": True})
+    except OSError:
+        safefs.unlink_name(staging / STAGING_META)
+
+
 def matches(found: dict | None, wanted: dict) -> bool:
-    """Whether a staging record names the producer `wanted` names (every field `wanted` has)."""
-    if found is None or wanted.get("fingerprint") is None:
+    """Whether a staging record names the producer `wanted` names (every field `wanted` has);
+    never one whose commit began (see :func:`_mark_committing`)."""
+    if found is None or wanted.get("fingerprint") is None or found.get("committing"):
         return False
     return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
 

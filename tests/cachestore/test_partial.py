@@ -140,3 +140,43 @@ def test_a_writer_of_another_generation_removes_it(store_path, disk_backend):
     assert main(["prune", store_path]) == 0
     assert not staging(store_path)
     store.close()
+
+
+def commit_killed_midway(path: str, backend: str, conn) -> None:
+    """Write all of generation 0 as a resuming writer, then be SIGKILLed inside the commit, after
+    it began changing the staging area (LMDB: its data already rewritten by column)."""
+    store = open_store(path, backend, fingerprint=FINGERPRINT)
+    writer = store.writer(0, N, resume=True)
+    for i in range(N):
+        writer.put(i, fixed_sample(0, i))
+    finalize = type(store.backend)._finalize
+
+    def finalize_then_die(self, staging, num_samples):
+        finalize(self, staging, num_samples)
+        conn.send(("finalized", os.getpid()))
+        conn.poll(WAIT)  # the parent kills us here, before the manifest and the rename
+
+    type(store.backend)._finalize = finalize_then_die
+    writer.commit()
+
+
+def test_a_writer_killed_inside_its_commit_leaves_debris_not_a_partial_generation(store_path, disk_backend):
+    proc, conn = spawn(commit_killed_midway, store_path, disk_backend)
+    assert recv(conn)[0] == "finalized"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(WAIT)
+    assert proc.exitcode == -signal.SIGKILL
+    (left,) = staging(store_path)
+    store = open_store(store_path, disk_backend, fingerprint=FINGERPRINT)
+    writer = store.writer(0, N, resume=True)
+    assert not writer.adopted and writer.present().size == 0
+    assert not left.exists(), "a staging area whose commit began is debris"
+    for i in range(N):
+        writer.put(i, fixed_sample(0, i))
+    writer.commit()
+    r = store.reader(0)
+    for i in range(N):
+        assert_same(fixed_sample(0, i), r[i], f"sample {i}")
+    r.close()
+    assert not store.verify() and not leftovers(store_path) and not staging(store_path)
+    store.close()
