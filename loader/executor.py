@@ -12,7 +12,7 @@ See ``docs/ARCHITECTURE.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from .errors import WorkerTimeoutError
 from .messages import Task, WorkerConfig
@@ -53,6 +53,9 @@ class Executor(Protocol):
 
     def begin_epoch(self) -> None:
         """Start counting worker deaths anew (``max_worker_restarts`` is per epoch)."""
+
+    def retire_slots(self, names: Sequence[str]) -> None:
+        """Have every worker close its mapping of the shared-memory slots `names` (see :mod:`loader.shm`)."""
 
     def add_death_listener(self, listener: DeathListener) -> None:
         """Call `listener(shard_id)` when a worker dies."""

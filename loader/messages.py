@@ -70,6 +70,17 @@ class FlushShard:
 
 
 @dataclass(frozen=True)
+class RetireSlots:
+    """Close these shared-memory slots (by name): the training process retired them.
+
+    A worker's mapping keeps a slot's pages alive, so every worker gets this
+    (see "Shrinking" in :mod:`loader.shm`); names it never mapped are ignored.
+    """
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Stop:
     """Exit the worker loop."""
 

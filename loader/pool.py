@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import messages as m
 from .errors import WorkerError
@@ -177,6 +177,17 @@ class WorkerPool(DeathListeners):
 
     def begin_epoch(self) -> None:
         self.restarts = 0
+
+    def retire_slots(self, names: Sequence[str]) -> None:
+        """Tell every worker to close slots `names`; it does before its next task (messages keep their order).
+
+        A replacement started later never mapped them: a slot retires only when no task holds it.
+        """
+        if not names:
+            return
+        msg = m.RetireSlots(tuple(names))
+        for worker in self.workers:
+            self._send(worker, msg)
 
     def submit(self, task: m.Task) -> None:
         worker = min(self.workers, key=lambda w: len(w.outstanding))

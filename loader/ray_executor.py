@@ -51,7 +51,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -308,6 +308,9 @@ class RayExecutor(DeathListeners):
         while self._local:
             task = self._local.popleft()
             self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))
+
+    def retire_slots(self, names: Sequence[str]) -> None:
+        """Nothing to do: actors never map shared-memory slots (results travel through Ray)."""
 
     # tasks -------------------------------------------------------------------
     def submit(self, task: m.Task) -> None:

@@ -165,6 +165,7 @@ class EpochRunner:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
         self.settle()
+        self.shrink_slots()
         plan = self.plan(epoch, skip)
         if plan.mode == EpochMode.GENERATE:
             try:
@@ -253,6 +254,18 @@ class EpochRunner:
         pending, self.res.pending = self.res.pending, []
         for build in pending:
             self.keep_or_commit(build)
+
+    def shrink_slots(self) -> None:
+        """Between epochs: retire the shared-memory slots the last epoch did not need, here and in
+        every worker (the rule: "Shrinking" in :mod:`loader.shm`)."""
+        slots, executor = self.res.slots, self.res.executor
+        if slots is None:
+            return
+        # Without an executor the one that held the orphaned tasks was killed: they never answer.
+        retired = slots.drop_orphans() if executor is None else []
+        retired += slots.shrink()
+        if retired and executor is not None:
+            executor.retire_slots(retired)
 
     def keep_or_commit(self, build: GenerationBuild) -> None:
         """A broken-off epoch's build, its writers stopped: commit it when complete, else keep it.

@@ -347,6 +347,9 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
             msg = _next(waiting)
             if isinstance(msg, m.Stop):
                 return
+            if isinstance(msg, m.RetireSlots):
+                segments.forget(msg.names)
+                continue
             if isinstance(msg, m.FlushShard):
                 try:
                     producer.close_shard()

@@ -128,3 +128,20 @@ RELEASE_STUCK = threading.Event()
 
 def stuck_reading_the_labels() -> None:
     RELEASE_STUCK.wait()
+
+
+class SizeFromFileDataset:
+    """Samples of as many float32 as `size_file` says when they are computed: the test changes the
+    size between epochs (the workers built their dataset once)."""
+
+    def __init__(self, n: int = 8, size_file: str = "") -> None:
+        self.n = n
+        self.size_file = size_file
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        with open(self.size_file) as f:
+            count = int(f.read())
+        return {"x": np.full(count, index, dtype=np.float32), "y": index}
