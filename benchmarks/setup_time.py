@@ -14,7 +14,9 @@ start. Two cases (issue 14, docs/ARCHITECTURE.md):
   end. Target: ours <= 1.05x torch. Starting the workers takes CPU too, and
   on a small machine some of it is taken from the model building: the wall
   time from construction to the end of the first epoch (set-up included) is
-  reported beside, so that cost is not hidden by where the clock starts.
+  reported beside, so that cost is not hidden by where the clock starts, and
+  so are the CPU seconds the workers used from their start to their exit
+  (steadier than wall times when neighbours load the machine).
 * **no gap**: the loop starts right after construction; seconds from the
   start of construction to the first batch (target for ours: <= 1 s), and the
   constructor's own wall time (small: it does not wait for the workers).
@@ -36,6 +38,7 @@ does not cover.
 
 from __future__ import annotations
 
+import resource
 import shutil
 import tempfile
 import time
@@ -58,39 +61,49 @@ def _torch(kwargs: dict, batch_size: int, workers: int) -> Any:
     return tud.DataLoader(ExpensiveDataset(**kwargs), batch_size=batch_size, shuffle=True, num_workers=workers)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have exited and been waited for (the loaders' workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _gap_ours(kwargs: dict, batch_size: int, workers: int, gap: float) -> dict:
     """Build ours, burn `gap` s of CPU, time the first epoch; fresh cache directory, shut down after."""
     tmp = tempfile.mkdtemp(prefix="cachestore-bench-")
     try:
+        children = _children_cpu()
         t = time.perf_counter()
         with _ours(kwargs, batch_size, workers, f"{tmp}/cache") as loader:
             constructed = time.perf_counter()
             burn_cpu(gap)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for _batch in loader:
                 pass
-            end = time.perf_counter()
+            end, cpu = time.perf_counter(), time.process_time() - cpu
             stats = loader.epoch_stats[0]
+        children = _children_cpu() - children  # closed: the workers have exited
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"construct_s": constructed - t, "gap_s": start - constructed, "epoch_s": end - start,
-            "total_s": end - t, "mode": stats.mode, "loader_wait_s": stats.wait_seconds}
+            "total_s": end - t, "epoch_cpu_s": cpu, "workers_cpu_s": children, "mode": stats.mode,
+            "loader_wait_s": stats.wait_seconds}
 
 
 def _gap_torch(kwargs: dict, batch_size: int, workers: int, gap: float) -> dict:
     """Build torch's loader, burn `gap` s of CPU, time the first epoch (worker start at ``iter()`` included)."""
+    children = _children_cpu()
     t = time.perf_counter()
     dl = _torch(kwargs, batch_size, workers)
     constructed = time.perf_counter()
     burn_cpu(gap)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     it = iter(dl)
     for _batch in it:
         pass
-    end = time.perf_counter()
-    del it, dl  # not persistent: the exhausted iterator has stopped its workers already
+    end, cpu = time.perf_counter(), time.process_time() - cpu
+    del it, dl  # not persistent: the exhausted iterator has stopped and joined its workers already
     return {"construct_s": constructed - t, "gap_s": start - constructed, "epoch_s": end - start,
-            "total_s": end - t}
+            "total_s": end - t, "epoch_cpu_s": cpu, "workers_cpu_s": _children_cpu() - children}
 
 
 def _first_batch_ours(kwargs: dict, batch_size: int, workers: int) -> dict:
@@ -147,7 +160,10 @@ def setup_time_scenario(n: int = 640, cost: float = 0.005, workers: int = 2, bat
         ``ours_first_epoch_s``, ``torch_first_epoch_s`` and ``ratio`` (ours /
         torch within each pair of runs), the same for the wall time from
         construction to the end of the first epoch (``ours_total_s``,
-        ``torch_total_s``, ``total_ratio``), and the wall time the gap took;
+        ``torch_total_s``, ``total_ratio``), the wall time the gap took, and
+        CPU seconds: of the workers from their start to their exit
+        (``*_workers_cpu_s``), of the training process during the epoch
+        (``*_epoch_cpu_s``);
         ``no_gap``: ``ours_first_batch_s``,
         ``torch_first_batch_s`` and ``ours_construct_s``.
     """
@@ -180,6 +196,10 @@ def setup_time_scenario(n: int = 640, cost: float = 0.005, workers: int = 2, bat
                 "ours_total_s": summarize([r["total_s"] for r in ours]),
                 "torch_total_s": summarize([r["total_s"] for r in torch]),
                 "total_ratio": summarize([o["total_s"] / t["total_s"] for o, t in zip(ours, torch)]),
+                "ours_workers_cpu_s": summarize([r["workers_cpu_s"] for r in ours]),
+                "torch_workers_cpu_s": summarize([r["workers_cpu_s"] for r in torch]),
+                "ours_epoch_cpu_s": summarize([r["epoch_cpu_s"] for r in ours]),
+                "torch_epoch_cpu_s": summarize([r["epoch_cpu_s"] for r in torch]),
                 "ours_gap_wall_s": summarize([r["gap_s"] for r in ours]),
                 "torch_gap_wall_s": summarize([r["gap_s"] for r in torch]),
                 "ours_loader_wait_s": summarize([r["loader_wait_s"] for r in ours])},
