@@ -156,6 +156,40 @@ def _training_section(ts: dict) -> list[str]:
                       "torch waits"], rows, "llrrlrrrr")]
 
 
+def _ratio(case: dict, key: str) -> float:
+    """Ours over torch, of the medians of ``ours_<key>`` and ``torch_<key>``."""
+    return case[f"ours_{key}"]["median"] / case[f"torch_{key}"]["median"]
+
+
+def _setup_section(st: dict) -> list[str]:
+    gap, first = st["gap"], st["no_gap"]
+    return [f"### 6. Set-up time: {st['n']} samples, {st['cost_ms']:g} ms each, {st['workers']} workers, "
+            f"batch {st['batch_size']}", "",
+            f"Seconds, median ± half-range of {_runs(st['repeats'])} of each (alternating, fresh loaders and "
+            f"cache directories). *gap*: {st['gap_s']:g} s of CPU in the training process's main thread "
+            "(building a model) between construction and the loop; our workers start at construction, torch's "
+            "at `iter()`, so only torch's first epoch includes its workers' start. *no gap*: the loop starts "
+            "right after construction. Ours: a cache with default settings, so the first epoch generates "
+            "(computes and writes the store); torch: `DataLoader(shuffle=True)`, workers not persistent. *CPU*: "
+            "user + system seconds, steadier than wall times when neighbours load the machine; the workers' "
+            "includes their start (ours: spawn, a fresh interpreter and its imports; torch: fork).", "",
+            md_table(["case", "measure", "CachedLoader", "torch DataLoader", "ours / torch"], [
+                ["gap", "first epoch, loop start to end", pm(gap["ours_first_epoch_s"]),
+                 pm(gap["torch_first_epoch_s"]), f"{gap['ratio']['median']:.2f}x"],
+                ["gap", "construction to end of first epoch", pm(gap["ours_total_s"]), pm(gap["torch_total_s"]),
+                 f"{gap['total_ratio']['median']:.2f}x"],
+                ["gap", f"wall time of the {st['gap_s']:g} s CPU set-up", pm(gap["ours_gap_wall_s"]),
+                 pm(gap["torch_gap_wall_s"]), ""],
+                ["gap", "CPU of the workers, start to exit", pm(gap["ours_workers_cpu_s"]),
+                 pm(gap["torch_workers_cpu_s"]), f"{_ratio(gap, 'workers_cpu_s'):.2f}x"],
+                ["gap", "CPU of the training process during the epoch", pm(gap["ours_epoch_cpu_s"]),
+                 pm(gap["torch_epoch_cpu_s"]), ""],
+                ["no gap", "construction to first batch", pm(first["ours_first_batch_s"]),
+                 pm(first["torch_first_batch_s"]), ""],
+                ["no gap", "constructor alone", pm(first["ours_construct_s"], 1e3, "{:.1f}") + " ms",
+                 pm(first["torch_construct_s"], 1e3, "{:.1f}") + " ms", ""]], "llrrr")]
+
+
 def _latency_section(results: dict) -> list[str]:
     lines = ["### Start-up and idle", ""]
     first = results.get("first_batch")
@@ -189,7 +223,8 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     out += ["## Details", ""]
     memcpy = results.get("memcpy", {}).get("memory_bound", {}).get("median")
     sections = [("expensive", _expensive_section), ("throughput", lambda cases: _throughput_section(cases, memcpy)),
-                ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section)]
+                ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section),
+                ("setup_time", _setup_section)]
     for key, section in sections:
         if results.get(key):
             out += section(results[key]) + [""]
