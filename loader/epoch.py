@@ -156,6 +156,9 @@ class PoolRun:
     bound) each time the loop waits while a worker has nothing to do, so a
     loop slower than its workers holds few batches in memory;
     ``minibatch`` splits each batch into tasks of at most that many samples;
+    ``split_first`` splits the epoch's first batch into one task per worker (the
+    loop waits for that batch while every worker is idle: a computed batch of
+    64 samples at 5 ms each comes in half the time from 2 workers);
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
     bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
@@ -176,6 +179,7 @@ class PoolRun:
     reader: tuple | None = None
     background: BackgroundRefresh | None = None
     timeout: float | None = None
+    split_first: bool = False
 
 
 
@@ -213,6 +217,8 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             done[seq] = {0: []}
             return
         step = run.minibatch or len(positions)
+        if run.split_first and seq == 0 and executor.nb_worker > 1:
+            step = min(step, -(-len(positions) // executor.nb_worker))
         starts = range(0, len(positions), step)
         parts_of[seq] = len(starts)
         for part, s in enumerate(starts):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from loader import CachedLoader, default_collate
+from loader.settings import EpochMode
 from loader.shm import is_segment_path
 
 from .datasets import ArangeDataset, BigSampleDataset, MixedDataset
@@ -32,11 +33,29 @@ def test_batches_are_views_of_shared_memory(tmp_path, cache):
     setting = {"prefix": str(tmp_path / "c"), "update_frequency": 5} if cache else None
     with CachedLoader(ArangeDataset, {"n": 16, "shape": (8, 8)}, batch_size=4, nb_worker=2,
                       cache_setting=setting) as loader:
-        for _ in range(2):
-            for batch in loader:
+        for epoch in range(2):
+            for number, batch in enumerate(loader):
+                if number == 0 and loader.epoch_stats[-1].mode != EpochMode.READ:
+                    continue  # an epoch's first computed batch comes in parts, joined (test below)
                 address = batch["x"].__array_interface__["data"][0]
                 assert any(lo <= address < hi for lo, hi in _shm_ranges()), "batch was not carried in shared memory"
                 assert batch["x"].flags.writeable
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_first_computed_batch_is_shared_by_the_workers(tmp_path, cache):
+    """The loop waits for an epoch's first batch while every worker is idle: each computes a part."""
+    counter = tmp_path / "calls"
+    counter.mkdir()
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": 5} if cache else None
+    with CachedLoader(ArangeDataset, {"n": 32, "counter_dir": str(counter)}, batch_size=8, nb_worker=2,
+                      shuffle=False, cache_setting=setting) as loader:
+        first = next(iter(loader))
+        np.testing.assert_array_equal(first["y"], np.arange(8))
+        np.testing.assert_array_equal(first["x"][:, 0], np.arange(8, dtype=np.float32))
+        by_worker = [sorted(int(line) for line in path.read_text().split()) for path in counter.iterdir()]
+        assert sorted(i for calls in by_worker for i in calls if i < 8) == list(range(8))
+        assert sorted(sum(i < 8 for i in calls) for calls in by_worker) == [4, 4], by_worker
 
 
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])

@@ -152,8 +152,9 @@ def test_slots_retire_after_a_deep_epoch_here_and_in_the_workers(no_leaks, monke
             del held
         assert loader.epoch_stats[0].extra["max_in_flight"] == (batches if deep == "depth" else 4)
         pool, workers = loader._res.slots, loader._res.executor.pids()
-        assert len(pool._names) >= batches and len(slot_files(os.getpid(), pool.prefix)) == len(pool._names)
-        assert sum(len(slot_files(pid, pool.prefix)) for pid in workers) >= batches, "the workers mapped every slot"
+        # A slot per batch, but for the first: it came in two parts (one per worker), joined into a copy.
+        assert len(pool._names) >= batches - 1 and len(slot_files(os.getpid(), pool.prefix)) == len(pool._names)
+        assert sum(len(slot_files(pid, pool.prefix)) for pid in workers) >= batches - 1, "the workers mapped every slot"
         for _ in range(2):
             for batch in loader:
                 assert batch["x"].shape == (2, 16)
@@ -196,6 +197,7 @@ def test_slots_lent_to_killed_workers_are_retired(no_leaks):
             with pytest.raises(KeyError):
                 for _ in loader:
                     pass
-            # At most the 4 tasks in flight when the last epoch failed; those of earlier ones are gone.
-            assert 1 <= loader._res.slots.orphaned() <= 4
-        assert len(loader._res.slots._names) <= 4 + 4
+            # At most the 5 tasks in flight when the last epoch failed (4 batches, the first in a part
+            # per worker); those of earlier ones are gone.
+            assert 1 <= loader._res.slots.orphaned() <= 5
+        assert len(loader._res.slots._names) <= 4 + 5
