@@ -90,7 +90,7 @@ class CachedLoader:
     to_device
         A callable applied to every batch instead of the default device move.
     start_method
-        Multiprocessing start method of the workers (default ``"spawn"``).
+        Multiprocessing start method of the workers: ``"spawn"`` (the default) or ``"fork"``.
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
     timeout

@@ -428,6 +428,10 @@ class LoaderSettings:
                                  f"got {gpu_indices!r}")
         if collate_fn is not None and not callable(collate_fn):
             raise ValueError("collate_fn must be callable")
+        if start_method not in ("spawn", "fork"):
+            # A forkserver's children are the server's, not the training process's: the parent-death
+            # signal that takes workers down with a killed training process would watch the wrong one.
+            raise ValueError(f"start_method must be 'spawn' (the default) or 'fork', got {start_method!r}")
         if to_device is not None and not callable(to_device):
             raise ValueError("to_device must be callable")
         cache = CacheSettings.parse(cache_setting) if cache_setting is not None else None
