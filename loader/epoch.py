@@ -156,9 +156,11 @@ class PoolRun:
     bound) each time the loop waits while a worker has nothing to do, so a
     loop slower than its workers holds few batches in memory;
     ``minibatch`` splits each batch into tasks of at most that many samples;
-    ``split_first`` splits the epoch's first batch into one task per worker (the
-    loop waits for that batch while every worker is idle: a computed batch of
-    64 samples at 5 ms each comes in half the time from 2 workers);
+    ``split_ends`` splits the epoch's first and last batches into one task per
+    worker: the loop waits for the first while every worker is idle (a computed
+    batch of 64 samples at 5 ms each comes in half the time from 2 workers), and
+    splitting the last as well keeps the workers' shares even (the first alone
+    left one worker half a batch behind: 10 batches took 5.5 batch times, not 5);
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
     bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
@@ -179,7 +181,7 @@ class PoolRun:
     reader: tuple | None = None
     background: BackgroundRefresh | None = None
     timeout: float | None = None
-    split_first: bool = False
+    split_ends: bool = False
 
 
 
@@ -198,6 +200,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
         first_unserved = len(batches)
         batches += plan.unserved
     source = iter(batches)
+    following = next(source, None)
     inflight: dict[tuple[int, int], m.Task] = {}
     parts_of: dict[int, int] = {}
     sizes: dict[int, int] = {}
@@ -210,14 +213,14 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     stats.extra["max_in_flight"] = depth
     waiting_for, wait_since, warned = -1, 0.0, False  # the batch the loop waits for, since when
 
-    def submit(seq: int, positions: np.ndarray) -> None:
+    def submit(seq: int, positions: np.ndarray, last: bool) -> None:
         sizes[seq] = len(positions)
         if len(positions) == 0:
             parts_of[seq] = 1
             done[seq] = {0: []}
             return
         step = run.minibatch or len(positions)
-        if run.split_first and seq == 0 and executor.nb_worker > 1:
+        if run.split_ends and (seq == 0 or last) and executor.nb_worker > 1:
             step = min(step, -(-len(positions) // executor.nb_worker))
         starts = range(0, len(positions), step)
         parts_of[seq] = len(starts)
@@ -272,11 +275,11 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     try:
         while True:
             while not exhausted and submitted - delivered < depth:
-                positions = next(source, None)
+                positions, following = following, next(source, None)  # one ahead: is this the last?
                 if positions is None:
                     exhausted = True
                     break
-                submit(submitted, positions)
+                submit(submitted, positions, last=following is None)
                 submitted += 1
             if exhausted and delivered == submitted:
                 return

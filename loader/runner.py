@@ -303,7 +303,7 @@ class EpochRunner:
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
                       s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout,
                       # Parts of a batch are joined by concat_batches: only for the default collate.
-                      split_first=plan.mode != EpochMode.READ and s.collate_fn is None)
+                      split_ends=plan.mode != EpochMode.READ and s.collate_fn is None)
         if build is not None:
             build.attach(executor)
         if plan.mode == EpochMode.READ:

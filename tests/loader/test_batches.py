@@ -35,27 +35,30 @@ def test_batches_are_views_of_shared_memory(tmp_path, cache):
                       cache_setting=setting) as loader:
         for epoch in range(2):
             for number, batch in enumerate(loader):
-                if number == 0 and loader.epoch_stats[-1].mode != EpochMode.READ:
-                    continue  # an epoch's first computed batch comes in parts, joined (test below)
+                if number in (0, len(loader) - 1) and loader.epoch_stats[-1].mode != EpochMode.READ:
+                    continue  # an epoch's first and last computed batches come in parts, joined (test below)
                 address = batch["x"].__array_interface__["data"][0]
                 assert any(lo <= address < hi for lo, hi in _shm_ranges()), "batch was not carried in shared memory"
                 assert batch["x"].flags.writeable
 
 
 @pytest.mark.parametrize("cache", [False, True])
-def test_the_first_computed_batch_is_shared_by_the_workers(tmp_path, cache):
-    """The loop waits for an epoch's first batch while every worker is idle: each computes a part."""
+def test_the_first_and_last_computed_batches_are_shared_by_the_workers(tmp_path, cache):
+    """The loop waits for an epoch's first batch while every worker is idle: each computes a part
+    (the last batch too, so the workers' shares stay even)."""
     counter = tmp_path / "calls"
     counter.mkdir()
     setting = {"prefix": str(tmp_path / "c"), "update_frequency": 5} if cache else None
     with CachedLoader(ArangeDataset, {"n": 32, "counter_dir": str(counter)}, batch_size=8, nb_worker=2,
                       shuffle=False, cache_setting=setting) as loader:
-        first = next(iter(loader))
-        np.testing.assert_array_equal(first["y"], np.arange(8))
-        np.testing.assert_array_equal(first["x"][:, 0], np.arange(8, dtype=np.float32))
-        by_worker = [sorted(int(line) for line in path.read_text().split()) for path in counter.iterdir()]
-        assert sorted(i for calls in by_worker for i in calls if i < 8) == list(range(8))
-        assert sorted(sum(i < 8 for i in calls) for calls in by_worker) == [4, 4], by_worker
+        batches = list(loader)
+    for k, batch in enumerate(batches):
+        np.testing.assert_array_equal(batch["y"], np.arange(8 * k, 8 * k + 8))
+        np.testing.assert_array_equal(batch["x"][:, 0], np.arange(8 * k, 8 * k + 8, dtype=np.float32))
+    by_worker = [[int(line) for line in path.read_text().split()] for path in counter.iterdir()]
+    assert sorted(i for calls in by_worker for i in calls) == list(range(32))
+    for lo in (0, 24):  # the first batch and the last: half each
+        assert sorted(sum(lo <= i < lo + 8 for i in calls) for calls in by_worker) == [4, 4], by_worker
 
 
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])
