@@ -54,6 +54,9 @@ class Executor(Protocol):
     def begin_epoch(self) -> None:
         """Start counting worker deaths anew (``max_worker_restarts`` is per epoch)."""
 
+    def start_flush(self) -> None:
+        """Ask every worker to close its shard without waiting; each answers with ``ShardFlushed``."""
+
     def retire_slots(self, names: Sequence[str]) -> None:
         """Have every worker close its mapping of the shared-memory slots `names` (see :mod:`loader.shm`)."""
 

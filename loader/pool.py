@@ -276,6 +276,11 @@ class WorkerPool(DeathListeners):
         if dead.worker_id in self._flushing:
             self._send(replacement, m.FlushShard())  # its predecessor's shard is on disk already
 
+    def start_flush(self) -> None:
+        """Ask every worker to close its shard; the answers come as ``ShardFlushed`` messages."""
+        for w in self.workers:
+            self._send(w, m.FlushShard())
+
     def flush_shards(self, timeout: float = 120.0) -> list[str]:
         """Ask every worker to close its shard; wait for all; return their errors."""
         for w in self.workers:

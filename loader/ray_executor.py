@@ -439,6 +439,9 @@ class RayExecutor(DeathListeners):
                                   "--resources=...) or change executor_options['actor_options']; "
                                   "executor_options['start_timeout'] sets the wait")
 
+    def start_flush(self) -> None:
+        """Nothing to flush: actors never write shards (``writes_local_store`` is false)."""
+
     def flush_shards(self) -> list[str]:
         """Nothing to flush: actors never write shards (``writes_local_store`` is false)."""
         return []

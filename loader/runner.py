@@ -465,7 +465,7 @@ class EpochRunner:
         executor = self.ensure_executor()
         try:
             refresh.finish(executor, self.settings.timeout)
-            problem = build.finish(executor)
+            problem = build.finish(executor) or "; ".join(refresh.flush_errors) or None
             if problem is not None:
                 build.abort()
                 self.cache.refresh_off = True

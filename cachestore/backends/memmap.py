@@ -138,12 +138,18 @@ class MemmapShard(ShardWriter):
             raise
 
     def _close(self) -> None:
-        for fd, _ in self._cols:
+        fds = [fd for fd, _ in self._cols] + [fd for fd in (self._seg_fd, self._idx_fd) if fd is not None]
+        for fd in fds:
+            # Written to disk by the process that wrote them (a worker, or a background refresh's
+            # spare time), so the commit's own fsync in the training process finds little left to
+            # do: it took 15 ms of a 22 ms refresh commit that the training loop waited for.
+            # Durability is the commit's job: an error here is reported by its fsync.
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
             os.close(fd)
         self._cols = []
-        for fd in (self._seg_fd, self._idx_fd):
-            if fd is not None:
-                os.close(fd)
         self._seg_fd = None
 
     def usage(self) -> int:

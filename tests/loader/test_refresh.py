@@ -102,3 +102,57 @@ def test_background_refresh_true_without_room_is_an_error(no_leaks):
         list(loader)  # generation 0 (about 650 KiB) fits, a second one does not
         with pytest.raises(BudgetExceededError, match="second generation"):
             list(loader)
+
+
+class _Build:
+    """What BackgroundRefresh needs of a GenerationBuild, recording what it is handed."""
+
+    generation, active, in_workers = 1, True, True
+
+    def __init__(self) -> None:
+        self.accepted = 0
+
+    def missing(self, positions: np.ndarray) -> np.ndarray:
+        return positions
+
+    def task_fields(self, positions=None) -> dict:
+        from loader.settings import EpochMode
+
+        return {"mode": EpochMode.GENERATE}
+
+    def accept(self, msg) -> int:
+        self.accepted += 1
+        return 0
+
+
+class _Executor:
+    nb_worker = 2
+
+    def __init__(self) -> None:
+        self.submitted, self.flushes = [], 0
+
+    def submit(self, task) -> None:
+        self.submitted.append(task)
+
+    def start_flush(self) -> None:
+        self.flushes += 1
+
+
+def test_a_completed_refresh_has_the_workers_close_their_shards_at_once():
+    """Once every chunk is in, the workers close (and sync) their shards in their idle time, so the
+    refresh epoch does not wait for it; a flush error is kept for the commit to refuse."""
+    from loader import messages as m
+    from loader.refresh import BackgroundRefresh
+
+    build, executor = _Build(), _Executor()
+    refresh = BackgroundRefresh(build, np.arange(6), chunk=3, nb_worker=2)
+    refresh.pump(executor)
+    assert len(executor.submitted) == 2 and executor.flushes == 0, "chunks in flight: nothing to flush yet"
+    for task in executor.submitted:
+        assert refresh.handle(m.BatchDone(task.epoch, task.seq, task.part, 0, None))
+        refresh.pump(executor)
+    assert refresh.done and executor.flushes == 1
+    refresh.pump(executor)
+    assert executor.flushes == 1, "asked once"
+    assert refresh.handle(m.ShardFlushed(0)) and refresh.handle(m.ShardFlushed(1, error="OSError: disk full"))
+    assert refresh.flush_errors == ["OSError: disk full"]
