@@ -190,7 +190,16 @@ class WorkerPool(DeathListeners):
             self._send(worker, msg)
 
     def submit(self, task: m.Task) -> None:
-        worker = min(self.workers, key=lambda w: len(w.outstanding))
+        # The parts of one batch go to different workers (a batch split so that they compute it
+        # together: epoch.PoolRun.split_ends; one worker given both halves of the last batch ended
+        # the epoch half a batch late, 1 run in 2). Then the least batch work queued, in samples,
+        # so half batches weigh half; a worker takes batch tasks before queued background chunks,
+        # so those only break ties.
+        def load(w: WorkerHandle) -> tuple:
+            sibling = any(t.epoch == task.epoch and t.seq == task.seq for t in w.outstanding)
+            work = sum(len(t.indices) for t in w.outstanding if t.epoch != m.BACKGROUND_EPOCH)
+            return sibling, work, len(w.outstanding)
+        worker = min(self.workers, key=load)
         worker.outstanding.append(task)
         self._send(worker, task)
 
