@@ -127,9 +127,17 @@ class LmdbShard(ShardWriter):
         self._pending_indices: list[int] = []
         self._pending_bytes = 0
         self._keys_fd: int | None = None
+        # (record bytes, structure) every record of this shard shares, "mixed" once one differs:
+        # the commit learns from the shards' stats, without reading a record, that a
+        # generation's wide records share one layout (see lmdb_columns.RECORDS).
+        self._layout: tuple[int, tuple] | str | None = None
 
     def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
         record = codec.encode_record(treedef, leaves, self.compress)
+        if self._layout is None:
+            self._layout = (len(record), treedef)
+        elif self._layout != "mixed" and self._layout != (len(record), treedef):
+            self._layout = "mixed"
         self._pending.append((record_key(index), SUM.pack(checksum([record])) + record))
         self._pending_indices.append(index)
         self._pending_bytes += len(record)
@@ -149,7 +157,10 @@ class LmdbShard(ShardWriter):
             self._pending = []
             self._pending_indices = []
             self._pending_bytes = 0
-        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count}
+        layout = self._layout if isinstance(self._layout, str) or self._layout is None else \
+            [self._layout[0], codec.treedef_to_json(self._layout[1])]
+        stats = {"raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "count": self.count,
+                 "layout": layout}
         write_json_atomic(self.dir / f"stats-{self.shard_id}.json", stats)  # out of space: BudgetExceededError
 
     def _write_pending(self) -> None:
@@ -231,11 +242,16 @@ class LmdbBackend(DirectoryBackend):
     def _finalize(self, staging: Path, num_samples: int | None) -> dict:
         raw = stored = 0
         keys = np.zeros(0, dtype=np.int64)
+        layouts = []
         for stats_file in staging.glob("stats-*.json"):
             stats = safefs.read_json(stats_file)
             raw += stats["raw_bytes"]
             stored += stats["stored_bytes"]
+            if stats.get("count"):
+                layouts.append(stats.get("layout", "unknown"))  # a shard of an older version: unknown
             stats_file.unlink()
+        shared = layouts[0] if layouts and all(x == layouts[0] for x in layouts) else None
+        one_layout = shared if isinstance(shared, list) else None  # [record bytes, structure]
         logged = []
         for log_file in sorted(staging.glob("keys-*.bin")):
             data = safefs.read_bytes(log_file)
@@ -269,7 +285,7 @@ class LmdbBackend(DirectoryBackend):
                                   f"records where its writers logged indices 0..{n - 1}")
         summary = {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
         if n and not self.compression and (self.read_meta() or {}).get("format", 1) >= COLUMNS_FORMAT:
-            columns = self._to_columns(staging, n)
+            columns = self._to_columns(staging, n, one_layout)
             if columns is not None and columns["lmdb_layout"] == lmdb_columns.LAYOUT:
                 summary.update(columns, layout="fixed", stored_bytes=raw)
             elif columns is not None:
@@ -277,8 +293,12 @@ class LmdbBackend(DirectoryBackend):
         (staging / "lock.mdb").unlink(missing_ok=True)
         return summary
 
-    def _to_columns(self, staging: Path, n: int) -> dict | None:
-        """Rewrite a generation of fixed-shape samples by column (see :mod:`.lmdb_columns`)."""
+    def _to_columns(self, staging: Path, n: int, one_layout: list | None) -> dict | None:
+        """Rewrite a generation of fixed-shape samples by column (see :mod:`.lmdb_columns`).
+
+        `one_layout`: ``[record bytes, structure]`` when every shard reported that all its records
+        share it (wide samples then keep their records, and the manifest says so), else ``None``.
+        """
         key = ("write", str(staging))
         with ENVS_LOCK:
             if key in ENVS:  # a shard writer of this process still has the environment open
@@ -289,7 +309,7 @@ class LmdbBackend(DirectoryBackend):
             def corrupt(i: int, why: str) -> Exception:
                 return CacheStoreError(f"generation in {staging} cannot be committed: sample {i}: {why}")
             with env.begin(buffers=True) as txn:
-                columns = lmdb_columns.convert(txn, n, target, record_key, corrupt)
+                columns = lmdb_columns.convert(txn, n, target, record_key, corrupt, one_layout)
         finally:
             env.close()
         if columns is not None and columns["lmdb_layout"] == lmdb_columns.LAYOUT:

@@ -121,6 +121,27 @@ def test_wide_samples_of_several_shapes_have_no_batch_layout(make_store, store_p
     check_generation(reader, 0, 4, two_shapes)
 
 
+def test_shards_of_different_layouts_have_no_batch_layout(make_store, store_path):
+    """Each shard's records share one layout, but not the same one: the commit learns it from the
+    shards' reports, without reading the records."""
+    def by_shard(generation: int, index: int):
+        return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1 + (index >= 3), index, dtype=np.float32)}
+
+    store = make_store("lmdb")
+    writer = store.writer(0, 6)
+    spec = writer.shard_spec()
+    for name, indices in (("a", range(3)), ("b", range(3, 6))):
+        shard = spec.open(name)
+        for i in indices:
+            shard.put(i, by_shard(0, i))
+        shard.close()
+    writer.commit()
+    assert "lmdb_layout" not in manifest(store_path)
+    reader = store.reader()
+    assert reader.batch_layout() is None
+    check_generation(reader, 0, 6, by_shard)
+
+
 def test_a_fixed_record_whose_header_changed_is_corrupt(make_store, store_path):
     """A record of a fixed-records generation that no longer has the generation's layout is damage,
     not a reason to read the batch another way."""
