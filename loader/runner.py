@@ -76,6 +76,7 @@ class EpochRunner:
         self.fallback: RotationSettings | None = None  # the window on_budget_exceeded="rotate" switched to
         self.placement = GatherPlacement()
         self._reader: Any = None  # see inline_reader
+        self._slots_sized = False  # shrink_slots ran at the end of the last epoch
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset_class,
                                               settings.dataset_params, settings.batch_size)
@@ -165,7 +166,9 @@ class EpochRunner:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
         self.settle()
-        self.shrink_slots()
+        if not self._slots_sized:  # the last epoch was broken off (or this is the first)
+            self.shrink_slots()
+        self._slots_sized = False
         plan = self.plan(epoch, skip)
         if plan.mode == EpochMode.GENERATE:
             try:
@@ -200,6 +203,10 @@ class EpochRunner:
             if build is not None:
                 self.finish_generation(plan, build, stats)
             finished = True
+            # Now, not at the next epoch's start: the loop may validate or checkpoint in between,
+            # and a deep epoch's spare slots would be held meanwhile.
+            self.shrink_slots()
+            self._slots_sized = True
         except BudgetExceededError as exc:
             if build is not None:  # a generation that does not fit is not worth keeping
                 self.res.build = None
@@ -256,8 +263,9 @@ class EpochRunner:
             self.keep_or_commit(build)
 
     def shrink_slots(self) -> None:
-        """Between epochs: retire the shared-memory slots the last epoch did not need, here and in
-        every worker (the rule: "Shrinking" in :mod:`loader.shm`)."""
+        """Between epochs (at the end of a completed one, else at the start of the next): retire
+        the shared-memory slots the last epoch did not need, here and in every worker (the rule:
+        "Shrinking" in :mod:`loader.shm`)."""
         slots, executor = self.res.slots, self.res.executor
         if slots is None:
             return

@@ -36,8 +36,9 @@ Shrinking: slots are sized by the last epoch, not the loader's lifetime
 --------------------------------------------------------------------------
 An epoch may need many slots (the in-flight depth grew, or the loop held on to
 its batches) or a large one (one huge batch); later epochs may not. At the
-start of each epoch :meth:`SlotPool.shrink` retires *free* slots by this rule,
-measured over the previous epoch (since the last call):
+end of each completed epoch (at the start of the next after one broken off)
+:meth:`SlotPool.shrink` retires *free* slots by this rule, measured over that
+epoch (since the last call):
 
 * a slot larger than ``max(MIN_SLOT, 2 x the largest batch carried)`` retires
   (one grown for a batch the epoch no longer has); new slots are created at
@@ -442,7 +443,7 @@ class SlotPool:
     def shrink(self) -> list[str]:
         """Retire the free slots the period since the last call did not need; return their names.
 
-        Called at the start of each epoch; the rule is in the module docstring. The caller
+        Called between epochs; the rule is in the module docstring. The caller
         must tell the workers (:meth:`WorkerSegments.forget`), whose mappings keep the pages.
         """
         with self._lock:

@@ -201,3 +201,27 @@ def test_slots_lent_to_killed_workers_are_retired(no_leaks):
             # per worker); those of earlier ones are gone.
             assert 1 <= loader._res.slots.orphaned() <= 5
         assert len(loader._res.slots._names) <= 4 + 5
+
+
+def test_slots_retire_when_a_shallow_epoch_ends_not_at_the_next_start(no_leaks, monkeypatch):
+    """The loop may validate between epochs: a deep epoch's spare slots go as soon as an epoch that
+    did not need them has ended, before the next ``iter()``."""
+    if not shm.USE_MEMFD:
+        pytest.skip("memfd slots are not usable here")
+    batches = 32
+    with CachedLoader(ArangeDataset, {"n": 2 * batches, "shape": (16,)}, batch_size=2, nb_worker=2, shuffle=False,
+                      max_queue_size=batches) as loader:
+        monkeypatch.setattr(epoch_module, "INITIAL_DEPTH_PER_WORKER", batches)
+        assert sum(1 for _ in loader) == batches
+        monkeypatch.undo()
+        loader.settings.max_queue_size = 4
+        pool, workers = loader._res.slots, loader._res.executor.pids()
+        assert len(pool._names) >= batches - 1, "the deep epoch kept its slots: it needed them"
+        assert sum(1 for _ in loader) == batches  # one shallow epoch, and no iter() after it
+        here = slot_files(os.getpid(), pool.prefix)
+        assert len(pool._names) == len(here) <= 4 + 2 + 1
+        # The workers were told at the end of the epoch; a round trip through every worker (its
+        # messages keep their order) makes sure each has read it.
+        assert loader._res.executor.flush_shards() == []
+        for pid in workers:
+            assert set(slot_files(pid, pool.prefix)) <= set(here), f"worker {pid} keeps retired slots open"
