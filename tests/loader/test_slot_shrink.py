@@ -161,8 +161,10 @@ def test_slots_retire_after_a_deep_epoch_here_and_in_the_workers(no_leaks, monke
         here = slot_files(os.getpid(), pool.prefix)
         # Epoch 1 lent at most: the 4 in flight, the batch the loop holds, the one kept (and one spare).
         assert len(pool._names) == len(here) <= 4 + 2 + 1
+        # The last retirement was sent as epoch 2 ended; a round trip through every worker (its
+        # messages keep their order) makes sure each has read it.
+        assert loader._res.executor.flush_shards() == []
         for pid in workers:
-            # Each worker ran tasks of epoch 2, so it read the retirement first (messages keep their order).
             assert set(slot_files(pid, pool.prefix)) <= set(here), f"worker {pid} keeps retired slots open"
         if kept is not None:
             assert kept["y"].tolist() == [10, 11] and (kept["x"] == np.array([[10], [11]])).all()
