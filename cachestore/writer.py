@@ -151,19 +151,7 @@ class GenerationWriter:
         record adopts it. Every shard writer must be closed first (the
         loader's workers included). Idempotent; a no-op after commit or abort.
         """
-        if self.state != "open":
-            return
-        self.state = "kept"
-        try:
-            if self._shard is not None:
-                self._shard.close()
-        except Exception:  # what it could not flush is simply not in the partial generation
-            pass
-        self._finalizer.detach()
-        try:
-            self.backend.keep(self.token)
-        finally:
-            self._lease.release()
+        self._end("kept", self.backend.keep)
 
     def discard_shard_tail(self, shard_id: str, keep: int) -> None:
         """Keep only the first `keep` samples a dead shard writer recorded."""
@@ -186,16 +174,21 @@ class GenerationWriter:
 
     def abort(self) -> None:
         """Discard everything written (idempotent)."""
+        self._end("aborted", self.backend.discard)
+
+    def _end(self, state: str, finish: Callable[[Any], None]) -> None:
+        """Leave the open state for `state`: close this process's shard, `finish(token)` (keep or
+        discard the staging area), give the lease back. A no-op unless open."""
         if self.state != "open":
             return
-        self.state = "aborted"
+        self.state = state
         try:
             if self._shard is not None:
                 self._shard.close()
-        except Exception:  # the staging area goes anyway; a close error must not mask the cause
+        except Exception:  # what it could not flush is not kept, and must not mask the cause
             pass
         self._finalizer.detach()
         try:
-            self.backend.discard(self.token)
+            finish(self.token)
         finally:
             self._lease.release()
