@@ -46,7 +46,7 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
     backend
         ``"memmap"``, ``"lmdb"`` or ``"memory"``.
     repeats
-        Timed epochs of each, after one untimed warm-up epoch each (ours: two, its first two
+        Timed epochs of each, after one untimed warm-up epoch each (ours: three, its first three
         read epochs measure where to gather; page
         mapping, slots, torch's worker start-up).
     """
@@ -70,8 +70,9 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
             raw = epoch_times(unverified, n, batch_size, repeats, seed=1)
             dl = tud.DataLoader(reader, batch_size=batch_size, shuffle=True, num_workers=workers,
                                 persistent_workers=workers > 0)
-            for _batch in loader:  # the first two read epochs measure where to gather (loader/gather.py)
-                pass
+            for _ in range(2):  # the first three read epochs measure where to gather (loader/gather.py)
+                for _batch in loader:
+                    pass
             # The same store read by a loader without workers, in the same rounds (a memory store
             # lives in its loader: the one above reads it in-process already).
             inline = None if backend == "memory" else CachedLoader(
@@ -89,6 +90,7 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
                 inline.close()
             modes = [s.mode for s in loader.epoch_stats]
             gather_place = loader.epoch_stats[-1].extra.get("gather")
+            loader_costs = loader.epoch_stats[-1].extra.get("gather_costs")
             reader.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -99,12 +101,13 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
     return {"backend": backend, "n": n, "shape": list(shape), "sample_bytes": sample_bytes,
             "batch_size": batch_size, "workers": workers, "repeats": repeats, "modes": modes,
             "ours_reads_in": "training process" if backend == "memory" or gather_place == "main"
-            else f"{workers} workers",
+            else f"{workers} threads" if gather_place == "threads" else f"{workers} workers",
             "generate_samples_per_s": n / generate_s,
             "ours_samples_per_s": summarize([n / s for s in ours]),
             "torch_samples_per_s": summarize([n / s for s in theirs]),
             "gather_samples_per_s": summarize([n / s for s in gather]),
             "gather_place": gather_place,
+            "gather_costs": loader_costs,
             "no_workers_samples_per_s": summarize([n / s for s in no_workers]) if no_workers else None,
             # Seconds per batch: store gather without checksums, what checking them adds, and the rest
             # of a loader epoch (hand-off from workers, device move, reorder) over the verified gather.

@@ -87,6 +87,12 @@ class Reader:
         """``(treedef, [(dtype, shape) per leaf])`` for fixed-layout generations, else ``None``."""
         return self.data.batch_layout()
 
+    def parallel_batches(self) -> bool:
+        """Whether :meth:`get_batch` may run in several threads at once (and gains by it): a
+        fixed-layout generation of a backend whose batch reads are numpy copies and hashes,
+        which release the GIL."""
+        return self.data.threadsafe_batches and self.batch_layout() is not None
+
     def verify(self) -> list:
         """Check every checksum of this generation; one error per bad sample."""
         return self.data.verify_all()

@@ -1,23 +1,27 @@
-"""Where a cached epoch gathers its batches: in the training process, or in the workers.
+"""Where a cached epoch gathers its batches: in the training process (inline or by its threads), or in the workers.
 
 A batch read from a committed store is one vectorised gather per leaf (plus its
 checksums). Workers do it in parallel with the training loop, but each batch
 then costs the training process a hand-off: a message, a slot mapped as
 arrays, the reorder buffer. For small samples that hand-off costs more than
 the gather itself (a cached epoch of 16-float samples ran slower with 2 workers
-than with none); for large samples the workers' parallel copies win.
+than with none); for large samples parallel copies win, and threads of the
+training process copy in parallel without a hand-off
+(:mod:`loader.gather_threads`; only where the reader allows it).
 
 The rule: what counts is the training process's time per batch, since that is
-what the training loop waits for. The first two read epochs of a store, generation
-and batch size measure both, warm: the first gathers its first
+what the training loop waits for. The first read epochs of a store, generation
+and batch size measure each place, warm: the first gathers its first
 ``PROBE_BATCHES`` batches in the training process, timed on a second,
 undelivered gather of the same batches (once the store's pages are mapped),
 and the rest in the workers; the second runs on the workers, timed (their
-first epoch mapped pages and grew slots). Each batch is timed from the moment
-the loop asks for it until it has it (the loop's own time is not counted; a
-worker batch that is ready when asked costs only its hand-off). The cheaper
-side, per batch, serves the later read epochs of that key. The
-choice and both costs are in ``EpochStats.extra`` (``"gather"``: ``"main"`` or
+first epoch mapped pages and grew slots); where threads may gather, the third
+runs on them, timed (its first batches, which fill the queue and allocate the
+buffers, not counted). Each batch is timed from the moment the loop asks for
+it until it has it (the loop's own time is not counted; a batch that is ready
+when asked costs only its hand-off). The cheapest place, per batch, serves the
+later read epochs of that key. The choice and the costs are in
+``EpochStats.extra`` (``"gather"``: ``"main"``, ``"threads"`` or
 ``"workers"``; ``"gather_costs"``: seconds per batch). While a background
 refresh runs the workers gather (its chunks are scheduled between batch tasks).
 """
@@ -67,19 +71,31 @@ class GatherPlacement:
 
     def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
                 inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
-                pool: Callable[[EpochPlan], Iterator[Any]], warmup: int) -> Iterator[Any]:
-        """The batches of read epoch `plan`, from `inline` or `pool` (each runs a plan; `inline`
-        counts into the stats it is given).
+                pool: Callable[[EpochPlan], Iterator[Any]], warmup: int,
+                threads: Callable[[EpochPlan, EpochStats], Iterator[Any]] | None = None) -> Iterator[Any]:
+        """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
+        `inline` and `threads` count into the stats they are given).
 
-        `warmup`: worker batches not counted while probing (the queue filling up).
+        `warmup`: batches not counted while probing the workers or the threads (the queue
+        filling up). `threads`: ``None`` where threads may not gather this store.
         """
         known = self.choices.get(key)
         if known is not None and known[0] == "pending":
-            return self._time_workers(key, plan, stats, pool, warmup, known[1])
+            return self._time(key, plan, stats, "workers", lambda p, _: pool(p), warmup, known[1],
+                              then_threads=threads is not None)
+        if known is not None and known[0] == "pending-threads":
+            if threads is None:  # cannot happen for one key; decide without them
+                return self._time(key, plan, stats, "workers", lambda p, _: pool(p), warmup, known[1])
+            return self._time(key, plan, stats, "threads", threads, warmup, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
-            return inline(plan, stats) if place == "main" else pool(plan)
+            if place == "main":
+                return inline(plan, stats)
+            if place == "threads" and threads is not None:
+                return threads(plan, stats)
+            stats.extra["gather"] = "workers"
+            return pool(plan)
         return self._probe(key, plan, stats, inline, pool)
 
     def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable,
@@ -104,18 +120,24 @@ class GatherPlacement:
         # Median: one batch that meets a page-table or allocator hiccup must not decide.
         self.choices[key] = ("pending", {"main": statistics.median(main_times)})
 
-    def _time_workers(self, key: tuple, plan: EpochPlan, stats: EpochStats, pool: Callable, warmup: int,
-                      costs: dict) -> Iterator[Any]:
-        """Second read epoch: time the workers, now warm (their first epoch mapped the store's
-        pages and grew their slots, as the training process's timed gathers did not pay), and decide."""
-        stats.extra["gather"] = "workers"
-        worker_times: list[float] = []
-        yield from timed(pool(plan), worker_times)
-        steady = worker_times[min(warmup, len(worker_times) // 2):]
+    def _time(self, key: tuple, plan: EpochPlan, stats: EpochStats, place: str,
+              run: Callable[[EpochPlan, EpochStats], Iterator[Any]], warmup: int, costs: dict,
+              then_threads: bool = False) -> Iterator[Any]:
+        """A later probe epoch: time `place`, now warm (the workers' first epoch mapped the store's
+        pages and grew their slots, as the training process's timed gathers did not pay), then
+        decide, or go on to time the threads."""
+        stats.extra["gather"] = place
+        times: list[float] = []
+        yield from timed(run(plan, stats), times)
+        steady = times[min(warmup, len(times) // 2):]
         if not steady:
             return  # an empty epoch (a resume at its end): decide at the next one
-        # Mean for the workers: their batches arrive in bursts, two at a time.
-        costs = {**costs, "workers": _mean(steady)}
-        place = "main" if costs["main"] <= costs["workers"] else "workers"
-        self.choices[key] = (place, costs)
-        stats.extra.update(gather=place, gather_costs=costs, gather_probed=True)
+        # Mean: batches gathered ahead arrive in bursts, two at a time.
+        costs = {**costs, place: _mean(steady)}
+        if then_threads:
+            self.choices[key] = ("pending-threads", costs)
+            stats.extra["gather_costs"] = costs
+            return
+        best = min(costs, key=costs.__getitem__)
+        self.choices[key] = (best, costs)
+        stats.extra.update(gather=best, gather_costs=costs, gather_probed=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from cachestore import Store
 
 from .executor import Executor
+from .gather_threads import GatherThreads
 from .generation import GenerationBuild
 from .rotation import RotationWindow
 from .shm import SlotPool
@@ -28,6 +29,7 @@ class Resources:
         self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
         self.window: RotationWindow | None = None
+        self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.gather_threads)
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
@@ -58,6 +60,10 @@ class Resources:
         if executor is not None:
             executor.shutdown()
         self.keep_builds()
+        # Before the store closes: no gather thread may still read it.
+        threads, self.threads = self.threads, None
+        if threads is not None:
+            threads.shutdown()
         slots, self.slots = self.slots, None
         if slots is not None:
             slots.close()

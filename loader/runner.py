@@ -21,12 +21,14 @@ from cachestore import codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError
 
+from . import gather_threads
 from . import messages as m
 from . import sampler
 from .cache import CacheController
 from .epoch import EpochPlan, EpochStats, PoolRun, run_inline, run_pool
 from .executor import Executor, WorkerConfigFactory
 from .gather import GatherPlacement
+from .gather_threads import GatherThreads, usable_cpus
 from .generation import GenerationBuild
 from .layout import ConsumerLayout
 from .pool import WorkerPool
@@ -322,12 +324,24 @@ class EpochRunner:
             run.max_in_flight = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)
             if self.refresh is None:  # a refresh needs the workers' idle time: they gather then
                 # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
+                reader = self.inline_reader(plan.generation)
+                threads = None
+                if gather_threads.usable(reader, self.producer):
+                    def threads(p: EpochPlan, counts: EpochStats) -> Iterator[Any]:
+                        return gather_threads.thread_batches(p, counts, reader, self.producer, self.gather_threads())
                 return self.placement.batches(
                     (store.path, plan.generation, s.batch_size), plan, stats,
-                    lambda p, counts: run_inline(p, self.producer, self.inline_reader(p.generation), None, counts),
-                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight)
+                    lambda p, counts: run_inline(p, self.producer, reader, None, counts),
+                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight, threads=threads)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
+
+    def gather_threads(self) -> GatherThreads:
+        """The training process's gather threads, as many as workers (the CPUs the user gave to
+        loading), at most one per CPU this process may run on."""
+        if self.res.threads is None:
+            self.res.threads = GatherThreads(min(self.settings.nb_worker, usable_cpus()))
+        return self.res.threads
 
     def inline_reader(self, generation: int) -> Any:
         """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).

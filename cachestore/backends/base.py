@@ -306,6 +306,9 @@ def gather_columns(columns: Sequence[np.ndarray], specs: Sequence[tuple[np.dtype
 class GenerationData(ABC):
     """Read access to one committed generation."""
 
+    #: Whether ``read_batch`` may run in several threads at once (see ``Reader.parallel_batches``).
+    threadsafe_batches = False
+
     def __init__(self, generation: int, num_samples: int, where: str, verify: bool) -> None:
         self.generation = generation
         self.num_samples = num_samples

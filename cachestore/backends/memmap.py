@@ -368,6 +368,9 @@ def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class MemmapGeneration(GenerationData):
+    # Read-only maps and arrays: a batch read touches no shared state.
+    threadsafe_batches = True
+
     def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
         super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
         self.layout = manifest.get("layout")

@@ -1,5 +1,5 @@
-"""Where cached epochs gather: measured in the first two read epochs of a store, generation and
-batch size, then kept.
+"""Where cached epochs gather: measured in the first read epochs of a store, generation and
+batch size (three where threads may gather, else two), then kept.
 
 Which side wins depends on the machine, so these tests force it (through the
 recorded choice) and check that both sides serve the same batches.
@@ -34,17 +34,19 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
     with CachedLoader(ArangeDataset, {"n": N, "shape": shape}, batch_size=BATCH, nb_worker=2, shuffle=True,
                       cache_setting=setting) as loader:
         epoch_labels(loader)  # generate
-        for _ in range(2):  # the training process's gather timed, then the workers'
+        for _ in range(3):  # the training process's gather timed, then the workers', then its threads'
             probe = epoch_labels(loader)
             stats = loader.epoch_stats[-1]
             assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
-        assert "gather_probed" not in loader.epoch_stats[-2].extra
+        assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["workers", "workers"]
+        assert not any("gather_probed" in s.extra for s in loader.epoch_stats[-3:-1])
         first = loader.epoch_stats[-1]
-        assert first.extra["gather_probed"] and first.extra["gather"] in ("main", "workers")
+        assert first.extra["gather_probed"] and first.extra["gather"] in ("main", "threads", "workers")
         costs = first.extra["gather_costs"]
-        assert costs["main"] > 0 and costs["workers"] > 0
+        assert set(costs) == {"main", "workers", "threads"} and min(costs.values()) > 0
+        assert first.extra["gather"] == min(costs, key=costs.get)
         choice = first.extra["gather"]
-        for place in ("main", "workers", choice):
+        for place in ("main", "workers", "threads", choice):
             # The recorded choice is what later epochs follow: force each side in turn.
             key = next(iter(loader._runner.placement.choices))
             loader._runner.placement.choices[key] = (place, costs)
@@ -71,3 +73,16 @@ def test_without_workers_the_training_process_gathers(tmp_path):
         for _ in range(3):
             assert sorted(epoch_labels(loader)) == list(range(16))
         assert loader.epoch_stats[-1].extra["gather"] == "main"
+
+
+def test_where_threads_may_not_gather_two_epochs_decide(tmp_path):
+    """lmdb's batch reads share its environment: the threads are not probed."""
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf"), "backend": "lmdb"}
+    with CachedLoader(ArangeDataset, {"n": N, "shape": (64, 64)}, batch_size=BATCH, nb_worker=2,
+                      cache_setting=setting) as loader:
+        for _ in range(3):
+            assert sorted(epoch_labels(loader)) == list(range(N))
+        decided = loader.epoch_stats[-1]
+        assert decided.extra["gather_probed"] and set(decided.extra["gather_costs"]) == {"main", "workers"}
+        assert sorted(epoch_labels(loader)) == list(range(N))
+        assert loader.epoch_stats[-1].extra["gather"] == decided.extra["gather"]

@@ -1,0 +1,176 @@
+"""Cached-epoch batches gathered by threads of the training process, ahead of the loop.
+
+Why threads: a fixed-layout gather from a memmap store is numpy copies and xxh3
+hashes, and both release the GIL, so two threads gather nearly twice as fast as
+one. Against the workers, a batch then costs no hand-off (no task message, no
+process woken, no slot mapped as arrays), and it lands in private memory, which
+the kernel may back with huge pages (shared memory is 4 KiB pages): on 2 cores,
+48 KiB samples came at 0.74-0.78x memcpy this way, 0.62-0.64x from 2 workers
+(the workers' copies and hashes are the same; the rest is hand-off and page
+tables). Where this is cheaper for the loop is measured, like the other places
+(:mod:`loader.gather`).
+
+Only readers that say their batch reads may run in parallel
+(:meth:`cachestore.Reader.parallel_batches`: memmap, fixed layout) are read this
+way, and only with the default collate: the threads run no user code. A
+corrupt record is handled by the training process, as in its own gather: the
+batch is recomputed from the dataset there.
+
+Buffers: a batch is handed out as arrays over one private buffer, reused once
+every array of that batch has died (a ``weakref.finalize`` on a per-batch
+ctypes exporter, the one object every view keeps alive, as for slots in
+:mod:`loader.shm`); a new buffer per batch cost a page fault per page, a third
+of the gather's speed. At most ``keep`` free buffers are kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import ctypes
+import os
+import threading
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+
+from cachestore import CorruptSampleError, Reader
+
+from . import messages as m
+from .epoch import EpochPlan, EpochStats
+from .settings import EpochMode
+from .shm import leaf_views, plan_layout
+from .worker import BatchProducer, SampleError
+
+#: Thread names start with this (see GatherThreads.shutdown).
+THREAD_PREFIX = "cachestore-gather"
+
+
+class BatchBuffers:
+    """Private buffers for gathered batches, reused once a batch's arrays are all gone."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: collections.deque[tuple[int, np.ndarray]] = collections.deque()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def arrays(self, specs: list[tuple[np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
+        """Writable arrays, one per leaf spec ``(dtype, shape)``, over one buffer lent until they die."""
+        offsets, total = plan_layout(specs)
+        total = max(total, 1)
+        buf = None
+        with self._lock:
+            for k, (size, free) in enumerate(self._free):
+                if size == total:
+                    buf = free
+                    del self._free[k]
+                    break
+        if buf is None:
+            buf = np.empty(total, dtype=np.uint8)
+        owner = (ctypes.c_char * total).from_buffer(buf)
+        weakref.finalize(owner, self._give_back, total, buf)
+        return leaf_views(owner, specs, offsets)
+
+    def _give_back(self, total: int, buf: np.ndarray) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self._free.append((total, buf))
+            while len(self._free) > self.keep:
+                self._free.popleft()  # the oldest: a size the epochs no longer ask for goes first
+
+    def free_buffers(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._free.clear()
+
+
+class GatherThreads:
+    """The training process's gather threads and their buffers (created when first used)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        #: Batches gathered ahead of the loop: one per thread, and two more so no thread waits
+        #: for the loop to take a batch.
+        self.ahead = self.threads + 2
+        # Free buffers kept: all an epoch has in use at once (those ahead, the batch the loop
+        # holds and the one before it, not yet collected), so a steady epoch allocates none.
+        self.buffers = BatchBuffers(keep=2 * self.ahead)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=THREAD_PREFIX)
+        return self._pool
+
+    def gather(self, reader: Reader, positions: np.ndarray) -> Any:
+        """One batch of `reader` into a lent buffer (runs in a gather thread)."""
+        treedef, specs = reader.batch_layout()
+        n = len(positions)
+        return reader.get_batch(positions, out=self.buffers.arrays([(dt, (n, *shape)) for dt, shape in specs]))
+
+    def shutdown(self) -> None:
+        """Stop the threads (after the gathers they run; not waited for from one of them)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            inside = threading.current_thread().name.startswith(THREAD_PREFIX)
+            pool.shutdown(wait=not inside, cancel_futures=True)
+        self.buffers.close()
+
+
+def thread_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer: BatchProducer,
+                   threads: GatherThreads) -> Iterator[Any]:
+    """The batches of read epoch `plan`, gathered by `threads`, at most ``threads.ahead`` ahead."""
+    batches = list(plan.batches)
+    pending: collections.deque[concurrent.futures.Future] = collections.deque()
+    submitted = 0
+    try:
+        for positions in batches:
+            while submitted < len(batches) and len(pending) < threads.ahead:
+                pending.append(threads.pool.submit(threads.gather, reader, batches[submitted]))
+                submitted += 1
+            try:
+                batch = pending.popleft().result()
+            except CorruptSampleError as exc:
+                batch = _recompute(plan, producer, positions, exc)
+            stats.read += len(positions)
+            stats.batches += 1
+            stats.samples += len(positions)
+            yield batch
+    finally:
+        # A broken-off epoch: no gather may still read the store once the loader closes its reader.
+        for future in pending:
+            future.cancel()
+        concurrent.futures.wait(pending)
+
+
+def _recompute(plan: EpochPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Any:
+    """A corrupt record: the batch from the dataset, in this process (as its own gather does)."""
+    task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
+                  positions=positions)
+    try:
+        return producer.recompute(task, exc)
+    except SampleError as err:
+        err.cause.add_note(f"raised by the dataset while computing sample {err.index} of epoch {plan.epoch}")
+        raise err.cause from None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def usable(reader: Reader, producer: BatchProducer) -> bool:
+    """Whether `reader`'s batches can be gathered by threads (see the module docstring)."""
+    return not producer.custom_collate and reader.parallel_batches()
+
