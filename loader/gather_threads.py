@@ -3,12 +3,10 @@
 Why threads: a fixed-layout gather from a memmap store is numpy copies and xxh3
 hashes, and both release the GIL, so two threads gather nearly twice as fast as
 one. Against the workers, a batch then costs no hand-off (no task message, no
-process woken, no slot mapped as arrays), and it lands in private memory, which
-the kernel may back with huge pages (shared memory is 4 KiB pages): on 2 cores,
-48 KiB samples came at 0.74-0.78x memcpy this way, 0.62-0.64x from 2 workers
-(the workers' copies and hashes are the same; the rest is hand-off and page
-tables). Where this is cheaper for the loop is measured, like the other places
-(:mod:`loader.gather`).
+process woken, no slot mapped as arrays, no reorder). Where this is cheaper for
+the loop is measured, like the other places (:mod:`loader.gather`): on 2 cores,
+48 KiB samples of a memmap store usually come faster this way than from 2
+workers, 16-float samples come fastest from the training process's own gather.
 
 Only readers that say their batch reads may run in parallel
 (:meth:`cachestore.Reader.parallel_batches`: memmap, fixed layout) are read this
@@ -16,11 +14,17 @@ way, and only with the default collate: the threads run no user code. A
 corrupt record is handled by the training process, as in its own gather: the
 batch is recomputed from the dataset there.
 
-Buffers: a batch is handed out as arrays over one private buffer, reused once
-every array of that batch has died (a ``weakref.finalize`` on a per-batch
-ctypes exporter, the one object every view keeps alive, as for slots in
+Buffers: a batch is handed out as arrays over one buffer, reused once every
+array of that batch has died (a ``weakref.finalize`` on a per-batch ctypes
+exporter, the one object every view keeps alive, as for slots in
 :mod:`loader.shm`); a new buffer per batch cost a page fault per page, a third
-of the gather's speed. At most ``keep`` free buffers are kept.
+of the gather's speed. At most ``keep`` free buffers are kept. The buffers are
+shared anonymous mappings, not private memory: a process forked from the
+training process (a torch ``DataLoader``'s workers, a validation loader's)
+made every private buffer copy-on-write, and the next epoch's first writes
+copied them page by page (its first three batches took 40 ms each instead of
+1.5 ms). Shared pages are not copied on a fork; here they were as fast to
+write as private ones.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import ctypes
+import mmap
 import os
 import threading
 import weakref
@@ -52,7 +57,7 @@ class BatchBuffers:
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self._free: collections.deque[tuple[int, np.ndarray]] = collections.deque()
+        self._free: collections.deque[tuple[int, mmap.mmap]] = collections.deque()
         self._lock = threading.Lock()
         self.closed = False
 
@@ -68,12 +73,12 @@ class BatchBuffers:
                     del self._free[k]
                     break
         if buf is None:
-            buf = np.empty(total, dtype=np.uint8)
+            buf = mmap.mmap(-1, total)  # shared and anonymous: see the module docstring
         owner = (ctypes.c_char * total).from_buffer(buf)
         weakref.finalize(owner, self._give_back, total, buf)
         return leaf_views(owner, specs, offsets)
 
-    def _give_back(self, total: int, buf: np.ndarray) -> None:
+    def _give_back(self, total: int, buf: mmap.mmap) -> None:
         with self._lock:
             if self.closed:
                 return
@@ -100,8 +105,9 @@ class GatherThreads:
         #: for the loop to take a batch.
         self.ahead = self.threads + 2
         # Free buffers kept: all an epoch has in use at once (those ahead, the batch the loop
-        # holds and the one before it, not yet collected), so a steady epoch allocates none.
-        self.buffers = BatchBuffers(keep=2 * self.ahead)
+        # holds, the one before it, not yet collected, and one in between), so a steady epoch
+        # allocates none.
+        self.buffers = BatchBuffers(keep=self.ahead + 3)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
