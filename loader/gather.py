@@ -1,29 +1,31 @@
-"""Where a cached epoch gathers its batches: in the training process (inline or by its threads), or in the workers.
+"""Where a cached epoch gathers its batches: in the training process (inline or by
+its threads), or in the workers.
 
 A batch read from a committed store is one vectorised gather per leaf (plus its
 checksums). Workers do it in parallel with the training loop, but each batch
-then costs the training process a hand-off: a message, a slot mapped as
-arrays, the reorder buffer. For small samples that hand-off costs more than
-the gather itself (a cached epoch of 16-float samples ran slower with 2 workers
-than with none); for large samples parallel copies win, and threads of the
-training process copy in parallel without a hand-off
-(:mod:`loader.gather_threads`; only where the reader allows it).
+then costs the training process a hand-off: a message, a slot mapped as arrays,
+the reorder buffer. For small samples that hand-off costs more than the gather
+itself (a cached epoch of 16-float samples ran slower with 2 workers than with
+none); for large samples parallel copies win, and threads of the training
+process copy in parallel without a hand-off (:mod:`loader.gather_threads`; only
+where the reader allows it).
 
 The rule: what counts is the training process's time per batch, since that is
 what the training loop waits for. The first read epochs of a store, generation
 and batch size measure each place, warm: the first gathers its first
 ``PROBE_BATCHES`` batches in the training process, timed on a second,
-undelivered gather of the same batches (once the store's pages are mapped),
-and the rest in the workers; the second runs on the workers, timed (their
-first epoch mapped pages and grew slots); where threads may gather, the third
-runs on them, timed (its first batches, which fill the queue and allocate the
-buffers, not counted). Each batch is timed from the moment the loop asks for
-it until it has it (the loop's own time is not counted; a batch that is ready
-when asked costs only its hand-off). The cheapest place, per batch, serves the
-later read epochs of that key. The choice and the costs are in
-``EpochStats.extra`` (``"gather"``: ``"main"``, ``"threads"`` or
-``"workers"``; ``"gather_costs"``: seconds per batch). While a background
-refresh runs the workers gather (its chunks are scheduled between batch tasks).
+undelivered gather of the same batches (once the store's pages are mapped), and
+the rest in the workers; the second runs on the workers, timed (their first
+epoch mapped pages and grew slots); where threads may gather, the third runs on
+them, timed (its first batches, which fill the queue and allocate the buffers,
+are not counted: the workers' slots were allocated in the first epoch). Each
+batch is timed from the moment the loop asks for it until it has it (the loop's
+own time is not counted; a batch that is ready when asked costs only its
+hand-off). The cheapest place, per batch, serves the later read epochs of that
+key. The choice and the costs are in ``EpochStats.extra`` (``"gather"``:
+``"main"``, ``"threads"`` or ``"workers"``; ``"gather_costs"``: seconds per
+batch). While a background refresh runs the workers gather (its chunks are
+scheduled between batch tasks).
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ class GatherPlacement:
     def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
                 inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
                 pool: Callable[[EpochPlan], Iterator[Any]], warmup: int,
-                threads: Callable[[EpochPlan, EpochStats], Iterator[Any]] | None = None) -> Iterator[Any]:
+                threads: Callable[[EpochPlan, EpochStats], Iterator[Any]] | None = None,
+                threads_warmup: int = 0) -> Iterator[Any]:
         """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
         `inline` and `threads` count into the stats they are given).
 
-        `warmup`: batches not counted while probing the workers or the threads (the queue
-        filling up). `threads`: ``None`` where threads may not gather this store.
+        `warmup`, `threads_warmup`: batches not counted while probing the workers, the threads
+        (the queue filling up; the threads' buffers allocated, their pages faulted in).
+        `threads`: ``None`` where threads may not gather this store.
         """
         known = self.choices.get(key)
         if known is not None and known[0] == "pending":
@@ -86,7 +90,7 @@ class GatherPlacement:
         if known is not None and known[0] == "pending-threads":
             if threads is None:  # cannot happen for one key; decide without them
                 return self._time(key, plan, stats, "workers", lambda p, _: pool(p), warmup, known[1])
-            return self._time(key, plan, stats, "threads", threads, warmup, known[1])
+            return self._time(key, plan, stats, "threads", threads, threads_warmup, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)

@@ -60,6 +60,7 @@ class BatchBuffers:
         self._free: collections.deque[tuple[int, mmap.mmap]] = collections.deque()
         self._lock = threading.Lock()
         self.closed = False
+        self.allocated = 0  # buffers created so far
 
     def arrays(self, specs: list[tuple[np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
         """Writable arrays, one per leaf spec ``(dtype, shape)``, over one buffer lent until they die."""
@@ -74,6 +75,7 @@ class BatchBuffers:
                     break
         if buf is None:
             buf = mmap.mmap(-1, total)  # shared and anonymous: see the module docstring
+            self.allocated += 1
         owner = (ctypes.c_char * total).from_buffer(buf)
         weakref.finalize(owner, self._give_back, total, buf)
         return leaf_views(owner, specs, offsets)

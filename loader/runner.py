@@ -332,7 +332,8 @@ class EpochRunner:
                 return self.placement.batches(
                     (store.path, plan.generation, s.batch_size), plan, stats,
                     lambda p, counts: run_inline(p, self.producer, reader, None, counts),
-                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight, threads=threads)
+                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight, threads=threads,
+                    threads_warmup=self.gather_threads().buffers.keep if threads is not None else 0)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
 

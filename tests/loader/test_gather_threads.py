@@ -48,8 +48,8 @@ def test_threads_serve_every_sample_once_per_epoch_in_the_sampler_order(no_leaks
                           cache_setting=setting) as loader:
             list(loader)
             force(loader, place)
-            orders[place] = [[y for b in loader for y in check(b)] for _ in range(2)]
-            assert all(s.extra["gather"] == place and s.read == 90 for s in loader.epoch_stats[-2:])
+            orders[place] = [[y for b in loader for y in check(b)] for _ in range(3)]
+            assert all(s.extra["gather"] == place and s.read == 90 for s in loader.epoch_stats[-3:])
     assert orders["threads"] == orders["workers"] and sorted(orders["threads"][0]) == list(range(90))
     assert orders["threads"][0] != orders["threads"][1]
     assert not gather_threads()
@@ -70,11 +70,11 @@ def test_batches_held_by_the_loop_stay_intact_and_dropped_ones_are_reused(no_lea
         assert buffers.free_buffers() == buffers.keep
         for batch in loader:
             check(batch)
-        addresses = set()
-        for batch in loader:  # a steady epoch takes its buffers from the free ones
-            check(batch)
-            addresses.add(np.asarray(batch["x"]).__array_interface__["data"][0])
-        assert len(addresses) <= buffers.keep
+        allocated = buffers.allocated
+        for _ in range(2):  # steady epochs take their buffers from the free ones
+            for batch in loader:
+                check(batch)
+        assert buffers.allocated == allocated
     assert not gather_threads()
 
 
