@@ -10,7 +10,7 @@ deliver torch tensors (ours: ``device="cpu"``). The raw store gather
 the loader could reach.
 
 For ``backend="memory"`` the store lives in the training process, so the
-loader reads cached epochs there (no workers); torch's workers are forked
+loader reads cached epochs there (inline or by its threads); torch's workers are forked
 from the training process and inherit the arrays (the reader would pickle
 them by value under spawn).
 """
@@ -100,8 +100,8 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
     per_batch = {k: statistics.median(v) / batches for k, v in (("raw", raw), ("verified", gather), ("ours", ours))}
     return {"backend": backend, "n": n, "shape": list(shape), "sample_bytes": sample_bytes,
             "batch_size": batch_size, "workers": workers, "repeats": repeats, "modes": modes,
-            "ours_reads_in": "training process" if backend == "memory" or gather_place == "main"
-            else f"{workers} threads" if gather_place == "threads" else f"{workers} workers",
+            "ours_reads_in": f"{workers} threads" if gather_place == "threads"
+            else "training process" if backend == "memory" or gather_place == "main" else f"{workers} workers",
             "generate_samples_per_s": n / generate_s,
             "ours_samples_per_s": summarize([n / s for s in ours]),
             "torch_samples_per_s": summarize([n / s for s in theirs]),

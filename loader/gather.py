@@ -18,7 +18,9 @@ undelivered gather of the same batches (once the store's pages are mapped), and
 the rest in the workers; the second runs on the workers, timed (their first
 epoch mapped pages and grew slots); where threads may gather, the third runs on
 them, timed (its first batches, which fill the queue and allocate the buffers,
-are not counted: the workers' slots were allocated in the first epoch). Each
+are not counted: the workers' slots were allocated in the first epoch). For an
+in-RAM store, which workers cannot read, the threads serve the rest of the
+first epoch and the second is theirs, timed. Each
 batch is timed from the moment the loop asks for it until it has it (the loop's
 own time is not counted; a batch that is ready when asked costs only its
 hand-off). The cheapest place, per batch, serves the later read epochs of that
@@ -73,7 +75,7 @@ class GatherPlacement:
 
     def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
                 inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
-                pool: Callable[[EpochPlan], Iterator[Any]], warmup: int,
+                pool: Callable[[EpochPlan], Iterator[Any]] | None, warmup: int,
                 threads: Callable[[EpochPlan, EpochStats], Iterator[Any]] | None = None,
                 threads_warmup: int = 0) -> Iterator[Any]:
         """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
@@ -81,7 +83,8 @@ class GatherPlacement:
 
         `warmup`, `threads_warmup`: batches not counted while probing the workers, the threads
         (the queue filling up; the threads' buffers allocated, their pages faulted in).
-        `threads`: ``None`` where threads may not gather this store.
+        `pool`: ``None`` where workers may not read the store (an in-RAM one), `threads`:
+        ``None`` where threads may not; not both.
         """
         known = self.choices.get(key)
         if known is not None and known[0] == "pending":
@@ -98,18 +101,29 @@ class GatherPlacement:
                 return inline(plan, stats)
             if place == "threads" and threads is not None:
                 return threads(plan, stats)
+            if pool is None:
+                stats.extra["gather"] = "main"
+                return inline(plan, stats)
             stats.extra["gather"] = "workers"
             return pool(plan)
-        return self._probe(key, plan, stats, inline, pool)
+        return self._probe(key, plan, stats, inline, pool, threads)
 
     def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable,
-               pool: Callable) -> Iterator[Any]:
-        """First read epoch: time the training process's gather; the workers serve the rest."""
+               pool: Callable | None, threads: Callable | None) -> Iterator[Any]:
+        """First read epoch: time the training process's gather; the workers (without them, the
+        threads) serve the rest."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
-        stats.extra["gather"] = "workers"  # until the probe says otherwise
-        if not head:  # too short an epoch to time both: workers, probe the next one
-            yield from pool(plan)
+        if pool is None:
+            stats.extra["gather"] = "threads"
+
+            def rest(p: EpochPlan) -> Iterator[Any]:
+                return threads(p, stats)
+        else:
+            stats.extra["gather"] = "workers"  # until the probe says otherwise
+            rest = pool
+        if not head:  # too short an epoch to time both: probe the next one
+            yield from rest(plan)
             return
         main_times: list[float] = []
         probe = dataclasses.replace(plan, batches=batches[:head])
@@ -120,9 +134,10 @@ class GatherPlacement:
         # at a third of the training process's real speed.
         for _ in timed(inline(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
-        yield from pool(dataclasses.replace(plan, batches=batches[head:]))
+        yield from rest(dataclasses.replace(plan, batches=batches[head:]))
         # Median: one batch that meets a page-table or allocator hiccup must not decide.
-        self.choices[key] = ("pending", {"main": statistics.median(main_times)})
+        self.choices[key] = ("pending" if pool is not None else "pending-threads",
+                             {"main": statistics.median(main_times)})
 
     def _time(self, key: tuple, plan: EpochPlan, stats: EpochStats, place: str,
               run: Callable[[EpochPlan, EpochStats], Iterator[Any]], warmup: int, costs: dict,

@@ -6,13 +6,14 @@ one. Against the workers, a batch then costs no hand-off (no task message, no
 process woken, no slot mapped as arrays, no reorder). Where this is cheaper for
 the loop is measured, like the other places (:mod:`loader.gather`): on 2 cores,
 48 KiB samples of a memmap store usually come faster this way than from 2
-workers, 16-float samples come fastest from the training process's own gather.
+workers (those of an in-RAM store faster than from one thread), 16-float samples
+come fastest from the training process's own gather.
 
 Only readers that say their batch reads may run in parallel
-(:meth:`cachestore.Reader.parallel_batches`: memmap, fixed layout) are read this
-way, and only with the default collate: the threads run no user code. A
-corrupt record is handled by the training process, as in its own gather: the
-batch is recomputed from the dataset there.
+(:meth:`cachestore.Reader.parallel_batches`: memmap and in-RAM stores, fixed
+layout) are read this way, and only with the default collate: the threads run no
+user code. A corrupt record is handled by the training process, as in its own
+gather: the batch is recomputed from the dataset there.
 
 Buffers: a batch is handed out as arrays over one buffer, reused once every
 array of that batch has died (a ``weakref.finalize`` on a per-batch ctypes
@@ -20,11 +21,11 @@ exporter, the one object every view keeps alive, as for slots in
 :mod:`loader.shm`); a new buffer per batch cost a page fault per page, a third
 of the gather's speed. At most ``keep`` free buffers are kept. The buffers are
 shared anonymous mappings, not private memory: a process forked from the
-training process (a torch ``DataLoader``'s workers, a validation loader's)
-made every private buffer copy-on-write, and the next epoch's first writes
-copied them page by page (its first three batches took 40 ms each instead of
-1.5 ms). Shared pages are not copied on a fork; here they were as fast to
-write as private ones.
+training process (a torch ``DataLoader``'s workers, a validation loader's) made
+every private buffer copy-on-write, and the next epoch's first writes copied
+them page by page (its first three batches took 40 ms each instead of 1.5 ms).
+Shared pages are not copied on a fork; here they were as fast to write as
+private ones.
 """
 
 from __future__ import annotations

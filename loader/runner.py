@@ -307,8 +307,15 @@ class EpochRunner:
         if s.nb_worker == 0 or (plan.mode == EpochMode.READ and not store.backend.persistent):
             if plan.mode != EpochMode.READ:
                 return run_inline(plan, self.producer, None, build, stats)
+            reader = self.inline_reader(plan.generation)
+            threads = self.thread_gather(reader) if s.nb_worker > 0 else None
+            if threads is not None:  # an in-RAM store: inline or by threads, whichever costs the loop less
+                return self.placement.batches(
+                    (store.path, plan.generation, s.batch_size), plan, stats,
+                    lambda p, counts: run_inline(p, self.producer, reader, None, counts), None, warmup=0,
+                    threads=threads, threads_warmup=self.gather_threads().buffers.keep)
             stats.extra["gather"] = "main"
-            return run_inline(plan, self.producer, self.inline_reader(plan.generation), None, stats)
+            return run_inline(plan, self.producer, reader, None, stats)
         executor = self.ensure_executor()
         run = PoolRun(executor, self.res.slots, s.max_queue_size, self.kill_executor, s.max_minibatch_length,
                       s.prefetch_time if plan.epoch == 0 else None, build=build, timeout=s.timeout,
@@ -325,10 +332,7 @@ class EpochRunner:
             if self.refresh is None:  # a refresh needs the workers' idle time: they gather then
                 # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
                 reader = self.inline_reader(plan.generation)
-                threads = None
-                if gather_threads.usable(reader, self.producer):
-                    def threads(p: EpochPlan, counts: EpochStats) -> Iterator[Any]:
-                        return gather_threads.thread_batches(p, counts, reader, self.producer, self.gather_threads())
+                threads = self.thread_gather(reader)
                 return self.placement.batches(
                     (store.path, plan.generation, s.batch_size), plan, stats,
                     lambda p, counts: run_inline(p, self.producer, reader, None, counts),
@@ -336,6 +340,15 @@ class EpochRunner:
                     threads_warmup=self.gather_threads().buffers.keep if threads is not None else 0)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
+
+    def thread_gather(self, reader: Any) -> Callable[[EpochPlan, EpochStats], Iterator[Any]] | None:
+        """How threads of this process gather a read epoch of `reader`; ``None`` where they may not."""
+        if not gather_threads.usable(reader, self.producer):
+            return None
+
+        def run(plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
+            return gather_threads.thread_batches(plan, stats, reader, self.producer, self.gather_threads())
+        return run
 
     def gather_threads(self) -> GatherThreads:
         """The training process's gather threads, as many as workers (the CPUs the user gave to

@@ -125,6 +125,9 @@ class MemoryShard(ShardWriter):
 class MemoryGeneration(GenerationData):
     """A committed in-RAM generation: columns when every sample has one fixed structure."""
 
+    # Read-only arrays: a batch read touches no shared state.
+    threadsafe_batches = True
+
     def __init__(self, generation: int, staging: _Staging, n: int) -> None:
         super().__init__(generation, n, "memory", verify=False)
         self.created = time.time()

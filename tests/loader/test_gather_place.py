@@ -86,3 +86,20 @@ def test_where_threads_may_not_gather_two_epochs_decide(tmp_path):
         assert decided.extra["gather_probed"] and set(decided.extra["gather_costs"]) == {"main", "workers"}
         assert sorted(epoch_labels(loader)) == list(range(N))
         assert loader.epoch_stats[-1].extra["gather"] == decided.extra["gather"]
+
+
+def test_an_in_ram_store_probes_the_training_process_and_its_threads(tmp_path):
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf"), "backend": "memory"}
+    with CachedLoader(ArangeDataset, {"n": N, "shape": (64, 64)}, batch_size=BATCH, nb_worker=2,
+                      cache_setting=setting) as loader:
+        for _ in range(3):  # generate, then the training process timed (its threads serve the rest), the threads
+            assert sorted(epoch_labels(loader)) == list(range(N))
+        probe, decided = loader.epoch_stats[-2:]
+        assert probe.extra["gather"] == "threads" and "gather_probed" not in probe.extra
+        assert decided.extra["gather_probed"] and set(decided.extra["gather_costs"]) == {"main", "threads"}
+        assert decided.extra["gather"] == min(decided.extra["gather_costs"], key=decided.extra["gather_costs"].get)
+        for place in ("main", "threads"):
+            key = next(iter(loader._runner.placement.choices))
+            loader._runner.placement.choices[key] = (place, {})
+            assert sorted(epoch_labels(loader)) == list(range(N))
+            assert loader.epoch_stats[-1].extra["gather"] == place and loader.epoch_stats[-1].read == N
