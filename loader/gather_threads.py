@@ -54,14 +54,28 @@ THREAD_PREFIX = "cachestore-gather"
 
 
 class BatchBuffers:
-    """Private buffers for gathered batches, reused once a batch's arrays are all gone."""
+    """Buffers for gathered batches, each lent to one batch until its arrays are all gone.
+
+    A buffer comes back through a ``weakref.finalize``, which may run in any
+    thread, from a garbage collection that an allocation triggered, even while
+    :meth:`arrays` holds the lock in that thread: so it only appends to a deque
+    (atomic), which :meth:`arrays` drains under the lock.
+    """
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._free: collections.deque[tuple[int, mmap.mmap]] = collections.deque()
+        self._returned: collections.deque[tuple[int, mmap.mmap]] = collections.deque()
         self._lock = threading.Lock()
         self.closed = False
         self.allocated = 0  # buffers created so far
+
+    def _drain(self) -> None:
+        """Take the returned buffers in, keeping at most `keep` (the caller holds the lock)."""
+        while self._returned:
+            self._free.append(self._returned.popleft())
+        while len(self._free) > self.keep:
+            self._free.popleft()  # the oldest: a size the epochs no longer ask for goes first
 
     def arrays(self, specs: list[tuple[np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
         """Writable arrays, one per leaf spec ``(dtype, shape)``, over one buffer lent until they die."""
@@ -69,34 +83,34 @@ class BatchBuffers:
         total = max(total, 1)
         buf = None
         with self._lock:
+            self._drain()
             for k, (size, free) in enumerate(self._free):
                 if size == total:
                     buf = free
                     del self._free[k]
                     break
+            if buf is None:
+                self.allocated += 1
         if buf is None:
             buf = mmap.mmap(-1, total)  # shared and anonymous: see the module docstring
-            self.allocated += 1
         owner = (ctypes.c_char * total).from_buffer(buf)
         weakref.finalize(owner, self._give_back, total, buf)
         return leaf_views(owner, specs, offsets)
 
     def _give_back(self, total: int, buf: mmap.mmap) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self._free.append((total, buf))
-            while len(self._free) > self.keep:
-                self._free.popleft()  # the oldest: a size the epochs no longer ask for goes first
+        if not self.closed:
+            self._returned.append((total, buf))
 
     def free_buffers(self) -> int:
         with self._lock:
+            self._drain()
             return len(self._free)
 
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self._free.clear()
+            self._returned.clear()
 
 
 class GatherThreads:
@@ -115,6 +129,8 @@ class GatherThreads:
 
     @property
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self.buffers.closed:
+            raise RuntimeError("this loader is closed")
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix=THREAD_PREFIX)
         return self._pool

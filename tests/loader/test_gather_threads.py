@@ -132,3 +132,14 @@ def test_buffers_return_when_the_last_array_of_a_batch_dies():
     assert buffers.free_buffers() == 2, "at most `keep` free buffers are kept"
     buffers.close()
     assert buffers.free_buffers() == 0
+
+
+def test_a_buffer_coming_back_while_its_pool_is_locked_does_not_deadlock():
+    """A garbage collection that an allocation inside ``arrays()`` triggers runs the finalizers
+    there, with the lock held by that very thread."""
+    buffers = BatchBuffers(keep=2)
+    (x,) = buffers.arrays([(np.dtype(np.uint8), (4,))])
+    with buffers._lock:
+        del x
+        gc.collect()
+    assert buffers.free_buffers() == 1
