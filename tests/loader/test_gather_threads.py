@@ -143,3 +143,37 @@ def test_a_buffer_coming_back_while_its_pool_is_locked_does_not_deadlock():
         del x
         gc.collect()
     assert buffers.free_buffers() == 1
+
+
+def test_a_state_taken_in_a_threaded_epoch_resumes_the_rest_of_it(no_leaks):
+    def build():
+        return CachedLoader(ArangeDataset, {"n": 60, "shape": (8, 8)}, batch_size=4, nb_worker=2, seed=5,
+                            cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": float("inf")})
+
+    with build() as loader:
+        list(loader)
+        force(loader, "threads")
+        it = iter(loader)
+        served = [y for _, b in zip(range(5), it) for y in check(b)]
+        state = loader.state_dict()
+        rest_expected = [y for b in it for y in check(b)]
+        assert loader.epoch_stats[-1].extra["gather"] == "threads"
+    with build() as resumed:
+        resumed.load_state_dict(state)
+        rest = [y for b in resumed for y in check(b)]
+    assert rest == rest_expected and sorted(served + rest) == list(range(60))
+
+
+def _stack_collate(samples):
+    return {"x": np.stack([s["x"] for s in samples]), "y": np.array([s["y"] for s in samples])}
+
+
+def test_a_custom_collate_is_never_run_by_the_gather_threads(no_leaks):
+    setting = {"prefix": str(no_leaks / "c"), "update_frequency": float("inf")}
+    with CachedLoader(ArangeDataset, {"n": 96, "shape": (8, 8)}, batch_size=4, nb_worker=2,
+                      collate_fn=_stack_collate, cache_setting=setting) as loader:
+        for _ in range(4):
+            assert sorted(y for b in loader for y in check(b)) == list(range(96))
+        assert "threads" not in loader.epoch_stats[-1].extra.get("gather_costs", {})
+        assert loader.epoch_stats[-1].extra["gather"] in ("main", "workers")
+    assert not gather_threads()
