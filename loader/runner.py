@@ -209,6 +209,8 @@ class EpochRunner:
             # and a deep epoch's spare slots would be held meanwhile.
             self.shrink_slots()
             self._slots_sized = True
+            if self.res.threads is not None and stats.extra.get("gather") != "threads":
+                self.res.threads.buffers.drop_free()  # as slots go when not needed
         except BudgetExceededError as exc:
             if build is not None:  # a generation that does not fit is not worth keeping
                 self.res.build = None

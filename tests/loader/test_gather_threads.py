@@ -74,7 +74,10 @@ def test_batches_held_by_the_loop_stay_intact_and_dropped_ones_are_reused(no_lea
         for _ in range(2):  # steady epochs take their buffers from the free ones
             for batch in loader:
                 check(batch)
-        assert buffers.allocated == allocated
+        assert buffers.allocated == allocated and buffers.free_buffers() > 0
+        force(loader, "workers")
+        list(loader)
+        assert buffers.free_buffers() == 0, "an epoch without threads lets their buffers go"
     assert not gather_threads()
 
 
