@@ -25,8 +25,8 @@ are shared anonymous mappings, not private memory: a process forked from the
 training process (a torch ``DataLoader``'s workers, a validation loader's) made
 every private buffer copy-on-write, and the next epoch's first writes copied
 them page by page (its first three batches took 40 ms each instead of 1.5 ms).
-Shared pages are not copied on a fork; here they were as fast to write as
-private ones.
+Shared pages are not copied on a fork; here a threads epoch ran about as fast
+with them (0.68-0.78x memcpy) as with private ones (0.70-0.74x).
 """
 
 from __future__ import annotations
