@@ -15,19 +15,20 @@ what the training loop waits for. The first read epochs of a store, generation
 and batch size measure each place, warm: the first gathers its first
 ``PROBE_BATCHES`` batches in the training process, timed on a second,
 undelivered gather of the same batches (once the store's pages are mapped), and
-the rest in the workers; the second runs on the workers, timed (their first
-epoch mapped pages and grew slots); where threads may gather, the third runs on
-them, timed (its first batches, which fill the queue and allocate the buffers,
-are not counted: the workers' slots were allocated in the first epoch). For an
-in-RAM store, which workers cannot read, the threads serve the rest of the
-first epoch and the second is theirs, timed. Each
-batch is timed from the moment the loop asks for it until it has it (the loop's
-own time is not counted; a batch that is ready when asked costs only its
-hand-off). The cheapest place, per batch, serves the later read epochs of that
-key. The choice and the costs are in ``EpochStats.extra`` (``"gather"``:
-``"main"``, ``"threads"`` or ``"workers"``; ``"gather_costs"``: seconds per
-batch). While a background refresh runs the workers gather (its chunks are
-scheduled between batch tasks).
+the rest in the workers. Where threads may gather, the second and third are
+shared in halves by the workers and the threads, the workers first in one and
+last in the other (the machine's speed drifts from epoch to epoch: each place
+then meets both ends of it), every half timed; without threads the second is the
+workers', timed. The first batches of each timed run, which fill its queue (and
+allocate the threads' buffers), are not counted: the workers' slots grew in the
+first epoch. For an in-RAM store, which workers cannot read, the threads serve
+the rest of the first epoch and the second is theirs, timed. Each batch is timed
+from the moment the loop asks for it until it has it (the loop's own time is not
+counted; a batch that is ready when asked costs only its hand-off). The cheapest
+place, per batch, serves the later read epochs of that key. The choice and the
+costs are in ``EpochStats.extra`` (``"gather"``: ``"main"``, ``"threads"`` or
+``"workers"``; ``"gather_costs"``: seconds per batch). While a background
+refresh runs the workers gather (its chunks are scheduled between batch tasks).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class GatherPlacement:
 
     def __init__(self) -> None:
         self.choices: dict[tuple, tuple[str, dict]] = {}
+        self.samples: dict[tuple, dict[str, list[float]]] = {}  # batch times of the probe epochs so far
 
     def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
                 inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
@@ -87,13 +89,17 @@ class GatherPlacement:
         ``None`` where threads may not; not both.
         """
         known = self.choices.get(key)
+        on_workers = ("workers", lambda p, _: pool(p), warmup)
+        on_threads = ("threads", threads, threads_warmup)
         if known is not None and known[0] == "pending":
-            return self._time(key, plan, stats, "workers", lambda p, _: pool(p), warmup, known[1],
-                              then_threads=threads is not None)
+            if threads is None:
+                return self._time(key, plan, stats, [on_workers], known[1])
+            return self._time(key, plan, stats, [on_workers, on_threads], known[1], then_threads=True)
         if known is not None and known[0] == "pending-threads":
             if threads is None:  # cannot happen for one key; decide without them
-                return self._time(key, plan, stats, "workers", lambda p, _: pool(p), warmup, known[1])
-            return self._time(key, plan, stats, "threads", threads, threads_warmup, known[1])
+                return self._time(key, plan, stats, [on_workers], known[1])
+            return self._time(key, plan, stats, [on_threads] if pool is None else [on_threads, on_workers],
+                              known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
@@ -139,24 +145,33 @@ class GatherPlacement:
         self.choices[key] = ("pending" if pool is not None else "pending-threads",
                              {"main": statistics.median(main_times)})
 
-    def _time(self, key: tuple, plan: EpochPlan, stats: EpochStats, place: str,
-              run: Callable[[EpochPlan, EpochStats], Iterator[Any]], warmup: int, costs: dict,
+    def _time(self, key: tuple, plan: EpochPlan, stats: EpochStats,
+              parts: list[tuple[str, Callable[[EpochPlan, EpochStats], Iterator[Any]], int]], costs: dict,
               then_threads: bool = False) -> Iterator[Any]:
-        """A later probe epoch: time `place`, now warm (the workers' first epoch mapped the store's
-        pages and grew their slots, as the training process's timed gathers did not pay), then
-        decide, or go on to time the threads."""
-        stats.extra["gather"] = place
-        times: list[float] = []
-        yield from timed(run(plan, stats), times)
-        steady = times[min(warmup, len(times) // 2):]
-        if not steady:
+        """A later probe epoch: time each of `parts` (``(place, run, warmup)``) on its share of the
+        batches, in order, now warm (the workers' first epoch mapped the store's pages and grew their
+        slots, as the training process's timed gathers did not pay); then decide, or go on to the
+        next probe epoch. Workers and threads share two epochs, in halves, one first in each: the
+        machine's speed drifts from epoch to epoch, and each then meets both ends of the drift."""
+        batches = list(plan.batches)
+        stats.extra["gather"] = parts[0][0]
+        samples = self.samples.setdefault(key, {})
+        share = -(-len(batches) // len(parts))
+        for k, (place, run, warmup) in enumerate(parts):
+            times: list[float] = []
+            part = batches[k * share:(k + 1) * share]
+            if part:
+                yield from timed(run(dataclasses.replace(plan, batches=part), stats), times)
+            samples.setdefault(place, []).extend(times[min(warmup, len(times) // 2):])
+        if not batches:
             return  # an empty epoch (a resume at its end): decide at the next one
         # Mean: batches gathered ahead arrive in bursts, two at a time.
-        costs = {**costs, place: _mean(steady)}
+        costs = {**costs, **{place: _mean(times) for place, times in samples.items() if times}}
         if then_threads:
             self.choices[key] = ("pending-threads", costs)
             stats.extra["gather_costs"] = costs
             return
+        del self.samples[key]
         best = min(costs, key=costs.__getitem__)
         self.choices[key] = (best, costs)
         stats.extra.update(gather=best, gather_costs=costs, gather_probed=True)
