@@ -88,9 +88,22 @@ def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, 
     try:
         yield from _inline_batches(plan, producer, reader, build, stats)
     except SampleError as exc:
-        # In-process, the dataset's own exception is the clearest error: re-raise it as it is.
-        exc.cause.add_note(f"raised by the dataset while computing sample {exc.index} of epoch {plan.epoch}")
-        raise exc.cause from None
+        raise dataset_error(exc, plan.epoch) from None
+
+
+def dataset_error(exc: SampleError, epoch: int) -> BaseException:
+    """The dataset's own exception behind `exc`, raised in this process, noted with where it came from.
+
+    In-process, the dataset's own exception is the clearest error: it is re-raised as it is.
+    """
+    exc.cause.add_note(f"raised by the dataset while computing sample {exc.index} of epoch {epoch}")
+    return exc.cause
+
+
+def read_task(plan: EpochPlan, positions: np.ndarray) -> m.Task:
+    """The task that reads `positions` of read epoch `plan` in this process."""
+    return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
+                  positions=positions)
 
 
 def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
@@ -99,9 +112,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
     for number, positions in enumerate(itertools.chain(served_batches, plan.unserved)):
         served = number < len(served_batches)
         if plan.mode == EpochMode.READ:
-            task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
-                          positions=positions)
-            batch = producer.read(task, reader)
+            batch = producer.read(read_task(plan, positions), reader)
             stats.read += len(positions)
         else:
             fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}

@@ -44,9 +44,7 @@ import numpy as np
 
 from cachestore import CorruptSampleError, Reader
 
-from . import messages as m
-from .epoch import EpochPlan, EpochStats
-from .settings import EpochMode
+from .epoch import EpochPlan, EpochStats, dataset_error, read_task
 from .shm import leaf_views, plan_layout
 from .worker import BatchProducer, SampleError
 
@@ -144,7 +142,7 @@ class GatherThreads:
 
     def gather(self, reader: Reader, positions: np.ndarray) -> Any:
         """One batch of `reader` into a lent buffer (runs in a gather thread)."""
-        treedef, specs = reader.batch_layout()
+        _, specs = reader.batch_layout()
         n = len(positions)
         return reader.get_batch(positions, out=self.buffers.arrays([(dt, (n, *shape)) for dt, shape in specs]))
 
@@ -185,13 +183,10 @@ def thread_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer:
 
 def _recompute(plan: EpochPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Any:
     """A corrupt record: the batch from the dataset, in this process (as its own gather does)."""
-    task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
-                  positions=positions)
     try:
-        return producer.recompute(task, exc)
+        return producer.recompute(read_task(plan, positions), exc)
     except SampleError as err:
-        err.cause.add_note(f"raised by the dataset while computing sample {err.index} of epoch {plan.epoch}")
-        raise err.cause from None
+        raise dataset_error(err, plan.epoch) from None
 
 
 def usable_cpus() -> int:

@@ -292,8 +292,7 @@ class WorkerPool(DeathListeners):
 
     def flush_shards(self, timeout: float = 120.0) -> list[str]:
         """Ask every worker to close its shard; wait for all; return their errors."""
-        for w in self.workers:
-            self._send(w, m.FlushShard())
+        self.start_flush()
         pending = self._flushing = {w.worker_id for w in self.workers}
         try:
             errors: list[str] = []
