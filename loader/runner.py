@@ -310,12 +310,8 @@ class EpochRunner:
             if plan.mode != EpochMode.READ:
                 return run_inline(plan, self.producer, None, build, stats)
             reader = self.inline_reader(plan.generation)
-            threads = self.thread_gather(reader) if s.nb_worker > 0 else None
-            if threads is not None:  # an in-RAM store: inline or by threads, whichever costs the loop less
-                return self.placement.batches(
-                    (store.path, plan.generation, s.batch_size), plan, stats,
-                    lambda p, counts: run_inline(p, self.producer, reader, None, counts), None, warmup=0,
-                    threads=threads, threads_warmup=self.gather_threads().buffers.keep)
+            if s.nb_worker > 0 and gather_threads.usable(reader, self.producer):
+                return self.placed(plan, stats, None, 0)  # an in-RAM store: inline or by threads
             stats.extra["gather"] = "main"
             return run_inline(plan, self.producer, reader, None, stats)
         executor = self.ensure_executor()
@@ -332,25 +328,23 @@ class EpochRunner:
             # Reading a batch takes milliseconds: a deep queue would only hold memory.
             run.max_in_flight = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)
             if self.refresh is None:  # a refresh needs the workers' idle time: they gather then
-                # In the training process or in the workers, whichever costs the loop less (loader/gather.py).
-                reader = self.inline_reader(plan.generation)
-                threads = self.thread_gather(reader)
-                return self.placement.batches(
-                    (store.path, plan.generation, s.batch_size), plan, stats,
-                    lambda p, counts: run_inline(p, self.producer, reader, None, counts),
-                    lambda p: run_pool(p, run, stats), warmup=run.max_in_flight, threads=threads,
-                    threads_warmup=self.gather_threads().buffers.keep if threads is not None else 0)
+                return self.placed(plan, stats, lambda p: run_pool(p, run, stats), run.max_in_flight)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
 
-    def thread_gather(self, reader: Any) -> Callable[[EpochPlan, EpochStats], Iterator[Any]] | None:
-        """How threads of this process gather a read epoch of `reader`; ``None`` where they may not."""
-        if not gather_threads.usable(reader, self.producer):
-            return None
-
-        def run(plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
-            return gather_threads.thread_batches(plan, stats, reader, self.producer, self.gather_threads())
-        return run
+    def placed(self, plan: EpochPlan, stats: EpochStats, pool: Callable[[EpochPlan], Iterator[Any]] | None,
+               warmup: int) -> Iterator[Any]:
+        """Read epoch `plan` where it costs the loop least (loader/gather.py): in this process,
+        inline or by its threads where the reader allows, or by `pool` (``None``: no workers)."""
+        reader = self.inline_reader(plan.generation)
+        threads = None
+        if gather_threads.usable(reader, self.producer):
+            def threads(p: EpochPlan, counts: EpochStats) -> Iterator[Any]:
+                return gather_threads.thread_batches(p, counts, reader, self.producer, self.gather_threads())
+        return self.placement.batches(
+            (self.res.store.path, plan.generation, self.settings.batch_size), plan, stats,
+            lambda p, counts: run_inline(p, self.producer, reader, None, counts), pool, warmup=warmup,
+            threads=threads, threads_warmup=self.gather_threads().buffers.keep if threads is not None else 0)
 
     def gather_threads(self) -> GatherThreads:
         """The training process's gather threads, as many as workers (the CPUs the user gave to
