@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test chaos bench clean
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: an install rebuilds the compiled gather (cachestore/_gather.c).
+$(STAMP): pyproject.toml setup.py cachestore/_gather.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is available locally; other versions download gigabytes.
@@ -30,4 +31,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info cachestore/*.so

@@ -56,6 +56,8 @@ def _meta(argv: list[str], quick: bool) -> dict:
     import psutil
     import torch
 
+    from cachestore.backends.base import native_gather
+
     from .common import llc_bytes
 
     cpu = platform.processor() or platform.machine()
@@ -69,7 +71,8 @@ def _meta(argv: list[str], quick: bool) -> dict:
             "cpu": cpu, "cores": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total, "llc_bytes": llc_bytes(),
             "platform": platform.platform(), "python": platform.python_version(), "numpy": numpy.__version__,
             "torch": torch.__version__, "torch_start_method": mp.get_start_method(), "ours_start_method": "spawn",
-            "loadavg_start": list(os.getloadavg())}
+            "loadavg_start": list(os.getloadavg()),
+            "verified_gather": "compiled" if native_gather() is not None else "pure Python"}
 
 
 def _memcpy(results: dict, sizes: dict) -> None:

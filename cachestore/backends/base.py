@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -55,6 +56,26 @@ SMALL_ROW_BYTES = 1024
 VERIFY_BLOCK_BYTES = 1 << 20
 
 
+def _load_native() -> Any:
+    if os.environ.get("CACHESTORE_NATIVE", "1") == "0":
+        return None
+    try:
+        from .. import _gather
+    except ImportError:  # not built (no C compiler at install) or no XXH3 in the xxhash package
+        return None
+    return _gather
+
+
+#: The compiled verified gather (``cachestore/_gather.c``), or ``None`` where it is not built or
+#: ``CACHESTORE_NATIVE=0`` turned it off; reads then use the pure-Python gather, same checksums.
+NATIVE = _load_native()
+
+
+def native_gather() -> Any:
+    """The compiled gather module in use, or ``None`` (see :data:`NATIVE`)."""
+    return NATIVE
+
+
 def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
     """:func:`checksum` of each row's leaves, for rows laid out as one 2-D ``uint8`` array per leaf.
 
@@ -64,6 +85,10 @@ def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
     rows = [r for r in rows if r.shape[1]]
     if not rows:
         return [checksum([b""])] * n
+    if NATIVE is not None and all(r.flags.c_contiguous for r in rows):
+        sums = np.empty(n, dtype=np.uint64)
+        NATIVE.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
+        return sums.tolist()
     width = sum(r.shape[1] for r in rows)
     hash_one = xxhash.xxh3_64_intdigest
     if width <= SMALL_ROW_BYTES:

@@ -33,7 +33,7 @@ from ..collate import stack_samples
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .base import (VERIFY_BLOCK_BYTES, GenerationData, ShardWriter, StagingData, batch_indices, checksum,
-                   first_mismatch, flat_rows, gather_columns, row_checksums)
+                   first_mismatch, flat_rows, gather_columns, native_gather, row_checksums)
 from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir
 
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
@@ -386,6 +386,9 @@ class MemmapGeneration(GenerationData):
         self.specs = codec.leaf_specs(self.schema) if self.schema is not None else []
         self.columns = [_map(gen_dir / _col_name(k), dtype, (self.num_samples, *shape))
                         for k, (dtype, shape) in enumerate(self.specs)]
+        # The columns as rows of bytes, for the compiled gather.
+        self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
+        self._widths = tuple(r.shape[1] for r in self._byte_rows)
         self.segments: list[np.ndarray | None] = []
         for shard_id in shard_ids:
             seg = gen_dir / f"{shard_id}.seg"
@@ -441,6 +444,14 @@ class MemmapGeneration(GenerationData):
         if out is None:
             out = [np.empty((n, *shape), dtype=dtype) for dtype, shape in self.specs]
         rows = flat_rows(out, n)
+        native = native_gather()
+        if native is not None:
+            # One call per batch, the GIL released: gather threads run side by side.
+            bad = native.gather_verified(self._byte_rows, self._widths, np.ascontiguousarray(idx),
+                                         tuple(rows), np.ascontiguousarray(self.rows["checksum"][idx]))
+            if bad >= 0:
+                raise self.corrupt(int(idx[bad]), "checksum mismatch")
+            return out
         expected = self.rows["checksum"][idx].tolist()
         block = max(1, VERIFY_BLOCK_BYTES // max(1, sum(r.shape[1] for r in rows)))
         for lo in range(0, n, block):
@@ -453,4 +464,5 @@ class MemmapGeneration(GenerationData):
 
     def close(self) -> None:
         self.columns = []
+        self._byte_rows = ()
         self.segments = []

@@ -7,9 +7,12 @@ other processes can open).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from cachestore import open_store
+from cachestore.backends import base
 
 from .helpers import SPAWN, WAIT, spawn
 
@@ -79,3 +82,24 @@ def children():
 def events():
     """``events()`` -> a fresh spawn-context Event (shareable with children)."""
     return SPAWN.Event
+
+
+@pytest.fixture
+def native():
+    """The compiled gather module; a failure where it was not built, a skip under ``CACHESTORE_NATIVE=0``."""
+    if os.environ.get("CACHESTORE_NATIVE") == "0":
+        pytest.skip("CACHESTORE_NATIVE=0 turns the compiled gather off")
+    if base.NATIVE is None:
+        pytest.fail("cachestore._gather is not built: `pip install -e .` builds it with the machine's C "
+                    "compiler (reads fall back to the pure-Python gather without it)")
+    return base.NATIVE
+
+
+@pytest.fixture(params=["compiled", "python"])
+def gather(request, monkeypatch) -> str:
+    """Run the test with the compiled verified gather, then with the pure-Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(base, "NATIVE", None)
+    else:
+        request.getfixturevalue("native")
+    return request.param

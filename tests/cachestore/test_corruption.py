@@ -96,7 +96,7 @@ def test_flipped_byte_fails_the_read_naming_generation_and_index(damaged, store_
         np.testing.assert_array_equal(reader[i]["data"], pattern_sample(0, i)["data"])
 
 
-def test_flipped_byte_fails_the_batch_naming_the_index(damaged):
+def test_flipped_byte_fails_the_batch_naming_the_index(damaged, gather):
     store, _, _ = damaged
     with pytest.raises(CorruptSampleError, match=f"sample {BAD} of generation 0"):
         store.reader().get_batch([BAD + 2, BAD, 0])

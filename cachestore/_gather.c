@@ -1,0 +1,351 @@
+/* Verified batch gather for fixed-layout generations: one call per batch, without the GIL.
+ *
+ * Why compiled: the pure-Python gather (cachestore/backends/base.py) makes ~500 calls into numpy
+ * and xxhash for a 256-sample batch of 48 KiB records; each call is cheap, but together they cost a
+ * third of the batch and serialise on the GIL, so two gather threads scale poorly. Here each row
+ * is hashed from the store (which brings it into this core's cache) and copied from that cache to
+ * the batch, so the data crosses the memory bus once, and the whole batch runs with the GIL released.
+ *
+ * The hash is the xxh3 of the `xxhash` package the checksums were written with: its extension
+ * module exports the XXH3 functions, and we look them up there (dlsym) instead of carrying a second
+ * copy of the hash. The module fails to import when they cannot be found; the loader then uses the
+ * pure-Python gather, which computes the same checksums (docs/ARCHITECTURE.md, "Verified reads").
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+typedef uint64_t (*xxh3_oneshot_fn)(const void *, size_t);
+typedef void *(*xxh3_create_fn)(void);
+typedef int (*xxh3_free_fn)(void *);
+typedef int (*xxh3_reset_fn)(void *);
+typedef int (*xxh3_update_fn)(void *, const void *, size_t);
+typedef uint64_t (*xxh3_digest_fn)(const void *);
+
+static xxh3_oneshot_fn xxh3_oneshot;
+static xxh3_create_fn xxh3_create;
+static xxh3_free_fn xxh3_free;
+static xxh3_reset_fn xxh3_reset;
+static xxh3_update_fn xxh3_update;
+static xxh3_digest_fn xxh3_digest;
+
+/* Records up to this many bytes are assembled in a stack buffer and hashed in one call: the
+ * streaming state's reset and digest cost more than hashing a small record. */
+#define SMALL_RECORD 4096
+/* Copies at least this long use non-temporal stores: the batch (megabytes) is read by the
+ * training step long after this core's cache has moved on, and plain stores would first read
+ * each destination line from memory (a third more memory traffic than the copy itself). */
+#define STREAM_MIN 4096
+#define MAX_LEAVES 64
+
+static void copy_out(uint8_t *dst, const uint8_t *src, size_t n, int stream)
+{
+#if defined(__SSE2__)
+    if (stream && n >= STREAM_MIN) {
+        size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+        memcpy(dst, src, head);
+        dst += head, src += head, n -= head;
+        for (; n >= 64; n -= 64, src += 64, dst += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        }
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* Look a symbol up in the xxhash extension, preferring its CPU-dispatching variant. */
+static void *lookup(void *lib, const char *name)
+{
+    char dispatch[64];
+    snprintf(dispatch, sizeof dispatch, "%s_dispatch", name);
+    void *fn = dlsym(lib, dispatch);
+    return fn ? fn : dlsym(lib, name);
+}
+
+static int load_xxh3(void)
+{
+    PyObject *mod = PyImport_ImportModule("xxhash._xxhash");
+    if (mod == NULL)
+        return -1;
+    PyObject *file = PyObject_GetAttrString(mod, "__file__");
+    Py_DECREF(mod);
+    if (file == NULL)
+        return -1;
+    const char *path = PyUnicode_AsUTF8(file);
+    /* RTLD_NOLOAD: the module is loaded already; this only takes a handle on it. */
+    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    Py_DECREF(file);
+    if (lib == NULL) {
+        PyErr_SetString(PyExc_ImportError, "cannot open the xxhash extension module");
+        return -1;
+    }
+    xxh3_oneshot = (xxh3_oneshot_fn)lookup(lib, "XXH3_64bits");
+    xxh3_update = (xxh3_update_fn)lookup(lib, "XXH3_64bits_update");
+    xxh3_create = (xxh3_create_fn)dlsym(lib, "XXH3_createState");
+    xxh3_free = (xxh3_free_fn)dlsym(lib, "XXH3_freeState");
+    xxh3_reset = (xxh3_reset_fn)dlsym(lib, "XXH3_64bits_reset");
+    xxh3_digest = (xxh3_digest_fn)dlsym(lib, "XXH3_64bits_digest");
+    if (!xxh3_oneshot || !xxh3_update || !xxh3_create || !xxh3_free || !xxh3_reset || !xxh3_digest) {
+        PyErr_SetString(PyExc_ImportError, "the xxhash extension module does not export the XXH3 functions");
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    Py_buffer columns[MAX_LEAVES], outs[MAX_LEAVES], idx, expected;
+    Py_ssize_t widths[MAX_LEAVES];
+    int ncol, nout, have_idx, have_expected;
+} Args;
+
+static void release(Args *a)
+{
+    for (int k = 0; k < a->ncol; k++)
+        PyBuffer_Release(&a->columns[k]);
+    for (int k = 0; k < a->nout; k++)
+        PyBuffer_Release(&a->outs[k]);
+    if (a->have_idx)
+        PyBuffer_Release(&a->idx);
+    if (a->have_expected)
+        PyBuffer_Release(&a->expected);
+}
+
+/* Fill `a` from the call's arguments; on failure set an exception and return -1 (the caller
+ * releases what was taken). */
+static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, PyObject *outs,
+                 PyObject *expected)
+{
+    if (!PyTuple_Check(columns) || !PyTuple_Check(widths) || !PyTuple_Check(outs)) {
+        PyErr_SetString(PyExc_TypeError, "columns, widths and outs are tuples");
+        return -1;
+    }
+    Py_ssize_t n_leaves = PyTuple_GET_SIZE(columns);
+    if (n_leaves > MAX_LEAVES || PyTuple_GET_SIZE(widths) != n_leaves || PyTuple_GET_SIZE(outs) != n_leaves) {
+        PyErr_Format(PyExc_ValueError, "columns, widths and outs must have one entry per leaf (at most %d)",
+                     MAX_LEAVES);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n_leaves; k++) {
+        a->widths[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(widths, k));
+        if (a->widths[k] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "row widths are >= 0");
+            return -1;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, k), &a->columns[k], PyBUF_SIMPLE) < 0)
+            return -1;
+        a->ncol++;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, k), &a->outs[k], PyBUF_WRITABLE) < 0)
+            return -1;
+        a->nout++;
+    }
+    if (PyObject_GetBuffer(idx, &a->idx, PyBUF_SIMPLE) < 0)
+        return -1;
+    a->have_idx = 1;
+    if (PyObject_GetBuffer(expected, &a->expected, PyBUF_SIMPLE) < 0)
+        return -1;
+    a->have_expected = 1;
+    Py_ssize_t n = a->idx.len / (Py_ssize_t)sizeof(int64_t);
+    if (a->idx.len % (Py_ssize_t)sizeof(int64_t) || a->expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "idx is int64 and expected uint64, one per row");
+        return -1;
+    }
+    const int64_t *rows = (const int64_t *)a->idx.buf;
+    for (Py_ssize_t k = 0; k < n_leaves; k++) {
+        Py_ssize_t w = a->widths[k];
+        if (a->outs[k].len < n * w) {
+            PyErr_Format(PyExc_ValueError, "out leaf %zd holds %zd bytes, the batch needs %zd", k,
+                         a->outs[k].len, n * w);
+            return -1;
+        }
+        Py_ssize_t available = w ? a->columns[k].len / w : PY_SSIZE_T_MAX;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (rows[j] < 0 || rows[j] >= available) {
+                PyErr_Format(PyExc_IndexError, "row %lld is outside column %zd", (long long)rows[j], k);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The xxh3 of one record whose leaves lie at src[k] (w[k] bytes each): the checksum of their
+ * concatenation, which is how records are hashed when written. */
+static uint64_t hash_record(const uint8_t *const *src, const Py_ssize_t *w, int n_leaves, size_t total,
+                            void *state, unsigned char *small)
+{
+    if (n_leaves == 1)
+        return xxh3_oneshot(src[0], total);
+    if (total <= SMALL_RECORD) {
+        size_t at = 0;
+        for (int k = 0; k < n_leaves; k++) {
+            memcpy(small + at, src[k], (size_t)w[k]);
+            at += (size_t)w[k];
+        }
+        return xxh3_oneshot(small, total);
+    }
+    xxh3_reset(state);
+    for (int k = 0; k < n_leaves; k++)
+        xxh3_update(state, src[k], (size_t)w[k]);
+    return xxh3_digest(state);
+}
+
+/* Rows `rows` (or 0..n-1 when NULL) of the columns: each hashed into sums[j] when `sums` is set,
+ * else checked against expected[j] and copied into the outs. Runs without the GIL. Returns the
+ * position of the first row whose checksum differs (rows after it are not gathered), n when all
+ * match, -1 when out of memory. */
+static Py_ssize_t each_row(const Args *a, Py_ssize_t n, const int64_t *rows, int stream,
+                           uint64_t *sums)
+{
+    int n_leaves = a->ncol;
+    const uint64_t *expected = (const uint64_t *)a->expected.buf;
+    size_t total = 0;
+    for (int k = 0; k < n_leaves; k++)
+        total += (size_t)a->widths[k];
+    void *state = NULL;
+    if (n_leaves > 1 && total > SMALL_RECORD && (state = xxh3_create()) == NULL)
+        return -1;
+    unsigned char small[SMALL_RECORD];
+    const uint8_t *src[MAX_LEAVES];
+    Py_ssize_t j = 0;
+    for (; j < n; j++) {
+        size_t row = rows ? (size_t)rows[j] : (size_t)j;
+        for (int k = 0; k < n_leaves; k++)
+            src[k] = (const uint8_t *)a->columns[k].buf + row * (size_t)a->widths[k];
+        /* Hashing first brings the record into this core's cache; the copy then reads it there. */
+        uint64_t h = hash_record(src, a->widths, n_leaves, total, state, small);
+        if (sums) {
+            sums[j] = h;
+            continue;
+        }
+        if (h != expected[j])
+            break;
+        for (int k = 0; k < n_leaves; k++)
+            copy_out((uint8_t *)a->outs[k].buf + (size_t)j * (size_t)a->widths[k], src[k],
+                         (size_t)a->widths[k], stream);
+    }
+#if defined(__SSE2__)
+    if (stream)
+        _mm_sfence(); /* streamed stores are ordered before whatever this thread does next */
+#endif
+    if (state)
+        xxh3_free(state);
+    return j;
+}
+
+PyDoc_STRVAR(gather_verified_doc,
+"gather_verified(columns, widths, idx, outs, expected, stream=True)\n--\n\n"
+"Copy rows `idx` of each column into `outs`, checking each row's xxh3 against `expected`.\n\n"
+"columns: one contiguous buffer per leaf, rows of widths[k] bytes; idx: int64 rows;\n"
+"outs: one writable buffer per leaf, len(idx) rows; expected: uint64 checksums, one per row.\n"
+"Returns the position of the first row whose checksum differs, or -1 when all match.");
+
+static PyObject *gather_verified(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"columns", "widths", "idx", "outs", "expected", "stream", NULL};
+    PyObject *columns, *widths, *idx, *outs, *expected;
+    int stream = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|p", names, &columns, &widths, &idx, &outs,
+                                     &expected, &stream))
+        return NULL;
+    Args a;
+    memset(&a, 0, sizeof a);
+    if (parse(&a, columns, widths, idx, outs, expected) < 0) {
+        release(&a);
+        return NULL;
+    }
+    Py_ssize_t n = a.idx.len / (Py_ssize_t)sizeof(int64_t), bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = each_row(&a, n, (const int64_t *)a.idx.buf, stream, NULL);
+    Py_END_ALLOW_THREADS
+    release(&a);
+    if (bad < 0)
+        return PyErr_NoMemory();
+    return PyLong_FromSsize_t(bad == n ? -1 : bad);
+}
+
+PyDoc_STRVAR(row_checksums_doc,
+"row_checksums(columns, widths, n, sums)\n--\n\n"
+"Write into `sums` (n uint64) the xxh3 of each row's leaves concatenated.\n\n"
+"columns: one contiguous buffer per leaf, `n` rows of widths[k] bytes each.");
+
+static PyObject *row_checksums(PyObject *self, PyObject *args)
+{
+    PyObject *columns, *widths, *sums;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOnO", &columns, &widths, &n, &sums))
+        return NULL;
+    if (!PyTuple_Check(columns) || !PyTuple_Check(widths) || PyTuple_GET_SIZE(columns) != PyTuple_GET_SIZE(widths)
+        || PyTuple_GET_SIZE(columns) > MAX_LEAVES || n < 0) {
+        PyErr_Format(PyExc_ValueError, "columns and widths: tuples, one entry per leaf (at most %d)", MAX_LEAVES);
+        return NULL;
+    }
+    Args a;
+    memset(&a, 0, sizeof a);
+    int n_leaves = (int)PyTuple_GET_SIZE(columns);
+    for (int k = 0; k < n_leaves; k++) {
+        a.widths[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(widths, k));
+        if (a.widths[k] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "row widths are >= 0");
+            goto fail;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, k), &a.columns[k], PyBUF_SIMPLE) < 0)
+            goto fail;
+        a.ncol++;
+        if (a.columns[k].len < n * a.widths[k]) {
+            PyErr_Format(PyExc_ValueError, "column %d holds %zd bytes, %zd rows need %zd", k, a.columns[k].len,
+                         n, n * a.widths[k]);
+            goto fail;
+        }
+    }
+    if (PyObject_GetBuffer(sums, &a.expected, PyBUF_WRITABLE) < 0)
+        goto fail;
+    a.have_expected = 1;
+    if (a.expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "sums holds one uint64 per row");
+        goto fail;
+    }
+    Py_ssize_t done;
+    Py_BEGIN_ALLOW_THREADS
+    done = each_row(&a, n, NULL, 0, (uint64_t *)a.expected.buf);
+    Py_END_ALLOW_THREADS
+    release(&a);
+    if (done < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+fail:
+    release(&a);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"row_checksums", row_checksums, METH_VARARGS, row_checksums_doc},
+    {"gather_verified", (PyCFunction)(void (*)(void))gather_verified, METH_VARARGS | METH_KEYWORDS,
+     gather_verified_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cachestore._gather",
+    "Verified batch gather for fixed-layout generations, without the GIL.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__gather(void)
+{
+    if (load_xxh3() < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,97 @@
+"""The compiled verified gather (``cachestore/_gather.c``) against the pure-Python one it replaces.
+
+Both must give the same bytes and the same checksums as :func:`cachestore.backends.base.checksum`
+(the xxh3 records were written with), and name the same first bad row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachestore import CorruptSampleError, open_store
+from cachestore.backends import base
+
+# Leaf widths in bytes: one leaf, tiny rows, a label beside an image, leaves of 0 bytes, rows just
+# under and over the one-hash assembly limit (4 KiB) and the streamed-copy limit, unaligned widths.
+WIDTHS = [(8,), (0,), (64, 8), (48 * 1024, 8), (5000, 3, 0, 7), (4096,), (4000, 96), (4000, 97), (1,) * 10]
+
+
+def columns(widths: tuple[int, ...], n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (n, w), dtype=np.uint8) for w in widths]
+
+
+def reference(cols: list[np.ndarray], n: int) -> list[int]:
+    return [base.checksum([c[j] for c in cols]) for j in range(n)]
+
+
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "-".join(map(str, w)))
+def test_row_checksums_match_the_checksums_records_are_written_with(native, widths, monkeypatch):
+    n = 37
+    cols = columns(widths, n)
+    expected = reference(cols, n)
+    assert base.row_checksums(cols, n) == expected
+    monkeypatch.setattr(base, "NATIVE", None)
+    assert base.row_checksums(cols, n) == expected
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "-".join(map(str, w)))
+def test_gather_copies_the_rows_and_names_the_first_bad_one(native, widths, stream):
+    n = 37
+    cols = columns(widths, n)
+    sums = np.array(reference(cols, n), dtype=np.uint64)
+    idx = np.random.default_rng(1).permutation(n)[:20].astype(np.int64)
+    outs = tuple(np.zeros((idx.size, w), np.uint8) for w in widths)
+    assert native.gather_verified(tuple(cols), widths, idx, outs, sums[idx], stream=stream) == -1
+    for out, col in zip(outs, cols):
+        np.testing.assert_array_equal(out, col[idx])
+    expected = sums[idx]
+    expected[[7, 12]] ^= np.uint64(1)
+    assert native.gather_verified(tuple(cols), widths, idx, outs, expected, stream=stream) == 7
+
+
+def test_bad_arguments_are_errors_not_crashes(native):
+    cols = tuple(columns((16, 8), 10))
+    idx = np.array([0, 9], dtype=np.int64)
+    outs = (np.empty((2, 16), np.uint8), np.empty((2, 8), np.uint8))
+    sums = np.zeros(2, np.uint64)
+    with pytest.raises(IndexError, match="row 10 is outside column 0"):
+        native.gather_verified(cols, (16, 8), np.array([0, 10], dtype=np.int64), outs, sums)
+    with pytest.raises(IndexError, match="row -1"):
+        native.gather_verified(cols, (16, 8), np.array([-1, 0], dtype=np.int64), outs, sums)
+    with pytest.raises(ValueError, match="out leaf 1 holds 8 bytes, the batch needs 16"):
+        native.gather_verified(cols, (16, 8), idx, (outs[0], np.empty((1, 8), np.uint8)), sums)
+    with pytest.raises(ValueError, match="one per row"):
+        native.gather_verified(cols, (16, 8), idx, outs, np.zeros(3, np.uint64))
+    with pytest.raises(ValueError, match="one entry per leaf"):
+        native.gather_verified(cols, (16,), idx, outs, sums)
+    read_only = np.empty((2, 16), np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        native.gather_verified(cols, (16, 8), idx, (read_only, outs[1]), sums)
+    with pytest.raises(ValueError, match="column 0 holds 160 bytes"):
+        native.row_checksums(cols, (16, 8), 11, np.zeros(11, np.uint64))
+
+
+def test_memmap_batches_are_the_same_either_way(gather, tmp_path):
+    rng = np.random.default_rng(2)
+    samples = [{"image": rng.random((3, 32, 32), dtype=np.float32), "label": np.int64(i)} for i in range(50)]
+    store = open_store(str(tmp_path / "store"), "memmap")
+    try:
+        with store.writer(0, 50) as writer:
+            for i, sample in enumerate(samples):
+                writer.put(i, sample)
+        idx = rng.permutation(50)[:32]
+        batch = store.reader().get_batch(idx)
+        np.testing.assert_array_equal(batch["image"], np.stack([samples[i]["image"] for i in idx]))
+        np.testing.assert_array_equal(batch["label"], idx)
+        col = tmp_path / "store" / "gen-000000" / "col-1.bin"  # the labels
+        data = bytearray(col.read_bytes())
+        data[8 * int(idx[3])] ^= 0xFF
+        col.write_bytes(bytes(data))
+        with pytest.raises(CorruptSampleError, match=f"sample {int(idx[3])} of generation 0"):
+            store.reader().get_batch(idx)
+    finally:
+        store.close()
