@@ -122,6 +122,15 @@ static void release(Args *a)
         PyBuffer_Release(&a->expected);
 }
 
+/* Whether `view` holds native 64-bit integers of one of the struct format codes `codes`. */
+static int is_64bit(const Py_buffer *view, const char *codes)
+{
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || (*f == '<' && PY_LITTLE_ENDIAN) || (*f == '>' && !PY_LITTLE_ENDIAN))
+        f++;
+    return view->itemsize == 8 && f[0] != '\0' && f[1] == '\0' && strchr(codes, f[0]) != NULL;
+}
+
 /* Fill `a` from the call's arguments; on failure set an exception and return -1 (the caller
  * releases what was taken). */
 static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, PyObject *outs,
@@ -151,15 +160,16 @@ static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, Py
             return -1;
         a->nout++;
     }
-    if (PyObject_GetBuffer(idx, &a->idx, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(idx, &a->idx, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     a->have_idx = 1;
-    if (PyObject_GetBuffer(expected, &a->expected, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(expected, &a->expected, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     a->have_expected = 1;
     Py_ssize_t n = a->idx.len / (Py_ssize_t)sizeof(int64_t);
-    if (a->idx.len % (Py_ssize_t)sizeof(int64_t) || a->expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_SetString(PyExc_ValueError, "idx is int64 and expected uint64, one per row");
+    if (!is_64bit(&a->idx, "lq") || !is_64bit(&a->expected, "LQ")
+        || a->expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "idx is a contiguous int64 array and expected a uint64 one, one per row");
         return -1;
     }
     const int64_t *rows = (const int64_t *)a->idx.buf;
@@ -311,11 +321,11 @@ static PyObject *row_checksums(PyObject *self, PyObject *args)
             goto fail;
         }
     }
-    if (PyObject_GetBuffer(sums, &a.expected, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(sums, &a.expected, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         goto fail;
     a.have_expected = 1;
-    if (a.expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_SetString(PyExc_ValueError, "sums holds one uint64 per row");
+    if (!is_64bit(&a.expected, "LQ") || a.expected.len != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "sums is a contiguous uint64 array, one per row");
         goto fail;
     }
     Py_ssize_t done;
@@ -347,5 +357,8 @@ PyMODINIT_FUNC PyInit__gather(void)
 {
     if (load_xxh3() < 0)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_LEAVES", MAX_LEAVES) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -85,7 +85,7 @@ def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
     rows = [r for r in rows if r.shape[1]]
     if not rows:
         return [checksum([b""])] * n
-    if NATIVE is not None and all(r.flags.c_contiguous for r in rows):
+    if NATIVE is not None and len(rows) <= NATIVE.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
         sums = np.empty(n, dtype=np.uint64)
         NATIVE.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
         return sums.tolist()

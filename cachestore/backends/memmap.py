@@ -445,7 +445,7 @@ class MemmapGeneration(GenerationData):
             out = [np.empty((n, *shape), dtype=dtype) for dtype, shape in self.specs]
         rows = flat_rows(out, n)
         native = native_gather()
-        if native is not None:
+        if native is not None and len(rows) <= native.MAX_LEAVES:
             # One call per batch, the GIL released: gather threads run side by side.
             bad = native.gather_verified(self._byte_rows, self._widths, np.ascontiguousarray(idx),
                                          tuple(rows), np.ascontiguousarray(self.rows["checksum"][idx]))

@@ -65,6 +65,12 @@ def test_bad_arguments_are_errors_not_crashes(native):
         native.gather_verified(cols, (16, 8), idx, (outs[0], np.empty((1, 8), np.uint8)), sums)
     with pytest.raises(ValueError, match="one per row"):
         native.gather_verified(cols, (16, 8), idx, outs, np.zeros(3, np.uint64))
+    with pytest.raises(ValueError, match="int64"):
+        native.gather_verified(cols, (16, 8), idx.astype(np.int32), outs, sums)
+    with pytest.raises(ValueError, match="uint64"):
+        native.gather_verified(cols, (16, 8), idx, outs, sums.astype(np.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        native.gather_verified(cols, (16, 8), np.array([0, 5, 9, 9])[::2], outs, sums)
     with pytest.raises(ValueError, match="one entry per leaf"):
         native.gather_verified(cols, (16,), idx, outs, sums)
     read_only = np.empty((2, 16), np.uint8)
@@ -93,5 +99,20 @@ def test_memmap_batches_are_the_same_either_way(gather, tmp_path):
         col.write_bytes(bytes(data))
         with pytest.raises(CorruptSampleError, match=f"sample {int(idx[3])} of generation 0"):
             store.reader().get_batch(idx)
+    finally:
+        store.close()
+
+
+def test_records_of_more_leaves_than_it_takes_are_gathered_in_python(native, tmp_path):
+    leaves = native.MAX_LEAVES + 6
+    samples = [{f"leaf{k}": np.full(3, i * 100 + k, dtype=np.int32) for k in range(leaves)} for i in range(10)]
+    store = open_store(str(tmp_path / "store"), "memmap")
+    try:
+        with store.writer(0, 10) as writer:
+            for i, sample in enumerate(samples):
+                writer.put(i, sample)
+        batch = store.reader().get_batch([7, 2])
+        for k in range(leaves):
+            np.testing.assert_array_equal(batch[f"leaf{k}"], [samples[7][f"leaf{k}"], samples[2][f"leaf{k}"]])
     finally:
         store.close()
