@@ -2,13 +2,14 @@
 
 Why threads: a fixed-layout gather from a memmap store is one call into the
 compiled gather (``cachestore/_gather.c``), which releases the GIL for the whole
-batch (without it, numpy copies and xxh3 hashes, which release it too, call by
-call), so two threads gather side by side. Against the workers, a batch then costs no hand-off (no task message, no
-process woken, no slot mapped as arrays, no reorder). Where this is cheaper for
-the loop is measured, like the other places (:mod:`loader.gather`): on 2 cores,
-48 KiB samples of a memmap store usually come faster this way than from 2
-workers (those of an in-RAM store faster than from one thread), 16-float samples
-come fastest from the training process's own gather.
+batch (without it, numpy copies and xxh3 hashes, which release it call by call),
+so two threads gather side by side. Against the workers, a batch then costs no
+hand-off (no task message, no process woken, no slot mapped as arrays, no
+reorder). Where this is cheaper for the loop is measured, like the other places
+(:mod:`loader.gather`): on 2 cores, 48 KiB samples of a memmap store usually come
+faster this way than from 2 workers (those of an in-RAM store faster than from
+one thread), 16-float samples come fastest from the training process's own
+gather.
 
 Only readers that say their batch reads may run in parallel
 (:meth:`cachestore.Reader.parallel_batches`: memmap and in-RAM stores, fixed
