@@ -341,7 +341,116 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(gather_records_doc,
+"gather_records(values, start, size, body, prefix, spans, outs, verify, stream=True)\n--\n\n"
+"Copy the leaves of records `values[start:]` (buffers) into `outs`, one row per record.\n\n"
+"Each value must be `size` bytes and hold `prefix` at `body` (the layout of the batch's first\n"
+"record); with `verify`, its first 8 bytes (little-endian) must be the xxh3 of value[body:].\n"
+"spans: (offset in the value, bytes) per out. Returns (0, len(values)) when all are copied,\n"
+"(1, j) when record j is None or laid out otherwise, (2, j) when its checksum differs.");
+
+static PyObject *gather_records(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"values", "start", "size", "body", "prefix", "spans", "outs", "verify", "stream", NULL};
+    PyObject *values, *spans, *outs;
+    Py_ssize_t start, size, body;
+    Py_buffer prefix;
+    int verify, stream = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnny*OOp|p", names, &values, &start, &size, &body, &prefix,
+                                     &spans, &outs, &verify, &stream))
+        return NULL;
+    Args a;
+    memset(&a, 0, sizeof a);
+    Py_buffer *views = NULL;
+    Py_ssize_t offsets[MAX_LEAVES], taken = 0, n = 0, stop = 0;
+    PyObject *result = NULL;
+    if (!PyList_Check(values) || !PyTuple_Check(spans) || !PyTuple_Check(outs)
+        || PyTuple_GET_SIZE(spans) != PyTuple_GET_SIZE(outs) || PyTuple_GET_SIZE(outs) > MAX_LEAVES) {
+        PyErr_Format(PyExc_ValueError, "values is a list; spans and outs tuples, one entry per leaf (at most %d)",
+                     MAX_LEAVES);
+        goto done;
+    }
+    n = PyList_GET_SIZE(values);
+    if (start < 0 || start > n || body < 8 || body + prefix.len > size) {
+        PyErr_SetString(PyExc_ValueError, "start, body or prefix do not fit the records");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(outs); k++) {
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(spans, k), "nn", &offsets[k], &a.widths[k]))
+            goto done;
+        if (offsets[k] < 0 || a.widths[k] < 0 || offsets[k] + a.widths[k] > size) {
+            PyErr_Format(PyExc_ValueError, "span %zd lies outside a record of %zd bytes", k, size);
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, k), &a.outs[k], PyBUF_WRITABLE) < 0)
+            goto done;
+        a.nout++;
+        if (a.outs[k].len < n * a.widths[k]) {
+            PyErr_Format(PyExc_ValueError, "out leaf %zd holds %zd bytes, the batch needs %zd", k, a.outs[k].len,
+                         n * a.widths[k]);
+            goto done;
+        }
+    }
+    /* The buffers are taken with the GIL held; the records are then read without it. */
+    if ((views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (stop = start; stop < n; stop++) {
+        PyObject *value = PyList_GET_ITEM(values, stop);
+        if (value == Py_None)
+            break;
+        if (PyObject_GetBuffer(value, &views[stop], PyBUF_SIMPLE) < 0)
+            goto done;
+        taken = stop + 1;
+    }
+    int kind = 0;
+    Py_ssize_t j;
+    Py_BEGIN_ALLOW_THREADS
+    for (j = start; j < stop; j++) {
+        const uint8_t *v = (const uint8_t *)views[j].buf;
+        if (views[j].len != size || memcmp(v + body, prefix.buf, (size_t)prefix.len) != 0) {
+            kind = 1;
+            break;
+        }
+        if (verify) {
+            uint64_t stored;
+            memcpy(&stored, v, sizeof stored);
+#if PY_BIG_ENDIAN
+            stored = __builtin_bswap64(stored);
+#endif
+            /* Hashing first brings the record into this core's cache; the copies then read it there. */
+            if (xxh3_oneshot(v + body, (size_t)(size - body)) != stored) {
+                kind = 2;
+                break;
+            }
+        }
+        for (int k = 0; k < a.nout; k++)
+            copy_out((uint8_t *)a.outs[k].buf + (size_t)j * (size_t)a.widths[k], v + offsets[k],
+                     (size_t)a.widths[k], stream);
+    }
+    if (j == stop && stop < n)
+        kind = 1; /* a missing record */
+#if defined(__SSE2__)
+    if (stream)
+        _mm_sfence();
+#endif
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(in)", kind, j);
+done:
+    if (views != NULL) {
+        for (Py_ssize_t i = start; i < taken; i++)
+            PyBuffer_Release(&views[i]);
+        PyMem_Free(views);
+    }
+    release(&a);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"gather_records", (PyCFunction)(void (*)(void))gather_records, METH_VARARGS | METH_KEYWORDS,
+     gather_records_doc},
     {"row_checksums", row_checksums, METH_VARARGS, row_checksums_doc},
     {"gather_verified", (PyCFunction)(void (*)(void))gather_verified, METH_VARARGS | METH_KEYWORDS,
      gather_verified_doc},

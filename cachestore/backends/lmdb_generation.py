@@ -22,7 +22,7 @@ from .. import codec
 from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from . import lmdb_columns
-from .base import GenerationData, batch_indices, checksum
+from .base import GenerationData, batch_indices, checksum, native_gather
 
 KEY = struct.Struct(">Q")  # a record's key: its index, big-endian so the key order is the index order
 SUM = struct.Struct("<Q")  # the checksum a record's value starts with
@@ -215,37 +215,53 @@ class LmdbGeneration(GenerationData):
         no per-sample copy, decode, sample object or ``np.stack``, each of which cost as much
         as the copy itself. The copies are ``memoryview`` slice assignments: a ``frombuffer``
         and a numpy row assignment per leaf and sample cost about 1.5 us each, a third of a
-        48 KiB sample's whole read. A record that differs sends the batch to the general path.
+        48 KiB sample's whole read; with the compiled gather (``cachestore/_gather.c``) the records
+        after the first are checked, hashed and copied in one call without the GIL. A record that
+        differs sends the batch to the general path.
         """
         n, verify, pack, hash_of = len(checked), self.verify, KEY.pack, xxhash.xxh3_64_intdigest
         body = SUM.size
         try:
             with self.env.begin(buffers=True) as txn:
-                for j, i in enumerate(checked):
-                    value = txn.get(pack(i))
-                    if j == 0:
-                        self._leaves(i, value, copy=False)  # checks the first record fully
-                        record = memoryview(value)[body:]
-                        try:
-                            layout = codec.record_layout(record)
-                        except CorruptSampleError as exc:
-                            raise self.corrupt(i, str(exc)) from exc
-                        if layout is None or not codec.is_stackable(layout[0]):
-                            return self._differs(i)
-                        treedef, head, spans = layout
-                        if self.fixed is not None and treedef != self.fixed[0]:
-                            return self._differs(i)
-                        size, prefix = len(value), bytes(record[:head])
-                        out = _destinations(treedef, n, out)
-                        copies = [(memoryview(dest).cast("B"), body + start, nbytes)
-                                  for dest, (start, nbytes) in zip(out, spans) if nbytes]
-                    elif value is None or len(value) != size or value[body:body + head] != prefix:
+                i, value = checked[0], txn.get(pack(checked[0]))
+                self._leaves(i, value, copy=False)  # checks the first record fully
+                record = memoryview(value)[body:]
+                try:
+                    layout = codec.record_layout(record)
+                except CorruptSampleError as exc:
+                    raise self.corrupt(i, str(exc)) from exc
+                if layout is None or not codec.is_stackable(layout[0]):
+                    return self._differs(i)
+                treedef, head, spans = layout
+                if self.fixed is not None and treedef != self.fixed[0]:
+                    return self._differs(i)
+                size, prefix = len(value), bytes(record[:head])
+                out = _destinations(treedef, n, out)
+                copies = [(memoryview(dest).cast("B"), body + start, nbytes)
+                          for dest, (start, nbytes) in zip(out, spans) if nbytes]
+                for dest, start, nbytes in copies:
+                    dest[:nbytes] = value[start:start + nbytes]
+                native = native_gather()
+                if native is not None and len(copies) <= native.MAX_LEAVES:
+                    # The rest in one call, the GIL released: hashed, then copied from the cache.
+                    values = [value, *(txn.get(pack(i)) for i in checked[1:])]
+                    kind, j = native.gather_records(values, 1, size, body, prefix,
+                                                    tuple((start, nbytes) for _, start, nbytes in copies),
+                                                    tuple(dest for dest, _, _ in copies), verify)
+                    if kind == 1:
+                        return self._differs(checked[j])
+                    if kind == 2:
+                        raise self.corrupt(checked[j], "checksum mismatch")
+                    return codec.unflatten_batch(treedef, out)
+                for j in range(1, n):
+                    i, value = checked[j], txn.get(pack(checked[j]))
+                    if value is None or len(value) != size or value[body:body + head] != prefix:
                         return self._differs(i)
                     for dest, start, nbytes in copies:
                         at = j * nbytes
                         dest[at:at + nbytes] = value[start:start + nbytes]
                     # Hashed after the copy, while the record is still in cache from it.
-                    if j and verify and hash_of(value[body:]) != SUM.unpack_from(value)[0]:
+                    if verify and hash_of(value[body:]) != SUM.unpack_from(value)[0]:
                         raise self.corrupt(i, "checksum mismatch")
         except lmdb.Error as exc:
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc

@@ -90,7 +90,7 @@ def wide(generation: int, index: int):
     return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1, index, dtype=np.float32), "y": index}
 
 
-def test_wide_samples_keep_one_record_each_and_say_their_layout(make_store, store_path):
+def test_wide_samples_keep_one_record_each_and_say_their_layout(make_store, store_path, gather):
     store = make_store("lmdb")
     write_generation(store, 0, 6, wide)
     info = manifest(store_path)
@@ -109,7 +109,7 @@ def test_wide_samples_keep_one_record_each_and_say_their_layout(make_store, stor
         reader.get_batch(idx, out=[a[:2] for a in out])
 
 
-def test_wide_samples_of_several_shapes_have_no_batch_layout(make_store, store_path):
+def test_wide_samples_of_several_shapes_have_no_batch_layout(make_store, store_path, gather):
     def two_shapes(generation: int, index: int):
         return {"x": np.full(lmdb_columns.MAX_ROW_BYTES // 4 + 1 + index % 2, index, dtype=np.float32)}
 
@@ -119,6 +119,9 @@ def test_wide_samples_of_several_shapes_have_no_batch_layout(make_store, store_p
     reader = store.reader()
     assert reader.batch_layout() is None
     check_generation(reader, 0, 4, two_shapes)
+    # A batch of one shape is gathered; one whose later record differs is read record by record.
+    for batch in ([2, 0], [0, 1]):
+        assert_same(stack_samples([two_shapes(0, i) for i in batch]), reader.get_batch(batch))
 
 
 def test_shards_of_different_layouts_have_no_batch_layout(make_store, store_path):
@@ -142,23 +145,41 @@ def test_shards_of_different_layouts_have_no_batch_layout(make_store, store_path
     check_generation(reader, 0, 6, by_shard)
 
 
-def test_a_fixed_record_whose_header_changed_is_corrupt(make_store, store_path):
-    """A record of a fixed-records generation that no longer has the generation's layout is damage,
-    not a reason to read the batch another way."""
+def flip_in_record(store_path: str, index: int, at: int) -> None:
+    """Flip byte `at` (from the end when negative) of sample `index`'s value, in every copy LMDB keeps."""
     import lmdb
 
-    store = make_store("lmdb")
-    write_generation(store, 0, 6, wide)
     gen_dir = Path(store_path) / "gen-000000"
     env = lmdb.open(str(gen_dir), readonly=True, lock=False)
     with env.begin() as txn:
-        value = bytes(txn.get((4).to_bytes(8, "big")))
+        value = bytes(txn.get(index.to_bytes(8, "big")))
     env.close()
     data = bytearray((gen_dir / "data.mdb").read_bytes())
     offset = data.find(value)
     assert offset >= 0
-    data[offset + 8 + 20] ^= 0xFF  # inside the record's structure JSON
+    while offset >= 0:
+        data[offset + at % len(value)] ^= 0xFF
+        offset = data.find(value, offset + 1)
     (gen_dir / "data.mdb").write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_a_wide_record_names_the_sample(make_store, store_path, gather):
+    store = make_store("lmdb")
+    write_generation(store, 0, 6, wide)
+    flip_in_record(store_path, 4, -3)  # inside the last leaf's bytes
+    reader = store.reader()
+    for batch in ([0, 4], [4, 1]):  # the first record is checked apart from the rest
+        with pytest.raises(CorruptSampleError, match="sample 4 of generation 0"):
+            reader.get_batch(batch)
+    assert_same(stack_samples([wide(0, i) for i in (5, 0)]), reader.get_batch([5, 0]))
+
+
+def test_a_fixed_record_whose_header_changed_is_corrupt(make_store, store_path, gather):
+    """A record of a fixed-records generation that no longer has the generation's layout is damage,
+    not a reason to read the batch another way."""
+    store = make_store("lmdb")
+    write_generation(store, 0, 6, wide)
+    flip_in_record(store_path, 4, 8 + 20)  # inside the record's structure JSON
     reader = store.reader()
     with pytest.raises(CorruptSampleError, match="sample 4"):
         reader.get_batch([0, 4])

@@ -116,3 +116,48 @@ def test_records_of_more_leaves_than_it_takes_are_gathered_in_python(native, tmp
             np.testing.assert_array_equal(batch[f"leaf{k}"], [samples[7][f"leaf{k}"], samples[2][f"leaf{k}"]])
     finally:
         store.close()
+
+
+def records(n: int, widths: tuple[int, ...], head: bytes = b"HEAD") -> list[bytes]:
+    """Values laid out like LMDB's: xxh3 of the rest (8 bytes, little-endian), `head`, the leaves."""
+    out = []
+    for leaves in zip(*columns(widths, n)):
+        rest = head + b"".join(leaf.tobytes() for leaf in leaves)
+        out.append(base.checksum([rest]).to_bytes(8, "little") + rest)
+    return out
+
+
+def test_gather_records_copies_the_leaves_and_names_the_first_bad_record(native):
+    widths, n = (5000, 8), 6
+    values = records(n, widths)
+    spans = ((12, 5000), (5012, 8))
+    outs = tuple(np.zeros((n, w), np.uint8) for w in widths)
+    assert native.gather_records(list(values), 1, len(values[0]), 8, b"HEAD", spans, outs, True) == (0, n)
+    for j in range(1, n):
+        assert outs[0][j].tobytes() == values[j][12:5012] and outs[1][j].tobytes() == values[j][5012:]
+    assert not outs[0][0].any()  # the first record is left to the caller
+    damaged = bytearray(values[3])
+    damaged[100] ^= 1
+    assert native.gather_records([*values[:3], bytes(damaged), *values[4:]], 1, len(values[0]), 8, b"HEAD",
+                                 spans, outs, True) == (2, 3)
+    assert native.gather_records([*values[:3], bytes(damaged), *values[4:]], 1, len(values[0]), 8, b"HEAD",
+                                 spans, outs, False) == (0, n)  # unverified: copied as it is
+    other = records(1, widths, head=b"HEAP")[0]
+    for odd in (None, values[2][:-1], other):
+        assert native.gather_records([*values[:4], odd, values[5]], 1, len(values[0]), 8, b"HEAD", spans, outs,
+                                     True) == (1, 4)
+
+
+def test_gather_records_bad_arguments_are_errors(native):
+    values = records(3, (16,))
+    size, outs = len(values[0]), (np.zeros((3, 16), np.uint8),)
+    with pytest.raises(ValueError, match="span 0 lies outside a record"):
+        native.gather_records(values, 1, size, 8, b"HEAD", ((20, 16),), outs, True)
+    with pytest.raises(ValueError, match="out leaf 0 holds 16 bytes"):
+        native.gather_records(values, 1, size, 8, b"HEAD", ((12, 16),), (np.zeros((1, 16), np.uint8),), True)
+    with pytest.raises(ValueError, match="start, body or prefix"):
+        native.gather_records(values, 4, size, 8, b"HEAD", ((12, 16),), outs, True)
+    with pytest.raises(ValueError, match="values is a list"):
+        native.gather_records(tuple(values), 1, size, 8, b"HEAD", ((12, 16),), outs, True)
+    with pytest.raises(TypeError):
+        native.gather_records([values[0], 5], 1, size, 8, b"HEAD", ((12, 16),), outs, True)
