@@ -209,7 +209,8 @@ class EpochRunner:
             # and a deep epoch's spare slots would be held meanwhile.
             self.shrink_slots()
             self._slots_sized = True
-            if self.res.threads is not None and stats.extra.get("gather") != "threads":
+            places = stats.extra.get("gather_split") or [stats.extra.get("gather")]
+            if self.res.threads is not None and "threads" not in places:
                 self.res.threads.buffers.drop_free()  # as slots go when not needed
         except BudgetExceededError as exc:
             if build is not None:  # a generation that does not fit is not worth keeping

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import psutil
 
 from .. import codec, safefs
 from ..collate import stack_samples
@@ -389,6 +390,7 @@ class MemmapGeneration(GenerationData):
         # The columns as rows of bytes, for the compiled gather.
         self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
         self._widths = tuple(r.shape[1] for r in self._byte_rows)
+        self._mapped_in = False
         self.segments: list[np.ndarray | None] = []
         for shard_id in shard_ids:
             seg = gen_dir / f"{shard_id}.seg"
@@ -427,11 +429,31 @@ class MemmapGeneration(GenerationData):
                 raise ValueError("out= is only supported for generations with a fixed layout")
             return stack_samples([self.read(i, copy=False) for i in indices])
         idx = batch_indices(indices, self.num_samples, self.generation)
+        if not self._mapped_in:
+            self._map_in()
         if self.verify:
             out = self._gather_verified(idx, out)
         else:
             out = gather_columns(self.columns, self.specs, idx, out)
         return codec.unflatten_batch(self.schema, out)
+
+    def _map_in(self) -> None:
+        """Map every page of the columns into this process, once, before its first batch read.
+
+        Batch reads go over the whole generation, and a page touched for the first time in a
+        process costs a fault there (each worker's, the training process's): the first read epoch
+        gathered 48 KiB samples at 1.67 ms per batch of 256, then 1.30; mapped in one call
+        (``MADV_POPULATE_READ``, 13-35 ms for 768 MB in the page cache), 1.26 from the start. Not
+        for a generation above a quarter of the available memory: that would read it from disk
+        up front, and its epochs are bound by the disk anyway.
+        """
+        self._mapped_in = True
+        native = native_gather()
+        if native is None or sum(c.nbytes for c in self._byte_rows) > psutil.virtual_memory().available // 4:
+            return
+        for col in self._byte_rows:
+            if col.size:
+                native.populate(col)
 
     def _gather_verified(self, idx: np.ndarray, out: list[np.ndarray] | None) -> list[np.ndarray]:
         """Gather rows `idx` into `out` and check each row's checksum, block by block.

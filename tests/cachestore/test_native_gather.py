@@ -161,3 +161,32 @@ def test_gather_records_bad_arguments_are_errors(native):
         native.gather_records(tuple(values), 1, size, 8, b"HEAD", ((12, 16),), outs, True)
     with pytest.raises(TypeError):
         native.gather_records([values[0], 5], 1, size, 8, b"HEAD", ((12, 16),), outs, True)
+
+
+def mapped_bytes(path: str) -> int:
+    """Bytes of `path` this process has in its page tables (Rss of its mappings in smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_the_first_batch_read_maps_the_whole_generation(native, tmp_path):
+    n = 64
+    store = open_store(str(tmp_path / "store"), "memmap")
+    try:
+        with store.writer(0, n) as writer:
+            for i in range(n):
+                writer.put(i, {"image": np.full(16 * 1024, i, dtype=np.float32)})  # 64 KiB each
+        col = str(tmp_path / "store" / "gen-000000" / "col-0.bin")
+        reader = store.reader()
+        reader[3]  # a single read maps only what it touches
+        assert mapped_bytes(col) < n * 64 * 1024 // 2
+        reader.get_batch([5, 9])
+        assert mapped_bytes(col) == n * 64 * 1024
+    finally:
+        store.close()

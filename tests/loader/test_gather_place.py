@@ -34,11 +34,17 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
     with CachedLoader(ArangeDataset, {"n": N, "shape": shape}, batch_size=BATCH, nb_worker=2, shuffle=True,
                       cache_setting=setting) as loader:
         epoch_labels(loader)  # generate
+        allocated = []
         for _ in range(3):  # the training process's gather timed, then the workers' and its threads', twice
             probe = epoch_labels(loader)
             stats = loader.epoch_stats[-1]
             assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
+            allocated.append(loader._runner.res.threads.buffers.allocated)
         assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["workers", "workers"]
+        assert [s.extra.get("gather_split") for s in loader.epoch_stats[-3:]] == [
+            None, ["workers", "threads"], ["threads", "workers"]]
+        # The threads' buffers outlive the split epochs: the third reuses the second's.
+        assert allocated[0] == 0 < allocated[1] and allocated[2] - allocated[1] <= allocated[1] // 2
         assert not any("gather_probed" in s.extra for s in loader.epoch_stats[-3:-1])
         # The second epoch was shared by the workers and the threads, half each, both timed.
         assert set(loader.epoch_stats[-2].extra["gather_costs"]) == {"main", "workers", "threads"}
