@@ -1,5 +1,10 @@
 /* Verified batch gather for fixed-layout generations: one call per batch, without the GIL.
  *
+ * gather_verified: rows of a memmap generation's columns into a batch, each checked against its
+ * checksum; gather_records: the same for lmdb's wide records, one buffer each; row_checksums: the
+ * checksums of rows already in memory (lmdb's column chunks); populate: map a generation's pages
+ * into this process before its first batch (docs/ARCHITECTURE.md, "Verified reads").
+ *
  * Why compiled: the pure-Python gather (cachestore/backends/base.py) makes ~500 calls into numpy
  * and xxhash for a 256-sample batch of 48 KiB records; each call is cheap, but together they cost a
  * third of the batch and serialise on the GIL, so two gather threads scale poorly. Here each row
