@@ -24,8 +24,9 @@ allocate the threads' buffers), are not counted in its mean batch time (the
 workers' slots grew in the first epoch) but as its start cost; a place's cost is
 the least mean of its runs, plus the least start cost spread over an epoch's
 batches (``_time``). The threads' buffers outlive the split epochs
-(``extra["gather_split"]`` names their places in order). For an in-RAM store, which workers cannot read, the threads serve
-the rest of the first epoch and the second is theirs, timed. Each batch is timed
+(``extra["gather_split"]`` names their places in order). For an in-RAM store,
+which workers cannot read, the threads serve the rest of the first epoch and the
+second is theirs, timed. Each batch is timed
 from the moment the loop asks for it until it has it (the loop's own time is not
 counted; a batch that is ready when asked costs only its hand-off). The cheapest
 place, per batch, serves the later read epochs of that key. The choice and the
@@ -183,7 +184,7 @@ class GatherPlacement:
         # Every epoch also pays once for its place's start (the workers' first tasks, the threads'
         # first gathers), spread over its batches. Measured on one store (2 cores, 48 KiB samples):
         # threads 0.94-1.77 ms per batch in their first run, 0.97-0.99 in their second, workers
-        # 1.22-1.45 then 1.04-1.10, and whole epochs ran 0.9-1.0x memcpy in threads, 0.72-0.77x
+        # 1.22-1.45 then 1.04-1.10, and whole epochs ran 0.9-1.0x memcpy in threads, 0.72-0.88x
         # in workers; the mean of all batches had chosen the workers in one try out of two.
         costs = {**costs, **{place: min(runs) + min(fills[place]) / len(batches)
                              for place, runs in samples.items()}}
