@@ -138,6 +138,36 @@ static int is_64bit(const Py_buffer *view, const char *codes)
     return view->itemsize == 8 && f[0] != '\0' && f[1] == '\0' && strchr(codes, f[0]) != NULL;
 }
 
+/* Leaf k's row width (an int >= 0) and column (a contiguous buffer) into `a`; on failure set an
+ * exception and return -1 (the caller releases what was taken). */
+static int take_column(Args *a, int k, PyObject *width, PyObject *column)
+{
+    a->widths[k] = PyLong_AsSsize_t(width);
+    if (a->widths[k] < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "row widths are >= 0");
+        return -1;
+    }
+    if (PyObject_GetBuffer(column, &a->columns[k], PyBUF_SIMPLE) < 0)
+        return -1;
+    a->ncol++;
+    return 0;
+}
+
+/* Leaf k's out (writable, room for n rows of a->widths[k] bytes) into `a`; as take_column. */
+static int take_out(Args *a, int k, PyObject *out, Py_ssize_t n)
+{
+    if (PyObject_GetBuffer(out, &a->outs[k], PyBUF_WRITABLE) < 0)
+        return -1;
+    a->nout++;
+    if (a->outs[k].len < n * a->widths[k]) {
+        PyErr_Format(PyExc_ValueError, "out leaf %d holds %zd bytes, the batch needs %zd", k, a->outs[k].len,
+                     n * a->widths[k]);
+        return -1;
+    }
+    return 0;
+}
+
 /* Fill `a` from the call's arguments; on failure set an exception and return -1 (the caller
  * releases what was taken). */
 static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, PyObject *outs,
@@ -153,20 +183,6 @@ static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, Py
                      MAX_LEAVES);
         return -1;
     }
-    for (Py_ssize_t k = 0; k < n_leaves; k++) {
-        a->widths[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(widths, k));
-        if (a->widths[k] < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "row widths are >= 0");
-            return -1;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, k), &a->columns[k], PyBUF_SIMPLE) < 0)
-            return -1;
-        a->ncol++;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, k), &a->outs[k], PyBUF_WRITABLE) < 0)
-            return -1;
-        a->nout++;
-    }
     if (PyObject_GetBuffer(idx, &a->idx, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     a->have_idx = 1;
@@ -180,17 +196,15 @@ static int parse(Args *a, PyObject *columns, PyObject *widths, PyObject *idx, Py
         return -1;
     }
     const int64_t *rows = (const int64_t *)a->idx.buf;
-    for (Py_ssize_t k = 0; k < n_leaves; k++) {
-        Py_ssize_t w = a->widths[k];
-        if (a->outs[k].len < n * w) {
-            PyErr_Format(PyExc_ValueError, "out leaf %zd holds %zd bytes, the batch needs %zd", k,
-                         a->outs[k].len, n * w);
+    for (int k = 0; k < (int)n_leaves; k++) {
+        if (take_column(a, k, PyTuple_GET_ITEM(widths, k), PyTuple_GET_ITEM(columns, k)) < 0
+            || take_out(a, k, PyTuple_GET_ITEM(outs, k), n) < 0)
             return -1;
-        }
+        Py_ssize_t w = a->widths[k];
         Py_ssize_t available = w ? a->columns[k].len / w : PY_SSIZE_T_MAX;
         for (Py_ssize_t j = 0; j < n; j++) {
             if (rows[j] < 0 || rows[j] >= available) {
-                PyErr_Format(PyExc_IndexError, "row %lld is outside column %zd", (long long)rows[j], k);
+                PyErr_Format(PyExc_IndexError, "row %lld is outside column %d", (long long)rows[j], k);
                 return -1;
             }
         }
@@ -313,15 +327,8 @@ static PyObject *row_checksums(PyObject *self, PyObject *args)
     memset(&a, 0, sizeof a);
     int n_leaves = (int)PyTuple_GET_SIZE(columns);
     for (int k = 0; k < n_leaves; k++) {
-        a.widths[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(widths, k));
-        if (a.widths[k] < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "row widths are >= 0");
+        if (take_column(&a, k, PyTuple_GET_ITEM(widths, k), PyTuple_GET_ITEM(columns, k)) < 0)
             goto fail;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, k), &a.columns[k], PyBUF_SIMPLE) < 0)
-            goto fail;
-        a.ncol++;
         if (a.columns[k].len < n * a.widths[k]) {
             PyErr_Format(PyExc_ValueError, "column %d holds %zd bytes, %zd rows need %zd", k, a.columns[k].len,
                          n, n * a.widths[k]);
@@ -389,14 +396,8 @@ static PyObject *gather_records(PyObject *self, PyObject *args, PyObject *kwargs
             PyErr_Format(PyExc_ValueError, "span %zd lies outside a record of %zd bytes", k, size);
             goto done;
         }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, k), &a.outs[k], PyBUF_WRITABLE) < 0)
+        if (take_out(&a, (int)k, PyTuple_GET_ITEM(outs, k), n) < 0)
             goto done;
-        a.nout++;
-        if (a.outs[k].len < n * a.widths[k]) {
-            PyErr_Format(PyExc_ValueError, "out leaf %zd holds %zd bytes, the batch needs %zd", k, a.outs[k].len,
-                         n * a.widths[k]);
-            goto done;
-        }
     }
     /* The buffers are taken with the GIL held; the records are then read without it. */
     if ((views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer))) == NULL) {
