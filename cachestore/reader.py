@@ -89,8 +89,8 @@ class Reader:
 
     def parallel_batches(self) -> bool:
         """Whether :meth:`get_batch` may run in several threads at once (and gains by it): a
-        fixed-layout generation of a backend whose batch reads are numpy copies and hashes,
-        which release the GIL."""
+        fixed-layout generation of a backend whose batch reads release the GIL (the compiled
+        gather, or the numpy copies and xxh3 hashes of the pure-Python one)."""
         return self.data.threadsafe_batches and self.batch_layout() is not None
 
     def verify(self) -> list:

@@ -79,8 +79,7 @@ class GatherPlacement:
         self.choices: dict[tuple, tuple[str, dict]] = {}
         # Per key and place, one entry per timed run of the probe epochs so far: its mean batch time
         # once warm, and what its start cost on top.
-        self.samples: dict[tuple, dict[str, list[float]]] = {}
-        self.fills: dict[tuple, dict[str, list[float]]] = {}
+        self.runs: dict[tuple, dict[str, list[tuple[float, float]]]] = {}
 
     def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
                 inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
@@ -164,7 +163,7 @@ class GatherPlacement:
         stats.extra["gather"] = parts[0][0]
         if len(parts) > 1:
             stats.extra["gather_split"] = [place for place, _, _ in parts]
-        samples, fills = self.samples.setdefault(key, {}), self.fills.setdefault(key, {})
+        runs = self.runs.setdefault(key, {})
         share = -(-len(batches) // len(parts))
         for k, (place, run, warmup) in enumerate(parts):
             times: list[float] = []
@@ -174,8 +173,7 @@ class GatherPlacement:
             skip = min(warmup, len(times) // 2)
             steady = _mean(times[skip:])  # a mean: batches gathered ahead arrive in bursts
             if steady is not None:
-                samples.setdefault(place, []).append(steady)
-                fills.setdefault(place, []).append(max(0.0, sum(times[:skip]) - skip * steady))
+                runs.setdefault(place, []).append((steady, max(0.0, sum(times[:skip]) - skip * steady)))
         if not batches:
             return  # an empty epoch (a resume at its end): decide at the next one
         # The least of a place's runs: an early run pays what later epochs do not (store pages
@@ -186,13 +184,14 @@ class GatherPlacement:
         # threads 0.94-1.77 ms per batch in their first run, 0.97-0.99 in their second, workers
         # 1.22-1.45 then 1.04-1.10, and whole epochs ran 0.9-1.0x memcpy in threads, 0.72-0.88x
         # in workers; the mean of all batches had chosen the workers in one try out of two.
-        costs = {**costs, **{place: min(runs) + min(fills[place]) / len(batches)
-                             for place, runs in samples.items()}}
+        costs = dict(costs)
+        for place, timed_runs in runs.items():
+            costs[place] = min(mean for mean, _ in timed_runs) + min(start for _, start in timed_runs) / len(batches)
         if then_threads:
             self.choices[key] = ("pending-threads", costs)
             stats.extra["gather_costs"] = costs
             return
-        del self.samples[key], self.fills[key]
+        del self.runs[key]
         best = min(costs, key=costs.__getitem__)
         self.choices[key] = (best, costs)
         stats.extra.update(gather=best, gather_costs=costs, gather_probed=True)

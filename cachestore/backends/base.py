@@ -85,9 +85,10 @@ def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
     rows = [r for r in rows if r.shape[1]]
     if not rows:
         return [checksum([b""])] * n
-    if NATIVE is not None and len(rows) <= NATIVE.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
+    native = native_gather()
+    if native is not None and len(rows) <= native.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
         sums = np.empty(n, dtype=np.uint64)
-        NATIVE.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
+        native.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
         return sums.tolist()
     width = sum(r.shape[1] for r in rows)
     hash_one = xxhash.xxh3_64_intdigest
