@@ -35,6 +35,9 @@ import numpy as np
 
 from .errors import CorruptSampleError, UnsupportedSampleError
 
+#: A sample's (or a batch's) structure: nested tuples whose first item is a tag (see above).
+Treedef = tuple
+
 _MAGIC = b"CSR1"
 _HEADER = struct.Struct("<4sIII")  # magic, flags, json length, reserved
 _FLAG_ZSTD = 1

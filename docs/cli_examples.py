@@ -3,7 +3,7 @@
     PYTHONPATH=. python docs/cli_examples.py /tmp/cli-examples > transcript.txt
 
 The stores carry what the loader records: a fingerprint with the keys of
-``loader.fingerprint.dataset_fingerprint``, a producer, and each commit's
+``loader.cache.fingerprint.dataset_fingerprint``, a producer, and each commit's
 ``extra`` (the epoch that wrote the generation and ``update_frequency``).
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from cachestore import open_store
 from cachestore.cli import main
-from loader.fingerprint import params_hash
+from loader.cache.fingerprint import params_hash
 
 K = 5  # update_frequency
 

@@ -5,7 +5,7 @@
 
 from cachestore.collate import stack_samples as default_collate
 
-from .cached_loader import CachedLoader
-from .epoch import EpochStats
+from .api import CachedLoader
+from .epochs.plan import EpochStats
 
 __all__ = ["CachedLoader", "EpochStats", "default_collate"]

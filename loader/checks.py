@@ -17,15 +17,10 @@ import os
 import sys
 from typing import Any
 
-from cachestore.errors import CacheStoreError
+from .errors import NotImportableError
 
 #: Start methods whose children get their arguments by pickle (``fork`` copies the parent instead).
 PICKLING_START_METHODS = ("spawn", "forkserver")
-
-
-class NotImportableError(CacheStoreError, ValueError):
-    """The dataset class (or collate function) cannot be imported by spawned worker processes."""
-
 
 def check_importable_by_workers(dataset_class: Any, *, nb_worker: int, use_threading: bool = False,
                                 start_method: str = "spawn", collate_fn: Any = None) -> None:

@@ -1,4 +1,9 @@
-"""Exceptions of the loader; like the store's, they derive from :class:`cachestore.CacheStoreError`."""
+"""Exceptions of the loader; like the store's, they derive from :class:`cachestore.CacheStoreError`.
+
+Each leaf also inherits the builtin a caller would naturally catch
+(``RuntimeError``, ``TimeoutError``, ``ImportError``, ``ValueError``), so
+code that never heard of this package still catches them.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,36 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     stack: str | None = None
 
 
-
 class MissingDependencyError(CacheStoreError, ImportError):
     """An optional extra the settings ask for is not installed (the message says what to install)."""
 
 
-__all__ = ["MissingDependencyError", "WorkerError", "WorkerTimeoutError"]
+class NotImportableError(CacheStoreError, ValueError):
+    """Something the workers need cannot be sent to them (the message names it and the ways out)."""
+
+
+class SampleError(CacheStoreError):
+    """Wraps an exception from ``dataset[index]`` with the index, on its way to the training process.
+
+    Never reaches the user: the training process re-raises the dataset's own
+    exception (:attr:`cause`), which gets ``sample_index`` too, with or
+    without workers.
+    """
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(index)
+        self.index = index
+        self.cause = cause
+        tag_sample_index(cause, index)
+
+
+def tag_sample_index(exc: BaseException, index: int) -> None:
+    """Give the dataset's exception the index it was raised for (``exc.sample_index``)."""
+    try:
+        exc.sample_index = index  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass  # __slots__ without it: the index is still in the message's notes
+
+
+__all__ = ["MissingDependencyError", "NotImportableError", "SampleError", "WorkerError", "WorkerTimeoutError",
+           "tag_sample_index"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from cachestore import Store
 
-from .executor import Executor
-from .gather_threads import GatherThreads
-from .generation import GenerationBuild
-from .rotation import RotationWindow
-from .shm import SlotPool
+from .cache.build import GenerationBuild
+from .epochs.windows import RotationWindow
+from .epochs.threads import GatherThreads
+from .executors.base import Executor
+from .executors.process.slots import SlotPool
 
 
 class Resources:

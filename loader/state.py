@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
-from .fingerprint import dataset_fingerprint
+from .cache.fingerprint import dataset_fingerprint
 from .settings import LoaderSettings, RotationSettings
 
 STATE_VERSION = 1

@@ -16,7 +16,7 @@ from cachestore import CacheStoreError, open_store
 from cachestore.cli import main
 from cachestore.backends import directory
 from cachestore.locking import lock_holder
-from loader.rotation import DiskWindow
+from loader.epochs.windows import DiskWindow
 
 from .helpers import check_generation, fixed_sample, write_generation
 

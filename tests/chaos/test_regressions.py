@@ -82,7 +82,7 @@ def test_a_killed_workers_temp_file_is_not_committed(tmp_path):
 
 def test_a_failed_refresh_stops_the_workers_before_removing_the_staging_area(tmp_path, monkeypatch):
     from loader import CachedLoader
-    from loader.generation import GenerationBuild
+    from loader.cache.build import GenerationBuild
 
     from .dataset import ChaosDataset, ChaosError
 

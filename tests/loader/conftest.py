@@ -9,7 +9,7 @@ import os
 import psutil
 import pytest
 
-from loader.shm import MEMFD_PREFIX, shm_dir
+from loader.executors.process.shm import MEMFD_PREFIX, shm_dir
 
 
 def live_children() -> list[psutil.Process]:

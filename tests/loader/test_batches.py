@@ -10,7 +10,7 @@ import torch
 
 from loader import CachedLoader, default_collate
 from loader.settings import EpochMode
-from loader.shm import is_segment_path
+from loader.executors.process.shm import is_segment_path
 
 from .datasets import ArangeDataset, BigSampleDataset, MixedDataset
 

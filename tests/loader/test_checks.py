@@ -11,7 +11,8 @@ import pytest
 
 from cachestore.errors import CacheStoreError, UnsupportedSampleError
 from loader import CachedLoader
-from loader.checks import NotImportableError, check_importable_by_workers
+from loader.checks import check_importable_by_workers
+from loader.errors import NotImportableError
 
 from .datasets import ArangeDataset
 from .faulty_datasets import ObjectArrayDataset
@@ -35,7 +36,8 @@ def _run_main(code: str, how: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 MAIN_CODE = textwrap.dedent("""
-    from loader.checks import NotImportableError, check_importable_by_workers
+    from loader.checks import check_importable_by_workers
+    from loader.errors import NotImportableError
 
     class Squares:
         def __len__(self):

@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from loader import CachedLoader, compat
+from loader import CachedLoader
+from loader.compat import base as compat_base
 from loader.compat import AsyncDataLoader, DataLoader, SwiftLoader
 
 from . import compat_datasets
@@ -29,7 +30,7 @@ EMPTY = inspect.Parameter.empty
 @pytest.fixture(autouse=True)
 def fresh_explanations(monkeypatch):
     """Each test sees the once-per-process explanations afresh."""
-    monkeypatch.setattr(compat, "_explained", set())
+    monkeypatch.setattr(compat_base, "_explained", set())
 
 
 def run_snippet(source: str, **names) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cachestore import open_store
-from cachestore.errors import WorkerError
+from loader.errors import WorkerError
 from loader import CachedLoader
 
 from .conftest import kept_partial, leftovers, live_children, my_segments

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cachestore import CacheStoreError, FingerprintError
-from loader.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
+from loader.cache.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
 
 from .datasets import ArangeDataset
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import loader.runner
+import loader.epochs.runner
 from loader import CachedLoader
 
 from .datasets import ArangeDataset
@@ -57,7 +57,7 @@ def test_drop_last_still_caches_every_sample(no_leaks, nb_worker):
 
 
 def test_progress_is_shown_on_generate_epochs_only(no_leaks, monkeypatch):
-    monkeypatch.setattr(loader.runner, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(loader.epochs.runner, "PROGRESS_DELAY", 0.0)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     with CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=0, progress=True,
@@ -70,7 +70,7 @@ def test_progress_is_shown_on_generate_epochs_only(no_leaks, monkeypatch):
 
 
 def test_progress_false_and_not_a_terminal_show_nothing(no_leaks, monkeypatch):
-    monkeypatch.setattr(loader.runner, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(loader.epochs.runner, "PROGRESS_DELAY", 0.0)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     for progress in (False, None):  # None: only on a terminal, and a StringIO is none

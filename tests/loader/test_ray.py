@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from cachestore.errors import WorkerError
+from loader.errors import WorkerError
 from loader.errors import WorkerTimeoutError
 from loader import CachedLoader
 

@@ -141,8 +141,8 @@ class _Executor:
 def test_a_completed_refresh_has_the_workers_close_their_shards_at_once():
     """Once every chunk is in, the workers close (and sync) their shards in their idle time, so the
     refresh epoch does not wait for it; a flush error is kept for the commit to refuse."""
-    from loader import messages as m
-    from loader.refresh import BackgroundRefresh
+    from loader.executors import messages as m
+    from loader.cache.refresh import BackgroundRefresh
 
     build, executor = _Build(), _Executor()
     refresh = BackgroundRefresh(build, np.arange(6), chunk=3, nb_worker=2)

@@ -14,7 +14,7 @@ import pytest
 from cachestore.cli import main as cli
 from cachestore.disk import allocated_bytes
 from loader import CachedLoader
-from loader.rotation import rotation_schedule
+from loader.epochs.rotation import rotation_schedule
 
 from .datasets import ArangeDataset, read_calls
 

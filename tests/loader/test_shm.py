@@ -8,7 +8,9 @@ import os
 import numpy as np
 import pytest
 
-import loader.shm as shm
+import loader.executors.process.shm as shm
+from loader.executors.process.segments import WorkerSegments, write_batch
+from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
 
 from .conftest import my_segments
@@ -23,22 +25,22 @@ MODES = [pytest.param(True, id="memfd"), pytest.param(False, id="files")]
 def test_slot_grows_in_place_and_the_owner_sees_it(memfd):
     if memfd and not shm.USE_MEMFD:
         pytest.skip("memfd slots are not usable here")
-    pool = shm.SlotPool(2, memfd=memfd)
-    worker = shm.WorkerSegments()
+    pool = SlotPool(2, memfd=memfd)
+    worker = WorkerSegments()
     try:
         assert memfd == pool._names[0].startswith("/proc/")
         slot, name, size = pool.acquire()
         small = {"x": np.arange(10, dtype=np.int64)}
-        meta = shm.write_batch(worker, slot, name, size, small)
+        meta = write_batch(worker, slot, name, size, small)
         assert np.array_equal(pool.view(slot, meta)["x"], small["x"])
         big = {"x": np.arange(3 << 18, dtype=np.int64)}  # 6 MiB > the 1 MiB slot
-        meta = shm.write_batch(worker, slot, name, size, big)
-        assert meta["name"] == name and meta["size"] > size
+        meta = write_batch(worker, slot, name, size, big)
+        assert meta.name == name and meta.size > size
         assert np.array_equal(pool.view(slot, meta)["x"], big["x"])
         # The next task on this slot is told the new size; another worker maps the grown file.
-        other = shm.WorkerSegments()
+        other = WorkerSegments()
         try:
-            meta = shm.write_batch(other, slot, name, pool._sizes[slot], {"x": big["x"][::-1].copy()})
+            meta = write_batch(other, slot, name, pool._sizes[slot], {"x": big["x"][::-1].copy()})
             assert np.array_equal(pool.view(slot, meta)["x"], big["x"][::-1])
         finally:
             other.close()
@@ -52,7 +54,7 @@ def test_slot_grows_in_place_and_the_owner_sees_it(memfd):
 def test_memfd_slots_have_no_name_in_dev_shm():
     if not shm.USE_MEMFD:
         pytest.skip("memfd slots are not usable here")
-    pool = shm.SlotPool(3)
+    pool = SlotPool(3)
     try:
         assert not glob.glob(os.path.join(shm.shm_dir(), f"cachestore-{os.getpid()}-*"))
         assert len(my_segments()) >= 3

@@ -8,8 +8,10 @@ import os
 import numpy as np
 import pytest
 
-import loader.epoch as epoch_module
-import loader.shm as shm
+import loader.epochs.scheduler as epoch_module
+import loader.executors.process.shm as shm
+from loader.executors.process.segments import WorkerSegments, write_batch
+from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
 
 from .conftest import my_segments
@@ -46,9 +48,9 @@ def slot_files(pid: int, prefix: str) -> dict[str, int]:
     return found
 
 
-def _write_and_view(pool: shm.SlotPool, worker: shm.WorkerSegments, batch: dict) -> dict:
+def _write_and_view(pool: SlotPool, worker: WorkerSegments, batch: dict) -> dict:
     slot, name, size = pool.acquire()
-    return pool.view(slot, shm.write_batch(worker, slot, name, size, batch))
+    return pool.view(slot, write_batch(worker, slot, name, size, batch))
 
 
 def _labels(names: list[str]) -> set[str]:
@@ -61,8 +63,8 @@ def _labels(names: list[str]) -> set[str]:
 def test_shrink_retires_free_slots_the_last_period_did_not_need(memfd):
     if memfd and not shm.USE_MEMFD:
         pytest.skip("memfd slots are not usable here")
-    pool = shm.SlotPool(2, memfd=memfd)
-    worker = shm.WorkerSegments()
+    pool = SlotPool(2, memfd=memfd)
+    worker = WorkerSegments()
     small = {"x": np.arange(10, dtype=np.int64)}
     try:
         views = [_write_and_view(pool, worker, small) for _ in range(6)]  # a deep period: 6 lent at once
@@ -85,8 +87,8 @@ def test_shrink_retires_free_slots_the_last_period_did_not_need(memfd):
 
 
 def test_a_grown_slot_shrinks_once_a_period_carries_only_small_batches():
-    pool = shm.SlotPool(2)
-    worker = shm.WorkerSegments()
+    pool = SlotPool(2)
+    worker = WorkerSegments()
     big = {"x": np.arange(3 << 18, dtype=np.int64)}  # 6 MiB: the slot grows to 8 MiB
     try:
         held = _write_and_view(pool, worker, big)
@@ -115,7 +117,7 @@ def test_slots_of_tasks_that_never_answer_are_retired():
     class Task:
         epoch, seq, part = 0, 0, 0
 
-    pool = shm.SlotPool(2)
+    pool = SlotPool(2)
     try:
         task = Task()
         task.slot, name, _ = pool.acquire()

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-import loader.epoch
+import loader.epochs.scheduler
 from loader import CachedLoader
 from loader.errors import WorkerError, WorkerTimeoutError
 
@@ -49,7 +49,7 @@ def test_next_epoch_after_a_timeout_starts_new_workers(no_leaks, tmp_path):
 
 
 def test_a_long_wait_is_logged_with_the_stuck_worker(no_leaks, caplog, monkeypatch):
-    monkeypatch.setattr(loader.epoch, "HANG_WARNING_SECONDS", 0.5)
+    monkeypatch.setattr(loader.epochs.scheduler, "HANG_WARNING_SECONDS", 0.5)
     caplog.set_level(logging.WARNING, logger="loader")
     with CachedLoader(HangDataset, {"n": 16, "hang_at": 5}, batch_size=4, nb_worker=1, shuffle=False,
                       timeout=3) as cached:

@@ -7,9 +7,9 @@ import traceback
 
 import pytest
 
-from cachestore.errors import WorkerError
+from loader.errors import WorkerError
 from loader import CachedLoader
-from loader import messages as m
+from loader.executors import messages as m
 
 from .faulty_datasets import HeldLockError, LabelError, LabelErrorWithDefault, RaisingDataset
 

@@ -14,18 +14,18 @@ from typing import Any, Callable, Iterator
 
 from cachestore import Store
 
-from . import sampler
 from .checks import check_importable_by_workers
 from .device import DeviceMover
-from .epoch import EpochStats
-from .layout import ConsumerLayout
+from .epochs import order as sampler
+from .epochs.layout import ConsumerLayout
+from .epochs.plan import EpochStats
+from .epochs.rotation import batch_sizes
+from .epochs.runner import EpochRunner
+from .executors.process.shm import sweep_dead_segments
+from .executors.producer import BatchProducer
 from .resources import Resources
-from .rotation import batch_sizes
-from .runner import EpochRunner
 from .settings import CacheSettings, LoaderSettings, RotationSettings, check_int
 from .state import EpochIterator, EpochProgress, check_state, make_state
-from .shm import sweep_dead_segments
-from .worker import BatchProducer
 
 #: Settings readable as loader attributes (see CachedLoader.__getattr__).
 _ARGUMENTS = frozenset({

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from .errors import WorkerTimeoutError
+from ..errors import WorkerTimeoutError
 from .messages import Task, WorkerConfig
 
 #: Called with the shard id of a worker incarnation that died.

@@ -57,12 +57,11 @@ import numpy as np
 
 from cachestore.errors import CorruptSampleError
 
+from ..errors import MissingDependencyError, WorkerError
+from ..settings import EpochMode
 from . import messages as m
-from .errors import MissingDependencyError, WorkerError
-from .executor import DeathListeners, StuckWorker
-from .settings import EpochMode
-from .worker import BatchProducer
-from .worker import _failure as task_failure
+from .base import DeathListeners, StuckWorker
+from .producer import BatchProducer, task_failure
 
 log = logging.getLogger(__name__)
 

@@ -31,28 +31,15 @@ boundary left to place its double at.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import shutil
-import stat
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from cachestore import codec, safefs
-from cachestore.disk import is_out_of_space, out_of_space, remove_paths
-from cachestore.errors import CacheStoreError
-from cachestore.scratch import dead_windows, new_window_dir
+from .windows import RotationWindow
 
 log = logging.getLogger(__name__)
-
-#: A disk window's record of how far its epoch got (see DiskWindow.adopt).
-POSITION = "position.json"
-_SLOT_RE = re.compile(r"^slot-(\d+)\.rec$")
 
 
 @dataclass(frozen=True)
@@ -151,177 +138,6 @@ def _serve(t: int, done: np.ndarray, current: np.ndarray, rotation: int, next_sa
         current[t] = next_sample
     done[t] += 1
     return Serve(t, int(current[t]), bool(fresh), bool(done[t] % rotation == 0))
-
-
-class RotationWindow(Protocol):
-    """Where a rotation epoch keeps the samples it serves again: one sample per slot.
-
-    :func:`run_rotation` stores a fresh sample with :meth:`put`, serves it
-    again with :meth:`get` and frees the slot after its last serve.
-    """
-
-    slots: int
-
-    def reset(self) -> None:
-        """Empty every slot (a new epoch starts)."""
-
-    def put(self, slot: int, sample: Any) -> None:
-        """Keep an own copy of `sample` in `slot`."""
-
-    def get(self, slot: int) -> Any:
-        """The sample in `slot`."""
-
-    def free(self, slot: int) -> None:
-        """Forget the sample in `slot`."""
-
-    def held(self) -> int:
-        """Slots holding a sample now."""
-
-    def mark(self, epoch: int, applied: int, clean: bool) -> None:
-        """Record how far epoch `epoch` got: `applied` batches in, `clean` when none is half applied."""
-
-    def close(self) -> None:
-        """Release everything (files included)."""
-
-
-class MemoryWindow:
-    """The window in this process's RAM: one sample (own copy) per slot."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self._samples: list[Any] = [None] * slots
-
-    def reset(self) -> None:
-        self._samples = [None] * self.slots
-
-    def put(self, slot: int, sample: Any) -> None:
-        treedef, leaves = codec.flatten(sample, allow_pickle=True)
-        self._samples[slot] = codec.unflatten(treedef, [np.array(leaf) for leaf in leaves])
-
-    def get(self, slot: int) -> Any:
-        return self._samples[slot]
-
-    def free(self, slot: int) -> None:
-        self._samples[slot] = None
-
-    def held(self) -> int:
-        return sum(s is not None for s in self._samples)
-
-    def mark(self, epoch: int, applied: int, clean: bool) -> None:
-        pass  # a memory window dies with its process: nothing to resume from
-
-    def close(self) -> None:
-        self._samples = []
-
-
-class DiskWindow:
-    """The window as one record file per slot under ``<prefix>/rotation-<pid>-<hex>/``.
-
-    At most one file per slot, so the bytes on disk stay within the window's
-    samples. The directory is removed on close. One left by a crashed process
-    is adopted by a run that resumes exactly where it stopped (``position.json``
-    says how far its epoch got), and otherwise removed at the next loader's
-    first rotation epoch, or by ``cachestore prune``.
-    """
-
-    def __init__(self, prefix: str, slots: int) -> None:
-        root = Path(prefix)
-        self._made_root = not root.exists()
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        # Swept at the first epoch, not now: a resumed run adopts one of them first (see adopt()).
-        self._stale: list[str] | None = [path for path, _ in dead_windows(root)]
-        self.path = new_window_dir(root)
-        self.slots = slots
-        self._held = [False] * slots
-        self._resume: tuple[int, int] | None = None  # (epoch, batches applied) of an adopted window
-
-    def adopt(self, path: str, epoch: int, applied: int) -> bool:
-        """Take over the window a killed run left at `path`, if it stopped after `applied` batches of `epoch`.
-
-        Returns whether it was adopted: its slot files then serve the rest of
-        that epoch, and no sample it holds is computed again.
-        """
-        old = Path(path)
-        if self._stale is None or str(old) not in self._stale or old.parent != self.root:
-            return False
-        try:
-            position = safefs.read_json(old / POSITION, "a rotation window position")
-        except (OSError, ValueError, CacheStoreError):
-            return False
-        if position != {"epoch": epoch, "applied": applied, "clean": True, "slots": self.slots}:
-            return False  # it went on (or was cut mid-batch) after the state was taken: rebuild instead
-        for entry in old.iterdir():
-            match = _SLOT_RE.match(entry.name)
-            if match and int(match.group(1)) < self.slots and stat.S_ISREG(entry.lstat().st_mode):
-                os.rename(entry, self._file(int(match.group(1))))
-                self._held[int(match.group(1))] = True
-        self._resume = (epoch, applied)
-        log.info("adopted the rotation window of a stopped run at batch %d of epoch %d", applied, epoch)
-        return True
-
-    def resumes(self, epoch: int, applied: int) -> bool:
-        """Whether this window already holds the state after `applied` batches of `epoch` (adopted)."""
-        return self._resume == (epoch, applied)
-
-    def reset(self) -> None:
-        self._resume = None
-        stale, self._stale = self._stale or [], None
-        if stale:
-            remove_paths([path for path in stale if os.path.lexists(path)])
-            log.info("removed %d rotation window(s) left by dead processes under %s", len(stale), self.root)
-        for slot in range(self.slots):
-            if self._held[slot]:
-                self.free(slot)
-
-    def mark(self, epoch: int, applied: int, clean: bool) -> None:
-        # Atomic (temp name, rename): a kill leaves the old position or the new one, never a torn one.
-        tmp = self.path / f".{POSITION}.tmp"
-        try:
-            tmp.unlink(missing_ok=True)
-            safefs.write_new(tmp, json.dumps({"epoch": epoch, "applied": applied, "clean": clean,
-                                              "slots": self.slots}).encode())
-            os.replace(tmp, self.path / POSITION)
-        except OSError:
-            # No room for a few bytes: this window just cannot be resumed from; serving goes on.
-            tmp.unlink(missing_ok=True)
-            (self.path / POSITION).unlink(missing_ok=True)
-
-    def _file(self, slot: int) -> Path:
-        return self.path / f"slot-{slot}.rec"
-
-    def put(self, slot: int, sample: Any) -> None:
-        # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
-        # A fresh file (O_EXCL | O_NOFOLLOW): a slot name swapped for a symlink is unlinked, not written through.
-        try:
-            safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
-        except OSError as exc:
-            if is_out_of_space(exc):
-                self._file(slot).unlink(missing_ok=True)  # a partly written slot file holds blocks for nothing
-                raise out_of_space(exc, f"writing rotation slot {slot}", self.path) from exc
-            raise
-        self._held[slot] = True
-
-    def get(self, slot: int) -> Any:
-        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=False)
-        return codec.unflatten(treedef, leaves)
-
-    def free(self, slot: int) -> None:
-        self._file(slot).unlink(missing_ok=True)
-        self._held[slot] = False
-
-    def held(self) -> int:
-        return sum(self._held)
-
-    def close(self) -> None:
-        stale, self._stale = self._stale or [], None
-        remove_paths([path for path in stale if os.path.lexists(path)])
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._made_root:
-            try:
-                self.root.rmdir()  # only when empty: we created it, nothing else is in it
-            except OSError:
-                pass
 
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,

@@ -29,9 +29,9 @@ from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
 
-from . import messages as m
-from .executor import Executor
-from .settings import BudgetPolicy, EpochMode
+from ..executors import messages as m
+from ..executors.base import Executor
+from ..settings import BudgetPolicy, EpochMode
 
 log = logging.getLogger(__name__)
 

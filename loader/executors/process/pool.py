@@ -43,9 +43,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import messages as m
-from .errors import WorkerError
-from .executor import DeathListeners, StuckWorker
+from ...errors import WorkerError
+from .. import messages as m
+from ..base import DeathListeners, StuckWorker
 from .worker import worker_main
 
 log = logging.getLogger(__name__)

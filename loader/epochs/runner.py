@@ -21,25 +21,28 @@ from cachestore import codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError
 
-from . import gather_threads
-from . import messages as m
-from . import sampler
-from .cache import CacheController
-from .epoch import EpochPlan, EpochStats, PoolRun, run_inline, run_pool
-from .executor import Executor, WorkerConfigFactory
-from .gather import GatherPlacement
-from .gather_threads import GatherThreads, usable_cpus
-from .generation import GenerationBuild
+from ..cache.build import GenerationBuild
+from ..cache.controller import CacheController
+from ..cache.refresh import BackgroundRefresh
+from ..executors import messages as m
+from ..executors.base import Executor, WorkerConfigFactory
+from ..executors.process.pool import WorkerPool
+from ..executors.process.slots import SlotPool
+from ..executors.producer import BatchProducer
+from ..progress import Progress
+from ..resources import Resources
+from ..settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
+from ..state import rotation_as_dict
+from . import order as sampler
+from . import threads as gather_threads
+from .inline import run_inline
 from .layout import ConsumerLayout
-from .pool import WorkerPool
-from .progress import Progress
-from .refresh import BackgroundRefresh
-from .resources import Resources
-from .rotation import DiskWindow, MemoryWindow, batch_sizes, rotation_schedule, run_rotation
-from .settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
-from .shm import SlotPool
-from .state import rotation_as_dict
-from .worker import BatchProducer
+from .placement import GatherPlacement
+from .plan import EpochPlan, EpochStats
+from .rotation import batch_sizes, rotation_schedule, run_rotation
+from .windows import DiskWindow, MemoryWindow
+from .scheduler import PoolRun, run_pool
+from .threads import GatherThreads, usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,7 @@ class EpochRunner:
                                               s.allow_pickle)
             if s.executor == "ray":
                 # Imported here only: `import loader` never imports ray (an optional extra).
-                from .ray_executor import RayExecutor
+                from ..executors.ray import RayExecutor
 
                 res.executor = RayExecutor(make_config, s.executor_options, s.max_worker_restarts, self.producer)
             else:

@@ -46,9 +46,11 @@ import numpy as np
 
 from cachestore import CorruptSampleError, Reader
 
-from .epoch import EpochPlan, EpochStats, dataset_error, read_task
-from .shm import leaf_views, plan_layout
-from .worker import BatchProducer, SampleError
+from ..errors import SampleError
+from ..executors.producer import BatchProducer
+from ..leaves import leaf_views, plan_layout
+from .inline import dataset_error, read_task
+from .plan import EpochPlan, EpochStats
 
 #: Thread names start with this (see GatherThreads.shutdown).
 THREAD_PREFIX = "cachestore-gather"

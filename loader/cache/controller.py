@@ -18,12 +18,12 @@ from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
                                GenerationNotFoundError, StoreLockedError)
 
-from .executor import Executor
-from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
-from .generation import GenerationBuild, workers_can_write
-from .layout import ConsumerLayout
-from .settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
+from ..epochs.layout import ConsumerLayout
+from ..executors.base import Executor
+from ..settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
                        refresh_impossible)
+from .build import GenerationBuild, workers_can_write
+from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 
 log = logging.getLogger(__name__)
 

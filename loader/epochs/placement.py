@@ -42,7 +42,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from .epoch import EpochPlan, EpochStats
+from .plan import EpochPlan, EpochStats
 
 #: Batches of the first read epoch gathered in the training process to time it.
 PROBE_BATCHES = 4

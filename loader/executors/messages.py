@@ -1,7 +1,8 @@
 """Messages between the training process and its workers: small frozen dataclasses.
 
 Everything bulky (batch bytes) travels through shared-memory slots; these
-only say where it is.
+only say where it is. :data:`Command` is what the training process sends,
+:data:`Message` what comes back.
 """
 
 from __future__ import annotations
@@ -9,12 +10,17 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Literal, TypeAlias, Union
 
 import numpy as np
 
-from .errors import WorkerError
-from .settings import BudgetPolicy, EpochMode
+from cachestore import ShardSpec, StoreSpec
+from cachestore.codec import Treedef
+
+from ..dataset import Batch, CollateFn, Dataset
+from ..errors import WorkerError
+from ..leaves import LeafSpec
+from ..settings import BudgetPolicy, EpochMode
 
 
 #: Where a task failed: in the dataset, building the worker's dataset, over the budget, in the store.
@@ -30,11 +36,35 @@ class WorkerConfig:
 
     worker_id: int
     shard_id: str  # unique per worker incarnation: names its shard in each generation
-    dataset_class: type
-    dataset_params: dict
-    collate_fn: Callable | None
+    dataset_class: type[Dataset]
+    dataset_params: dict[str, object]
+    collate_fn: CollateFn | None
     gpu_index: int | None
     allow_pickle: bool
+
+
+#: A committed generation to read: the store's address and the generation id.
+ReadSource: TypeAlias = tuple[StoreSpec, int]
+#: A sample encoded for the training process to write: ``(position, record bytes)``.
+Record: TypeAlias = tuple[int, bytes]
+
+
+@dataclass(frozen=True)
+class SlotBatch:
+    """Where a batch lies in its shared-memory slot, and how to rebuild it there.
+
+    ``stacked``: `treedef` is one sample's and every leaf is stacked along a
+    first axis (a gather from the store), as :func:`cachestore.codec.unflatten_batch`
+    rebuilds it; otherwise `treedef` is the batch's own.
+    """
+
+    treedef: Treedef
+    specs: list[LeafSpec]
+    offsets: list[int]
+    total: int  # bytes used
+    name: str  # the slot's name (it may have grown in place: see `size`)
+    size: int  # the slot's size now
+    stacked: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,10 +85,10 @@ class Task:
     slot: int = -1
     slot_name: str = ""
     slot_size: int = 0
-    shard: Any = None
+    shard: ShardSpec | None = None
     on_budget: BudgetPolicy = BudgetPolicy.ERROR
     send_records: bool = False
-    reader: tuple | None = None
+    reader: ReadSource | None = None
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
     present: np.ndarray | None = None  # GENERATE: per sample, already in the generation: read it back, never rewrite
@@ -74,7 +104,7 @@ class RetireSlots:
     """Close these shared-memory slots (by name): the training process retired them.
 
     A worker's mapping keeps a slot's pages alive, so every worker gets this
-    (see "Shrinking" in :mod:`loader.shm`); names it never mapped are ignored.
+    (see "Shrinking" in :mod:`loader.executors.process.slots`); names it never mapped are ignored.
     """
 
     names: tuple[str, ...]
@@ -104,12 +134,12 @@ class BatchDone:
     seq: int
     part: int
     worker_id: int
-    meta: dict | None  # slot layout; None when `batch` is carried inline
-    batch: Any = None
+    meta: SlotBatch | None  # None when `batch` is carried inline
+    batch: Batch = None
     shard_id: str = ""  # the worker incarnation's shard, which `written` counts into
     written: int = 0
     staged: int = 0  # samples read back from the generation being written instead of computed
-    records: list | None = None
+    records: list[Record] | None = None
     budget_error: str | None = None
 
 
@@ -133,14 +163,14 @@ class TaskFailed:
     message: str
     traceback: str
     kind: FailureKind = "dataset"
-    extra: dict = field(default_factory=dict)  # attributes set on the re-raised exception
+    extra: dict[str, object] = field(default_factory=dict)  # attributes set on the re-raised exception
     instance: bytes | None = None  # the pickled exception, when it pickles
     args: bytes | None = None  # its pickled ``args``, when they pickle
     state: bytes | None = None  # the picklable part of its ``__dict__``
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, epoch: int, seq: int, part: int, worker_id: int,
-                       index: int | None, kind: str) -> "TaskFailed":
+                       index: int | None, kind: FailureKind) -> "TaskFailed":
         return cls(epoch=epoch, seq=seq, part=part, worker_id=worker_id, index=index,
                    exc_type=_dumps(type(exc)), type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
                    message=str(exc),
@@ -213,14 +243,14 @@ class TaskFailed:
         return exc
 
 
-def _dumps(obj: Any) -> bytes | None:
+def _dumps(obj: object) -> bytes | None:
     try:
         return pickle.dumps(obj)
     except Exception:
         return None
 
 
-def _loads(data: bytes | None) -> Any:
+def _loads(data: bytes | None) -> object:
     if data is None:
         return None
     try:
@@ -234,3 +264,9 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     except (AttributeError, TypeError):
         pass
+
+
+#: What the training process sends a worker.
+Command: TypeAlias = Union[Task, FlushShard, RetireSlots, Stop]
+#: What a worker (or an executor on its behalf) sends back.
+Message: TypeAlias = Union[Ready, BatchDone, TaskFailed, ShardFlushed]

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from . import messages as m
-from .executor import Executor, worker_timeout
-from .generation import GenerationBuild
+from ..executors import messages as m
+from ..executors.base import Executor, worker_timeout
+from .build import GenerationBuild
 
 log = logging.getLogger(__name__)
 

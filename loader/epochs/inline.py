@@ -1,0 +1,83 @@
+"""Epochs run in the training process: ``nb_worker=0``, a cached epoch of an in-RAM
+store, or a cached epoch whose gather is cheaper here than a hand-off from workers."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import numpy as np
+
+from cachestore import Reader
+
+from ..cache.build import GenerationBuild
+from ..errors import SampleError
+from ..executors import messages as m
+from ..executors.producer import BatchProducer
+from ..settings import EpochMode
+from .plan import EpochPlan, EpochStats
+
+
+def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, build: GenerationBuild | None,
+               stats: EpochStats) -> Iterator[Any]:
+    """An epoch in the training process (``nb_worker=0``, a cached epoch of an in-RAM store, or
+    a cached epoch whose gather is cheaper here than a hand-off from workers).
+
+    A read epoch gathers into new arrays: the allocator hands back the memory of the batch
+    before last, and private memory was faster to write than a reused shared-memory slot
+    (1.3 ms vs 0.9 ms for 12 MiB here, huge pages against 4 KiB ones).
+    """
+    try:
+        yield from _inline_batches(plan, producer, reader, build, stats)
+    except SampleError as exc:
+        raise dataset_error(exc, plan.epoch) from None
+
+
+def dataset_error(exc: SampleError, epoch: int) -> BaseException:
+    """The dataset's own exception behind `exc`, raised in this process, noted with where it came from.
+
+    In-process, the dataset's own exception is the clearest error: it is re-raised as it is.
+    """
+    exc.cause.add_note(f"raised by the dataset while computing sample {exc.index} of epoch {epoch}")
+    return exc.cause
+
+
+def read_task(plan: EpochPlan, positions: np.ndarray) -> m.Task:
+    """The task that reads `positions` of read epoch `plan` in this process."""
+    return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
+                  positions=positions)
+
+
+def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
+                    build: GenerationBuild | None, stats: EpochStats) -> Iterator[Any]:
+    served_batches = list(plan.batches)
+    for number, positions in enumerate(itertools.chain(served_batches, plan.unserved)):
+        served = number < len(served_batches)
+        if plan.mode == EpochMode.READ:
+            batch = producer.read(read_task(plan, positions), reader)
+            stats.read += len(positions)
+        else:
+            fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
+            if build is not None:
+                fields = build.task_fields(positions)
+                fields.pop("send_records", None)  # this process writes its shard itself
+                if fields["mode"] == EpochMode.GENERATE:
+                    fields["shard"] = build.spec
+            task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
+                          **fields)
+            out = producer.produce(task)
+            batch = out.batch
+            stats.computed += len(positions) - out.staged
+            stats.read += out.staged
+            stats.written += out.written
+            if build is not None:
+                build.count_inline(out.written)
+                if out.budget_error is not None:
+                    build.over_budget(out.budget_error)
+        if served:
+            stats.batches += 1
+            stats.samples += len(positions)
+            yield batch
+    if build is not None:
+        producer.close_shard()  # before the loader commits or discards the generation
+

@@ -1,0 +1,56 @@
+"""What an epoch does (:class:`EpochPlan`) and what it did (:class:`EpochStats`).
+
+The runner decides the plan (:mod:`loader.epochs.runner`); the scheduler
+(:mod:`loader.epochs.scheduler`), the inline path (:mod:`loader.epochs.inline`)
+and the rotation epochs carry it out and count into the stats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ..settings import EpochMode
+
+
+@dataclass
+class EpochPlan:
+    """What one epoch does.
+
+    ``mode``: ``COMPUTE`` (dataset only), ``GENERATE`` (dataset, written into
+    ``generation``), ``READ`` (served from committed ``generation``),
+    ``ROTATE`` (see :mod:`loader.rotation`). ``batches`` hold store
+    positions; ``indices`` maps a position to the dataset index.
+    ``unserved`` batches are computed and written after the served ones but
+    never delivered: samples a generation needs that this epoch does not serve
+    (the remainder ``drop_last`` drops, the batches served before a resume).
+    """
+
+    epoch: int
+    mode: EpochMode
+    generation: int | None
+    batches: Iterable[np.ndarray]
+    indices: np.ndarray
+    unserved: list[np.ndarray] = field(default_factory=list)
+    skip: int = 0  # rotation: batches of the schedule already served before a resume
+    notes: dict = field(default_factory=dict)  # why the plan is what it is (for EpochStats.extra)
+
+
+@dataclass
+class EpochStats:
+    """What an epoch did; ``loader.epoch_stats`` keeps one per epoch."""
+
+    epoch: int
+    mode: EpochMode
+    generation: int | None = None
+    batches: int = 0
+    samples: int = 0
+    computed: int = 0  # dataset calls
+    read: int = 0  # samples served from the store
+    written: int = 0  # samples written into the store
+    seconds: float = 0.0
+    wait_seconds: float = 0.0  # time the training loop waited for data
+    committed: bool = False
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,161 @@
+"""The loop of a worker process (or thread): receive tasks, run them, answer.
+
+See the shutdown note in :mod:`loader.executors.process.pool` for how a
+worker exits, and ``docs/ARCHITECTURE.md`` for the path of a batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import faulthandler
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+from typing import Any
+
+from cachestore.errors import CorruptSampleError
+
+from ...settings import EpochMode
+from .. import messages as m
+from ..producer import BatchProducer, task_failure
+from .segments import WorkerSegments, gather_batch, write_batch
+
+log = logging.getLogger(__name__)
+
+
+def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
+    """Run one task and put its batch into the task's slot."""
+    if task.mode == EpochMode.READ and not producer.custom_collate and task.collate:
+        try:
+            meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
+                                producer.reader(task.reader), task.positions)
+        except CorruptSampleError as exc:
+            meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, producer.recompute(task, exc))
+        if meta is not None:
+            return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta)
+    out = producer.produce(task)
+    # A task without a slot (background refresh) only writes the store.
+    meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, out.batch) if task.slot >= 0 else None
+    return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, shard_id=producer.shard_id,
+                       written=out.written, records=out.records, budget_error=out.budget_error,
+                       staged=out.staged)
+
+
+def _next(waiting: collections.deque) -> Any:
+    """The first message that is not a background chunk, else the oldest chunk."""
+    for i, msg in enumerate(waiting):
+        if not (isinstance(msg, m.Task) and msg.epoch == m.BACKGROUND_EPOCH):
+            del waiting[i]
+            return msg
+    return waiting.popleft()
+
+
+def stack_dump_file() -> Any:
+    """An unlinked temporary file that this process's Python stack is dumped into on SIGUSR1.
+
+    When a batch times out, the training process signals the worker and reads
+    the dump through ``/proc/<pid>/fd/<fd>``: faulthandler writes it from the
+    signal handler itself, so it works even while ``__getitem__`` is stuck in C
+    code. Unlinked from the start, the file disappears with the process.
+    """
+    dump = tempfile.TemporaryFile(prefix="cachestore-stack-")
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    return dump
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exit now if it is dead already.
+
+    Why: a worker stuck in ``__getitem__`` never gets back to the loop that
+    notices a changed parent pid, so after a SIGKILL or SIGTERM of the
+    training process it ran forever (reparented to init), holding memory,
+    shared-memory slots and the GPU. SIGKILL, not a handler: it must work in
+    native code that never returns to Python. The signal is armed only now,
+    after the spawned interpreter started, so the parent may already have died:
+    hence the check of ``getppid()`` right after. Caveat (Linux): the signal
+    fires when the parent *thread* that started this worker exits, so the
+    loader must start its workers from a thread that lives as long as they do.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("could not set the parent-death signal (errno %d): this worker may outlive "
+                        "a killed training process", ctypes.get_errno())
+    except (OSError, AttributeError):  # no libc prctl: keep the idle check of the parent pid
+        pass
+    if os.getppid() != parent:
+        raise SystemExit(0)  # orphaned before the signal was armed: nobody wants our results
+
+
+def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
+    """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
+    parent = os.getppid()
+    stack_dump = None
+    if watch_parent:
+        # The pid that started us, as the training process passed it: getppid() may already be
+        # init's if it died while this interpreter was starting.
+        spawner = multiprocessing.parent_process()
+        parent = spawner.pid if spawner is not None and spawner.pid else parent
+        die_with_parent(parent)
+        # Ctrl-C reaches the whole process group: the training process handles it and stops
+        # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stack_dump = stack_dump_file()
+    if config.gpu_index is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
+    try:
+        dataset = config.dataset_class(**config.dataset_params)
+    except BaseException as exc:
+        conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
+                                              index=None, kind="init"))
+        return
+    producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
+    segments = WorkerSegments()
+    conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
+    waiting: collections.deque = collections.deque()
+    try:
+        while True:
+            try:
+                while conn.poll(0):  # take all that was sent: a batch may overtake background chunks
+                    waiting.append(conn.recv())
+            except (EOFError, OSError):
+                return
+            if not waiting:
+                # Poll with a timeout so an orphaned worker notices its parent is gone.
+                if not conn.poll(1.0) and watch_parent and os.getppid() != parent:
+                    return
+                continue
+            msg = _next(waiting)
+            if isinstance(msg, m.Stop):
+                return
+            if isinstance(msg, m.RetireSlots):
+                segments.forget(msg.names)
+                continue
+            if isinstance(msg, m.FlushShard):
+                try:
+                    producer.close_shard()
+                    conn.send(m.ShardFlushed(config.worker_id))
+                except Exception as exc:
+                    conn.send(m.ShardFlushed(config.worker_id, error=f"{type(exc).__name__}: {exc}"))
+                continue
+            try:
+                result: Any = run_task(producer, segments, msg, config.worker_id)
+            except Exception as exc:
+                result = task_failure(exc, msg, config.worker_id)
+            conn.send(result)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return
+    finally:
+        try:
+            producer.close()
+        finally:
+            segments.close()

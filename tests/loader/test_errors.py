@@ -1,0 +1,35 @@
+"""Every loader error lives in loader.errors and derives from CacheStoreError and a builtin."""
+
+from __future__ import annotations
+
+import pytest
+
+import loader.errors
+from cachestore import CacheStoreError
+from loader.errors import (MissingDependencyError, NotImportableError, SampleError, WorkerError,
+                           WorkerTimeoutError)
+
+HIERARCHY = {
+    WorkerError: RuntimeError,
+    WorkerTimeoutError: TimeoutError,
+    MissingDependencyError: ImportError,
+    NotImportableError: ValueError,
+    SampleError: Exception,  # internal: the dataset's own exception is what reaches the user
+}
+
+
+@pytest.mark.parametrize("error", list(HIERARCHY), ids=lambda e: e.__name__)
+def test_error_derives_from_base_and_builtin(error):
+    assert issubclass(error, CacheStoreError)
+    assert issubclass(error, HIERARCHY[error])
+
+
+def test_every_loader_error_is_in_errors_module():
+    errors = {obj for name in loader.errors.__all__ if isinstance(obj := getattr(loader.errors, name), type)}
+    assert errors == set(HIERARCHY)
+
+
+def test_sample_error_tags_the_dataset_exception():
+    cause = KeyError("label")
+    wrapped = SampleError(7, cause)
+    assert wrapped.index == 7 and wrapped.cause is cause and cause.sample_index == 7
