@@ -1,39 +1,53 @@
 """CachedLoader: a multiprocess loader that caches expensive samples in a store.
 
-The facade: it validates the arguments (:mod:`loader.settings`), builds the
-dataset once here, and hands each epoch to the :class:`~loader.runner.EpochRunner`,
-which asks the :class:`~loader.cache.CacheController` what the epoch does.
+The facade: it parses the arguments once (:mod:`loader.arguments`), builds
+the dataset here, and hands each epoch to the :class:`~loader.epochs.runner.EpochRunner`.
 ``docs/ARCHITECTURE.md`` has the layers, the path of a batch and the shutdown rules.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Callable, Generic, Iterator, TypeVar
 
 from cachestore import Store
 
+from .arguments import parse_arguments, resolve_aliases
 from .checks import check_importable_by_workers
-from .device import DeviceMover
-from .epochs import order as sampler
+from .dataset import Batch, BatchFn, CollateFn, Dataset
+from .device import make_mover
 from .epochs.layout import ConsumerLayout
+from .epochs.order import num_batches
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources
-from .settings import CacheSettings, LoaderSettings, RotationSettings, check_int
-from .state import EpochIterator, EpochProgress, check_state, make_state
+from .settings import CacheSettings, Device, LoaderSettings, RotationSettings, int_at_least
+from .state import EpochIterator, EpochProgress, LoadedState, check_state, make_state
 
-#: Settings readable as loader attributes (see CachedLoader.__getattr__).
-_ARGUMENTS = frozenset({
-    "dataset_class", "dataset_params", "batch_size", "nb_worker", "shuffle", "seed", "drop_last", "nearby_shuffle",
-    "collate_fn", "max_queue_size", "prefetch_time", "use_threading", "device", "pin_memory", "gpu_indices",
-    "max_minibatch_length", "nb_consumer", "consumer_index", "to_device", "start_method", "max_worker_restarts",
-    "timeout", "progress", "executor", "executor_options",
-})
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """A constructor argument readable as a loader attribute (``loader.batch_size``), as parsed."""
+
+    def __init__(self, read: Callable[[LoaderSettings], T]) -> None:
+        self.read = read
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: CachedLoader | None, owner: type | None = None) -> T:
+        if loader is None:
+            raise AttributeError(f"{self.name} is read from a loader")
+        return self.read(loader.settings)
+
+    def __set__(self, loader: CachedLoader, value: object) -> None:
+        raise AttributeError(f"{self.name} is a setting of this loader, fixed when it was built: build another "
+                             "loader to change it")
 
 
 class CachedLoader:
@@ -41,163 +55,124 @@ class CachedLoader:
 
     Parameters
     ----------
-    dataset_class
-        The dataset class; each worker builds its own instance as
-        ``dataset_class(**dataset_params)``. It must be importable by module
-        path (workers start with ``spawn``) and define ``__len__`` and
-        ``__getitem__(int)``. The training process builds one instance too,
-        for the length and the cache fingerprint (so a failing constructor
-        raises here).
+    dataset
+        The dataset class (alias ``dataset_class``); each worker builds its own
+        instance as ``dataset(**dataset_params)``. Spawned workers import it by
+        module path. The training process builds one too (for the length and
+        the cache fingerprint), so a failing constructor raises here.
     dataset_params
-        Keyword arguments of `dataset_class` (alias: ``dataset_kwargs``).
+        Keyword arguments of the dataset class (alias ``dataset_kwargs``).
     batch_size
         Samples per batch.
     nb_worker
-        Worker processes; 0 runs everything in the calling process
-        (debugging). Default ``min(4, os.cpu_count())``. Alias:
-        ``worker_per_consumer``.
-    shuffle, seed, drop_last
-        A fresh permutation every epoch (cached epochs included),
-        deterministic from `seed` and the epoch.
-    nearby_shuffle
-        If > 0, each sample stays within this many positions of its index.
+        Worker processes (alias ``worker_per_consumer``); 0 runs everything in
+        this process. Default ``min(4, os.cpu_count())``.
+    shuffle, seed, drop_last, nearby_shuffle
+        A fresh permutation every epoch, cached epochs included, deterministic
+        from `seed` and the epoch; with ``nearby_shuffle=W`` each sample stays
+        within W positions of its index.
     collate_fn
-        Turns a list of samples into a batch; default: stack arrays, tensors
-        and scalars recursively through dicts, lists and tuples.
-    max_queue_size
-        Batches in flight in epochs that compute samples (ahead of the
-        training loop); cached epochs read at most two per worker ahead.
-    prefetch_time
-        Seconds to let the workers fill the queue before the first batch.
+        Turns a list of samples into a batch (default :func:`loader.default_collate`).
+    max_queue_size, prefetch_time
+        Batches in flight in epochs that compute samples; seconds to let the
+        workers fill that queue before the first batch.
     use_threading
         Workers are threads instead of processes.
-    device, pin_memory
-        Deliver batches as torch tensors on `device`, through pinned memory.
+    device, pin_memory, to_device
+        Deliver torch tensors on `device` (through pinned memory), or apply
+        `to_device` to every batch instead.
     gpu_indices
         One GPU index per worker, exposed to it as ``CUDA_VISIBLE_DEVICES``.
     max_minibatch_length
-        Split each batch into tasks of at most this many samples, computed in
-        parallel by several workers.
-    cache_setting
-        ``{"prefix": ..., "update_frequency": K, "backend": ..., "compression": ...,
-        "disk_budget": ..., "on_budget_exceeded": "error" | "stream" | "rotate"}``;
-        see :class:`loader.settings.CacheSettings`. ``None``: no cache.
-    rotation_setting
-        Sample rotation; see :class:`loader.settings.RotationSettings`.
+        Split each batch into tasks of at most this many samples.
+    cache_setting, rotation_setting
+        A :class:`~loader.settings.CacheSettings` or :class:`~loader.settings.RotationSettings`,
+        or a dict of their keys; ``None``: no cache, no rotation.
     nb_consumer, consumer_index
         Split the data between consumers (ranks); default from
         ``torch.distributed`` when initialised, else 1 and 0.
-    to_device
-        A callable applied to every batch instead of the default device move.
     start_method
-        Multiprocessing start method of the workers: ``"spawn"`` (the default) or ``"fork"``.
+        ``"spawn"`` (default) or ``"fork"``.
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
     timeout
-        Seconds the training loop may wait for one batch from the workers (as
-        in torch's ``DataLoader``); past it, :class:`~loader.errors.WorkerTimeoutError`
-        names the indices being computed, the worker's pid and its Python
-        stack. ``None`` (default) waits, but a wait of over a minute is logged
-        with the same details. No effect with ``nb_worker=0``.
+        Seconds the loop may wait for one batch; past it, :class:`~loader.errors.WorkerTimeoutError`
+        names the indices, the worker's pid and its Python stack. ``None``: a
+        wait of over a minute is logged with the same details.
     progress
-        Show samples computed, samples/s and ETA on stderr during epochs that
-        compute samples (generate, refresh, rotation) once they take more than
-        a few seconds. ``None`` (default): only when stderr is a terminal.
-    executor
-        Where samples are computed: ``"process"`` (default: `nb_worker`
-        processes, or threads with `use_threading`) or ``"ray"``: Ray actors
-        anywhere in a Ray cluster, each building the dataset from
-        `dataset_class` and `dataset_params`. With Ray, batches and records
-        return through Ray's object store, this process writes the cache (or
-        the rotation window), and cached epochs are read here. Needs
-        ``pip install "cachestore[ray]"``.
-    executor_options
-        With ``executor="ray"``: ``{"address": None | "auto" | "HOST:PORT" |
-        "ray://HOST:PORT", "num_workers": N, "actor_options": {"num_cpus": 1,
-        "resources": {...}, ...}, "init_options": {...}, "start_timeout": 120}``.
-        Without an address, a process already connected to Ray uses that
-        connection, else a local Ray is started for the loader and shut down
-        when it closes; a loader that connected to a cluster leaves it running.
-        Its actors are always terminated on close. See
-        :func:`loader.settings.parse_executor`.
+        Show progress on stderr during epochs that compute samples (``None``: when stderr is a terminal).
+    executor, executor_options
+        ``"process"`` (default) or ``"ray"``: Ray actors anywhere in a Ray
+        cluster, with ``executor_options`` (:mod:`loader.executors.ray_options`).
+    **aliases
+        The other names of these arguments (:data:`loader.arguments.ALIASES`).
     """
 
-    def __init__(
-        self,
-        dataset_class: type,
-        dataset_params: dict | None = None,
-        batch_size: int = 1,
-        nb_worker: int | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        drop_last: bool = False,
-        nearby_shuffle: int = 0,
-        collate_fn: Callable | None = None,
-        max_queue_size: int = 20,
-        prefetch_time: float | None = None,
-        use_threading: bool = False,
-        device: Any = None,
-        pin_memory: bool = False,
-        gpu_indices: list[int] | None = None,
-        max_minibatch_length: int | None = None,
-        cache_setting: dict | None = None,
-        rotation_setting: dict | None = None,
-        *,
-        dataset_kwargs: dict | None = None,
-        worker_per_consumer: int | None = None,
-        nb_consumer: int | None = None,
-        consumer_index: int | None = None,
-        to_device: Callable | None = None,
-        start_method: str = "spawn",
-        max_worker_restarts: int = 3,
-        timeout: float | None = None,
-        progress: bool | None = None,
-        executor: str = "process",
-        executor_options: dict | None = None,
-    ) -> None:
+    dataset_class = _Setting(lambda s: s.dataset.dataset_class)
+    dataset_params = _Setting(lambda s: s.dataset.params)
+    batch_size = _Setting(lambda s: s.batch_size)
+    nb_worker = _Setting(lambda s: s.nb_worker)
+    shuffle = _Setting(lambda s: s.shuffle)
+    drop_last = _Setting(lambda s: s.drop_last)
+    nearby_shuffle = _Setting(lambda s: s.nearby_shuffle)
+    collate_fn = _Setting(lambda s: s.collate_fn)
+    max_queue_size = _Setting(lambda s: s.max_queue_size)
+    prefetch_time = _Setting(lambda s: s.prefetch_time)
+    use_threading = _Setting(lambda s: s.use_threading)
+    device = _Setting(lambda s: s.device)
+    pin_memory = _Setting(lambda s: s.pin_memory)
+    gpu_indices = _Setting(lambda s: s.gpu_indices)
+    max_minibatch_length = _Setting(lambda s: s.max_minibatch_length)
+    nb_consumer = _Setting(lambda s: s.nb_consumer)
+    consumer_index = _Setting(lambda s: s.consumer_index)
+    to_device = _Setting(lambda s: s.to_device)
+    start_method = _Setting(lambda s: s.start_method)
+    max_worker_restarts = _Setting(lambda s: s.max_worker_restarts)
+    timeout = _Setting(lambda s: s.timeout)
+    progress = _Setting(lambda s: s.progress)
+    executor = _Setting(lambda s: s.executor)
+    executor_options = _Setting(lambda s: dataclasses.asdict(s.ray_options) if s.ray_options is not None else {})
+    cache = _Setting(lambda s: s.cache)
+
+    def __init__(self, dataset: type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
+                 batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool = True,
+                 seed: int | None = None, drop_last: bool = False, nearby_shuffle: int = 0,
+                 collate_fn: CollateFn | None = None, max_queue_size: int = 20, prefetch_time: float | None = None,
+                 use_threading: bool = False, device: Device = None, pin_memory: bool = False,
+                 gpu_indices: list[int] | None = None, max_minibatch_length: int | None = None,
+                 cache_setting: CacheSettings | dict[str, object] | None = None,
+                 rotation_setting: RotationSettings | dict[str, object] | None = None,
+                 nb_consumer: int | None = None, consumer_index: int | None = None, to_device: BatchFn | None = None,
+                 start_method: str = "spawn", max_worker_restarts: int = 3, timeout: float | None = None,
+                 progress: bool | None = None, executor: str = "process",
+                 executor_options: dict[str, object] | None = None, **aliases: object) -> None:
+        given = dict(locals())  # the signature is the one list of argument names
+        del given["self"], given["aliases"]
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
         self._closed = False
-        self.settings = LoaderSettings.from_arguments(
-            dataset_class, dataset_params, batch_size, nb_worker, shuffle, seed, drop_last, nearby_shuffle,
-            collate_fn, max_queue_size, prefetch_time, use_threading, device, pin_memory, gpu_indices,
-            max_minibatch_length, cache_setting, rotation_setting, dataset_kwargs=dataset_kwargs,
-            worker_per_consumer=worker_per_consumer, nb_consumer=nb_consumer, consumer_index=consumer_index,
-            to_device=to_device, start_method=start_method, max_worker_restarts=max_worker_restarts,
-            timeout=timeout, progress=progress, executor=executor, executor_options=executor_options)
+        self.settings = parse_arguments(resolve_aliases(given, aliases, type(self).__name__))
         s = self.settings
-        check_importable_by_workers(s.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
+        check_importable_by_workers(s.dataset.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
                                     start_method=s.start_method, collate_fn=s.collate_fn)
         self.epoch_stats: list[EpochStats] = []
         self._next_epoch = 0  # the epoch the next iter() serves
         self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()
         self._skip = 0  # batches of the next epoch served before a resume
-        self._restore: dict | None = None  # a loaded state's cache plan, applied when the runner exists
+        self._restore: LoadedState | None = None  # a loaded state, applied at the next iter()
         self._progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
-        self._active: Any = None
+        self._active: weakref.ref[EpochIterator] | None = None
         self._runner: EpochRunner | None = None
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
-        self.dataset = s.dataset_class(**s.dataset_params)
+        self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle)
         sweep_dead_segments()
         if not s.deferred_start:
             self._start()
 
-    # ------------------------------------------------------------------ set-up
-    def _make_mover(self) -> Callable | None:
-        s = self.settings
-        if s.to_device is not None:
-            return s.to_device
-        if s.device is None and not s.pin_memory:
-            return None
-        device = s.device
-        if isinstance(device, str) and device == "cuda":
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        return DeviceMover(device, s.pin_memory)
-
-    def start(self, consumer_index: int, device: Any = None, to_device: Callable | None = None) -> None:
+    def start(self, consumer_index: int, device: Device = None, to_device: BatchFn | None = None) -> None:
         """Deferred start (``swift_loader`` style) when `consumer_index` was not given.
 
         Raises
@@ -208,39 +183,32 @@ class CachedLoader:
         if self._runner is not None:
             raise RuntimeError("this loader is already started; start() is called once, and only when "
                                "consumer_index was not given to the constructor")
-        check_int("consumer_index", consumer_index, 0)
-        if consumer_index >= self.nb_consumer:
+        if int_at_least("consumer_index", consumer_index, 0) >= self.nb_consumer:
             raise ValueError(f"consumer_index {consumer_index} must be < nb_consumer {self.nb_consumer}")
-        self.settings.consumer_index = consumer_index
-        if device is not None:
-            self.settings.device = device
-        if to_device is not None:
-            self.settings.to_device = to_device
+        self.settings = dataclasses.replace(
+            self.settings, consumer_index=consumer_index, deferred_start=False,
+            device=device if device is not None else self.settings.device,
+            to_device=to_device if to_device is not None else self.settings.to_device)
         self._start()
 
     def _start(self) -> None:
         s = self.settings
         layout = ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
                                 pinned=s.cache is not None or not s.shuffle)
-        self._runner = EpochRunner(s, layout, self._producer, self._res, self._make_mover(), self.epoch_stats)
+        self._runner = EpochRunner(s, layout, self._producer, self._res, make_mover(s), self.epoch_stats)
 
     # ------------------------------------------------------------------ what it serves
     @property
-    def cache(self) -> CacheSettings | None:
-        """The parsed ``cache_setting`` (``None`` without a cache)."""
-        return self.settings.cache
+    def seed(self) -> int:
+        """The seed of every epoch's order: the given one, a drawn one, or a loaded state's."""
+        if self._restore is not None:
+            return self._restore.seed
+        return self._runner.state.seed if self._runner is not None else self.settings.seed
 
     @property
     def rotation(self) -> RotationSettings | None:
-        """The parsed ``rotation_setting`` (set by ``on_budget_exceeded="rotate"`` when it switches)."""
-        return self.settings.rotation
-
-    def __getattr__(self, name: str) -> Any:
-        # The constructor's arguments stay readable as attributes (loader.batch_size, loader.seed, ...),
-        # resolved: aliases merged, defaults filled in. Only reached for names not found otherwise.
-        if name in _ARGUMENTS and "settings" in self.__dict__:
-            return getattr(self.__dict__["settings"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        """The rotation window epochs go through (``on_budget_exceeded="rotate"`` may switch to one)."""
+        return self._runner.state.rotation if self._runner is not None else self.settings.rotation
 
     @property
     def samples_per_epoch(self) -> int:
@@ -248,13 +216,12 @@ class CachedLoader:
         return -(-self.num_samples // self.nb_consumer)
 
     def __len__(self) -> int:
-        s = self.settings
-        if s.rotation is not None:
-            return len(batch_sizes(self.samples_per_epoch, s.rotation.rotation, s.batch_size, s.drop_last))
-        return sampler.num_batches(self.samples_per_epoch, s.batch_size, s.drop_last)
+        s, rotation = self.settings, self.rotation
+        if rotation is not None:
+            return len(batch_sizes(self.samples_per_epoch, rotation.rotation, s.batch_size, s.drop_last))
+        return num_batches(self.samples_per_epoch, s.batch_size, s.drop_last)
 
-    # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Batch]:
         """The batches of the next epoch.
 
         A loader runs one epoch at a time: a new ``iter(loader)`` ends the epoch
@@ -269,9 +236,8 @@ class CachedLoader:
         epoch, skip = self._next_epoch, self._skip
         self._close_active(superseded_by=epoch)
         if self._restore is not None:
-            self._runner.restore(self._restore["cache"], self._restore["rotation_fallback"])
-            self._runner.adopt_window(self._restore["rotation_window"], epoch, skip)
-            self._restore = None
+            r, self._restore = self._restore, None
+            self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip)
         self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
         self._progress = EpochProgress(epoch, skip)
         it = EpochIterator(self._runner.run(epoch, skip), self._progress)
@@ -291,12 +257,12 @@ class CachedLoader:
         follow from the epoch number, so calling this with the loop's own
         counter keeps every rank, and a resumed run, in step.
         """
-        check_int("epoch", epoch, 0)
+        int_at_least("epoch", epoch, 0)
         if epoch != self._next_epoch:
             self._skip = 0
         self._next_epoch, self._current, self._progress = epoch, None, None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, object]:
         """Where the run is, as a small dict of plain values (picklable, JSON-able).
 
         Taken between epochs or in the middle of one: a new loader built with
@@ -311,17 +277,16 @@ class CachedLoader:
             epoch, served = progress.epoch, progress.served
         else:
             epoch, served = self._next_epoch, self._skip
-        window = self._runner.window_path() if self._runner is not None else None
         if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
-            cache, fallback = self._restore["cache"], self._restore["rotation_fallback"]
-            window = self._restore["rotation_window"]
+            r = self._restore
+            cache, fallback, window = r.cache, r.rotation_fallback, r.rotation_window
         elif self._runner is not None:
-            cache, fallback = self._runner.snapshot()
+            (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
         else:
-            cache, fallback = None, None
-        return make_state(self.settings, self.num_samples, epoch, served, cache, fallback, window)
+            cache, fallback, window = None, None, None
+        return make_state(self.settings, self.seed, self.num_samples, epoch, served, cache, fallback, window)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue the run `state` was taken from (call before iterating).
 
         Raises
@@ -333,13 +298,8 @@ class CachedLoader:
         """
         if self._current is not None or self._active is not None:
             raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
-        check_state(state, self.settings, self.num_samples, self.settings.seed_given)
-        self.settings.seed = state["seed"]
-        if self._runner is not None:
-            self._runner.layout.seed = state["seed"]
-        self._next_epoch, self._skip = state["epoch"], state["batches_served"]
-        self._restore = {"cache": state.get("cache"), "rotation_fallback": state.get("rotation_fallback"),
-                         "rotation_window": state.get("rotation_window")}
+        self._restore = check_state(state, self.settings, self.num_samples)
+        self._next_epoch, self._skip = self._restore.epoch, self._restore.batches_served
 
     def _close_active(self, superseded_by: int | None = None) -> None:
         active = self._active() if self._active is not None else None
@@ -372,8 +332,8 @@ class CachedLoader:
         self._producer.close()
         self._finalizer()
 
-    def __enter__(self) -> "CachedLoader":
+    def __enter__(self) -> CachedLoader:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -9,6 +9,7 @@ open (as torch's ``DataLoader`` does). Everything else is typed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TypeAlias, runtime_checkable
 
 #: One sample: what ``dataset[i]`` returns.
@@ -32,3 +33,19 @@ class Dataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Sample: ...
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """How every process gets its own dataset: ``dataset_class(**params)``, built where it is used.
+
+    The training process builds one too (for the length and the cache
+    fingerprint); each worker builds its own.
+    """
+
+    dataset_class: type[Dataset]
+    params: dict[str, object] = field(default_factory=dict)
+
+    def build(self) -> Dataset:
+        """A new dataset object."""
+        return self.dataset_class(**self.params)

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+import os
+from typing import Callable
 
 import numpy as np
+
+from .dataset import Batch, BatchFn
+from .settings import LoaderSettings
 
 log = logging.getLogger(__name__)
 
 
-def tree_map(fn: Callable[[Any], Any], batch: Any) -> Any:
+def make_mover(settings: LoaderSettings) -> BatchFn | None:
+    """What every batch goes through on its way out: `to_device`, a :class:`DeviceMover`, or nothing."""
+    if settings.to_device is not None:
+        return settings.to_device
+    if settings.device is None and not settings.pin_memory:
+        return None
+    device = settings.device
+    if isinstance(device, str) and device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"  # one GPU per rank under torchrun
+    return DeviceMover(device, settings.pin_memory)
+
+
+def tree_map(fn: Callable[[object], object], batch: Batch) -> Batch:
     if isinstance(batch, dict):
         return {k: tree_map(fn, v) for k, v in batch.items()}
     if type(batch) in (list, tuple):
@@ -22,7 +38,7 @@ def tree_map(fn: Callable[[Any], Any], batch: Any) -> Any:
 class DeviceMover:
     """Turns numpy leaves into tensors, pins them if asked, moves them to `device`."""
 
-    def __init__(self, device: Any, pin_memory: bool) -> None:
+    def __init__(self, device: object, pin_memory: bool) -> None:
         import torch
 
         self.torch = torch
@@ -31,7 +47,7 @@ class DeviceMover:
         if pin_memory and not self.pin:
             log.info("pin_memory=True ignored: no CUDA device is available")
 
-    def _leaf(self, x: Any) -> Any:
+    def _leaf(self, x: object) -> object:
         torch = self.torch
         if isinstance(x, np.ndarray):
             if x.dtype.kind in "biufc" or x.dtype == np.bool_:
@@ -46,5 +62,5 @@ class DeviceMover:
             return x
         return x
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: Batch) -> Batch:
         return tree_map(self._leaf, batch)

@@ -12,18 +12,19 @@ survives in the store's staging area instead (see ``docs/ARCHITECTURE.md``,
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 from .cache.fingerprint import dataset_fingerprint
-from .settings import LoaderSettings, RotationSettings
+from .dataset import Batch
+from .settings import LoaderSettings
 
 STATE_VERSION = 1
 
 
-def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, Any]:
+def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, object]:
     """The arguments that decide which batches a run serves, as comparable plain values."""
     cache = settings.cache
-    fingerprint = dataset_fingerprint(settings.dataset_class, settings.dataset_params, num_samples,
+    fingerprint = dataset_fingerprint(settings.dataset.dataset_class, settings.dataset.params, num_samples,
                                       (settings.consumer_index, settings.nb_consumer))
     return {
         "dataset_class": fingerprint.get("dataset"),
@@ -41,8 +42,9 @@ def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, Any]:
     }
 
 
-def make_state(settings: LoaderSettings, num_samples: int, epoch: int, served: int,
-               cache: dict | None, rotation_fallback: dict | None, window: str | None = None) -> dict:
+def make_state(settings: LoaderSettings, seed: int, num_samples: int, epoch: int, served: int,
+               cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
+               window: str | None = None) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -53,18 +55,25 @@ def make_state(settings: LoaderSettings, num_samples: int, epoch: int, served: i
     identity = _identity(settings, num_samples)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
-    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": settings.seed,
+    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window}
 
 
-def rotation_as_dict(rotation: RotationSettings) -> dict:
-    """A rotation window's settings as plain values (for a state)."""
-    return asdict(rotation)
+@dataclass(frozen=True)
+class LoadedState:
+    """A state that passed :func:`check_state`: what a new loader continues from."""
+
+    epoch: int
+    batches_served: int
+    seed: int
+    cache: dict[str, object] | None
+    rotation_fallback: dict[str, object] | None
+    rotation_window: str | None
 
 
-def check_state(state: Any, settings: LoaderSettings, num_samples: int, seed_given: bool) -> None:
-    """Refuse a state taken from a loader with other arguments, naming the first that differs.
+def check_state(state: object, settings: LoaderSettings, num_samples: int) -> LoadedState:
+    """The state, checked: refuse one taken from a loader with other arguments, naming the first that differs.
 
     Raises
     ------
@@ -85,9 +94,11 @@ def check_state(state: Any, settings: LoaderSettings, num_samples: int, seed_giv
         if theirs.get(name) != value:
             raise ValueError(f"this state was taken from a loader with another {name} ({theirs.get(name)!r}; "
                              f"this loader has {value!r}): build the loader with the same arguments to resume")
-    if seed_given and state["seed"] != settings.seed:
+    if settings.seed_given and state["seed"] != settings.seed:
         raise ValueError(f"this state was taken from a loader with another seed ({state['seed']}; this loader "
                          f"has {settings.seed}): pass seed={state['seed']} or seed=None to resume")
+    return LoadedState(epoch, served, int(state["seed"]), state.get("cache"), state.get("rotation_fallback"),
+                       state.get("rotation_window"))
 
 
 @dataclass
@@ -102,7 +113,7 @@ class EpochProgress:
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Any], progress: EpochProgress) -> None:
+    def __init__(self, batches: Iterator[Batch], progress: EpochProgress) -> None:
         self._batches = batches
         self.progress = progress
         self.epoch = progress.epoch
@@ -111,7 +122,7 @@ class EpochIterator:
     def __iter__(self) -> "EpochIterator":
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Batch:
         if self._superseded_by is not None:
             raise RuntimeError(
                 f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "

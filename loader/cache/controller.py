@@ -18,6 +18,7 @@ from cachestore import GenerationInfo, Store, open_store
 from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
                                GenerationNotFoundError, StoreLockedError)
 
+from ..dataset import DatasetSource
 from ..epochs.layout import ConsumerLayout
 from ..executors.base import Executor
 from ..settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
@@ -57,6 +58,14 @@ class CacheController:
         self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
         self.refresh_off = False  # background refresh gave up for this run
 
+    def disable(self) -> None:
+        """Stop caching for the rest of this run (the budget ran out: policies ``"stream"``, ``"rotate"``)."""
+        self.off = True
+
+    def stop_refresh(self) -> None:
+        """Stop background refreshes for the rest of this run: each generation is written during its epoch."""
+        self.refresh_off = True
+
     def snapshot(self) -> dict:
         """The plan's state, as plain values (see :mod:`loader.state`)."""
         return {"base": self.base, "off": self.off, "refresh_off": self.refresh_off}
@@ -68,12 +77,12 @@ class CacheController:
         self.refresh_off = bool(snapshot["refresh_off"])
 
     @classmethod
-    def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset_class: type, params: dict,
+    def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource,
              batch_size: int) -> "CacheController":
         """Open (or create) this consumer's store, checking it was produced by this dataset."""
-        fingerprint = dataset_fingerprint(dataset_class, params, layout.num_samples,
+        fingerprint = dataset_fingerprint(dataset.dataset_class, dataset.params, layout.num_samples,
                                           (layout.consumer_index, layout.nb_consumer), settings.fingerprint)
-        producer = {"dataset": class_path(dataset_class), "params": describe_params(params),
+        producer = {"dataset": class_path(dataset.dataset_class), "params": describe_params(dataset.params),
                     "update_frequency": settings.k_or_none, "batch_size": batch_size,
                     "consumer": [layout.consumer_index, layout.nb_consumer]}
         path = layout.store_path(settings.prefix)
@@ -217,12 +226,12 @@ class CacheController:
     def decide_refresh(self, nb_worker: int) -> None:
         """Turn ``background_refresh="auto"`` off for good, with one log line, when it can never run."""
         if self.settings.background_refresh is False:
-            self.refresh_off = True
+            self.stop_refresh()
             return
         why = refresh_impossible(self.settings, nb_worker)
         if why is not None:  # "auto": True was refused at construction
             log.info("background refresh is off: %s; each generation is written during its own epoch", why)
-            self.refresh_off = True
+            self.stop_refresh()
 
     def refresh_target(self, read_generation: int) -> int | None:
         """The generation to compute in the background while `read_generation` is read, if any.
@@ -247,7 +256,7 @@ class CacheController:
                 raise BudgetExceededError(f"{why}; raise disk_budget, free space, or use background_refresh="
                                           "'auto' to write each generation during its own epoch instead")
             log.info("%s: generation %d will be written during its own epoch instead", why, nxt)
-            self.refresh_off = True
+            self.stop_refresh()
             return None
         return nxt
 
@@ -270,7 +279,7 @@ class CacheController:
         `sample_bytes` is the size of one stored sample. When not even one
         fits on the disk, the window is kept in memory instead.
         """
-        self.off = True
+        self.disable()
         rotation = self.settings.k_or_none or FALLBACK_ROTATION
         available = self.store.budget().available
         if available is None:

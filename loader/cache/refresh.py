@@ -22,19 +22,24 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any
 
 import numpy as np
 
+from cachestore.errors import BudgetExceededError
+
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
+from ..executors.host import ExecutorHost
 from .build import GenerationBuild
+from .controller import CacheController
 
 log = logging.getLogger(__name__)
 
 BACKGROUND_EPOCH = m.BACKGROUND_EPOCH
 #: Chunks queued per worker: enough to cover a training step without the loop pumping.
 CHUNKS_PER_WORKER = 4
+#: Samples per chunk, as a fraction of a batch: small, so a batch waits little behind one.
+CHUNK_DIVISOR = 8
 
 
 class BackgroundRefresh:
@@ -78,13 +83,13 @@ class BackgroundRefresh:
             self.flushing = True
             executor.start_flush()
 
-    def handle(self, msg: Any) -> bool:
+    def handle(self, msg: m.Message) -> bool:
         """Take `msg` if it belongs to the refresh; raise a dataset error it reports."""
         if isinstance(msg, m.ShardFlushed) and self.flushing:
             if msg.error:
                 self.flush_errors.append(msg.error)
             return True
-        if getattr(msg, "epoch", None) != BACKGROUND_EPOCH:
+        if not isinstance(msg, (m.BatchDone, m.TaskFailed)) or msg.epoch != BACKGROUND_EPOCH:
             return False
         task = self.inflight.pop(msg.seq, None)
         if isinstance(msg, m.TaskFailed):
@@ -116,3 +121,47 @@ class BackgroundRefresh:
                                          timeout, timeout)
                 if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
                     raise msg.exception()
+
+
+def start_refresh(cache: CacheController, host: ExecutorHost, indices: np.ndarray, read_generation: int,
+                  batch_size: int) -> BackgroundRefresh | None:
+    """At a read epoch of `read_generation`, start computing the next one in the background, if it is due."""
+    target = cache.refresh_target(read_generation)
+    if target is None:
+        return None
+    executor = host.ensure()
+    build = cache.open_build(target, host.settings.use_threading, background=True, executor=executor)
+    host.res.background = build
+    build.attach(executor)
+    return BackgroundRefresh(build, indices, max(1, batch_size // CHUNK_DIVISOR), executor.nb_worker)
+
+
+def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, epoch: int,
+                     timeout: float | None) -> bool:
+    """The first epoch of the refreshed generation: finish and commit it; ``False`` to write it the usual way.
+
+    A refresh that cannot complete (a worker's shard failed to close, the
+    commit does not fit) gives up for the rest of the run, with a log line.
+    """
+    build = refresh.build
+    host.res.background = None
+    executor = host.ensure()
+    try:
+        refresh.finish(executor, timeout)
+        problem = build.finish(executor) or "; ".join(refresh.flush_errors) or None
+        if problem is None:
+            try:
+                cache.commit(build, epoch, background=True)
+                return True
+            except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
+                problem = f"it could not commit: {exc}"
+        build.abort()
+        cache.stop_refresh()
+        log.warning("background refresh of generation %d gave up (%s); writing it during epoch %d instead",
+                    refresh.generation, problem, epoch)
+        return False
+    except BaseException:
+        if build.open:
+            host.res.background = build  # kept, with what it computed, once the workers are stopped
+        host.kill()
+        raise

@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any, Iterator
 
 from ..api import CachedLoader
+from ..arguments import ALIASES
 from ..epochs.plan import EpochStats
 from .logging import LogRouting
 
@@ -82,9 +83,12 @@ def explain(name: str, origin: str) -> None:
     log.info("%s: %s is accepted and not needed here: %s", origin, name, WHY_NOT_NEEDED[name])
 
 
-def check_pass_through(owner: str, given: dict, own: set[str]) -> None:
-    """`given` may hold CachedLoader keywords that `owner`'s original lacked; any other name is a TypeError."""
-    allowed = set(inspect.signature(CachedLoader).parameters) - own - {"self"}
+def check_pass_through(owner: str, given: dict[str, object], own: set[str]) -> None:
+    """`given` may hold CachedLoader keywords (or their aliases) that `owner`'s original lacked; any other
+    name is a TypeError."""
+    keywords = {p.name for p in inspect.signature(CachedLoader).parameters.values()
+                if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    allowed = (keywords | set(ALIASES)) - own - {"self"}
     for name in given:
         if name not in allowed:
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")

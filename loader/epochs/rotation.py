@@ -33,11 +33,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
+from ..dataset import Batch, CollateFn, Sample
+from .plan import EpochPlan, EpochStats
 from .windows import RotationWindow
+
+#: Computes the fresh samples of each array of dataset indices, in order (ahead, on the workers).
+FreshSamples = Callable[[Iterator[np.ndarray]], Iterator[list[Sample]]]
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +146,8 @@ def _serve(t: int, done: np.ndarray, current: np.ndarray, rotation: int, next_sa
 
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,
-                 fresh_batches: Callable[[Iterator[np.ndarray]], Iterator[list]], collate: Callable[[list], Any],
-                 stats: Any, rng: np.random.Generator, skip: int = 0, epoch: int = 0,
-                 adopted: bool = False) -> Iterator[Any]:
+                 fresh_batches: FreshSamples, collate: CollateFn, stats: EpochStats, rng: np.random.Generator,
+                 skip: int = 0, epoch: int = 0, adopted: bool = False) -> Iterator[Batch]:
     """Serve one rotation epoch `epoch` (from batch `skip` on, after a resume).
 
     ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
@@ -174,7 +178,7 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
             rng.permutation(len(batch))  # the draws of the stopped run, to stay in step with it
             continue
         window.mark(epoch, number, clean=False)
-        served: list[Any] = []
+        served: list[Sample] = []
         fresh = iter(samples)
         for serve in batch:
             if serve.fresh:
@@ -195,3 +199,22 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
         stats.samples += len(batch)
         stats.extra["window_peak"] = max(stats.extra.get("window_peak", 0), window.held())
         yield collate([served[i] for i in order])
+
+
+def rotation_epoch(plan: EpochPlan, stats: EpochStats, rotation: int, window: RotationWindow, batch_size: int,
+                   drop_last: bool, seed: int, fresh: FreshSamples, collate: CollateFn) -> Iterator[Batch]:
+    """The batches of rotation epoch `plan` (from batch ``plan.skip`` on) through `window`.
+
+    The schedule and the order within each batch come from generators of
+    their own, seeded by ``(seed, epoch)``: the schedule is drawn as far ahead
+    as the workers compute, which varies, so one shared generator would make
+    the batches depend on timing.
+    """
+    schedule = rotation_schedule(len(plan.indices), rotation, window.slots, batch_size, drop_last,
+                                 np.random.default_rng([seed, plan.epoch, 2]))
+    adopted = plan.skip > 0 and window.resumes(plan.epoch, plan.skip)
+    if not adopted:
+        window.reset()
+    shuffle = np.random.default_rng([seed, plan.epoch, 3])
+    return run_rotation(schedule, plan.indices, window, fresh, collate, stats, shuffle, skip=plan.skip,
+                        epoch=plan.epoch, adopted=adopted)

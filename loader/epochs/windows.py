@@ -60,6 +60,9 @@ class RotationWindow(Protocol):
     def mark(self, epoch: int, applied: int, clean: bool) -> None:
         """Record how far epoch `epoch` got: `applied` batches in, `clean` when none is half applied."""
 
+    def resumes(self, epoch: int, applied: int) -> bool:
+        """Whether the window already holds the state after `applied` batches of `epoch` (adopted)."""
+
     def close(self) -> None:
         """Release everything (files included)."""
 
@@ -89,6 +92,9 @@ class MemoryWindow:
 
     def mark(self, epoch: int, applied: int, clean: bool) -> None:
         pass  # a memory window dies with its process: nothing to resume from
+
+    def resumes(self, epoch: int, applied: int) -> bool:
+        return False
 
     def close(self) -> None:
         self._samples = []

@@ -1,21 +1,23 @@
 """The seam between the loader and whatever computes its tasks.
 
-An :class:`Executor` runs :class:`~loader.messages.Task` objects somewhere
-(worker processes and threads: :mod:`loader.pool`; Ray actors:
-:mod:`loader.ray_executor`) and hands back their results as messages. The epoch runners only
-submit, receive, flush and close; replacing a dead worker and re-running its
-tasks is the executor's own business, reported to listeners (a
-:class:`~loader.generation.GenerationBuild` drops what the dead worker wrote).
+An :class:`Executor` runs :class:`~loader.executors.messages.Task` objects
+somewhere (worker processes and threads: :mod:`loader.executors.process.pool`;
+Ray actors: :mod:`loader.executors.ray`) and hands back their results as
+:data:`~loader.executors.messages.Message` s. The epoch runners only submit,
+receive, flush and close; replacing a dead worker and re-running its tasks is
+the executor's own business, reported to listeners (a
+:class:`~loader.cache.build.GenerationBuild` drops what the dead worker wrote).
 See ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
+from ..dataset import CollateFn, DatasetSource
 from ..errors import WorkerTimeoutError
-from .messages import Task, WorkerConfig
+from .messages import Message, Task, WorkerConfig
 
 #: Called with the shard id of a worker incarnation that died.
 DeathListener = Callable[[str], None]
@@ -42,7 +44,7 @@ class Executor(Protocol):
     def submit(self, task: Task) -> None:
         """Queue `task` on some worker."""
 
-    def next_message(self, timeout: float | None = None) -> Any:
+    def next_message(self, timeout: float | None = None) -> Message | None:
         """The next result or failure from any worker, ``None`` after `timeout` seconds.
 
         Dead workers are replaced (and their unfinished tasks re-run) while waiting.
@@ -111,10 +113,9 @@ class WorkerConfigFactory:
     apart from what its replacement writes.
     """
 
-    def __init__(self, dataset_class: type, params: dict, collate_fn: Callable | None,
-                 gpu_indices: list[int] | None, allow_pickle: bool) -> None:
-        self.dataset_class = dataset_class
-        self.params = params
+    def __init__(self, dataset: DatasetSource, collate_fn: CollateFn | None, gpu_indices: Sequence[int] | None,
+                 allow_pickle: bool) -> None:
+        self.dataset = dataset
         self.collate_fn = collate_fn
         self.gpu_indices = gpu_indices
         self.allow_pickle = allow_pickle
@@ -122,8 +123,8 @@ class WorkerConfigFactory:
 
     def __call__(self, wid: int) -> WorkerConfig:
         self.incarnations += 1
-        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset_class=self.dataset_class,
-                            dataset_params=self.params, collate_fn=self.collate_fn,
+        return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset=self.dataset,
+                            collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
                             allow_pickle=self.allow_pickle)
 

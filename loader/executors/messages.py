@@ -17,7 +17,7 @@ import numpy as np
 from cachestore import ShardSpec, StoreSpec
 from cachestore.codec import Treedef
 
-from ..dataset import Batch, CollateFn, Dataset
+from ..dataset import Batch, CollateFn, DatasetSource
 from ..errors import WorkerError
 from ..leaves import LeafSpec
 from ..settings import BudgetPolicy, EpochMode
@@ -36,8 +36,7 @@ class WorkerConfig:
 
     worker_id: int
     shard_id: str  # unique per worker incarnation: names its shard in each generation
-    dataset_class: type[Dataset]
-    dataset_params: dict[str, object]
+    dataset: DatasetSource
     collate_fn: CollateFn | None
     gpu_index: int | None
     allow_pickle: bool

@@ -58,7 +58,7 @@ import numpy as np
 from cachestore.errors import CorruptSampleError
 
 from ..errors import MissingDependencyError, WorkerError
-from ..settings import EpochMode
+from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
 from .producer import BatchProducer, task_failure
@@ -151,7 +151,7 @@ class RayWorker:
         self.failure: m.TaskFailed | None = None
         self.producer: BatchProducer | None = None
         try:
-            dataset = config.dataset_class(**config.dataset_params)
+            dataset = config.dataset.build()
         except Exception as exc:
             # Reported by ready() and every run(), like a worker process's "init" failure.
             self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
@@ -226,7 +226,7 @@ class RayExecutor(DeathListeners):
     make_config
         Builds each actor incarnation's config (a fresh shard id every time).
     options
-        The filled-in ``executor_options`` (:func:`loader.settings.parse_executor`).
+        The filled-in ``executor_options`` (:func:`loader.executors.ray_options.parse_executor`).
     max_restarts
         Actor deaths tolerated per epoch.
     local
@@ -235,12 +235,12 @@ class RayExecutor(DeathListeners):
 
     writes_local_store = False  # actors may run on other machines
 
-    def __init__(self, make_config: Callable[[int], m.WorkerConfig], options: dict, max_restarts: int,
+    def __init__(self, make_config: Callable[[int], m.WorkerConfig], options: RayOptions, max_restarts: int,
                  local: BatchProducer) -> None:
         self.ray = import_ray()
         self.make_config = make_config
         self.options = options
-        self.nb_worker: int = options["num_workers"]
+        self.nb_worker = options.num_workers
         self.max_restarts = max_restarts
         self.restarts = 0
         self.local = local
@@ -250,10 +250,10 @@ class RayExecutor(DeathListeners):
         self._pending: dict[Any, tuple[ActorHandle, m.Task | None]] = {}  # ObjectRef -> (actor, task; None: ready)
         self._local: collections.deque[m.Task] = collections.deque()
         self._answered: collections.deque[m.BatchDone] = collections.deque()
-        self._actor_options = {**options["actor_options"], "max_restarts": 0, "max_task_retries": 0,
+        self._actor_options = {**options.actor_options, "max_restarts": 0, "max_task_retries": 0,
                                "max_concurrency": 1}
         cpus = self.nb_worker * self._actor_options.get("num_cpus", 1)
-        self._connected = CONNECTION.acquire(self.ray, options["address"], options["init_options"], cpus)
+        self._connected = CONNECTION.acquire(self.ray, options.address, options.init_options, cpus)
         try:
             self._actor_class = self.ray.remote(RayWorker)
             for wid in range(self.nb_worker):
@@ -424,7 +424,7 @@ class RayExecutor(DeathListeners):
 
     def _check_started(self) -> None:
         """Raise when an actor has waited longer than ``start_timeout`` to be placed and started."""
-        limit = self.options["start_timeout"]
+        limit = self.options.start_timeout
         now = time.monotonic()
         for worker in self.workers:
             if not worker.ready and not worker.dead and now - worker.created > limit:
@@ -433,7 +433,7 @@ class RayExecutor(DeathListeners):
                 except Exception:
                     available = "unknown"
                 raise WorkerError(f"Ray did not start loader actor {worker.worker_id} within {limit:.0f} s: no node "
-                                  f"offers the actor's options {self.options['actor_options']!r} (resources "
+                                  f"offers the actor's options {self.options.actor_options!r} (resources "
                                   f"available now: {available!r}). Add such a node (ray start --address=... "
                                   "--resources=...) or change executor_options['actor_options']; "
                                   "executor_options['start_timeout'] sets the wait")

@@ -25,7 +25,7 @@ def force(loader, place: str) -> None:
     """Later read epochs of the generation just written gather at `place`."""
     generation = loader.epoch_stats[-1].generation
     key = (loader.store.path, generation, loader.batch_size)
-    loader._runner.placement.choices[key] = (place, {})
+    loader._runner.reads.placement.choices[key] = (place, {})
 
 
 def gather_threads() -> list[threading.Thread]:

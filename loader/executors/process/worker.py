@@ -113,7 +113,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
-        dataset = config.dataset_class(**config.dataset_params)
+        dataset = config.dataset.build()
     except BaseException as exc:
         conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                               index=None, kind="init"))

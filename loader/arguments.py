@@ -1,0 +1,134 @@
+"""The constructor's arguments: one table of aliases, one parser into frozen settings.
+
+:class:`~loader.CachedLoader`'s signature is the one list of argument names;
+:data:`ALIASES` adds the other names each argument goes by (the replaced
+loaders' and torch's), and :func:`parse_arguments` validates them all once,
+naming the argument at fault. ``loader.compat`` uses the same table.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .dataset import DatasetSource
+from .distributed import distributed_defaults
+from .executors.ray_options import parse_executor
+from .settings import (CacheSettings, LoaderSettings, RotationSettings, check_int, int_at_least,
+                       refresh_impossible)
+
+#: Another name of an argument -> the argument (``dataset_server``'s and ``swift_loader``'s names).
+ALIASES: dict[str, str] = {
+    "dataset_class": "dataset",
+    "dataset_kwargs": "dataset_params",
+    "worker_per_consumer": "nb_worker",
+}
+#: Start methods of worker processes. Not ``forkserver``: its children are the server's, not the
+#: training process's, so the parent-death signal that takes workers down with a killed training
+#: process would watch the wrong one.
+START_METHODS = ("spawn", "fork")
+
+
+def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, object], owner: str) -> dict[str, object]:
+    """`arguments` with the values given under an alias (:data:`ALIASES`) moved to the argument's name.
+
+    Raises
+    ------
+    TypeError
+        A name that is neither an argument nor an alias, as Python says it for any function.
+    ValueError
+        An argument given under two names.
+    """
+    resolved = dict(arguments)
+    for alias, value in aliases.items():
+        name = ALIASES.get(alias)
+        if name is None:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {alias!r}")
+        if resolved.get(name) is not None:
+            raise ValueError(f"give {name} or its alias {alias}, not both")
+        resolved[name] = value
+    return resolved
+
+
+def _seconds(name: str, value: object, what: str, zero: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return float(value)
+
+
+def _callable(name: str, value: object) -> Callable[..., Any] | None:
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be callable")
+    return value
+
+
+def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
+    """Validate the constructor's arguments (`a`: every argument by its own name, aliases resolved).
+
+    Raises
+    ------
+    ValueError
+        Naming the argument (or setting key) at fault.
+    """
+    dataset = a["dataset"]
+    if not isinstance(dataset, type):
+        raise ValueError(f"dataset_class must be a class, got {dataset!r}")
+    params = a["dataset_params"]
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
+    use_threading, gpu_indices = bool(a["use_threading"]), a["gpu_indices"]
+    nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
+    ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
+                                          min(4, os.cpu_count() or 1), use_threading, gpu_indices)
+    if gpu_indices is not None and (not isinstance(gpu_indices, (list, tuple)) or len(gpu_indices) != max(workers, 1)):
+        raise ValueError(f"gpu_indices must give one GPU index per worker ({max(workers, 1)}), got {gpu_indices!r}")
+    progress = a["progress"]
+    if progress is not None and not isinstance(progress, bool):
+        raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
+    start_method = a["start_method"]
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be 'spawn' (the default) or 'fork', got {start_method!r}")
+    cache = CacheSettings.parse(a["cache_setting"]) if a["cache_setting"] is not None else None
+    if cache is not None and cache.background_refresh is True:
+        why = refresh_impossible(cache, workers)
+        if why is not None:
+            raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
+                             "use 'auto' (on when it can be) or False")
+    rotation = RotationSettings.parse(a["rotation_setting"]) if a["rotation_setting"] is not None else None
+    if cache is not None and rotation is not None:
+        raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
+                         "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "
+                         "to rotate only when the cache does not fit")
+    default_nb, default_idx = distributed_defaults()
+    nb_consumer = check_int("nb_consumer", a["nb_consumer"], 1, allow_none=True)
+    consumer_index = check_int("consumer_index", a["consumer_index"], 0, allow_none=True)
+    consumers = default_nb if nb_consumer is None else nb_consumer
+    deferred = consumer_index is None and nb_consumer is not None and consumers > 1
+    index = default_idx if consumer_index is None else consumer_index
+    if index >= consumers:
+        raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
+    seed = check_int("seed", a["seed"], 0, allow_none=True)
+    seed_given = seed is not None
+    if seed is None:
+        # Every rank must draw the same permutation: a random seed only for a single consumer.
+        seed = int(np.random.SeedSequence().entropy % (2**63)) if consumers == 1 else 0
+    return LoaderSettings(
+        dataset=DatasetSource(dataset, dict(params or {})),
+        batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(a["shuffle"]),
+        seed=seed, drop_last=bool(a["drop_last"]),
+        nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
+        collate_fn=_callable("collate_fn", a["collate_fn"]),
+        max_queue_size=int_at_least("max_queue_size", a["max_queue_size"], 1),
+        prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
+        use_threading=use_threading, device=a["device"], pin_memory=bool(a["pin_memory"]),
+        gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
+        max_minibatch_length=check_int("max_minibatch_length", a["max_minibatch_length"], 1, allow_none=True),
+        cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
+        to_device=_callable("to_device", a["to_device"]), start_method=str(start_method),
+        max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
+        timeout=_seconds("timeout", a["timeout"], "None (wait as long as it takes) or seconds > 0", zero=False),
+        progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options)

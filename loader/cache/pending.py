@@ -1,0 +1,88 @@
+"""Generations whose epoch was broken off: committed when complete, else kept as partial ones.
+
+A ``break`` (or an error, or ``close()``) ends an epoch while the workers may
+still be running its tasks, which write into the epoch's generation. The
+build then waits in ``Resources.pending`` until :func:`settle` (at the next
+``iter()``, or ``close()``) has let those tasks finish and every worker
+close its shard; :func:`keep_or_commit` then commits the generation when
+those last tasks completed it, and keeps it as a partial generation
+otherwise (``docs/ARCHITECTURE.md``, "Resuming").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..executors import messages as m
+from ..executors.host import ExecutorHost
+from .build import GenerationBuild
+from .controller import CacheController
+from .refresh import BackgroundRefresh
+
+log = logging.getLogger(__name__)
+
+#: Seconds the workers get to finish the tasks of a broken-off epoch (without ``timeout``).
+SETTLE_TIMEOUT = 120.0
+
+
+def settle(host: ExecutorHost, cache: CacheController | None, refresh: BackgroundRefresh | None,
+           timeout: float | None) -> bool:
+    """Keep or commit the builds of broken-off epochs, once the workers finished the tasks that write into them.
+
+    Workers run the tasks they were sent in order, so the abandoned epoch's
+    results arrive first (their slots are freed as they come); then every
+    worker closes its shard. Workers that take too long are killed: what they
+    wrote is whole on disk either way. Returns ``False`` when they were killed
+    (a running background refresh is gone with them).
+    """
+    res = host.res
+    if not res.pending:
+        return True
+    executor, slots = res.executor, res.slots
+    if executor is None or not any(b.in_workers for b in res.pending):
+        res.keep_pending()
+        return True
+    deadline = time.monotonic() + (timeout or SETTLE_TIMEOUT)
+    try:
+        while slots is not None and slots.orphaned():
+            msg = executor.next_message(timeout=max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise TimeoutError("the tasks of a broken-off epoch did not finish")
+            if refresh is not None and refresh.handle(msg):
+                continue
+            if isinstance(msg, (m.BatchDone, m.TaskFailed)):
+                slots.release_task(msg)
+        executor.flush_shards()
+    except Exception as exc:
+        log.info("stopping the workers to keep generation(s) %s: %s", [b.generation for b in res.pending], exc)
+        host.kill()  # keeps every build
+        return False
+    pending, res.pending = res.pending, []
+    for build in pending:
+        keep_or_commit(build, cache)
+    return True
+
+
+def keep_or_commit(build: GenerationBuild, cache: CacheController | None) -> None:
+    """A broken-off epoch's build, its writers stopped: commit it when complete, else keep it.
+
+    Complete happens when the interrupted epoch was the one that wrote the
+    last missing samples (a loop that always breaks early still gets its
+    cache); the tasks still running at the break count too.
+    """
+    epoch = build.epoch
+    try:
+        # finish(): records sent to this process are in.
+        if cache is not None and build.finish(None) is None and build.complete():
+            cache.commit(build, epoch)
+            log.info("epoch %d was broken off, but generation %d is complete: committed", epoch, build.generation)
+            return
+    except Exception as exc:  # the commit refused it (and discarded it): the next epoch writes it again
+        log.warning("generation %d could not be committed after epoch %d was broken off: %s",
+                    build.generation, epoch, exc)
+        return
+    log.info("epoch %d ended with generation %d incomplete (%d of %d samples in): kept, the next epoch "
+             "or run of this generation completes it", epoch, build.generation,
+             len(build.writer.present()) if build.open else 0, len(build.have))
+    build.keep()

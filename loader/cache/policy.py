@@ -1,0 +1,73 @@
+"""``on_budget_exceeded``: what the loader does when a generation does not fit its budget.
+
+``"error"`` raises :class:`~cachestore.BudgetExceededError` (with the way
+out: a rotation window that fits), ``"stream"`` stops caching and serves
+computed samples, ``"rotate"`` switches to a disk rotation window that fits.
+The decision is made here; the runner applies a switch to rotation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cachestore.errors import BudgetExceededError
+
+from ..executors.base import Executor
+from ..settings import BudgetPolicy
+from .build import GenerationBuild
+from .controller import CacheController
+
+log = logging.getLogger(__name__)
+
+
+def give_up_caching(cache: CacheController, exc: BudgetExceededError) -> BudgetPolicy:
+    """The generation cannot be written (a full disk, the budget): apply ``on_budget_exceeded``.
+
+    Returns the policy applied (``STREAM`` or ``ROTATE``: the caller then
+    switches to a rotation window); caching is off for the rest of the run.
+
+    Raises
+    ------
+    BudgetExceededError
+        `exc`, explained, under the policy ``"error"``.
+    """
+    policy = cache.settings.policy
+    if policy is BudgetPolicy.ERROR:
+        raise CacheController.explain(exc)
+    cache.disable()
+    # Logged as text: a log record holding the exception would keep its frames, and with them
+    # this epoch's batches (and their shared-memory slots), alive as long as the record.
+    if policy is BudgetPolicy.ROTATE:
+        log.warning("%s", str(exc))
+    else:
+        log.warning("cache disabled, serving uncached samples from now on: %s", str(exc))
+    return policy
+
+
+def close_generation(build: GenerationBuild, cache: CacheController, executor: Executor | None,
+                     epoch: int) -> BudgetPolicy | None:
+    """End of a generate epoch: commit `build`; ``None`` when it was committed.
+
+    When writing stopped because the budget ran out (policies ``"stream"``
+    and ``"rotate"``), or the commit itself did not fit, the generation is
+    discarded and the policy applied is returned.
+
+    Raises
+    ------
+    RuntimeError
+        The workers could not close their shards (the generation is discarded).
+    """
+    problem = build.finish(executor)
+    if problem is not None:
+        build.abort()
+        if build.failed is None:
+            raise RuntimeError(f"workers could not finish generation {build.generation}: {problem}")
+        cache.disable()
+        return build.policy
+    try:
+        cache.commit(build, epoch)
+    except BudgetExceededError as exc:
+        # Every sample fit, the index or manifest did not: the same promise as for the samples.
+        build.abort()
+        return give_up_caching(cache, exc)
+    return None

@@ -1,0 +1,91 @@
+"""The executor's life in a loader: started when an epoch needs workers, killed after an
+error, its shared-memory slots shrunk between epochs.
+
+The executor and the slots are kept in the loader's :class:`~loader.resources.Resources`,
+so that the loader's finalizer releases them without referencing the loader
+(``docs/ARCHITECTURE.md``, "Shutdown rules").
+"""
+
+from __future__ import annotations
+
+from ..resources import Resources
+from ..settings import LoaderSettings
+from .base import Executor, WorkerConfigFactory
+from .process.pool import WorkerPool
+from .process.slots import SlotPool
+from .producer import BatchProducer
+
+#: Shared-memory slots created with the executor (more come when the in-flight depth grows).
+INITIAL_SLOTS = 4
+
+
+class ExecutorHost:
+    """Starts, kills and tidies the loader's executor (see the module docstring).
+
+    Parameters
+    ----------
+    settings
+        The loader's settings (which executor, how many workers, ...).
+    producer
+        The training process's own producer: the Ray executor runs read tasks with it.
+    res
+        Where the executor and its slots are kept.
+    """
+
+    def __init__(self, settings: LoaderSettings, producer: BatchProducer, res: Resources) -> None:
+        self.settings = settings
+        self.producer = producer
+        self.res = res
+
+    @property
+    def executor(self) -> Executor | None:
+        """The running executor, ``None`` before the first start or after a kill."""
+        return self.res.executor
+
+    @property
+    def slots(self) -> SlotPool | None:
+        return self.res.slots
+
+    def ensure(self) -> Executor:
+        """The executor, started now when there is none (a first epoch, or after a kill)."""
+        s, res = self.settings, self.res
+        if res.executor is None:
+            # The executor must not reference the loader: the finalizer that releases it
+            # would then keep the loader alive forever.
+            make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle)
+            if s.executor == "ray":
+                # Imported here only: `import loader` never imports ray (an optional extra).
+                from .ray import RayExecutor
+
+                res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
+            else:
+                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                                          s.max_worker_restarts)
+        if res.slots is None:
+            res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
+        return res.executor
+
+    def slot_pool(self) -> SlotPool:
+        """The slots (with the executor started, as tasks need both)."""
+        self.ensure()
+        assert self.res.slots is not None
+        return self.res.slots
+
+    def kill(self) -> None:
+        """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""
+        executor, self.res.executor = self.res.executor, None
+        if executor is not None:
+            executor.kill()
+        self.res.keep_builds()  # the workers are gone: what they wrote is whole on disk
+
+    def shrink_slots(self) -> None:
+        """Between epochs: retire the shared-memory slots the last epoch did not need, here and in
+        every worker (the rule: "Shrinking" in :mod:`loader.executors.process.slots`)."""
+        slots, executor = self.res.slots, self.res.executor
+        if slots is None:
+            return
+        # Without an executor the one that held the orphaned tasks was killed: they never answer.
+        retired = slots.drop_orphans() if executor is None else []
+        retired += slots.shrink()
+        if retired and executor is not None:
+            executor.retire_slots(retired)
