@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Iterator
 
 from cachestore import Store
 
 from .arguments import parse_arguments, resolve_aliases
+from .attributes import LoaderAttributes
 from .checks import check_importable_by_workers
 from .dataset import Batch, BatchFn, CollateFn, Dataset
 from .device import make_mover
@@ -25,32 +26,10 @@ from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources
-from .settings import CacheSettings, Device, LoaderSettings, RotationSettings, int_at_least
+from .settings import CacheSettings, Device, RotationSettings, int_at_least
 from .state import EpochIterator, EpochProgress, LoadedState, check_state, make_state
 
-T = TypeVar("T")
-
-
-class _Setting(Generic[T]):
-    """A constructor argument readable as a loader attribute (``loader.batch_size``), as parsed."""
-
-    def __init__(self, read: Callable[[LoaderSettings], T]) -> None:
-        self.read = read
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: CachedLoader | None, owner: type | None = None) -> T:
-        if loader is None:
-            raise AttributeError(f"{self.name} is read from a loader")
-        return self.read(loader.settings)
-
-    def __set__(self, loader: CachedLoader, value: object) -> None:
-        raise AttributeError(f"{self.name} is a setting of this loader, fixed when it was built: build another "
-                             "loader to change it")
-
-
-class CachedLoader:
+class CachedLoader(LoaderAttributes):
     """Batches of an expensive dataset, computed by workers and cached between epochs.
 
     Parameters
@@ -107,32 +86,6 @@ class CachedLoader:
     **aliases
         The other names of these arguments (:data:`loader.arguments.ALIASES`).
     """
-
-    dataset_class = _Setting(lambda s: s.dataset.dataset_class)
-    dataset_params = _Setting(lambda s: s.dataset.params)
-    batch_size = _Setting(lambda s: s.batch_size)
-    nb_worker = _Setting(lambda s: s.nb_worker)
-    shuffle = _Setting(lambda s: s.shuffle)
-    drop_last = _Setting(lambda s: s.drop_last)
-    nearby_shuffle = _Setting(lambda s: s.nearby_shuffle)
-    collate_fn = _Setting(lambda s: s.collate_fn)
-    max_queue_size = _Setting(lambda s: s.max_queue_size)
-    prefetch_time = _Setting(lambda s: s.prefetch_time)
-    use_threading = _Setting(lambda s: s.use_threading)
-    device = _Setting(lambda s: s.device)
-    pin_memory = _Setting(lambda s: s.pin_memory)
-    gpu_indices = _Setting(lambda s: s.gpu_indices)
-    max_minibatch_length = _Setting(lambda s: s.max_minibatch_length)
-    nb_consumer = _Setting(lambda s: s.nb_consumer)
-    consumer_index = _Setting(lambda s: s.consumer_index)
-    to_device = _Setting(lambda s: s.to_device)
-    start_method = _Setting(lambda s: s.start_method)
-    max_worker_restarts = _Setting(lambda s: s.max_worker_restarts)
-    timeout = _Setting(lambda s: s.timeout)
-    progress = _Setting(lambda s: s.progress)
-    executor = _Setting(lambda s: s.executor)
-    executor_options = _Setting(lambda s: dataclasses.asdict(s.ray_options) if s.ray_options is not None else {})
-    cache = _Setting(lambda s: s.cache)
 
     def __init__(self, dataset: type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
                  batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool = True,
