@@ -9,9 +9,8 @@ naming the argument at fault. ``loader.compat`` uses the same table.
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any, Callable, Mapping
-
-import numpy as np
 
 from .dataset import DatasetSource
 from .distributed import distributed_defaults
@@ -115,7 +114,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     seed_given = seed is not None
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
-        seed = int(np.random.SeedSequence().entropy % (2**63)) if consumers == 1 else 0
+        seed = secrets.randbits(63) if consumers == 1 else 0
     return LoaderSettings(
         dataset=DatasetSource(dataset, dict(params or {})),
         batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(a["shuffle"]),

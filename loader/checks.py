@@ -102,6 +102,7 @@ def _main_importable() -> bool:
     path = getattr(main, "__file__", None)
     if path is None:
         return False
-    if not os.path.isabs(path) and mp_process.ORIGINAL_DIR is not None:
-        path = os.path.join(mp_process.ORIGINAL_DIR, path)
+    original_dir = getattr(mp_process, "ORIGINAL_DIR", None)  # where multiprocessing.spawn looks
+    if not os.path.isabs(path) and original_dir is not None:
+        path = os.path.join(original_dir, path)
     return os.path.isfile(path)

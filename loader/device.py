@@ -42,7 +42,7 @@ class DeviceMover:
         import torch
 
         self.torch = torch
-        self.device = torch.device(device) if device is not None else None
+        self.device = torch.device(device) if device is not None else None  # type: ignore[call-overload]
         self.pin = pin_memory and torch.cuda.is_available()
         if pin_memory and not self.pin:
             log.info("pin_memory=True ignored: no CUDA device is available")
@@ -50,17 +50,18 @@ class DeviceMover:
     def _leaf(self, x: object) -> object:
         torch = self.torch
         if isinstance(x, np.ndarray):
-            if x.dtype.kind in "biufc" or x.dtype == np.bool_:
-                x = torch.from_numpy(x if x.flags.writeable else x.copy())
-            else:
+            if not (x.dtype.kind in "biufc" or x.dtype == np.bool_):
                 return x
-        if isinstance(x, torch.Tensor):
-            if self.pin and x.device.type == "cpu":
-                x = x.pin_memory()  # a copy out of the shared-memory slot, which is then released
-            if self.device is not None and x.device != self.device:
-                x = x.to(self.device, non_blocking=self.pin)
+            tensor = torch.from_numpy(x if x.flags.writeable else x.copy())
+        elif isinstance(x, torch.Tensor):
+            tensor = x
+        else:
             return x
-        return x
+        if self.pin and tensor.device.type == "cpu":
+            tensor = tensor.pin_memory()  # a copy out of the shared-memory slot, which is then released
+        if self.device is not None and tensor.device != self.device:
+            tensor = tensor.to(self.device, non_blocking=self.pin)
+        return tensor
 
     def __call__(self, batch: Batch) -> Batch:
         return tree_map(self._leaf, batch)

@@ -42,7 +42,8 @@ def leaf_views(buf: Buffer, specs: Sequence[LeafSpec], offsets: Sequence[int]) -
     out = []
     for (dtype, shape), off in zip(specs, offsets):
         count = math.prod(shape)
-        out.append(np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape))
+        # numpy reads any buffer-protocol object; its stubs do not list ctypes arrays.
+        out.append(np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape))  # type: ignore[arg-type]
     return out
 
 

@@ -112,9 +112,9 @@ class CacheController:
         # another dataset, dead rotation windows) for ever: sweep it now. Generations and this
         # dataset's partial generations stay; a live writer's things are never touched.
         damaged = {g.id: g.damaged for g in store.generations() if g.damaged}
-        removed = {r.generation for r in store.prune(keep=sys.maxsize) if r.kind == "damaged"}
+        swept = {r.generation for r in store.prune(keep=sys.maxsize) if r.kind == "damaged"}
         controller = cls(settings, store, layout.per_consumer)
-        for generation in sorted(removed & set(damaged)):
+        for generation in sorted(g for g in swept & set(damaged) if g is not None):
             log.warning("generation %d of %s was damaged (%s): removed; it is written again when an epoch "
                         "needs it", generation, store.path, damaged[generation])
             controller.damaged[generation] = damaged[generation]
@@ -208,7 +208,7 @@ class CacheController:
         except StoreLockedError as exc:
             raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
                                    "give each run its own prefix or wait for it") from None
-        policy = BudgetPolicy.STREAM if background else self.settings.on_budget_exceeded
+        policy = BudgetPolicy.STREAM if background else self.settings.policy
         return GenerationBuild(writer, policy, in_workers)
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:

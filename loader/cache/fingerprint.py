@@ -45,6 +45,8 @@ def _source_hash(cls: type) -> str:
     """Hash of the module source defining `cls` (class source if the module is not a file)."""
     module = sys.modules.get(cls.__module__)
     for target in (module, cls):
+        if target is None:
+            continue
         try:
             return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
         except (OSError, TypeError):
@@ -148,7 +150,7 @@ class _ValueHasher:
             for i, item in enumerate(arr.ravel().tolist()):
                 self.feed(item, f"{where}.flat[{i}]", depth + 1)
         else:
-            self.h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            self.h.update(np.ascontiguousarray(arr).view(np.uint8).data)
 
     def _tensor(self, obj: Any, where: str) -> None:
         import torch  # already imported: codec.is_tensor found it in sys.modules

@@ -117,8 +117,9 @@ class BackgroundRefresh:
                 msg = executor.next_message(timeout=timeout)
                 if msg is None:
                     late = {(BACKGROUND_EPOCH, seq, 0) for seq in self.inflight}
+                    waited = timeout or 0.0  # next_message gives up only with a timeout
                     raise worker_timeout(executor, late, f"background refresh of generation {self.generation}",
-                                         timeout, timeout)
+                                         waited, waited)
                 if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
                     raise msg.exception()
 

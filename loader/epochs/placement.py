@@ -40,15 +40,25 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
+from ..dataset import Batch
 from .plan import EpochPlan, EpochStats
+
+#: Runs a read epoch's plan in one place, counting into the stats it is given.
+Run = Callable[[EpochPlan, EpochStats], Iterator[Batch]]
+#: Runs a read epoch's plan on the workers (they count into the epoch's stats themselves).
+PoolRun = Callable[[EpochPlan], Iterator[Batch]]
+#: A place to time: its name, how it runs a plan, and the batches its queue takes to fill.
+Part = tuple[str, Run, int]
+#: What a choice of place holds for: (store path, generation, batch size).
+PlaceKey = tuple[str, int | None, int]
 
 #: Batches of the first read epoch gathered in the training process to time it.
 PROBE_BATCHES = 4
 
 
-def timed(batches: Iterable[Any], times: list[float]) -> Iterator[Any]:
+def timed(batches: Iterable[Batch], times: list[float]) -> Iterator[Batch]:
     """`batches`, appending to `times` how long each took to come (the consumer's time excluded)."""
     it = iter(batches)
     try:
@@ -76,16 +86,13 @@ class GatherPlacement:
     """The gather place chosen per key (store path, generation, batch size); see the module docstring."""
 
     def __init__(self) -> None:
-        self.choices: dict[tuple, tuple[str, dict]] = {}
+        self.choices: dict[PlaceKey, tuple[str, dict[str, float]]] = {}
         # Per key and place, one entry per timed run of the probe epochs so far: its mean batch time
         # once warm, and what its start cost on top.
-        self.runs: dict[tuple, dict[str, list[tuple[float, float]]]] = {}
+        self.runs: dict[PlaceKey, dict[str, list[tuple[float, float]]]] = {}
 
-    def batches(self, key: tuple, plan: EpochPlan, stats: EpochStats,
-                inline: Callable[[EpochPlan, EpochStats], Iterator[Any]],
-                pool: Callable[[EpochPlan], Iterator[Any]] | None, warmup: int,
-                threads: Callable[[EpochPlan, EpochStats], Iterator[Any]] | None = None,
-                threads_warmup: int = 0) -> Iterator[Any]:
+    def batches(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolRun | None,
+                warmup: int, threads: Run | None = None, threads_warmup: int = 0) -> Iterator[Batch]:
         """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
         `inline` and `threads` count into the stats they are given).
 
@@ -94,18 +101,18 @@ class GatherPlacement:
         `pool`: ``None`` where workers may not read the store (an in-RAM one), `threads`:
         ``None`` where threads may not; not both.
         """
+        parts: dict[str, Part] = {}
+        if pool is not None:
+            parts["workers"] = ("workers", lambda p, _: pool(p), warmup)
+        if threads is not None:
+            parts["threads"] = ("threads", threads, threads_warmup)
         known = self.choices.get(key)
-        on_workers = ("workers", lambda p, _: pool(p), warmup)
-        on_threads = ("threads", threads, threads_warmup)
         if known is not None and known[0] == "pending":
-            if threads is None:
-                return self._time(key, plan, stats, [on_workers], known[1])
-            return self._time(key, plan, stats, [on_workers, on_threads], known[1], then_threads=True)
+            order = [parts[place] for place in ("workers", "threads") if place in parts]
+            return self._time(key, plan, stats, order, known[1], then_threads=len(order) > 1)
         if known is not None and known[0] == "pending-threads":
-            if threads is None:  # cannot happen for one key; decide without them
-                return self._time(key, plan, stats, [on_workers], known[1])
-            return self._time(key, plan, stats, [on_threads] if pool is None else [on_threads, on_workers],
-                              known[1])
+            order = [parts[place] for place in ("threads", "workers") if place in parts]
+            return self._time(key, plan, stats, order, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
@@ -120,20 +127,21 @@ class GatherPlacement:
             return pool(plan)
         return self._probe(key, plan, stats, inline, pool, threads)
 
-    def _probe(self, key: tuple, plan: EpochPlan, stats: EpochStats, inline: Callable,
-               pool: Callable | None, threads: Callable | None) -> Iterator[Any]:
+    def _probe(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolRun | None,
+               threads: Run | None) -> Iterator[Batch]:
         """First read epoch: time the training process's gather; the workers (without them, the
         threads) serve the rest."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
-        if pool is None:
-            stats.extra["gather"] = "threads"
-
-            def rest(p: EpochPlan) -> Iterator[Any]:
-                return threads(p, stats)
-        else:
+        if pool is not None:
             stats.extra["gather"] = "workers"  # until the probe says otherwise
             rest = pool
+        elif threads is not None:
+            stats.extra["gather"] = "threads"
+            def rest(p: EpochPlan) -> Iterator[Batch]:
+                return threads(p, stats)
+        else:
+            raise ValueError("a read epoch is placed between at least two places")
         if not head:  # too short an epoch to time both: probe the next one
             yield from rest(plan)
             return
@@ -151,9 +159,8 @@ class GatherPlacement:
         self.choices[key] = ("pending" if pool is not None else "pending-threads",
                              {"main": statistics.median(main_times)})
 
-    def _time(self, key: tuple, plan: EpochPlan, stats: EpochStats,
-              parts: list[tuple[str, Callable[[EpochPlan, EpochStats], Iterator[Any]], int]], costs: dict,
-              then_threads: bool = False) -> Iterator[Any]:
+    def _time(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, parts: list[Part], costs: dict[str, float],
+              then_threads: bool = False) -> Iterator[Batch]:
         """A later probe epoch: time each of `parts` (``(place, run, warmup)``) on its share of the
         batches, in order, now warm (the workers' first epoch mapped the store's pages and grew their
         slots, as the training process's timed gathers did not pay); then decide, or go on to the

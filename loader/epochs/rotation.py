@@ -97,8 +97,8 @@ def rotation_schedule(n: int, rotation: int, size: int, batch_size: int, drop_la
         key = appear + rng.random(slots)
         key[appear == 0] = -np.inf
         width = min(slots, need)
-        picked = np.argpartition(-key, width - 1)[:width] if width < slots else np.arange(slots)
-        picked = [int(t) for t in picked[np.argsort(-key[picked])] if appear[t] > 0]
+        best = np.argpartition(-key, width - 1)[:width] if width < slots else np.arange(slots)
+        picked = [int(t) for t in best[np.argsort(-key[best])] if appear[t] > 0]
         # Turn picks into doubles where a slot owes one and sits at a sample boundary; each
         # double takes the place of the weakest pick that is not mandatory (a slot with as many
         # appearances left as batches left must appear in every remaining batch).

@@ -231,7 +231,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             deadlines = [wait_since + run.timeout] if run.timeout is not None else []
             if not warned:
                 deadlines.append(wait_since + HANG_WARNING_SECONDS)
-            if prefetching:
+            if prefetching and prefetch_deadline is not None:
                 deadlines.append(prefetch_deadline)
             wait = max(0.0, min(deadlines) - now) if deadlines else None
             t0 = time.perf_counter()

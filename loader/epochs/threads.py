@@ -146,7 +146,9 @@ class GatherThreads:
 
     def gather(self, reader: Reader, positions: np.ndarray) -> Any:
         """One batch of `reader` into a lent buffer (runs in a gather thread)."""
-        _, specs = reader.batch_layout()
+        layout = reader.batch_layout()
+        assert layout is not None  # usable() let only fixed-layout readers here
+        _, specs = layout
         n = len(positions)
         return reader.get_batch(positions, out=self.buffers.arrays([(dt, (n, *shape)) for dt, shape in specs]))
 

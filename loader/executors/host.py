@@ -57,6 +57,7 @@ class ExecutorHost:
                 # Imported here only: `import loader` never imports ray (an optional extra).
                 from .ray import RayExecutor
 
+                assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
                 res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,

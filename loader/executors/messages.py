@@ -18,6 +18,9 @@ from cachestore import ShardSpec, StoreSpec
 from cachestore.codec import Treedef
 
 from ..dataset import Batch, CollateFn, DatasetSource
+
+__all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
+           "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
 from ..errors import WorkerError
 from ..leaves import LeafSpec
 from ..settings import BudgetPolicy, EpochMode
@@ -91,6 +94,11 @@ class Task:
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
     present: np.ndarray | None = None  # GENERATE: per sample, already in the generation: read it back, never rewrite
+
+    @property
+    def stored_at(self) -> np.ndarray:
+        """The store index of each sample (its position in the generation)."""
+        return self.positions if self.positions is not None else self.indices
 
 
 @dataclass(frozen=True)

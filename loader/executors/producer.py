@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Iterable
 
-from cachestore import Reader, codec
+import numpy as np
+
+from cachestore import Reader, ShardSpec, codec
+from cachestore.backends.base import ShardWriter, StagingData
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
+from ..dataset import Batch, CollateFn, Dataset, Sample
 from ..errors import SampleError, tag_sample_index
 from ..settings import BudgetPolicy, EpochMode
 from . import messages as m
@@ -27,9 +31,9 @@ log = logging.getLogger(__name__)
 class Produced:
     """What one task produced: the batch, and what it wrote into the generation."""
 
-    batch: Any
+    batch: Batch
     written: int = 0  # samples written into the task's shard
-    records: list | None = None  # encoded samples for the training process to write
+    records: list[m.Record] | None = None  # encoded samples for the training process to write
     budget_error: str | None = None  # why writing stopped, when the budget ran out
     staged: int = 0  # samples read back from the staging area instead of computed
 
@@ -37,22 +41,22 @@ class Produced:
 class BatchProducer:
     """Turns tasks into batches: call the dataset, write the generation, read the store."""
 
-    def __init__(self, dataset: Any, collate_fn: Any, shard_id: str, allow_pickle: bool) -> None:
+    def __init__(self, dataset: Dataset, collate_fn: CollateFn | None, shard_id: str, allow_pickle: bool) -> None:
         self.dataset = dataset
         self.collate = collate_fn or stack_samples
         self.custom_collate = collate_fn is not None
         self.shard_id = shard_id
         self.allow_pickle = allow_pickle
-        self._shard: Any = None
-        self._shard_token: Any = None
-        self._staging: Any = None  # reads back samples a partial generation already holds
-        self._staging_token: Any = None
+        self._shard: ShardWriter | None = None
+        self._shard_token: object = None
+        self._staging: StagingData | None = None  # reads back samples a partial generation already holds
+        self._staging_token: object = None
         self._writing = True
-        self._reader: Any = None
-        self._reader_key: Any = None
+        self._reader: Reader | None = None
+        self._reader_key: m.ReadSource | None = None
 
     # generation shards ---------------------------------------------------
-    def _shard_for(self, spec: Any) -> Any:
+    def _shard_for(self, spec: ShardSpec) -> ShardWriter | None:
         if self._shard_token != spec.token:
             self.close_shard()
             self._shard = spec.open(self.shard_id)
@@ -69,7 +73,7 @@ class BatchProducer:
         if shard is not None:
             shard.close()
 
-    def _staged(self, spec: Any, pos: int) -> Any:
+    def _staged(self, spec: ShardSpec | None, pos: int) -> Sample | None:
         """Sample `pos` as the generation being written already holds it, ``None`` when it cannot be read here."""
         if spec is None:
             return None  # records travel to the training process: nothing to read from here
@@ -88,22 +92,29 @@ class BatchProducer:
             return None
 
     # reading ---------------------------------------------------------------
-    def reader(self, key: tuple) -> Any:
+    def reader(self, key: m.ReadSource | None) -> Reader:
+        """A reader of the committed generation `key` names, kept open from task to task."""
+        if key is None:
+            raise ValueError("a read task names the generation it reads")
         if self._reader_key != key:
             if self._reader is not None:
                 self._reader.close()
             spec, generation = key
+            self._reader = None  # a failed open must not leave the closed reader behind
             self._reader = Reader.open(spec, generation)
             self._reader_key = key
+        assert self._reader is not None
         return self._reader
 
     # tasks -----------------------------------------------------------------
     def compute(self, task: m.Task) -> Produced:
         """Samples of `task` from the dataset, written to the shard if asked, collated."""
         shard = self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None else None
-        positions = task.positions if task.positions is not None else task.indices
-        samples, written, staged, budget_error = [], 0, 0, None
-        records: list | None = [] if task.send_records else None
+        positions = task.stored_at
+        samples: list[Sample] = []
+        written = staged = 0
+        budget_error: str | None = None
+        records: list[m.Record] | None = [] if task.send_records else None
         present = task.present.tolist() if task.present is not None else None
         for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions.tolist())):
             if present is not None and present[k]:
@@ -134,7 +145,7 @@ class BatchProducer:
                 budget_error = self._stop_writing(task, exc)
         return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
 
-    def _call(self, index: int) -> Any:
+    def _call(self, index: int) -> Sample:
         try:
             return self.dataset[index]
         except Exception as exc:
@@ -147,7 +158,7 @@ class BatchProducer:
         self._writing = False
         return str(exc)
 
-    def samples(self, indices: Any, epoch: int) -> list:
+    def samples(self, indices: Iterable[int] | np.ndarray, epoch: int) -> list[Sample]:
         """``dataset[i]`` for each of `indices`, in this process: a dataset error is raised as itself,
         with the index (``sample_index``) and a note saying where, as every other path does."""
         out = []
@@ -160,17 +171,17 @@ class BatchProducer:
                 raise
         return out
 
-    def read(self, task: m.Task, reader: Any = None) -> Any:
+    def read(self, task: m.Task, reader: Reader | None = None) -> Batch:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
         reader = reader if reader is not None else self.reader(task.reader)
         try:
             if self.custom_collate:
-                return self.collate([reader.get(int(i), copy=False) for i in task.positions])
-            return reader.get_batch(task.positions)
+                return self.collate([reader.get(int(i), copy=False) for i in task.stored_at])
+            return reader.get_batch(task.stored_at)
         except CorruptSampleError as exc:
             return self.recompute(task, exc)
 
-    def recompute(self, task: m.Task, exc: CorruptSampleError) -> Any:
+    def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
         log.warning("%s; computing this batch from the dataset instead", str(exc))
         samples = []
         for index in task.indices.tolist():
@@ -200,7 +211,7 @@ def task_failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.T
     if isinstance(exc, SampleError):
         return m.TaskFailed.from_exception(exc.cause, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
                                            index=exc.index, kind="dataset")
-    kind = "budget" if isinstance(exc, BudgetExceededError) else (
+    kind: m.FailureKind = "budget" if isinstance(exc, BudgetExceededError) else (
         "store" if isinstance(exc, CacheStoreError) else "dataset")
     failed = m.TaskFailed.from_exception(exc, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
                                          index=None, kind=kind)

@@ -107,6 +107,7 @@ class RayWorker:
             # The store lives on the training node; an actor may not (see the module docstring).
             return task_failure(WorkerError("a Ray actor was asked to read or write the training node's store"),
                                 task, wid)
+        assert self.producer is not None  # else self.failure says why it could not be built
         try:
             out = self.producer.compute(task)
         except Exception as exc:
@@ -185,7 +186,7 @@ class RayExecutor(DeathListeners):
         self._answered: collections.deque[m.BatchDone] = collections.deque()
         self._actor_options = {**options.actor_options, "max_restarts": 0, "max_task_retries": 0,
                                "max_concurrency": 1}
-        cpus = self.nb_worker * self._actor_options.get("num_cpus", 1)
+        cpus = self.nb_worker * float(self._actor_options.get("num_cpus", 1))  # type: ignore[arg-type]
         self._connected = CONNECTION.acquire(self.ray, options.address, options.init_options, cpus)
         try:
             self._actor_class = self.ray.remote(RayWorker)
@@ -325,9 +326,9 @@ class RayExecutor(DeathListeners):
             reader = producer.reader(task.reader)
             try:
                 if producer.custom_collate:
-                    batch = producer.collate([reader.get(int(i), copy=False) for i in task.positions])
+                    batch = producer.collate([reader.get(int(i), copy=False) for i in task.stored_at])
                 else:
-                    batch = reader.get_batch(task.positions)
+                    batch = reader.get_batch(task.stored_at)
             except CorruptSampleError as exc:
                 log.warning("%s; computing this batch on a Ray actor instead", str(exc))
                 self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))

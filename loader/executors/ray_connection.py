@@ -47,7 +47,7 @@ class RayConnection:
         self._users = 0  # loaders using a connection this class opened
         self._ours = False
 
-    def acquire(self, ray: Any, address: str | None, init_options: dict, cpus_needed: float) -> bool:
+    def acquire(self, ray: Any, address: str | None, init_options: dict[str, object], cpus_needed: float) -> bool:
         """Connect if needed; return whether the caller must :meth:`release` the connection."""
         with self._lock:
             if ray.is_initialized():

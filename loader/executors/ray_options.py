@@ -6,7 +6,7 @@ imports it only when a Ray executor is built.
 
 from __future__ import annotations
 
-from ..settings import RayOptions, check_int, check_keys
+from ..settings import RayOptions, check_keys, int_at_least
 
 #: Where tasks run: ``"process"`` (the worker pool: processes, or threads) or ``"ray"`` (Ray actors).
 EXECUTORS = ("process", "ray")
@@ -81,7 +81,7 @@ def parse_executor(executor: object, options: object, nb_worker: int | None, def
     elif nb_worker is not None and nb_worker != num_workers:
         raise ValueError(f"nb_worker={nb_worker} and executor_options['num_workers']={num_workers} disagree; "
                          "give one of them")
-    check_int("executor_options['num_workers']", num_workers, 1)
+    num_workers = int_at_least("executor_options['num_workers']", num_workers, 1)
     actor_options = options.get("actor_options", {})
     if not isinstance(actor_options, dict):
         raise ValueError(f"executor_options['actor_options'] must be a dict, got {type(actor_options).__name__}")

@@ -27,11 +27,12 @@ not a staging directory, and no wait may hang.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import faulthandler
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
-import concurrent.futures
-import faulthandler
+import multiprocessing.process
 import functools
 import os
 import queue
@@ -40,8 +41,9 @@ import signal
 import tempfile
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from ...errors import WorkerError
 from .. import messages as m
@@ -49,6 +51,9 @@ from ..base import DeathListeners, StuckWorker
 from .worker import worker_main
 
 log = logging.getLogger(__name__)
+
+#: A worker: a process, or a thread of this process (``use_threading``).
+Worker = Union[multiprocessing.process.BaseProcess, threading.Thread]
 
 #: Seconds between liveness checks while waiting for results.
 POLL_INTERVAL = 0.5
@@ -61,11 +66,11 @@ STACK_TIMEOUT = 2.0
 @dataclass
 class WorkerHandle:
     worker_id: int
-    process: Any  # multiprocessing.Process or threading.Thread
-    conn: Any
+    process: Worker  # a process, or a thread (use_threading)
+    conn: mpc.Connection
     shard_id: str = ""
     pid: int | None = None
-    outstanding: collections.deque = field(default_factory=collections.deque)
+    outstanding: collections.deque[m.Task] = field(default_factory=collections.deque)
     ready: bool = False
     eof: bool = False
     stack_fd: int = -1  # the worker's stack-dump file (see worker.stack_dump_file)
@@ -74,8 +79,13 @@ class WorkerHandle:
     def is_thread(self) -> bool:
         return isinstance(self.process, threading.Thread)
 
+    @property
+    def os_process(self) -> multiprocessing.process.BaseProcess | None:
+        """The worker's process (``None`` for a thread)."""
+        return None if isinstance(self.process, threading.Thread) else self.process
+
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return bool(self.process.is_alive())
 
 
 class WorkerPool(DeathListeners):
@@ -120,10 +130,10 @@ class WorkerPool(DeathListeners):
         parent_conn, child_conn = mp.Pipe(duplex=True)
         config = self.make_config(wid)
         if self.use_threading:
-            proc: Any = threading.Thread(target=worker_main, args=(child_conn, config, False),
+            proc: Worker = threading.Thread(target=worker_main, args=(child_conn, config, False),
                                          name=f"cachestore-worker-{wid}", daemon=True)
         else:
-            proc = self.ctx.Process(target=worker_main, args=(child_conn, config),
+            proc = self.ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
                                     name=f"cachestore-worker-{wid}", daemon=True)
         proc.start()
         if not self.use_threading:
@@ -195,7 +205,7 @@ class WorkerPool(DeathListeners):
         # the epoch half a batch late, 1 run in 2). Then the least batch work queued, in samples,
         # so half batches weigh half; a worker takes batch tasks before queued background chunks,
         # so those only break ties.
-        def load(w: WorkerHandle) -> tuple:
+        def load(w: WorkerHandle) -> tuple[bool, int, int]:
             sibling = any(t.epoch == task.epoch and t.seq == task.seq for t in w.outstanding)
             work = sum(len(t.indices) for t in w.outstanding if t.epoch != m.BACKGROUND_EPOCH)
             return sibling, work, len(w.outstanding)
@@ -203,13 +213,13 @@ class WorkerPool(DeathListeners):
         worker.outstanding.append(task)
         self._send(worker, task)
 
-    def _send(self, worker: WorkerHandle, msg: Any) -> None:
+    def _send(self, worker: WorkerHandle, msg: m.Command) -> None:
         try:
             worker.conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the death is handled when its sentinel fires
 
-    def next_message(self, timeout: float | None = None) -> Any:
+    def next_message(self, timeout: float | None = None) -> m.Message | None:
         """The next message from any worker; restarts dead workers meanwhile.
 
         Returns ``None`` when `timeout` passes without a message.
@@ -217,13 +227,12 @@ class WorkerPool(DeathListeners):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             conns = {w.conn: w for w in self.workers}
-            waitables: list[Any] = list(conns)
-            if not self.use_threading:
-                waitables += [w.process.sentinel for w in self.workers]
+            waitables: list[mpc.Connection | int] = list(conns)
+            waitables += [proc.sentinel for w in self.workers if (proc := w.os_process) is not None]
             wait = POLL_INTERVAL if deadline is None else max(0.0, min(POLL_INTERVAL, deadline - time.monotonic()))
             ready = mpc.wait(waitables, timeout=wait)
             for obj in ready:
-                worker = conns.get(obj)
+                worker = conns.get(obj) if isinstance(obj, mpc.Connection) else None
                 if worker is None:
                     continue
                 try:
@@ -244,11 +253,11 @@ class WorkerPool(DeathListeners):
     @staticmethod
     def _has_data(worker: WorkerHandle) -> bool:
         try:
-            return worker.conn.poll()
+            return bool(worker.conn.poll())
         except (EOFError, OSError):
             return False
 
-    def _account(self, worker: WorkerHandle, msg: Any) -> Any:
+    def _account(self, worker: WorkerHandle, msg: m.Message) -> m.Message:
         if isinstance(msg, m.Ready):
             worker.ready = True
             worker.pid = msg.pid
@@ -322,12 +331,13 @@ class WorkerPool(DeathListeners):
         for w in self.workers:
             w.process.join(max(0.0, deadline - time.monotonic()))
         for w in self.workers:
-            if not w.is_thread and w.process.is_alive():
-                w.process.terminate()
-                w.process.join(1.0)
-                if w.process.is_alive():
-                    w.process.kill()
-                    w.process.join(1.0)
+            proc = w.os_process
+            if proc is not None and proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(1.0)
             try:
                 w.conn.close()
             except OSError:
@@ -338,8 +348,9 @@ class WorkerPool(DeathListeners):
     def kill(self) -> None:
         """Stop workers without waiting for them to finish their task (errors, abandoned epochs)."""
         for w in self.workers:
-            if not w.is_thread and w.process.is_alive():
-                w.process.kill()
+            proc = w.os_process
+            if proc is not None and proc.is_alive():
+                proc.kill()
         for w in self.workers:
             w.process.join(JOIN_TIMEOUT)
             try:
@@ -371,8 +382,8 @@ def _thread_stack(ident: int | None) -> str:
     return "(the thread has ended)"
 
 
-def _done(value: Any) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
+def _done(value: WorkerHandle) -> concurrent.futures.Future[WorkerHandle]:
+    future: concurrent.futures.Future[WorkerHandle] = concurrent.futures.Future()
     future.set_result(value)
     return future
 
@@ -388,12 +399,13 @@ class _Spawner:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], WorkerHandle], Future[WorkerHandle]] | None] = \
+            queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="cachestore-spawner", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(self, fn: Callable[[], WorkerHandle]) -> Future[WorkerHandle]:
+        future: Future[WorkerHandle] = Future()
         self._queue.put((fn, future))
         return future
 

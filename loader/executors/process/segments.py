@@ -14,8 +14,9 @@ import numpy as np
 
 from cachestore import Reader, codec
 
+from ...dataset import Batch
 from ...leaves import leaf_views, plan_layout
-from ..messages import Batch, SlotBatch
+from ..messages import SlotBatch
 from .shm import allocate, close_quietly, path_of, slot_size_for
 
 

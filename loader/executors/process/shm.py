@@ -73,7 +73,7 @@ def _memfd_usable() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         # Another process may open our /proc/<pid>/fd entries only while we are dumpable.
-        return libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+        return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 1)
     except (OSError, AttributeError):
         return False
 

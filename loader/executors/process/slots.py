@@ -46,6 +46,7 @@ from typing import Iterable
 
 from cachestore import codec
 
+from ...dataset import Batch
 from ...leaves import leaf_views
 from .. import messages as m
 from . import shm
@@ -173,7 +174,7 @@ class SlotPool:
         self.size_hint = max(self.size_hint, size)
         close_quietly(old)
 
-    def view(self, slot: int, meta: m.SlotBatch) -> m.Batch:
+    def view(self, slot: int, meta: m.SlotBatch) -> Batch:
         """The batch in `slot` as arrays over shared memory; the slot is lent until they die."""
         self.adopt(slot, meta.name, meta.size)
         self._largest = max(self._largest, meta.total)

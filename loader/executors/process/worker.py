@@ -32,7 +32,7 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
     if task.mode == EpochMode.READ and not producer.custom_collate and task.collate:
         try:
             meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
-                                producer.reader(task.reader), task.positions)
+                                producer.reader(task.reader), task.stored_at)
         except CorruptSampleError as exc:
             meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, producer.recompute(task, exc))
         if meta is not None:
@@ -45,7 +45,7 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
                        staged=out.staged)
 
 
-def _next(waiting: collections.deque) -> Any:
+def _next(waiting: collections.deque[m.Command]) -> m.Command:
     """The first message that is not a background chunk, else the oldest chunk."""
     for i, msg in enumerate(waiting):
         if not (isinstance(msg, m.Task) and msg.epoch == m.BACKGROUND_EPOCH):
@@ -121,7 +121,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
     segments = WorkerSegments()
     conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
-    waiting: collections.deque = collections.deque()
+    waiting: collections.deque[m.Command] = collections.deque()
     try:
         while True:
             try:
