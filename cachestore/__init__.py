@@ -24,11 +24,3 @@ __all__ = [
     "UnsupportedSampleError", "available_backends", "open_store", "register_backend", "stack_samples",
 ]
 
-
-def __getattr__(name: str) -> type:
-    # `cachestore.WorkerError` from before the loader had its own errors module (see errors.py).
-    if name == "WorkerError":
-        from . import errors
-
-        return errors.WorkerError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,12 +61,3 @@ class GenerationNotFoundError(CacheStoreError, LookupError):
 class NotAStoreError(CacheStoreError, FileNotFoundError):
     """A path that should hold a store does not."""
 
-
-def __getattr__(name: str) -> type:
-    # WorkerError is the loader's; this alias keeps `from cachestore.errors import WorkerError`
-    # working for code written when it lived here. The core itself never imports the loader.
-    if name == "WorkerError":
-        from loader.errors import WorkerError
-
-        return WorkerError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
