@@ -10,129 +10,29 @@ A backend is three small objects:
   loader workers write without funnelling bytes through one process.
 * :class:`GenerationData` - read access to one committed generation.
 
-Concrete helpers (budget projection, checksums, batch stacking) live here so a
-backend only implements storage. The conformance suite in
+Concrete helpers (budget projection, index and sample checks) live here so a
+backend only implements storage; checksums are :mod:`cachestore.checksums`, batch
+helpers :mod:`.batch`. The conformance suite in
 ``tests/cachestore/test_conformance.py`` runs unchanged against every backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Sequence
 
 import numpy as np
-import xxhash
 
 from .. import codec
 from ..collate import stack_samples
 from ..disk import format_size
 from ..errors import BudgetExceededError, CorruptSampleError
-
-
-def checksum(parts: Sequence[Any]) -> int:
-    """64-bit xxh3 of the concatenation of `parts` (buffers).
-
-    xxh3 hashes at ~30 GB/s here, crc32 at ~4 GB/s: with crc32 a verified
-    batch read could not come near memory bandwidth.
-    """
-    if len(parts) == 1:
-        return xxhash.xxh3_64_intdigest(parts[0])
-    h = xxhash.xxh3_64()
-    for part in parts:
-        h.update(part)
-    return h.intdigest()
-
-
-#: Rows up to this many bytes are hashed from one ``bytes`` copy of their block: a Python call per
-#: row on a numpy row view costs more than hashing 1 KiB.
-SMALL_ROW_BYTES = 1024
-#: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
-#: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
-VERIFY_BLOCK_BYTES = 1 << 20
-
-
-def _load_native() -> Any:
-    if os.environ.get("CACHESTORE_NATIVE", "1") == "0":
-        return None
-    try:
-        from .. import _gather
-    except ImportError:  # not built (no C compiler at install) or no XXH3 in the xxhash package
-        return None
-    return _gather
-
-
-#: The compiled verified gather (``cachestore/_gather.c``), or ``None`` where it is not built or
-#: ``CACHESTORE_NATIVE=0`` turned it off; reads then use the pure-Python gather, same checksums.
-NATIVE = _load_native()
-
-
-def native_gather() -> Any:
-    """The compiled gather module in use, or ``None`` (see :data:`NATIVE`)."""
-    return NATIVE
-
-
-def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
-    """:func:`checksum` of each row's leaves, for rows laid out as one 2-D ``uint8`` array per leaf.
-
-    Row ``j``'s checksum hashes ``rows[0][j]``, ``rows[1][j]``, ... concatenated: the same value
-    :func:`checksum` gives for the sample's leaves, so stored checksums need no new definition.
-    """
-    rows = [r for r in rows if r.shape[1]]
-    if not rows:
-        return [checksum([b""])] * n
-    native = native_gather()
-    if native is not None and len(rows) <= native.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
-        sums = np.empty(n, dtype=np.uint64)
-        native.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
-        return sums.tolist()
-    width = sum(r.shape[1] for r in rows)
-    hash_one = xxhash.xxh3_64_intdigest
-    if width <= SMALL_ROW_BYTES:
-        # One contiguous copy of the block, then a bytes slice per row: ~4x faster than a
-        # hasher fed numpy row views, which dominated a verified read of small samples.
-        data = (rows[0] if len(rows) == 1 else np.concatenate(rows, axis=1)).tobytes()
-        return [hash_one(data[o:o + width]) for o in range(0, n * width, width)]
-    if len(rows) == 1:
-        (only,) = rows
-        return [hash_one(only[j]) for j in range(n)]
-    hasher, sums = xxhash.xxh3_64(), []
-    for j in range(n):
-        hasher.reset()
-        for r in rows:
-            hasher.update(r[j])
-        sums.append(hasher.intdigest())
-    return sums
-
-
-def flat_rows(arrays: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
-    """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)`` (they must be contiguous)."""
-    return [a.reshape(n, math.prod(a.shape[1:])).view(np.uint8) for a in arrays]
-
-
-def first_mismatch(sums: list[int], expected: list[int]) -> int | None:
-    """Position of the first row whose checksum differs, or ``None``."""
-    if sums == expected:
-        return None
-    return next(j for j, (a, b) in enumerate(zip(sums, expected)) if a != b)
-
-
-def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) -> np.ndarray:
-    """`indices` as an int64 array in ``0..n-1``; negative ones count from the end, like ``read``."""
-    idx = np.asarray(indices)
-    if idx.size and idx.dtype.kind not in "iu":  # as read(): no floats or bools taken for indices
-        raise TypeError(f"sample indices are ints, got an array of {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False)
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = idx[(idx < -n) | (idx >= n)][0]
-        raise IndexError(f"index {bad} out of range for generation {generation} of {n} samples")
-    if idx.size and idx.min() < 0:
-        idx = np.where(idx < 0, idx + n, idx)
-    return idx
+# Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
+# in cachestore.native.
+from ..native import native_gather as native_gather
 
 
 @dataclass(frozen=True)
@@ -312,21 +212,6 @@ class ShardWriter(ABC):
     def usage(self) -> int:
         """Bytes the whole staging area takes now (all shards)."""
         return self.stored_bytes
-
-
-def gather_columns(columns: Sequence[np.ndarray], specs: Sequence[tuple[np.dtype, tuple[int, ...]]],
-                   idx: np.ndarray, out: list[np.ndarray] | None) -> list[np.ndarray]:
-    """Rows `idx` of each column (fixed layout), gathered into `out` (allocated when ``None``).
-
-    `idx` must already be checked (:func:`batch_indices`).
-    """
-    if out is None:
-        out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in specs]
-    for col, dest in zip(columns, out):
-        # mode="clip": the indices are checked, and the default mode="raise" makes np.take
-        # gather into a temporary and copy it into `out` (half the speed).
-        np.take(col, idx, axis=0, out=dest, mode="clip")
-    return out
 
 
 class GenerationData(ABC):

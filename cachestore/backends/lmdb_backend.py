@@ -34,7 +34,8 @@ from .. import codec, safefs
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from . import lmdb_columns
-from .base import GenerationData, ShardWriter, StagingData, checksum
+from ..checksums import checksum
+from .base import GenerationData, ShardWriter, StagingData
 from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir, write_json_atomic
 from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
 

@@ -11,7 +11,7 @@ chunks of ``chunk_rows`` samples:
   record key): the raw rows of that leaf for samples
   ``chunk * chunk_rows ..`` (the last chunk is shorter);
 * key ``C | 0xFFFFFFFF | chunk``: one little-endian ``u64`` checksum per row,
-  :func:`~.base.checksum` of the row's leaves (as memmap's index holds it).
+  :func:`~cachestore.checksums.checksum` of the row's leaves (as memmap's index holds it).
 
 A batch is then one ``get`` per chunk touched and array (values are read in
 place from LMDB's map), one fancy-index copy per chunk and leaf, and one hash
@@ -52,7 +52,7 @@ import numpy as np
 
 from .. import codec
 from ..disk import is_out_of_space
-from .base import checksum, first_mismatch, flat_rows, row_checksums
+from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 
 CHUNK_KEY = struct.Struct(">cIQ")
 SUMS = 0xFFFFFFFF  # the leaf number of a chunk's checksums

@@ -22,7 +22,10 @@ from .. import codec
 from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from . import lmdb_columns
-from .base import GenerationData, batch_indices, checksum, native_gather
+from ..checksums import checksum
+from ..native import native_gather
+from .base import GenerationData
+from .batch import batch_indices
 
 KEY = struct.Struct(">Q")  # a record's key: its index, big-endian so the key order is the index order
 SUM = struct.Struct("<Q")  # the checksum a record's value starts with

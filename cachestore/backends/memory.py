@@ -23,8 +23,8 @@ import numpy as np
 from .. import codec
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import (Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData, batch_indices,
-                   gather_columns)
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData
+from .batch import batch_indices, gather_columns
 from .directory import check_complete
 
 _tokens = itertools.count()
