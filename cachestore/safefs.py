@@ -11,6 +11,9 @@ unlinked - the link itself, never its target.
 
 ``O_NOFOLLOW`` guards the last component only: the directories above are
 checked with :func:`is_real_dir` before files are made in them.
+
+Documents the store replaces (``store.json``, manifests, staging records) are
+written by :func:`write_json_atomic`: whole or not at all, never through a link.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import secrets
 import stat
 from pathlib import Path
 from typing import Any
 
+from .disk import is_out_of_space, out_of_space
 from .errors import CacheStoreError, SymlinkError
+
+#: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
+TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
 
 def symlink_error(path: str | os.PathLike, what: str = "") -> SymlinkError:
@@ -131,3 +140,35 @@ def describe_entry(path: Path) -> str:
     if stat.S_ISDIR(st.st_mode):
         return "a directory"
     return "a file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write `obj` as JSON to `path` via a temp file, fsync and rename.
+
+    Raises
+    ------
+    BudgetExceededError
+        When the file system (or quota) has no room for it.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with os.fdopen(create_new(tmp), "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if is_out_of_space(exc):
+            raise out_of_space(exc, f"writing {path.name}", path.parent) from exc
+        raise
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync the directory `path`, so the renames and creations in it survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

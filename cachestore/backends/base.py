@@ -22,7 +22,7 @@ import dataclasses
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Sequence
+from typing import Any, ClassVar, Collection, Sequence, TypeAlias
 
 import numpy as np
 
@@ -33,6 +33,11 @@ from ..errors import BudgetExceededError, CorruptSampleError
 # Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
 # in cachestore.native.
 from ..native import native_gather as native_gather
+
+
+#: What a staging area records of its producer (``Store.staging_record``): the generation, the
+#: hash of the store's fingerprint, the sample count, the compression; plain JSON values.
+ProducerRecord: TypeAlias = dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,23 @@ class Budget:
         if self.limit is None:
             return f"free {self.unit} space"
         return f"budget {format_size(self.limit)}, {format_size(self.used)} used by committed generations"
+
+
+@dataclass(frozen=True)
+class StagingToken:
+    """Names a staging area and how to write into it; small and picklable so worker processes
+    can write into it (:class:`cachestore.ShardSpec` carries one).
+
+    `path` is the staging directory (``memory:<n>`` for an in-RAM store). `budget` is ``None``
+    only between :meth:`Backend.adopt` and :meth:`Backend.with_budget`.
+    """
+
+    path: str
+    generation: int
+    budget: Budget | None
+    num_samples: int | None
+    compress: bool
+    allow_pickle: bool
 
 
 class ShardWriter(ABC):

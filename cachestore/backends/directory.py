@@ -55,12 +55,10 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import stat
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection
 
@@ -70,69 +68,21 @@ import xxhash
 from .. import safefs
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
+from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from ..scratch import dead_windows, pid_alive
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingToken
+from .staging import (STAGING_META, mark_committing, matches, parse_staging, staging_dirname,
+                      staging_record)
 
 log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
-STAGING_META = "staging.json"
 MANIFEST_NAME = "manifest.json"
 GEN_PREFIX = "gen-"
-STAGING_PREFIX = ".staging-"
-# Temp names made by write_json_atomic: .<name>.<pid>.<hex>.tmp
-_TMP_RE = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
 
 def gen_dirname(generation: int) -> str:
     return f"{GEN_PREFIX}{generation:06d}"
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to `path` via a temp file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with os.fdopen(safefs.create_new(tmp), "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
-        fsync_dir(path.parent)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if is_out_of_space(exc):
-            raise out_of_space(exc, f"writing {path.name}", path.parent) from exc
-        raise
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class StagingToken:
-    """Names a staging area; small and picklable so worker processes can write into it."""
-
-    path: str
-    generation: int
-    budget: Budget
-    num_samples: int | None
-    compress: bool
-    allow_pickle: bool
-
-
-def parse_staging(name: str) -> tuple[int, int] | None:
-    """``(generation, pid)`` of a staging directory name, ``None`` if it is not one."""
-    if not name.startswith(STAGING_PREFIX):
-        return None
-    parts = name[len(STAGING_PREFIX):].split("-")
-    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
-        return None
-    return int(parts[0]), int(parts[1])
 
 
 class DirectoryBackend(Backend):
@@ -277,7 +227,7 @@ class DirectoryBackend(Backend):
             else:
                 raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
                                       "write a new generation id or prune this one first")
-        staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
+        staging = self.path / staging_dirname(generation)
         try:
             staging.mkdir(parents=True)
         except OSError as exc:
@@ -300,9 +250,9 @@ class DirectoryBackend(Backend):
         # Every writer has closed its shard by now: a temp file left is a killed writer's half-written
         # one (a rename that never came), not part of the generation.
         for entry in staging.iterdir():
-            if _TMP_RE.match(entry.name):
+            if TEMP_NAME.match(entry.name):
                 safefs.unlink_name(entry)
-        _mark_committing(staging)
+        mark_committing(staging)
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
@@ -370,7 +320,7 @@ class DirectoryBackend(Backend):
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
         old = max(found, key=allocated_bytes)
-        staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
+        staging = self.path / staging_dirname(generation)
         os.rename(old, staging)
         fsync_dir(self.path)
         for entry in staging.iterdir():
@@ -412,7 +362,7 @@ class DirectoryBackend(Backend):
         gen_dir = self.path / gen_dirname(generation)
         freed = allocated_bytes(gen_dir)
         # Rename first so a concurrent reader never opens a half-deleted generation.
-        doomed = self.path / f"{STAGING_PREFIX}{generation:06d}-0-{secrets.token_hex(4)}"
+        doomed = self.path / staging_dirname(generation, pid=0)
         try:
             os.rename(gen_dir, doomed)
         except FileNotFoundError:
@@ -432,7 +382,7 @@ class DirectoryBackend(Backend):
                         staging_record(entry), keep_record):
                     continue  # a partial generation of this producer: the next writer adopts it
                 found.append((str(entry), allocated_bytes(entry)))
-            elif (tmp := _TMP_RE.match(entry.name)) and not pid_alive(int(tmp.group(1))):
+            elif (tmp := TEMP_NAME.match(entry.name)) and not pid_alive(int(tmp.group(1))):
                 # a live pid may be between writing and renaming its temp file
                 found.append((str(entry), allocated_bytes(entry)))
         found += dead_windows(self.path)
@@ -476,40 +426,6 @@ class DirectoryBackend(Backend):
         """
 
 
-def staging_record(staging: Path) -> dict | None:
-    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
-    try:
-        record = safefs.read_json(staging / STAGING_META)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _mark_committing(staging: Path) -> None:
-    """Make a staging area unadoptable before its commit changes it.
-
-    ``_finalize`` is not a step a later writer can resume: it drops the shards' logs and may
-    rewrite the data (LMDB's columns, memmap's index), so a writer killed in the middle of it
-    leaves an area whose samples no log describes. Such an area is debris, never a partial
-    generation; without room for the mark, the record goes (an area without one is debris too).
-    """
-    record = staging_record(staging)
-    if record is None:
-        return
-    try:
-        write_json_atomic(staging / STAGING_META, {**record, "committing": True})
-    except OSError:
-        safefs.unlink_name(staging / STAGING_META)
-
-
-def matches(found: dict | None, wanted: dict) -> bool:
-    """Whether a staging record names the producer `wanted` names (every field `wanted` has);
-    never one whose commit began (see :func:`_mark_committing`)."""
-    if found is None or wanted.get("fingerprint") is None or found.get("committing"):
-        return False
-    return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
-
-
 def manifest_checksum(manifest: dict) -> str:
     """xxh3 of a manifest's canonical JSON (its ``checksum`` field left out).
 
@@ -523,25 +439,3 @@ def manifest_checksum(manifest: dict) -> str:
 def _int(manifest: dict, key: str) -> int:
     value = manifest.get(key, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def check_complete(indices: Any, num_samples: int | None, where: str) -> int:
-    """Verify `indices` hold ``0..n-1`` exactly once; return n."""
-    indices = np.asarray(indices, dtype=np.int64)
-    n = int(indices.max()) + 1 if indices.size else 0
-    if num_samples is not None:
-        if n > num_samples:
-            raise CacheStoreError(f"{where}: index {n - 1} written but the generation has {num_samples} samples")
-        n = num_samples
-    counts = np.bincount(indices, minlength=n) if indices.size else np.zeros(n, dtype=np.int64)
-    missing = np.flatnonzero(counts == 0)
-    dup = np.flatnonzero(counts > 1)
-    if missing.size or dup.size:
-        parts = []
-        if missing.size:
-            parts.append(f"{missing.size} indices never written (e.g. {missing[:5].tolist()})")
-        if dup.size:
-            parts.append(f"{dup.size} written more than once (e.g. {dup[:5].tolist()})")
-        raise CacheStoreError(f"{where} cannot be committed: {'; '.join(parts)}; "
-                              "a generation must hold every index 0..n-1 exactly once")
-    return n

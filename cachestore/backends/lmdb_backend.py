@@ -35,8 +35,10 @@ from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from . import lmdb_columns
 from ..checksums import checksum
-from .base import GenerationData, ShardWriter, StagingData
-from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir, write_json_atomic
+from ..safefs import fsync_dir, write_json_atomic
+from .base import GenerationData, ShardWriter, StagingData, StagingToken
+from .directory import DirectoryBackend
+from .staging import check_complete
 from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
 
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written

@@ -35,9 +35,11 @@ from ..disk import allocated_bytes
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 from ..native import native_gather
-from .base import GenerationData, ShardWriter, StagingData
+from ..safefs import fsync_dir
+from .base import GenerationData, ShardWriter, StagingData, StagingToken
 from .batch import batch_indices, gather_columns
-from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir
+from .directory import DirectoryBackend
+from .staging import check_complete
 
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
                         ("length", "<i8"), ("checksum", "<u8"), ("raw", "<i8")])

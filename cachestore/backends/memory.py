@@ -25,7 +25,7 @@ from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
 from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData
 from .batch import batch_indices, gather_columns
-from .directory import check_complete
+from .staging import check_complete
 
 _tokens = itertools.count()
 
