@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, Collection, Sequence
 
 import numpy as np
@@ -23,23 +23,11 @@ import numpy as np
 from .. import codec
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData
+from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData, StagingToken
 from .batch import batch_indices, gather_columns
 from .staging import check_complete
 
 _tokens = itertools.count()
-
-
-@dataclass(frozen=True)
-class MemoryToken:
-    key: int
-    generation: int
-    budget: Budget
-    num_samples: int | None
-
-    @property
-    def path(self) -> str:
-        return f"memory:{self.key}"
 
 
 class _Staging:
@@ -52,7 +40,7 @@ class _Staging:
     blocks that the allocator did not hand back after close (~200 MiB in the benchmark).
     """
 
-    def __init__(self, token: MemoryToken) -> None:
+    def __init__(self, token: StagingToken) -> None:
         self.token = token
         self.record: dict | None = None
         self.kept = False
@@ -215,7 +203,7 @@ class MemoryBackend(Backend):
         super().__init__(root, **options)
         self._meta: dict | None = None
         self._gens: dict[int, MemoryGeneration] = {}
-        self._staging: dict[int, _Staging] = {}
+        self._staging: dict[str, _Staging] = {}
 
     def read_meta(self) -> dict | None:
         return self._meta
@@ -233,44 +221,44 @@ class MemoryBackend(Backend):
                   for s in self._staging.values()]
         return sorted(infos, key=lambda g: (g.id, g.committed))
 
-    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> MemoryToken:
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         if generation in self._gens:
             raise CacheStoreError(f"generation {generation} of memory store {self.root} is already committed")
-        token = MemoryToken(next(_tokens), generation, budget, num_samples)
-        self._staging[token.key] = _Staging(token)
+        token = StagingToken(f"memory:{next(_tokens)}", generation, budget, num_samples, False, self.allow_pickle)
+        self._staging[token.path] = _Staging(token)
         return token
 
-    def shard_writer(self, token: MemoryToken, shard_id: str) -> ShardWriter:
-        staging = self._staging.get(token.key)
+    def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
+        staging = self._staging.get(token.path)
         if staging is None:
             raise CacheStoreError("a memory store can only be written from the process (and Store object) "
                                   "that opened the writer; use the memmap or lmdb backend to write from workers")
         return MemoryShard(staging, self.allow_pickle)
 
-    def commit(self, token: MemoryToken, num_samples: int | None, extra: dict) -> GenerationInfo:
-        staging = self._staging[token.key]
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
+        staging = self._staging[token.path]
         token.budget.check_usage(token.generation, staging.raw_bytes)  # all shards together
         n = check_complete(staging.indices() + staging.rewritten, num_samples,
                            f"generation {token.generation} of {self.root}")
         gen = MemoryGeneration(token.generation, staging, n)
-        del self._staging[token.key]
+        del self._staging[token.path]
         self._gens[token.generation] = gen
         return GenerationInfo(id=gen.generation, num_samples=n, nbytes=0, committed=True, created=gen.created,
                               raw_bytes=gen.nbytes, stored_bytes=gen.nbytes, extra=extra)
 
-    def discard(self, token: MemoryToken) -> None:
-        self._staging.pop(token.key, None)
+    def discard(self, token: StagingToken) -> None:
+        self._staging.pop(token.path, None)
 
     # partial generations (within this Store object only) ----------------------
-    def record_staging(self, token: MemoryToken, record: dict) -> None:
-        self._staging[token.key].record = dict(record)
+    def record_staging(self, token: StagingToken, record: dict) -> None:
+        self._staging[token.path].record = dict(record)
 
-    def keep(self, token: MemoryToken) -> None:
-        staging = self._staging.get(token.key)
+    def keep(self, token: StagingToken) -> None:
+        staging = self._staging.get(token.path)
         if staging is not None:
             staging.kept = True
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> MemoryToken | None:
+    def adopt(self, generation: int, num_samples: int | None, record: dict) -> StagingToken | None:
         if generation in self._gens:
             return None
         for staging in self._staging.values():
@@ -280,16 +268,16 @@ class MemoryBackend(Backend):
                 return staging.token
         return None
 
-    def with_budget(self, token: MemoryToken, budget: Budget) -> MemoryToken:
-        token = MemoryToken(token.key, token.generation, budget, token.num_samples)
-        self._staging[token.key].token = token
+    def with_budget(self, token: StagingToken, budget: Budget) -> StagingToken:
+        token = dataclasses.replace(token, budget=budget)
+        self._staging[token.path].token = token
         return token
 
-    def present(self, token: MemoryToken) -> np.ndarray:
-        return np.array(sorted(self._staging[token.key].indices()), dtype=np.int64)
+    def present(self, token: StagingToken) -> np.ndarray:
+        return np.array(sorted(self._staging[token.path].indices()), dtype=np.int64)
 
-    def open_staging(self, token: MemoryToken) -> StagingData:
-        return MemoryStaging(self._staging[token.key])
+    def open_staging(self, token: StagingToken) -> StagingData:
+        return MemoryStaging(self._staging[token.path])
 
     def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
@@ -302,8 +290,8 @@ class MemoryBackend(Backend):
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         found = self.debris(keep_pid, keep_record, keep_paths)
         doomed = {path for path, _ in found}
-        for key in [k for k, s in self._staging.items() if s.token.path in doomed]:
-            del self._staging[key]
+        for path in doomed:
+            self._staging.pop(path, None)
         return found
 
     def open_generation(self, generation: int) -> GenerationData:
