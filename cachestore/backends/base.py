@@ -29,7 +29,7 @@ import numpy as np
 from .. import codec
 from ..collate import stack_samples
 from ..disk import format_size
-from ..errors import BudgetExceededError, CorruptSampleError
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 # Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
 # in cachestore.native.
 from ..native import native_gather as native_gather
@@ -124,6 +124,13 @@ class StagingToken:
     num_samples: int | None
     compress: bool
     allow_pickle: bool
+
+    def write_budget(self) -> Budget:
+        """The budget shard writers check (an adopted token gets it from :meth:`Backend.with_budget`)."""
+        if self.budget is None:
+            raise CacheStoreError(f"staging area {self.path} has no budget yet: an adopted token gets one "
+                                  "from Backend.with_budget before anything is written")
+        return self.budget
 
 
 class ShardWriter(ABC):
