@@ -43,17 +43,13 @@ if TYPE_CHECKING:
 
     from .native import Bytes
 
-#: A sample: a tree of dict (str keys) / list / tuple whose leaves are numpy arrays, torch
-#: tensors, Python scalars, str, bytes or None; with ``allow_pickle``, any picklable object.
-#: ``object``: torch is never imported here, and pickle takes anything.
+#: A sample (see above; with ``allow_pickle`` anything picklable): ``object``, since torch is
+#: never imported here and pickle takes anything.
 Sample: TypeAlias = object
-#: A batch: samples stacked as :func:`cachestore.collate.stack_samples` stacks them (arrays,
-#: tensors, and dicts / lists / tuples of them; lists where leaves do not stack).
+#: A batch: samples stacked as :func:`cachestore.collate.stack_samples` stacks them.
 Batch: TypeAlias = object
-#: One field of a treedef node after its tag: a dtype string, a size, a shape, dict keys, children.
-TreeField: TypeAlias = Union[str, int, tuple[int, ...], tuple[str, ...], tuple["TreeDef", ...]]
-#: A treedef node (see the module docstring): its tag, then its fields.
-TreeDef: TypeAlias = tuple[Union[str, TreeField], ...]
+#: A treedef node (see above): its tag, then a dtype string, a size, a shape, keys or children.
+TreeDef: TypeAlias = tuple[Union[str, int, tuple[int, ...], tuple[str, ...], tuple["TreeDef", ...]], ...]
 #: One byte-carrying leaf of a flattened sample: a contiguous numpy array.
 Leaf: TypeAlias = npt.NDArray[np.generic]
 #: ``(dtype, shape)`` of a leaf.
@@ -190,22 +186,19 @@ def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
     return _pickled(x, leaves, allow_pickle, "a value")
 
 
-_SCALAR: dict[str, np.dtype[np.generic]] = {
-    "i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
+_SCALAR: dict[str, np.dtype[np.generic]] = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
 
 
-def _children(node: TreeDef) -> tuple[TreeDef, ...]:
-    """The child nodes of a dict, list or tuple node."""
+# The fields of a node, as its tag says they are.
+def _children(node: TreeDef) -> tuple[TreeDef, ...]:  # of a dict, list or tuple
     return cast("tuple[TreeDef, ...]", node[2] if node[0] == "d" else node[1])
 
 
-def _keys(node: TreeDef) -> tuple[str, ...]:
-    """The keys of a dict node."""
+def _keys(node: TreeDef) -> tuple[str, ...]:  # of a dict
     return cast("tuple[str, ...]", node[1])
 
 
-def _shape(node: TreeDef) -> tuple[int, ...]:
-    """The shape of an array or tensor node."""
+def _shape(node: TreeDef) -> tuple[int, ...]:  # of an array or tensor
     return cast("tuple[int, ...]", node[2])
 
 
@@ -319,8 +312,9 @@ def treedef_to_json(node: TreeDef) -> list[object]:
     return list(node)
 
 
-def treedef_from_json(obj: Any) -> TreeDef:
-    """Inverse of :func:`treedef_to_json`."""
+def treedef_from_json(data: object) -> TreeDef:
+    """Inverse of :func:`treedef_to_json` (`data` as parsed from JSON)."""
+    obj: Any = data  # nested lists, indexed as their tags say
     tag = obj[0]
     if tag == "d":
         return ("d", tuple(obj[1]), tuple(treedef_from_json(c) for c in obj[2]))

@@ -22,17 +22,25 @@ import dataclasses
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Sequence, TypeAlias
+from typing import ClassVar, Collection, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..disk import format_size
+from ..budget import Budget
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 # Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
 # in cachestore.native.
 from ..native import native_gather as native_gather
+from .batch import Indices
+
+#: ``(treedef, [(dtype, shape) per leaf])`` of a generation whose batches gather column-wise.
+BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
+#: A store's metadata document (``store.json``): plain JSON values.
+StoreMeta: TypeAlias = dict[str, object]
 
 
 #: What a staging area records of its producer (``Store.staging_record``): the generation, the
@@ -63,50 +71,12 @@ class GenerationInfo:
     stored_bytes: int = 0
     owner_pid: int | None = None
     damaged: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def compression_ratio(self) -> float | None:
         """Raw sample bytes per stored byte (``None`` when nothing is stored)."""
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else None
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How many bytes a new generation may take, fixed when its writer opens."""
-
-    available: int | None  # None: unlimited
-    limit: int | None
-    used: int
-    where: str
-    unit: str = "disk"
-
-    def check_projection(self, generation: int, per_sample: float, num_samples: int) -> None:
-        """Raise early when `num_samples` records of `per_sample` bytes would not fit."""
-        needed = per_sample * num_samples
-        if self.available is not None and needed > self.available:
-            fits = int(self.available // per_sample) if per_sample else 0
-            exc = BudgetExceededError(
-                f"generation {generation} of {self.where} needs about {format_size(needed)} of {self.unit} "
-                f"({num_samples} samples x {format_size(per_sample)}) but only {format_size(self.available)} "
-                f"is available ({self._limit_text()}); about {fits} samples would fit"
-            )
-            exc.fits_samples = fits
-            raise exc
-
-    def check_usage(self, generation: int, written: int) -> None:
-        """Raise when a generation already took more than the budget allows."""
-        if self.available is not None and written > self.available:
-            raise BudgetExceededError(
-                f"generation {generation} of {self.where} grew to {format_size(written)} of {self.unit}, "
-                f"over the {format_size(self.available)} available ({self._limit_text()}); "
-                "its staging area is removed"
-            )
-
-    def _limit_text(self) -> str:
-        if self.limit is None:
-            return f"free {self.unit} space"
-        return f"budget {format_size(self.limit)}, {format_size(self.used)} used by committed generations"
 
 
 @dataclass(frozen=True)
@@ -160,7 +130,7 @@ class ShardWriter(ABC):
         self._since_check = 0
         self.closed = False
 
-    def put(self, index: int, sample: Any) -> None:
+    def put(self, index: int, sample: Sample) -> None:
         """Store `sample` at `index` (an int in ``0..num_samples-1``)."""
         if self.closed:
             raise ValueError("this shard writer is closed")
@@ -228,7 +198,7 @@ class ShardWriter(ABC):
                 self.closed = True
 
     @abstractmethod
-    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         """Write one flattened sample; return the bytes it takes in storage."""
 
     @abstractmethod
@@ -258,7 +228,8 @@ class GenerationData(ABC):
     def __len__(self) -> int:
         return self.num_samples
 
-    def check_index(self, index: Any) -> int:
+    def check_index(self, index: int | np.integer) -> int:
+        """`index` as an int in ``0..n-1`` (negative ones count from the end)."""
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"sample indices are ints, got {type(index).__name__}")
         i = int(index)
@@ -270,20 +241,21 @@ class GenerationData(ABC):
         return i
 
     def corrupt(self, index: int, why: str) -> CorruptSampleError:
+        """The error for sample `index` found corrupt (`why`), naming it and this generation."""
         exc = CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
         exc.generation, exc.index = self.generation, index
         return exc
 
     @abstractmethod
-    def read(self, index: int, copy: bool = True) -> Any:
+    def read(self, index: int, copy: bool = True) -> Sample:
         """One sample; with ``copy=False`` arrays may be read-only views of storage."""
 
-    def batch_layout(self) -> tuple[tuple, list[tuple[np.dtype, tuple[int, ...]]]] | None:
+    def batch_layout(self) -> BatchLayout | None:
         """``(treedef, leaf specs)`` when a batch can be gathered column-wise into
         caller-provided arrays (see :meth:`read_batch`), else ``None``."""
         return None
 
-    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         """The samples at `indices`, stacked (see :func:`cachestore.collate.stack_samples`).
 
         `out` - only when :meth:`batch_layout` is not ``None`` - gives one
@@ -315,7 +287,7 @@ class StagingData(ABC):
     """
 
     @abstractmethod
-    def read(self, index: int) -> Any:
+    def read(self, index: int) -> Sample:
         """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
 
     def close(self) -> None:
@@ -360,11 +332,11 @@ class Backend(ABC):
 
     # metadata -----------------------------------------------------------
     @abstractmethod
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> StoreMeta | None:
         """The store's metadata document, ``None`` when there is no store yet."""
 
     @abstractmethod
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: StoreMeta) -> None:
         """Replace the metadata document atomically."""
 
     # catalog ------------------------------------------------------------
@@ -373,18 +345,18 @@ class Backend(ABC):
         """Committed generations and staging areas, oldest first."""
 
     @abstractmethod
-    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> Any:
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         """Create a staging area; return a picklable token naming it."""
 
     @abstractmethod
-    def shard_writer(self, token: Any, shard_id: str) -> ShardWriter:
+    def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
         """A writer into the staging area `token`."""
 
-    def discard_shard_tail(self, token: Any, shard_id: str, keep: int) -> None:
+    def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
         """Forget all but the first `keep` index entries of a shard whose writer died."""
 
     @abstractmethod
-    def commit(self, token: Any, num_samples: int | None, extra: dict) -> GenerationInfo:
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict[str, object]) -> GenerationInfo:
         """Validate and atomically publish the staging area as a committed generation.
 
         Raises :class:`CacheStoreError` when an index is missing or was written
@@ -393,7 +365,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def discard(self, token: Any) -> None:
+    def discard(self, token: StagingToken) -> None:
         """Remove a staging area and everything in it."""
 
     @abstractmethod
@@ -411,27 +383,27 @@ class Backend(ABC):
     def remove_generation(self, generation: int) -> int:
         """Delete a committed generation; return the bytes freed."""
 
-    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         """Crash leftovers ``(path, bytes)``, except those of live writer `keep_pid`, the staging
         areas in `keep_paths`, and partial generations whose producer record matches `keep_record`
         (any generation; see :meth:`adopt`)."""
         return []
 
-    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         """Remove what :meth:`debris` lists; return it."""
         return []
 
     # partial generations --------------------------------------------------
-    def record_staging(self, token: Any, record: dict) -> None:
+    def record_staging(self, token: StagingToken, record: ProducerRecord) -> None:
         """Remember who produces the staging area `token` (generation, fingerprint hash, sample count)."""
 
-    def keep(self, token: Any) -> None:
+    def keep(self, token: StagingToken) -> None:
         """Leave the staging area `token` for a later writer of the same generation (see :meth:`adopt`)."""
         self.discard(token)  # a backend that cannot keep one discards it
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> Any | None:
+    def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
         """Take over a partial staging area of `generation` whose producer record matches `record`.
 
         Only called by the holder of the writer lease, so no staging area is
@@ -440,15 +412,15 @@ class Backend(ABC):
         """
         return None
 
-    def with_budget(self, token: Any, budget: Budget) -> Any:
+    def with_budget(self, token: StagingToken, budget: Budget) -> StagingToken:
         """`token` with its budget replaced (an adopted token gets one after the debris is gone)."""
         return dataclasses.replace(token, budget=budget)
 
-    def present(self, token: Any) -> Any:
+    def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         """Sorted indices already written into the staging area `token` (a numpy int64 array)."""
         return np.zeros(0, dtype=np.int64)
 
-    def open_staging(self, token: Any) -> "StagingData | None":
+    def open_staging(self, token: StagingToken) -> StagingData | None:
         """Read access to the samples written so far into `token` (``None`` when not supported here)."""
         return None
 
@@ -456,4 +428,5 @@ class Backend(ABC):
         """Release everything the backend holds."""
 
     def now(self) -> float:
+        """The time a backend stamps on what it creates."""
         return time.time()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-from ..codec import LeafSpec
+from ..codec import Leaf, LeafSpec
+
+#: The indices of a batch: ints, or an integer numpy array.
+Indices: TypeAlias = Sequence[int] | npt.NDArray[np.integer]
 
 
-def batch_indices(indices: Sequence[int] | npt.NDArray[np.integer], n: int,
-                  generation: int) -> npt.NDArray[np.int64]:
+def batch_indices(indices: Indices, n: int, generation: int) -> npt.NDArray[np.int64]:
     """`indices` as an int64 array in ``0..n-1``; negative ones count from the end, like ``read``."""
     idx = np.asarray(indices)
     if idx.size and idx.dtype.kind not in "iu":  # as read(): no floats or bools taken for indices
@@ -25,9 +27,8 @@ def batch_indices(indices: Sequence[int] | npt.NDArray[np.integer], n: int,
     return idx
 
 
-def gather_columns(columns: Sequence[npt.NDArray[np.generic]], specs: Sequence[LeafSpec],
-                   idx: npt.NDArray[np.int64],
-                   out: list[npt.NDArray[np.generic]] | None) -> list[npt.NDArray[np.generic]]:
+def gather_columns(columns: Sequence[Leaf], specs: Sequence[LeafSpec], idx: npt.NDArray[np.int64],
+                   out: list[Leaf] | None) -> list[Leaf]:
     """Rows `idx` of each column (fixed layout), gathered into `out` (allocated when ``None``).
 
     `idx` must already be checked (:func:`batch_indices`).

@@ -45,13 +45,16 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypeAlias
 
 import lmdb
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec
+from ..codec import Leaf, LeafSpec, TreeDef
 from ..disk import is_out_of_space
+from .manifest import Manifest
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 
 CHUNK_KEY = struct.Struct(">cIQ")
@@ -67,21 +70,29 @@ RECORDS = "fixed-records"
 MAX_ROW_BYTES = 4096
 _SUM = struct.Struct("<Q")
 
+#: A read transaction whose values are buffers into LMDB's map (``begin(buffers=True)``).
+Txn: TypeAlias = "lmdb.Transaction[memoryview]"
+#: The manifest fields of a layout (see :func:`convert`): plain JSON values.
+LayoutFields: TypeAlias = dict[str, object]
+
 
 def chunk_key(leaf: int, chunk: int) -> bytes:
+    """The key of chunk `chunk` of `leaf` (:data:`SUMS`: its checksums)."""
     return CHUNK_KEY.pack(b"C", leaf, chunk)
 
 
-def row_bytes(specs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> list[int]:
+def row_bytes(specs: Sequence[LeafSpec]) -> list[int]:
+    """Bytes of one sample in each leaf's column."""
     return [dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in specs]
 
 
 def num_chunks(n: int, chunk_rows: int) -> int:
+    """Chunks of `chunk_rows` rows that `n` samples take."""
     return -(-n // chunk_rows)
 
 
-def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
-            corrupt: Callable[[int, str], Exception], one_layout: list | None = None) -> dict | None:
+def convert(txn: Txn, n: int, target: Path, record_key: Callable[[int], bytes],
+            corrupt: Callable[[int, str], Exception], one_layout: list[object] | None = None) -> LayoutFields | None:
     """Write the `n` records read through `txn` as chunks into a new environment at `target`.
 
     Returns the manifest fields of the columnar layout, or ``None`` (nothing left at
@@ -119,7 +130,8 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
             for r, i in enumerate(range(lo, hi)):
                 value = txn.get(record_key(i))
                 if value is None or len(value) != size or value[_SUM.size:_SUM.size + head] != prefix:
-                    return _give_up(env, target)  # another structure: keep the records
+                    _give_up(env, target)  # another structure: keep the records
+                    return None
                 if checksum([value[_SUM.size:]]) != _SUM.unpack_from(value)[0]:
                     raise corrupt(i, "checksum mismatch while committing")
                 for col, (start, nbytes) in zip(cols, spans):
@@ -136,11 +148,12 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     except lmdb.Error:
         # LMDB reports a full disk as MDB_MAP_FULL, a disk error or a bare EIO at commit: the
         # copy is an optimisation, so any failure to write it keeps the (sound) records.
-        return _give_up(env, target)
-    except OSError as exc:
-        if is_out_of_space(exc):
-            return _give_up(env, target)
         _give_up(env, target)
+        return None
+    except OSError as exc:
+        _give_up(env, target)
+        if is_out_of_space(exc):
+            return None
         raise
     except BaseException:
         _give_up(env, target)
@@ -149,7 +162,7 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     return {"lmdb_layout": LAYOUT, "schema": codec.treedef_to_json(treedef), "chunk_rows": chunk_rows}
 
 
-def _fixed_records(treedef: tuple, size: int, one_layout: list | None) -> dict | None:
+def _fixed_records(treedef: TreeDef, size: int, one_layout: list[object] | None) -> LayoutFields | None:
     """The manifest fields of wide records that all share record 0's layout, else ``None``.
 
     Such a generation keeps its records, but says its batch layout up front, so a batch can
@@ -160,28 +173,27 @@ def _fixed_records(treedef: tuple, size: int, one_layout: list | None) -> dict |
     process. Each record's checksum is still verified when it is read, and a record of another
     layout in such a generation is damage.
     """
-    if one_layout is None or one_layout[0] + _SUM.size != size or \
+    if one_layout is None or not isinstance(one_layout[0], int) or one_layout[0] + _SUM.size != size or \
             codec.treedef_from_json(one_layout[1]) != treedef:
         return None
     return {"lmdb_layout": RECORDS, "schema": codec.treedef_to_json(treedef)}
 
 
-def _put(env: Any, items: list[tuple[bytes, bytes]]) -> None:
+def _put(env: lmdb.Environment, items: list[tuple[bytes, bytes]]) -> None:
     with env.begin(write=True) as txn:
         for key, value in items:
             txn.put(key, value)
 
 
-def _give_up(env: Any, target: Path) -> None:
+def _give_up(env: lmdb.Environment, target: Path) -> None:
     env.close()
     shutil.rmtree(target, ignore_errors=True)
-    return None
 
 
 class Columns:
     """Reads one columnar generation (see the module docstring) through an LMDB environment."""
 
-    def __init__(self, manifest: dict, num_samples: int, corrupt: Callable[[int, str], Exception]) -> None:
+    def __init__(self, manifest: Manifest, num_samples: int, corrupt: Callable[[int, str], Exception]) -> None:
         self.schema = codec.treedef_from_json(manifest["schema"])
         self.specs = codec.leaf_specs(self.schema)
         self.widths = row_bytes(self.specs)
@@ -193,7 +205,7 @@ class Columns:
         """Values a sound generation holds: one per chunk and leaf, plus the checksums."""
         return num_chunks(self.n, self.chunk_rows) * (len(self.specs) + 1)
 
-    def _chunk(self, txn: Any, leaf: int, chunk: int, index: int) -> np.ndarray:
+    def _chunk(self, txn: Txn, leaf: int, chunk: int, index: int) -> npt.NDArray[np.uint8]:
         """Chunk `chunk` of `leaf` as ``(rows, width)`` bytes, read in place (valid within `txn`)."""
         rows = min(self.chunk_rows, self.n - chunk * self.chunk_rows)
         width = _SUM.size if leaf == SUMS else self.widths[leaf]
@@ -202,7 +214,7 @@ class Columns:
             raise self.corrupt(index, "its chunk is missing or has the wrong size")
         return np.frombuffer(value, np.uint8).reshape(rows, width)
 
-    def read(self, txn: Any, i: int, verify: bool) -> list[np.ndarray]:
+    def read(self, txn: Txn, i: int, verify: bool) -> list[Leaf]:
         """The leaves of sample `i`, copied out of the map."""
         c, r = divmod(i, self.chunk_rows)
         rows = [self._chunk(txn, k, c, i)[r] for k in range(len(self.specs))]
@@ -210,7 +222,7 @@ class Columns:
             raise self.corrupt(i, "checksum mismatch")
         return [row.view(dtype).reshape(shape).copy() for row, (dtype, shape) in zip(rows, self.specs)]
 
-    def gather(self, txn: Any, idx: np.ndarray, out: list[np.ndarray] | None, verify: bool) -> list[np.ndarray]:
+    def gather(self, txn: Txn, idx: npt.NDArray[np.int64], out: list[Leaf] | None, verify: bool) -> list[Leaf]:
         """Rows `idx` (checked) into `out`: per chunk touched, one get per leaf and one copy."""
         n = idx.size
         if out is None:
@@ -219,7 +231,7 @@ class Columns:
         chunks, within = np.divmod(idx, self.chunk_rows)
         order = np.argsort(chunks, kind="stable")
         bounds = np.flatnonzero(np.diff(chunks[order])) + 1
-        expected = np.empty(n, dtype="<u8") if verify else None
+        expected = np.empty(n if verify else 0, dtype="<u8")
         for group in np.split(order, bounds) if n else []:
             c, rows = int(chunks[group[0]]), within[group]
             first = int(idx[group[0]])

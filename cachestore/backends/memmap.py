@@ -20,6 +20,7 @@ from .. import codec, safefs
 from ..safefs import fsync_dir
 from .base import GenerationData, ShardWriter, StagingData, StagingToken
 from .directory import DirectoryBackend
+from .manifest import Manifest
 from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema, read_rows, truncate
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
@@ -41,7 +42,7 @@ class MemmapBackend(DirectoryBackend):
         if path.exists():
             truncate(path, min(path.lstat().st_size, keep * INDEX_DTYPE.itemsize))
 
-    def _finalize(self, staging: Path, num_samples: int | None) -> dict:
+    def _finalize(self, staging: Path, num_samples: int | None) -> Manifest:
         shard_ids = sorted(p.name[:-4] for p in staging.glob("*.idx"))
         parts = []
         for k, shard_id in enumerate(shard_ids):
@@ -64,7 +65,7 @@ class MemmapBackend(DirectoryBackend):
         return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
                 "stored_bytes": int(rows["length"].sum())}
 
-    def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
+    def _open(self, gen_dir: Path, manifest: Manifest) -> GenerationData:
         return MemmapGeneration(gen_dir, manifest, self.verify)
 
     # partial generations ----------------------------------------------------
@@ -97,7 +98,7 @@ class MemmapBackend(DirectoryBackend):
     def open_staging(self, token: StagingToken) -> StagingData:
         return StagingRecords(Path(token.path), self.verify)
 
-    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
         # Headers and small files only: listing runs this for every generation.
         n = manifest["num_samples"]
         index = gen_dir / "index.npy"

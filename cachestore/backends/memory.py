@@ -13,18 +13,22 @@ is adopted by its next writer of the same generation; it dies with the object
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-import dataclasses
-from typing import Any, Collection, Sequence
+from typing import Collection
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData, StagingToken
-from .batch import batch_indices, gather_columns
+from ..budget import Budget
+from .base import (Backend, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
+                   StagingToken, StoreMeta)
+from .batch import Indices, batch_indices, gather_columns
 from .staging import check_complete
 
 _tokens = itertools.count()
@@ -42,18 +46,18 @@ class _Staging:
 
     def __init__(self, token: StagingToken) -> None:
         self.token = token
-        self.record: dict | None = None
+        self.record: ProducerRecord | None = None
         self.kept = False
-        self.samples: dict[int, tuple[tuple, list[np.ndarray]]] = {}
+        self.samples: dict[int, tuple[TreeDef, list[Leaf]]] = {}
         self.created = time.time()
         self.raw_bytes = 0
         self.rewritten: list[int] = []  # indices put again: commit refuses them, like every backend
-        self.schema: tuple | None = None
-        self.columns: list[np.ndarray] = []
-        self.filled: np.ndarray | None = None  # which rows of the columns hold a sample
+        self.schema: TreeDef | None = None
+        self.columns: list[Leaf] = []
+        self.filled = np.zeros(0, dtype=bool)  # which rows of the columns hold a sample
         self.row_bytes = 0
 
-    def open_columns(self, treedef: tuple, n: int) -> None:
+    def open_columns(self, treedef: TreeDef, n: int) -> None:
         self.schema = treedef
         specs = codec.leaf_specs(treedef)
         self.columns = [np.empty((n, *shape), dtype=dtype) for dtype, shape in specs]
@@ -61,24 +65,25 @@ class _Staging:
         self.row_bytes = sum(col[0].nbytes for col in self.columns)
 
     def has(self, index: int) -> bool:
-        return index in self.samples or (self.filled is not None and index < len(self.filled)
-                                         and bool(self.filled[index]))
+        return index in self.samples or (index < len(self.filled) and bool(self.filled[index]))
 
     def count(self) -> int:
-        return len(self.samples) + (int(self.filled.sum()) if self.filled is not None else 0)
+        return len(self.samples) + int(self.filled.sum())
 
     def indices(self) -> list[int]:
-        in_columns = np.flatnonzero(self.filled).tolist() if self.filled is not None else []
+        in_columns: list[int] = np.flatnonzero(self.filled).tolist()
         return list(self.samples) + in_columns
 
 
 class MemoryShard(ShardWriter):
+    """Copies samples into a staging area of this process's memory."""
+
     def __init__(self, staging: _Staging, allow_pickle: bool) -> None:
         token = staging.token
-        super().__init__(token.generation, token.budget, token.num_samples, False, allow_pickle)
+        super().__init__(token.generation, token.write_budget(), token.num_samples, False, allow_pickle)
         self.staging = staging
 
-    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         st, n = self.staging, self.staging.token.num_samples
         if (st.schema is None and not st.samples and n and codec.is_stackable(treedef)
                 and codec.leaf_specs(treedef)):
@@ -91,7 +96,7 @@ class MemoryShard(ShardWriter):
             else:
                 st.raw_bytes -= sum(leaf.nbytes for leaf in previous[1])
             st.rewritten.append(index)
-        if treedef == st.schema and index < n:
+        if n is not None and treedef == st.schema and index < n:
             for col, leaf in zip(st.columns, leaves):
                 col[index] = leaf
             st.filled[index] = True
@@ -120,9 +125,10 @@ class MemoryGeneration(GenerationData):
         super().__init__(generation, n, "memory", verify=False)
         self.created = time.time()
         samples = staging.samples
-        self.schema: tuple | None = None
-        self.columns: list[np.ndarray] = []
-        self.samples: list[tuple[tuple, list[np.ndarray]]] | None = None
+        self.schema: TreeDef | None = None
+        self.specs: list[LeafSpec] = []
+        self.columns: list[Leaf] = []
+        self.samples: list[tuple[TreeDef, list[Leaf]]] = []  # when there are no columns
         if staging.schema is not None and n and not samples and len(staging.columns[0]) == n:
             samples = {}  # every sample is already in its row: the staging columns are the generation
             self.schema, self.columns = staging.schema, staging.columns
@@ -152,9 +158,9 @@ class MemoryGeneration(GenerationData):
                 for leaf in leaves:
                     leaf.flags.writeable = False
         self.nbytes = sum(c.nbytes for c in self.columns) + sum(
-            leaf.nbytes for _, leaves in (self.samples or []) for leaf in leaves)
+            leaf.nbytes for _, leaves in self.samples for leaf in leaves)
 
-    def read(self, index: int, copy: bool = True) -> Any:
+    def read(self, index: int, copy: bool = True) -> Sample:
         i = self.check_index(index)
         if self.schema is not None:
             treedef, leaves = self.schema, [col[i, ...] for col in self.columns]
@@ -164,10 +170,10 @@ class MemoryGeneration(GenerationData):
             leaves = [np.array(leaf) for leaf in leaves]
         return codec.unflatten(treedef, leaves)
 
-    def batch_layout(self) -> tuple[tuple, list] | None:
+    def batch_layout(self) -> BatchLayout | None:
         return (self.schema, self.specs) if self.schema is not None else None
 
-    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         if self.schema is None:
             if out is not None:
                 raise ValueError("out= is only supported for generations with a fixed layout")
@@ -181,12 +187,14 @@ class MemoryGeneration(GenerationData):
 
 
 class MemoryStaging(StagingData):
+    """The samples already in an in-RAM staging area."""
+
     def __init__(self, staging: _Staging) -> None:
         self.staging = staging
 
-    def read(self, index: int) -> Any:
+    def read(self, index: int) -> Sample:
         st = self.staging
-        if index in st.samples:
+        if index in st.samples or st.schema is None:
             treedef, leaves = st.samples[index]
         else:  # in its row of the columns
             treedef, leaves = st.schema, [col[index] for col in st.columns]
@@ -199,16 +207,16 @@ class MemoryBackend(Backend):
     supports_zero_copy = True
     persistent = False
 
-    def __init__(self, root: str, **options: Any) -> None:
-        super().__init__(root, **options)
-        self._meta: dict | None = None
+    def __init__(self, root: str, *, compression: str | None, allow_pickle: bool, verify: bool) -> None:
+        super().__init__(root, compression=compression, allow_pickle=allow_pickle, verify=verify)
+        self._meta: StoreMeta | None = None
         self._gens: dict[int, MemoryGeneration] = {}
         self._staging: dict[str, _Staging] = {}
 
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> StoreMeta | None:
         return self._meta
 
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: StoreMeta) -> None:
         self._meta = dict(meta)
 
     def generations(self) -> list[GenerationInfo]:
@@ -235,9 +243,9 @@ class MemoryBackend(Backend):
                                   "that opened the writer; use the memmap or lmdb backend to write from workers")
         return MemoryShard(staging, self.allow_pickle)
 
-    def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict[str, object]) -> GenerationInfo:
         staging = self._staging[token.path]
-        token.budget.check_usage(token.generation, staging.raw_bytes)  # all shards together
+        token.write_budget().check_usage(token.generation, staging.raw_bytes)  # all shards together
         n = check_complete(staging.indices() + staging.rewritten, num_samples,
                            f"generation {token.generation} of {self.root}")
         gen = MemoryGeneration(token.generation, staging, n)
@@ -250,7 +258,7 @@ class MemoryBackend(Backend):
         self._staging.pop(token.path, None)
 
     # partial generations (within this Store object only) ----------------------
-    def record_staging(self, token: StagingToken, record: dict) -> None:
+    def record_staging(self, token: StagingToken, record: ProducerRecord) -> None:
         self._staging[token.path].record = dict(record)
 
     def keep(self, token: StagingToken) -> None:
@@ -258,7 +266,7 @@ class MemoryBackend(Backend):
         if staging is not None:
             staging.kept = True
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> StagingToken | None:
+    def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
         if generation in self._gens:
             return None
         for staging in self._staging.values():
@@ -273,20 +281,20 @@ class MemoryBackend(Backend):
         self._staging[token.path].token = token
         return token
 
-    def present(self, token: StagingToken) -> np.ndarray:
+    def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         return np.array(sorted(self._staging[token.path].indices()), dtype=np.int64)
 
     def open_staging(self, token: StagingToken) -> StagingData:
         return MemoryStaging(self._staging[token.path])
 
-    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         return [(s.token.path, s.raw_bytes) for s in self._staging.values()
                 if s.kept and s.token.path not in keep_paths and not (
                     keep_record is not None and s.record is not None
                     and all(s.record.get(k) == v for k, v in keep_record.items()))]
 
-    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         found = self.debris(keep_pid, keep_record, keep_paths)
         doomed = {path for path, _ in found}
