@@ -1,8 +1,8 @@
 """The columnar layout of an LMDB generation: fixed-shape samples stored by column, in chunks.
 
 Record by record, a batch of LMDB values is a loop in Python: one ``get``, one
-copy per leaf and one hash per sample, about 5x torch for small samples and
-0.4x memcpy for 48 KiB ones. When every sample of a generation has one fixed,
+copy per leaf and one hash per sample, far from memory speed for small samples
+and for large ones alike. When every sample of a generation has one fixed,
 stackable structure (and no compression) and a sample takes at most
 ``MAX_ROW_BYTES``, the commit rewrites the records as the memmap layout does, in
 chunks of ``chunk_rows`` samples:
@@ -16,13 +16,12 @@ chunks of ``chunk_rows`` samples:
 A batch is then one ``get`` per chunk touched and array (values are read in
 place from LMDB's map), one fancy-index copy per chunk and leaf, and one hash
 per row. ``chunk_rows`` makes a chunk of all leaves about ``CHUNK_BYTES``
-(4 MiB: 2.0M samples/s for 16-float samples, 1.2M with 1 MiB chunks, 0.5M with
-256 KiB ones).
+(larger chunks read small samples faster: fewer ``get`` calls per batch).
 
 Wide samples (over ``MAX_ROW_BYTES``) keep one record each: a record's one
 ``get`` already moves a whole row, and the columns cost a ``get`` per leaf and
-per checksum chunk for each row touched, plus the Python around each: a 48 KiB
-sample read at 54k samples/s by column against 130k/s as a record. When they
+per checksum chunk for each row touched, plus the Python around each, so a wide
+sample reads faster as a record than by column. When they
 all share one layout, the manifest says so (``lmdb_layout`` ``"fixed-records"``
 and the ``schema``): a batch of them is then gathered straight into the
 caller's arrays, as a column batch is.
@@ -168,9 +167,9 @@ def _fixed_records(treedef: TreeDef, size: int, one_layout: list[object] | None)
     Such a generation keeps its records, but says its batch layout up front, so a batch can
     be gathered straight into a caller's arrays (a worker's shared-memory slot) instead of
     into new ones copied there after. Whether they all share it comes from the shards, which
-    compared every record they wrote: reading each record's header here cost 11 us a record
-    (its first page mapped into this process), a second per 100k samples in the training
-    process. Each record's checksum is still verified when it is read, and a record of another
+    compared every record they wrote: reading each record's header here would map each
+    record's first page into the training process, at every commit. Each record's checksum
+    is still verified when it is read, and a record of another
     layout in such a generation is damage.
     """
     if one_layout is None or not isinstance(one_layout[0], int) or one_layout[0] + _SUM.size != size or \

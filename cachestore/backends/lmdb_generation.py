@@ -239,8 +239,8 @@ class LmdbGeneration(GenerationData):
         transaction-bound buffers, not ``bytes``), at offsets read from the first record:
         no per-sample copy, decode, sample object or ``np.stack``, each of which cost as much
         as the copy itself. The copies are ``memoryview`` slice assignments: a ``frombuffer``
-        and a numpy row assignment per leaf and sample cost about 1.5 us each, a third of a
-        48 KiB sample's whole read; with the compiled gather (``cachestore/_gather.c``) the records
+        and a numpy row assignment per leaf and sample cost more than the copy of a large
+        sample; with the compiled gather (``cachestore/_gather.c``) the records
         after the first are checked, hashed and copied in one call without the GIL. A record that
         differs sends the batch to the general path.
         """

@@ -115,11 +115,10 @@ class MemmapGeneration(GenerationData):
         """Map every page of the columns into this process, once, before its first batch read.
 
         Batch reads go over the whole generation, and a page touched for the first time in a
-        process costs a fault there (each worker's, the training process's): the first read epoch
-        gathered 48 KiB samples at 1.67 ms per batch of 256, then 1.30; mapped in one call
-        (``MADV_POPULATE_READ``, 13-35 ms for 768 MB in the page cache), 1.26 from the start. Not
-        for a generation above a quarter of the available memory: that would read it from disk
-        up front, and its epochs are bound by the disk anyway.
+        process costs a fault there (each worker's, the training process's), which slowed the
+        first read epoch; mapped in one call (``MADV_POPULATE_READ``), it reads at full speed
+        from the start. Not for a generation above a quarter of the available memory: that
+        would read it from disk up front, and its epochs are bound by the disk anyway.
         """
         self._mapped_in = True
         native = native_gather()
@@ -134,7 +133,7 @@ class MemmapGeneration(GenerationData):
 
         A block (``VERIFY_BLOCK_BYTES``) is gathered, then hashed while it is still in cache:
         gathering the whole batch first and hashing it after read every byte from memory twice
-        (a 12 MiB batch does not fit in cache), which cost a third of the read's speed.
+        (a batch of megabytes does not fit in cache).
         """
         n = idx.size
         if out is None:

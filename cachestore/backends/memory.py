@@ -41,7 +41,7 @@ class _Staging:
     every sample of that structure is copied into its row: the committed generation then
     uses these arrays as they are. A copy per sample, then a second copy into columns at
     commit, doubled the peak and left the heap fragmented by thousands of sample-sized
-    blocks that the allocator did not hand back after close (~200 MiB in the benchmark).
+    blocks that the allocator did not hand back after close.
     """
 
     def __init__(self, token: StagingToken) -> None:
