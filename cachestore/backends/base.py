@@ -10,9 +10,11 @@ A backend is three small objects:
   loader workers write without funnelling bytes through one process.
 * :class:`GenerationData` - read access to one committed generation.
 
-Concrete helpers (budget projection, index and sample checks) live here so a
-backend only implements storage; checksums are :mod:`cachestore.checksums`, batch
-helpers :mod:`.batch`. The conformance suite in
+Concrete helpers built on the abstract methods (the budget checks of every put,
+index checks, a generic batch read) live here so a backend only implements
+storage. Around it: the budget is :mod:`cachestore.budget`, checksums
+:mod:`cachestore.checksums`, batch helpers :mod:`.batch`, staging names and
+producer records :mod:`.staging`. The conformance suite in
 ``tests/cachestore/test_conformance.py`` runs unchanged against every backend.
 """
 
@@ -28,9 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import codec
+from ..budget import Budget
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..budget import Budget
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 # Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
 # in cachestore.native.
@@ -41,8 +43,6 @@ from .batch import Indices
 BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
 #: A store's metadata document (``store.json``): plain JSON values.
 StoreMeta: TypeAlias = dict[str, object]
-
-
 #: What a staging area records of its producer (``Store.staging_record``): the generation, the
 #: hash of the store's fingerprint, the sample count, the compression; plain JSON values.
 ProducerRecord: TypeAlias = dict[str, object]
@@ -81,8 +81,8 @@ class GenerationInfo:
 
 @dataclass(frozen=True)
 class StagingToken:
-    """Names a staging area and how to write into it; small and picklable so worker processes
-    can write into it (:class:`cachestore.ShardSpec` carries one).
+    """Names a staging area and how shards write into it; small and picklable, so worker
+    processes get one (inside a :class:`cachestore.ShardSpec`).
 
     `path` is the staging directory (``memory:<n>`` for an in-RAM store). `budget` is ``None``
     only between :meth:`Backend.adopt` and :meth:`Backend.with_budget`.
