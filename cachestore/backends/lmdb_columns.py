@@ -51,10 +51,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import codec
+from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 from ..codec import Leaf, LeafSpec, TreeDef
 from ..disk import is_out_of_space
 from .manifest import Manifest
-from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 
 CHUNK_KEY = struct.Struct(">cIQ")
 SUMS = 0xFFFFFFFF  # the leaf number of a chunk's checksums

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import psutil

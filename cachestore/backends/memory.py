@@ -22,10 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import codec
+from ..budget import Budget
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from ..budget import Budget
 from .base import (Backend, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
                    StagingToken, StoreMeta)
 from .batch import Indices, batch_indices, gather_columns
