@@ -28,7 +28,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeAlias
 
 from . import __version__, safefs
 from .backends.base import GenerationInfo
@@ -40,6 +40,9 @@ from .scratch import dead_windows, list_windows, pid_alive
 from .store import Removed, Store, open_store
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+#: A JSON document of ``inspect`` or ``prune`` (what ``--json`` prints).
+Doc: TypeAlias = dict[str, Any]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(exc))
         return EXIT_USAGE
     try:
-        return args.run(args, roots, is_parent)
+        status: int = args.run(args, roots, is_parent)
+        return status
     except BrokenPipeError:  # `cachestore inspect ... | head`: the reader left, which is fine
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -142,13 +146,13 @@ def find_stores(path: str) -> tuple[list[str], bool]:
                          "give the path the loader got as prefix")
 
 
-def _natural_key(name: str) -> list:
+def _natural_key(name: str) -> list[int | str]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 # inspect ---------------------------------------------------------------------
 
-def describe_store(path: str, verify: bool = False) -> dict:
+def describe_store(path: str, verify: bool = False) -> Doc:
     """Everything ``inspect`` shows about the store at `path`, as JSON-ready data (read-only)."""
     with open_store(path, readonly=True, verify=True) as store:
         holder = lock_holder(path) if store.backend.persistent else None
@@ -178,7 +182,7 @@ def describe_store(path: str, verify: bool = False) -> dict:
     return doc
 
 
-def _describe_generation(g: GenerationInfo, holder: int | None) -> dict:
+def _describe_generation(g: GenerationInfo, holder: int | None) -> Doc:
     doc = {"id": g.id, "state": "committed" if g.committed else "damaged" if g.damaged else "staging",
            "damaged": g.damaged,
            "epochs": g.extra.get("epochs") if g.committed else None,
@@ -192,7 +196,7 @@ def _describe_generation(g: GenerationInfo, holder: int | None) -> dict:
     return doc
 
 
-def _describe_window(path: str, nbytes: int, pid: int | None) -> dict:
+def _describe_window(path: str, nbytes: int, pid: int | None) -> Doc:
     return {"path": path, "bytes": nbytes, "owner_pid": pid, "owner_alive": None if pid is None else pid_alive(pid)}
 
 
@@ -229,7 +233,7 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
     return status
 
 
-def _problems(found: list[dict]) -> str:
+def _problems(found: list[Doc]) -> str:
     """``"1 damaged generation and 2 corrupt samples"``: what ``--verify`` found."""
     whole = sum(bad["index"] is None for bad in found)
     samples = len(found) - whole
@@ -238,7 +242,7 @@ def _problems(found: list[dict]) -> str:
     return " and ".join(parts)
 
 
-def _render_store(doc: dict) -> list[str]:
+def _render_store(doc: Doc) -> list[str]:
     path = doc["path"]
     lines = [path]
     fields: list[tuple[str, str]] = [
@@ -306,7 +310,7 @@ def _dict_fields(label: str, value: Any) -> list[tuple[str, str]]:
     return [(label, items[0])] + [("", item) for item in items[1:]]
 
 
-def _generation_row(g: dict) -> list[str]:
+def _generation_row(g: Doc) -> list[str]:
     ratio = g["compression_ratio"]
     if g["state"] in ("committed", "damaged"):
         owner = "-"
@@ -319,7 +323,7 @@ def _generation_row(g: dict) -> list[str]:
             "-" if ratio is None or g["state"] != "committed" else f"{ratio:.2f}x", _when(g["created"]), owner]
 
 
-def served_epochs(extra: dict) -> list | None:
+def served_epochs(extra: dict[str, object]) -> list[int | None] | None:
     """``[first, last]`` epochs a generation serves (``last`` ``None``: every later epoch), from its commit's
     ``extra``; ``None`` when the commit did not record them.
 
@@ -339,7 +343,7 @@ def served_epochs(extra: dict) -> list | None:
     return [epochs[0], None]
 
 
-def _epochs(served: list | None, epochs: Any) -> str:
+def _epochs(served: list[int | None] | None, epochs: object) -> str:
     if served is not None:
         first, last = served
         return f"{first}-" if last is None else str(first) if last == first else f"{first}-{last}"
@@ -352,7 +356,7 @@ def _epochs(served: list | None, epochs: Any) -> str:
     return epochs if isinstance(epochs, str) else json.dumps(epochs)
 
 
-def _window_table(windows: list[dict], root: str) -> list[str]:
+def _window_table(windows: list[Doc], root: str) -> list[str]:
     rows = []
     for w in windows:
         pid = w["owner_pid"]

@@ -29,14 +29,31 @@ import pickle
 import struct
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeAlias, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import CorruptSampleError, UnsupportedSampleError
 
-#: A sample's (or a batch's) structure: nested tuples whose first item is a tag (see above).
-Treedef = tuple
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+    from zstandard import ZstdCompressor, ZstdDecompressor
+
+    from .native import Bytes
+
+#: A sample (see above; with ``allow_pickle`` anything picklable): ``object``, since torch is
+#: never imported here and pickle takes anything.
+Sample: TypeAlias = object
+#: A batch: samples stacked as :func:`cachestore.collate.stack_samples` stacks them.
+Batch: TypeAlias = object
+#: A treedef node (see above): its tag, then a dtype string, a size, a shape, keys or children.
+TreeDef: TypeAlias = tuple[Union[str, int, tuple[int, ...], tuple[str, ...], tuple["TreeDef", ...]], ...]
+#: One byte-carrying leaf of a flattened sample: a contiguous numpy array.
+Leaf: TypeAlias = npt.NDArray[np.generic]
+#: ``(dtype, shape)`` of a leaf.
+LeafSpec: TypeAlias = tuple[np.dtype[np.generic], tuple[int, ...]]
 
 _MAGIC = b"CSR1"
 _HEADER = struct.Struct("<4sIII")  # magic, flags, json length, reserved
@@ -46,19 +63,19 @@ ALIGN = 16
 _BFLOAT16 = "bfloat16"
 
 
-def _torch() -> Any | None:
+def _torch() -> ModuleType | None:
     """The torch module if the process already imported it (we never import it for the user)."""
     return sys.modules.get("torch")
 
 
-def is_tensor(x: Any) -> bool:
+def is_tensor(x: object) -> bool:
     """Whether `x` is a torch tensor (without importing torch when the process has not)."""
     torch = _torch()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _tensor_to_numpy(x: Any) -> tuple[str, np.ndarray]:
-    torch = _torch()
+def _tensor_to_numpy(x: Any) -> tuple[str, Leaf]:
+    torch = cast(ModuleType, _torch())  # `x` is a tensor: torch is imported
     x = x.detach().cpu().contiguous()
     if x.dtype == torch.bfloat16:
         return _BFLOAT16, x.view(torch.int16).numpy()
@@ -69,7 +86,7 @@ def _tensor_to_numpy(x: Any) -> tuple[str, np.ndarray]:
     return arr.dtype.str, arr
 
 
-def _numpy_to_tensor(dtype: str, arr: np.ndarray) -> Any:
+def _numpy_to_tensor(dtype: str, arr: Leaf) -> object:
     import torch
 
     if not arr.flags.writeable:
@@ -80,7 +97,7 @@ def _numpy_to_tensor(dtype: str, arr: np.ndarray) -> Any:
     return tensor
 
 
-def flatten(sample: Any, allow_pickle: bool = False) -> tuple[tuple, list[np.ndarray]]:
+def flatten(sample: Sample, allow_pickle: bool = False) -> tuple[TreeDef, list[Leaf]]:
     """Split `sample` into ``(treedef, leaves)``.
 
     Raises
@@ -88,7 +105,7 @@ def flatten(sample: Any, allow_pickle: bool = False) -> tuple[tuple, list[np.nda
     UnsupportedSampleError
         For a type the codec cannot store, unless `allow_pickle` is set.
     """
-    leaves: list[np.ndarray] = []
+    leaves: list[Leaf] = []
     return _flatten(sample, leaves, allow_pickle), leaves
 
 
@@ -96,7 +113,7 @@ _PICKLE_HINT = ("open the store with allow_pickle=True (the loader: cache_settin
                 "to store it with pickle")
 
 
-def _pickled(x: Any, leaves: list[np.ndarray], allow_pickle: bool, what: str) -> tuple:
+def _pickled(x: object, leaves: list[Leaf], allow_pickle: bool, what: str) -> TreeDef:
     if not allow_pickle:
         if isinstance(x, (np.ndarray, np.generic)):
             # The type alone ("numpy.ndarray") does not say what is wrong: the dtype does.
@@ -119,7 +136,7 @@ def _pickled(x: Any, leaves: list[np.ndarray], allow_pickle: bool, what: str) ->
     return ("p", data.size)
 
 
-def _flatten(x: Any, leaves: list[np.ndarray], allow_pickle: bool) -> tuple:
+def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
     # Order matters: bool before int (bool is an int), np.generic before the builtins.
     if isinstance(x, np.ndarray):
         if x.dtype.hasobject or x.dtype.kind == "V":
@@ -169,42 +186,52 @@ def _flatten(x: Any, leaves: list[np.ndarray], allow_pickle: bool) -> tuple:
     return _pickled(x, leaves, allow_pickle, "a value")
 
 
-_SCALAR = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
+_SCALAR: dict[str, np.dtype[np.generic]] = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
 
 
-def leaf_specs(treedef: tuple) -> list[tuple[np.dtype, tuple[int, ...]]]:
+# The fields of a node, as its tag says they are.
+def _children(node: TreeDef) -> tuple[TreeDef, ...]:  # of a dict, list or tuple
+    return cast("tuple[TreeDef, ...]", node[2] if node[0] == "d" else node[1])
+
+
+def _keys(node: TreeDef) -> tuple[str, ...]:  # of a dict
+    return cast("tuple[str, ...]", node[1])
+
+
+def _shape(node: TreeDef) -> tuple[int, ...]:  # of an array or tensor
+    return cast("tuple[int, ...]", node[2])
+
+
+def leaf_specs(treedef: TreeDef) -> list[LeafSpec]:
     """``(dtype, shape)`` of every byte-carrying leaf of `treedef`, in leaf order."""
-    out: list[tuple[np.dtype, tuple[int, ...]]] = []
+    out: list[LeafSpec] = []
     _specs(treedef, out)
     return out
 
 
-def _specs(node: tuple, out: list) -> None:
+def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
     tag = node[0]
-    if tag == "d":
-        for child in node[2]:
-            _specs(child, out)
-    elif tag in ("l", "u"):
-        for child in node[1]:
+    if tag in ("d", "l", "u"):
+        for child in _children(node):
             _specs(child, out)
     elif tag in ("a", "t"):
-        dtype = np.dtype(np.int16) if node[1] == _BFLOAT16 else np.dtype(node[1])
-        out.append((dtype, tuple(node[2])))
+        dtype = np.dtype(np.int16) if node[1] == _BFLOAT16 else np.dtype(cast(str, node[1]))
+        out.append((dtype, tuple(_shape(node))))
     elif tag == "g":
-        out.append((np.dtype(node[1]), ()))
+        out.append((np.dtype(cast(str, node[1])), ()))
     elif tag in _SCALAR:
         out.append((_SCALAR[tag], ()))
     elif tag in ("s", "y", "p"):
-        out.append((np.dtype(np.uint8), (node[1],)))
+        out.append((np.dtype(np.uint8), (cast(int, node[1]),)))
 
 
-def unflatten(treedef: tuple, leaves: Sequence[np.ndarray]) -> Any:
+def unflatten(treedef: TreeDef, leaves: Sequence[Leaf]) -> Sample:
     """Rebuild one sample from `treedef` and its leaves (inverse of :func:`flatten`)."""
     it = iter(leaves)
     return _build(treedef, it, _leaf_value)
 
 
-def unflatten_batch(treedef: tuple, leaves: Sequence[np.ndarray]) -> Any:
+def unflatten_batch(treedef: TreeDef, leaves: Sequence[Leaf]) -> Batch:
     """Rebuild a batch from a *sample* treedef and leaves stacked along axis 0.
 
     Arrays stay stacked (numpy as numpy, torch as torch); Python scalars become
@@ -216,27 +243,28 @@ def unflatten_batch(treedef: tuple, leaves: Sequence[np.ndarray]) -> Any:
     return _build(treedef, it, _batch_value)
 
 
-def _build(node: tuple, it, leaf_fn: Callable) -> Any:
+def _build(node: TreeDef, it: Iterator[Leaf], leaf_fn: Callable[[TreeDef, Leaf | None], object]) -> object:
     tag = node[0]
     if tag == "d":
-        return {k: _build(c, it, leaf_fn) for k, c in zip(node[1], node[2])}
+        return {k: _build(c, it, leaf_fn) for k, c in zip(_keys(node), _children(node))}
     if tag == "l":
-        return [_build(c, it, leaf_fn) for c in node[1]]
+        return [_build(c, it, leaf_fn) for c in _children(node)]
     if tag == "u":
-        return tuple(_build(c, it, leaf_fn) for c in node[1])
+        return tuple(_build(c, it, leaf_fn) for c in _children(node))
     if tag == "n":
         return leaf_fn(node, None)
     return leaf_fn(node, next(it))
 
 
-def _leaf_value(node: tuple, arr: np.ndarray | None) -> Any:
+def _leaf_value(node: TreeDef, leaf: Leaf | None) -> object:
     tag = node[0]
+    if tag == "n":
+        return None
+    arr = cast("Leaf", leaf)  # every node but "n" has its leaf
     if tag == "a":
         return arr
     if tag == "t":
-        return _numpy_to_tensor(node[1], arr)
-    if tag == "n":
-        return None
+        return _numpy_to_tensor(cast(str, node[1]), arr)
     if tag == "g":
         return arr[()]
     if tag == "i":
@@ -252,42 +280,41 @@ def _leaf_value(node: tuple, arr: np.ndarray | None) -> Any:
     return pickle.loads(arr.tobytes())
 
 
-def _batch_value(node: tuple, arr: np.ndarray | None) -> Any:
+def _batch_value(node: TreeDef, arr: Leaf | None) -> object:
     tag = node[0]
     if tag in ("a", "g", "i", "f", "b"):
         return arr
     if tag == "t":
-        return _numpy_to_tensor(node[1], arr)
+        return _numpy_to_tensor(cast(str, node[1]), cast("Leaf", arr))
     raise TypeError("unflatten_batch handles None/str/bytes leaves through lists")  # see stack path
 
 
-def is_stackable(treedef: tuple) -> bool:
+def is_stackable(treedef: TreeDef) -> bool:
     """Whether a batch of this treedef can be gathered column-wise (no list leaves)."""
     tag = treedef[0]
-    if tag == "d":
-        return all(is_stackable(c) for c in treedef[2])
-    if tag in ("l", "u"):
-        return all(is_stackable(c) for c in treedef[1])
+    if tag in ("d", "l", "u"):
+        return all(is_stackable(c) for c in _children(treedef))
     return tag in ("a", "t", "g", "i", "f", "b")
 
 
 # --------------------------------------------------------------------- treedef <-> JSON
 
 
-def treedef_to_json(node: tuple) -> Any:
+def treedef_to_json(node: TreeDef) -> list[object]:
     """A JSON-serialisable form of `node` (tuples become lists)."""
     tag = node[0]
     if tag == "d":
-        return ["d", list(node[1]), [treedef_to_json(c) for c in node[2]]]
+        return ["d", list(_keys(node)), [treedef_to_json(c) for c in _children(node)]]
     if tag in ("l", "u"):
-        return [tag, [treedef_to_json(c) for c in node[1]]]
+        return [tag, [treedef_to_json(c) for c in _children(node)]]
     if tag in ("a", "t"):
-        return [tag, node[1], list(node[2])]
+        return [tag, node[1], list(_shape(node))]
     return list(node)
 
 
-def treedef_from_json(obj: Any) -> tuple:
-    """Inverse of :func:`treedef_to_json`."""
+def treedef_from_json(data: object) -> TreeDef:
+    """Inverse of :func:`treedef_to_json` (`data` as parsed from JSON)."""
+    obj: Any = data  # nested lists, indexed as their tags say
     tag = obj[0]
     if tag == "d":
         return ("d", tuple(obj[1]), tuple(treedef_from_json(c) for c in obj[2]))
@@ -303,7 +330,7 @@ def treedef_from_json(obj: Any) -> tuple:
 _local = threading.local()
 
 
-def _zstd() -> tuple[Any, Any]:
+def _zstd() -> tuple[ZstdCompressor, ZstdDecompressor]:
     # zstd contexts are not thread-safe; one pair per thread (and so per process).
     pair = getattr(_local, "zstd", None)
     if pair is None:
@@ -318,7 +345,7 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def leaf_bytes(leaf: np.ndarray) -> np.ndarray:
+def leaf_bytes(leaf: Leaf) -> npt.NDArray[np.uint8]:
     """The bytes of a contiguous leaf as a flat uint8 view (no copy).
 
     Used instead of the leaf's own buffer: datetime64/timedelta64 arrays do
@@ -327,7 +354,7 @@ def leaf_bytes(leaf: np.ndarray) -> np.ndarray:
     return leaf.reshape(-1).view(np.uint8)
 
 
-def encode_record(treedef: tuple, leaves: Sequence[np.ndarray], compress: bool = False) -> bytes:
+def encode_record(treedef: TreeDef, leaves: Sequence[Leaf], compress: bool = False) -> bytes:
     """Serialise one flattened sample into a self-describing record."""
     meta = json.dumps(treedef_to_json(treedef), separators=(",", ":")).encode()
     parts: list[Any] = [meta, bytes(_pad(len(meta)))]
@@ -344,10 +371,10 @@ def encode_record(treedef: tuple, leaves: Sequence[np.ndarray], compress: bool =
 
 #: Record structure JSON -> (treedef, [(dtype, shape, count, nbytes) per leaf]): parsing it and
 #: sizing its leaves again for every record cost more than reading a 48 KiB sample.
-_treedef_cache: dict[bytes, tuple[tuple, list[tuple[np.dtype, tuple, int, int]]]] = {}
+_treedef_cache: dict[bytes, tuple[TreeDef, list[tuple[np.dtype[np.generic], tuple[int, ...], int, int]]]] = {}
 
 
-def _structure(meta: bytes) -> tuple[tuple, list[tuple[np.dtype, tuple, int, int]]]:
+def _structure(meta: bytes) -> tuple[TreeDef, list[tuple[np.dtype[np.generic], tuple[int, ...], int, int]]]:
     """``(treedef, [(dtype, shape, count, nbytes) per leaf])`` of a record's structure JSON."""
     cached = _treedef_cache.get(meta)
     if cached is None:
@@ -363,7 +390,7 @@ def _structure(meta: bytes) -> tuple[tuple, list[tuple[np.dtype, tuple, int, int
     return cached
 
 
-def record_layout(buf: Any) -> tuple[tuple, int, list[tuple[int, int]]] | None:
+def record_layout(buf: Bytes) -> tuple[TreeDef, int, list[tuple[int, int]]] | None:
     """Where the leaves of an uncompressed record lie, so a batch can be gathered without decoding.
 
     Returns ``(treedef, head, [(offset, nbytes) per leaf])`` with offsets from the start of
@@ -371,7 +398,7 @@ def record_layout(buf: Any) -> tuple[tuple, int, list[tuple[int, int]]] | None:
     length whose first ``head`` bytes are equal share this layout. ``None`` for a compressed
     record.
     """
-    view = memoryview(buf).cast("B")
+    view = memoryview(cast("ReadableBuffer", buf)).cast("B")
     flags, meta_len = _read_header(view)
     if flags & _FLAG_ZSTD:
         return None
@@ -396,13 +423,13 @@ def _read_header(view: memoryview) -> tuple[int, int]:
     return flags, meta_len
 
 
-def decode_record(buf: Any, copy: bool = True) -> tuple[tuple, list[np.ndarray]]:
+def decode_record(buf: Bytes, copy: bool = True) -> tuple[TreeDef, list[Leaf]]:
     """Parse a record into ``(treedef, leaves)``.
 
     With ``copy=False`` and an uncompressed record, leaves are read-only views
     into `buf` (valid only as long as `buf` is).
     """
-    view = memoryview(buf).cast("B")
+    view = memoryview(cast("ReadableBuffer", buf)).cast("B")
     flags, meta_len = _read_header(view)
     body = view[_HEADER.size:]
     if flags & _FLAG_ZSTD:

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .codec import is_tensor
+from .codec import Batch, Sample, is_tensor
 
 
-def stack_samples(samples: Sequence[Any]) -> Any:
+def stack_samples(samples: Sequence[Sample]) -> Batch:
     """Stack `samples` recursively.
 
     numpy arrays and numpy scalars become one stacked numpy array, torch
@@ -25,23 +25,24 @@ def stack_samples(samples: Sequence[Any]) -> Any:
     """
     if len(samples) == 0:
         raise ValueError("cannot collate an empty batch")
-    first = samples[0]
+    rows: Sequence[Any] = samples  # each branch below checks the structure it indexes into
+    first = rows[0]
     if isinstance(first, np.ndarray) or isinstance(first, np.generic):
         shape = np.shape(first)
-        if all(isinstance(s, (np.ndarray, np.generic)) and np.shape(s) == shape for s in samples):
-            return np.stack(samples)
+        if all(isinstance(s, (np.ndarray, np.generic)) and np.shape(s) == shape for s in rows):
+            return np.stack(rows)
     elif is_tensor(first):
         import torch
 
-        if all(is_tensor(s) and s.shape == first.shape for s in samples):
-            return torch.stack(list(samples))
+        if all(is_tensor(s) and s.shape == first.shape for s in rows):
+            return torch.stack(list(rows))
     elif isinstance(first, dict):
-        return {k: stack_samples([s[k] for s in samples]) for k in first}
+        return {k: stack_samples([s[k] for s in rows]) for k in first}
     elif type(first) in (list, tuple):
         n = len(first)
-        if any(len(s) != n for s in samples):
+        if any(len(s) != n for s in rows):
             raise ValueError("cannot collate sequences of different lengths in one batch")
-        columns = [stack_samples([s[i] for s in samples]) for i in range(n)]
+        columns = [stack_samples([s[i] for s in rows]) for i in range(n)]
         return columns if type(first) is list else tuple(columns)
     elif type(first) is bool and all(type(s) is bool for s in samples):
         return np.array(samples, dtype=np.bool_)

@@ -8,6 +8,7 @@ import re
 import shutil
 import stat
 from pathlib import Path
+from typing import TypeGuard
 
 from .errors import BudgetExceededError
 
@@ -67,7 +68,7 @@ def format_size(nbytes: int | float) -> str:
     return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
 
 
-def allocated_bytes(path: str | os.PathLike) -> int:
+def allocated_bytes(path: str | os.PathLike[str]) -> int:
     """Bytes actually allocated under `path` (``st_blocks``), not apparent sizes.
 
     Sparse files (LMDB maps, pre-sized columns) would otherwise count their
@@ -90,7 +91,7 @@ def allocated_bytes(path: str | os.PathLike) -> int:
     return total
 
 
-def free_bytes(path: str | os.PathLike) -> int:
+def free_bytes(path: str | os.PathLike[str]) -> int:
     """Free bytes on the file system of `path` minus a small reserve."""
     usage = shutil.disk_usage(path)
     reserve = min(RESERVE_CAP, int(usage.total * RESERVE_FRACTION))
@@ -113,12 +114,12 @@ def _lstat_mode(path: str) -> int:
         return 0
 
 
-def is_out_of_space(exc: BaseException) -> bool:
+def is_out_of_space(exc: BaseException) -> TypeGuard[OSError]:
     """Whether `exc` is an ``OSError`` for a full file system or quota."""
     return isinstance(exc, OSError) and exc.errno in NO_SPACE
 
 
-def out_of_space(exc: OSError, doing: str, path: str | os.PathLike) -> BudgetExceededError:
+def out_of_space(exc: OSError, doing: str, path: str | os.PathLike[str]) -> BudgetExceededError:
     """The :class:`BudgetExceededError` to raise (``from exc``) for an out-of-space `exc`.
 
     It keeps ``errno``, so code that tests ``exc.errno == errno.ENOSPC`` still works.

@@ -32,7 +32,7 @@ LOCK_NAME = "writer.lock"
 PROBE_GRACE = 0.2
 
 
-def lock_holder(root: str | os.PathLike) -> int | None:
+def lock_holder(root: str | os.PathLike[str]) -> int | None:
     """Pid of the live process holding the writer lock of `root`, or ``None``."""
     path = Path(root) / LOCK_NAME
     try:
@@ -65,7 +65,7 @@ def _read_pid(fd: int) -> int | None:
 class WriterLock:
     """Exclusive, non-blocking writer lock on a store directory."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root) / LOCK_NAME
         self._fd: int | None = None
 

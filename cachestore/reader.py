@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
 
-import numpy as np
-
-from .backends.base import GenerationData
+from .backends.base import BatchLayout, GenerationData
+from .backends.batch import Indices
+from .codec import Batch, Leaf, Sample
+from .errors import CorruptSampleError
 from .spec import StoreSpec
 
 
@@ -40,15 +40,15 @@ class Reader:
         return cls(spec, generation, spec.open_backend().open_generation(generation))
 
     # pickling: the spec (+ arrays for an in-RAM store) ---------------------------
-    def __getstate__(self) -> dict:
-        state = {"spec": self.spec, "generation": self.generation,
+    def __getstate__(self) -> dict[str, object]:
+        state: dict[str, object] = {"spec": self.spec, "generation": self.generation,
                  "_persistent": self._persistent, "_data": None, "_pid": -1}
         if not self._persistent:
             state["_data"] = self._data
             state["_pid"] = os.getpid()
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         if not self._persistent:
             self._pid = os.getpid()
@@ -64,16 +64,16 @@ class Reader:
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> Sample:
         """The sample at `index`, as writable copies (safe to modify or hand to torch)."""
         return self.data.read(index, copy=True)
 
-    def get(self, index: int, copy: bool = True) -> Any:
+    def get(self, index: int, copy: bool = True) -> Sample:
         """The sample at `index`; ``copy=False`` returns read-only views of storage
         where the backend allows (``Store.backend.supports_zero_copy``)."""
         return self.data.read(index, copy=copy)
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray, out: list[np.ndarray] | None = None) -> Any:
+    def get_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         """The samples at `indices`, stacked like the loader's default collate.
 
         With a fixed layout (every sample the same structure and shapes) this is
@@ -83,7 +83,7 @@ class Reader:
         """
         return self.data.read_batch(indices, out=out)
 
-    def batch_layout(self) -> tuple[tuple, list[tuple[np.dtype, tuple[int, ...]]]] | None:
+    def batch_layout(self) -> BatchLayout | None:
         """``(treedef, [(dtype, shape) per leaf])`` for fixed-layout generations, else ``None``."""
         return self.data.batch_layout()
 
@@ -93,7 +93,7 @@ class Reader:
         gather, or the numpy copies and xxh3 hashes of the pure-Python one)."""
         return self.data.threadsafe_batches and self.batch_layout() is not None
 
-    def verify(self) -> list:
+    def verify(self) -> list[CorruptSampleError]:
         """Check every checksum of this generation; one error per bad sample."""
         return self.data.verify_all()
 
@@ -106,7 +106,7 @@ class Reader:
     def __enter__(self) -> "Reader":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -11,6 +11,9 @@ unlinked - the link itself, never its target.
 
 ``O_NOFOLLOW`` guards the last component only: the directories above are
 checked with :func:`is_real_dir` before files are made in them.
+
+Documents the store replaces (``store.json``, manifests, staging records) are
+written by :func:`write_json_atomic`: whole or not at all, never through a link.
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import secrets
 import stat
 from pathlib import Path
 from typing import Any
 
+from .disk import is_out_of_space, out_of_space
 from .errors import CacheStoreError, SymlinkError
 
+#: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
+TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
-def symlink_error(path: str | os.PathLike, what: str = "") -> SymlinkError:
+
+def symlink_error(path: str | os.PathLike[str], what: str = "") -> SymlinkError:
     """The error for a store-owned `path` found to be a symlink."""
     what = f" ({what})" if what else ""
     return SymlinkError(errno.ELOOP, f"{path}{what} is a symlink; cachestore never follows symlinks in the "
@@ -38,7 +47,7 @@ def is_link_error(exc: OSError) -> bool:
     return exc.errno == errno.ELOOP
 
 
-def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644, what: str = "") -> int:
+def open_nofollow(path: str | os.PathLike[str], flags: int, mode: int = 0o644, what: str = "") -> int:
     """``os.open`` with ``O_NOFOLLOW``; a symlink at `path` raises :class:`SymlinkError`."""
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -48,7 +57,7 @@ def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644, what: 
         raise
 
 
-def create_new(path: str | os.PathLike, flags: int = os.O_WRONLY, mode: int = 0o644) -> int:
+def create_new(path: str | os.PathLike[str], flags: int = os.O_WRONLY, mode: int = 0o644) -> int:
     """Create `path` as a new file (``O_CREAT | O_EXCL | O_NOFOLLOW``) and return its fd.
 
     For disposable store-owned names (temp files, slot files): whatever is at
@@ -63,7 +72,7 @@ def create_new(path: str | os.PathLike, flags: int = os.O_WRONLY, mode: int = 0o
     raise FileExistsError(errno.EEXIST, f"{path} keeps reappearing; another process is creating it")
 
 
-def unlink_name(path: str | os.PathLike) -> None:
+def unlink_name(path: str | os.PathLike[str]) -> None:
     """Remove the directory entry `path` if it is a file or a symlink (never a directory, never a target)."""
     try:
         os.unlink(path)
@@ -71,7 +80,7 @@ def unlink_name(path: str | os.PathLike) -> None:
         pass
 
 
-def write_new(path: str | os.PathLike, data: bytes) -> None:
+def write_new(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` into a fresh file at `path` (see :func:`create_new`)."""
     fd = create_new(path)
     try:
@@ -82,7 +91,7 @@ def write_new(path: str | os.PathLike, data: bytes) -> None:
         os.close(fd)
 
 
-def read_bytes(path: str | os.PathLike, what: str = "") -> bytes:
+def read_bytes(path: str | os.PathLike[str], what: str = "") -> bytes:
     """The content of the regular file `path`; a symlink raises :class:`SymlinkError`."""
     fd = open_nofollow(path, os.O_RDONLY, what=what)
     try:
@@ -94,25 +103,25 @@ def read_bytes(path: str | os.PathLike, what: str = "") -> bytes:
         os.close(fd)
 
 
-def read_json(path: str | os.PathLike, what: str = "") -> Any:
+def read_json(path: str | os.PathLike[str], what: str = "") -> Any:
     """The JSON document in `path`, read without following a symlink."""
     return json.loads(read_bytes(path, what))
 
 
-def lstat_or_none(path: str | os.PathLike) -> os.stat_result | None:
+def lstat_or_none(path: str | os.PathLike[str]) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except FileNotFoundError:
         return None
 
 
-def is_real_dir(path: str | os.PathLike) -> bool:
+def is_real_dir(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a directory itself (not a symlink to one)."""
     st = lstat_or_none(path)
     return st is not None and stat.S_ISDIR(st.st_mode)
 
 
-def require_real_dir(path: str | os.PathLike, what: str) -> None:
+def require_real_dir(path: str | os.PathLike[str], what: str) -> None:
     """Raise unless `path` is a real directory: :class:`SymlinkError` for a link, else :class:`CacheStoreError`."""
     st = lstat_or_none(path)
     if st is not None and stat.S_ISLNK(st.st_mode):
@@ -131,3 +140,35 @@ def describe_entry(path: Path) -> str:
     if stat.S_ISDIR(st.st_mode):
         return "a directory"
     return "a file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write `obj` as JSON to `path` via a temp file, fsync and rename.
+
+    Raises
+    ------
+    BudgetExceededError
+        When the file system (or quota) has no room for it.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with os.fdopen(create_new(tmp), "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
+        fsync_dir(path.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if is_out_of_space(exc):
+            raise out_of_space(exc, f"writing {path.name}", path.parent) from exc
+        raise
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync the directory `path`, so the renames and creations in it survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

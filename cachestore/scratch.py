@@ -44,7 +44,7 @@ def is_window_name(name: str) -> bool:
     return name.startswith(WINDOW_PREFIX)
 
 
-def list_windows(root: str | os.PathLike) -> list[tuple[str, int, int | None]]:
+def list_windows(root: str | os.PathLike[str]) -> list[tuple[str, int, int | None]]:
     """``(path, allocated bytes, owner pid or None)`` of each ``rotation-*`` entry in `root`."""
     found: list[tuple[str, int, int | None]] = []
     try:
@@ -57,13 +57,13 @@ def list_windows(root: str | os.PathLike) -> list[tuple[str, int, int | None]]:
     return found
 
 
-def dead_windows(root: str | os.PathLike) -> list[tuple[str, int]]:
+def dead_windows(root: str | os.PathLike[str]) -> list[tuple[str, int]]:
     """Rotation windows in `root` whose owner process is dead (a live one is in use)."""
     return [(path, nbytes) for path, nbytes, pid in list_windows(root)
             if pid is not None and not pid_alive(pid)]
 
 
-def new_window_dir(root: str | os.PathLike) -> Path:
+def new_window_dir(root: str | os.PathLike[str]) -> Path:
     """Create and return an empty window directory owned by this process under `root`."""
     path = Path(root) / f"{WINDOW_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     path.mkdir()

@@ -7,14 +7,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Callable, TypeAlias
 
 import psutil
 import xxhash
 
 from . import safefs
 from .backends import get_backend
-from .backends.base import Backend, Budget, GenerationInfo
+from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
+from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      NotAStoreError, StoreLockedError)
@@ -30,6 +31,8 @@ FORMAT_VERSION = 2
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10
+#: What identifies the producer of a store's samples (the loader's dataset fingerprint): JSON values.
+Fingerprint: TypeAlias = dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -44,17 +47,19 @@ class Removed:
 
 def _read_existing_backend(path: str) -> str | None:
     try:
-        return safefs.read_json(Path(path) / "store.json").get("backend")
+        backend = safefs.read_json(Path(path) / "store.json").get("backend")
     except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
         return None
+    return backend if isinstance(backend, str) else None
 
 
 class Store:
     """Generations of samples under one path. Create with :func:`open_store`."""
 
-    def __init__(self, path: str | os.PathLike, backend: str | None = None, *, compression: str | None = None,
+    def __init__(self, path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
-                 fingerprint: dict | None = None, producer: dict | None = None, verify: bool = True) -> None:
+                 fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
+                 verify: bool = True) -> None:
         self.path = str(path)
         # An in-RAM store only borrows the path as a name: files there are none of its business.
         in_ram = backend is not None and not get_backend(backend).persistent
@@ -76,7 +81,7 @@ class Store:
         self.compression = compression
         self._lock = WriterLock(self.path) if self.backend.persistent else None
         self._lease: WriterLease | None = None
-        meta = self.backend.read_meta()
+        meta: StoreMeta | None = self.backend.read_meta()
         if meta is None:
             if readonly:
                 raise NotAStoreError(f"{self.path} is not a cachestore store (no store.json); "
@@ -85,7 +90,8 @@ class Store:
                     "fingerprint": fingerprint, "producer": producer, "created": time.time()}
             self.backend.write_meta(meta)
         else:
-            if meta.get("format", 0) > FORMAT_VERSION:
+            stored_format = meta.get("format", 0)
+            if isinstance(stored_format, (int, float)) and stored_format > FORMAT_VERSION:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
             stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)
@@ -105,15 +111,17 @@ class Store:
         self.meta = meta
 
     # pickling ------------------------------------------------------------------
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[[StoreSpec, int | None, bool], Store], tuple[StoreSpec, int | None, bool]]:
         if not self.backend.persistent:
             raise TypeError("a memory store lives in one process and cannot be pickled; "
                             "pickle its reader() instead, or use the memmap backend")
         return (_reopen, (self.spec, self.disk_budget, self.readonly))
 
     @property
-    def fingerprint(self) -> dict | None:
-        return self.meta.get("fingerprint")
+    def fingerprint(self) -> Fingerprint | None:
+        """What produced the samples, as recorded in ``store.json`` (``None``: not recorded)."""
+        fingerprint = self.meta.get("fingerprint")
+        return fingerprint if isinstance(fingerprint, dict) else None
 
     # writing -------------------------------------------------------------------
     def writer(self, generation: int, num_samples: int | None = None, resume: bool = False) -> GenerationWriter:
@@ -148,14 +156,14 @@ class Store:
             lease.release()
             raise
 
-    def staging_record(self, num_samples: int | None) -> dict:
+    def staging_record(self, num_samples: int | None) -> ProducerRecord:
         """What a staging area records of its producer, so only the same producer adopts it."""
         fingerprint = self.fingerprint
         digest = None if fingerprint is None else xxhash.xxh3_64_hexdigest(
             json.dumps(fingerprint, sort_keys=True, default=str).encode())
         return {"fingerprint": digest, "num_samples": num_samples, "compression": self.compression}
 
-    def partial_record(self) -> dict | None:
+    def partial_record(self) -> ProducerRecord | None:
         """What the partial generations of this store's producer have in common (``None``: no fingerprint)."""
         fingerprint = self.staging_record(None)["fingerprint"]
         return None if fingerprint is None else {"fingerprint": fingerprint}
@@ -359,7 +367,7 @@ class Store:
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -376,9 +384,10 @@ def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:
                  allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify)
 
 
-def open_store(path: str | os.PathLike, backend: str | None = None, *, compression: str | None = None,
+def open_store(path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
-               fingerprint: dict | None = None, producer: dict | None = None, verify: bool = True) -> Store:
+               fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
+               verify: bool = True) -> Store:
     """Open (or create) the store at `path`.
 
     Parameters

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable
+from types import TracebackType
+from typing import Callable, Protocol
 
-from .backends.base import Backend, Budget, GenerationInfo, ShardWriter, StagingData
+import numpy as np
+import numpy.typing as npt
+
+from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingData, StagingToken
+from .budget import Budget
+from .codec import Sample
 from .disk import allocated_bytes
 from .errors import BudgetExceededError, CacheStoreError
 from .locking import WriterLease
@@ -21,12 +27,12 @@ class ShardSpec:
     done, before the owner commits.
     """
 
-    def __init__(self, spec: StoreSpec, token: Any, backend: Backend | None = None) -> None:
+    def __init__(self, spec: StoreSpec, token: StagingToken, backend: Backend | None = None) -> None:
         self.spec = spec
         self.token = token
         self._backend = backend  # only meaningful in the owning process
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         return {"spec": self.spec, "token": self.token, "_backend": None}
 
     def open(self, shard_id: str) -> ShardWriter:
@@ -40,12 +46,17 @@ class ShardSpec:
         return backend.open_staging(self.token)
 
 
-def _allocated(token: Any) -> int:
-    path = getattr(token, "path", "")
-    return allocated_bytes(path) if path and os.path.isdir(path) else 0
+class BudgetSource(Protocol):
+    """What a writer asks for its budget (:meth:`cachestore.Store.budget`)."""
+
+    def __call__(self, reclaim: int = 0) -> Budget: ...
 
 
-def _abandon(backend: Backend, token: Any, lease: WriterLease) -> None:
+def _allocated(token: StagingToken) -> int:
+    return allocated_bytes(token.path) if os.path.isdir(token.path) else 0
+
+
+def _abandon(backend: Backend, token: StagingToken, lease: WriterLease) -> None:
     """Finalizer of an uncommitted writer: drop its staging, give the lease back."""
     try:
         backend.discard(token)
@@ -70,7 +81,7 @@ class GenerationWriter:
     """
 
     def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int | None,
-                 lease: WriterLease, budget: Callable[..., Budget], record: dict | None = None,
+                 lease: WriterLease, budget: BudgetSource, record: ProducerRecord | None = None,
                  resume: bool = False) -> None:
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be a non-negative int, got {generation!r}")
@@ -109,7 +120,8 @@ class GenerationWriter:
     def __enter__(self) -> "GenerationWriter":
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.state != "open":
             return
         if exc_type is None:
@@ -121,7 +133,7 @@ class GenerationWriter:
         if self.state != "open":
             raise CacheStoreError(f"this writer of generation {self.generation} is {self.state}")
 
-    def put(self, index: int, sample: Any) -> None:
+    def put(self, index: int, sample: Sample) -> None:
         """Store `sample` at `index` of this generation."""
         self._check_open()
         if self._shard is None:
@@ -139,7 +151,7 @@ class GenerationWriter:
         self._check_open()
         return ShardSpec(self.spec, self.token, self.backend)
 
-    def present(self) -> Any:
+    def present(self) -> npt.NDArray[np.int64]:
         """Sorted indices (numpy int64) already written: adopted, and flushed by any shard since."""
         return self.backend.present(self.token)
 
@@ -157,7 +169,7 @@ class GenerationWriter:
         """Keep only the first `keep` samples a dead shard writer recorded."""
         self.backend.discard_shard_tail(self.token, shard_id, keep)
 
-    def commit(self, extra: dict | None = None) -> GenerationInfo:
+    def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo:
         """Publish the generation atomically; every index ``0..n-1`` must be present once."""
         self._check_open()
         try:
@@ -176,7 +188,7 @@ class GenerationWriter:
         """Discard everything written (idempotent)."""
         self._end("aborted", self.backend.discard)
 
-    def _end(self, state: str, finish: Callable[[Any], None]) -> None:
+    def _end(self, state: str, finish: Callable[[StagingToken], None]) -> None:
         """Leave the open state for `state`: close this process's shard, `finish(token)` (keep or
         discard the staging area), give the lease back. A no-op unless open."""
         if self.state != "open":

@@ -14,11 +14,11 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from cachestore.codec import LeafSpec
+
 
 #: Every leaf starts at a multiple of this many bytes (a cache line).
 ALIGN = 64
-#: ``(dtype, shape)`` of one leaf.
-LeafSpec = tuple[np.dtype, tuple[int, ...]]
 #: What leaves are laid over: a slot's mapping, or a ctypes array that exports part of one.
 Buffer = Union[mmap.mmap, "ctypes.Array[ctypes.c_char]", bytearray]
 

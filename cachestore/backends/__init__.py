@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Union
 
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+from ..budget import Budget
+from .base import Backend, GenerationData, GenerationInfo, ShardWriter
 
 _REGISTRY: dict[str, Union[str, type[Backend]]] = {
     "memmap": "cachestore.backends.memmap:MemmapBackend",

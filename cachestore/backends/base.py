@@ -10,129 +10,42 @@ A backend is three small objects:
   loader workers write without funnelling bytes through one process.
 * :class:`GenerationData` - read access to one committed generation.
 
-Concrete helpers (budget projection, checksums, batch stacking) live here so a
-backend only implements storage. The conformance suite in
+Concrete helpers built on the abstract methods (the budget checks of every put,
+index checks, a generic batch read) live here so a backend only implements
+storage. Around it: the budget is :mod:`cachestore.budget`, checksums
+:mod:`cachestore.checksums`, batch helpers :mod:`.batch`, staging names and
+producer records :mod:`.staging`. The conformance suite in
 ``tests/cachestore/test_conformance.py`` runs unchanged against every backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Sequence
+from typing import ClassVar, Collection, TypeAlias
 
 import numpy as np
-import xxhash
+import numpy.typing as npt
 
 from .. import codec
+from ..budget import Budget
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..disk import format_size
-from ..errors import BudgetExceededError, CorruptSampleError
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+# Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
+# in cachestore.native.
+from ..native import native_gather as native_gather
+from .batch import Indices
 
-
-def checksum(parts: Sequence[Any]) -> int:
-    """64-bit xxh3 of the concatenation of `parts` (buffers).
-
-    xxh3 hashes at ~30 GB/s here, crc32 at ~4 GB/s: with crc32 a verified
-    batch read could not come near memory bandwidth.
-    """
-    if len(parts) == 1:
-        return xxhash.xxh3_64_intdigest(parts[0])
-    h = xxhash.xxh3_64()
-    for part in parts:
-        h.update(part)
-    return h.intdigest()
-
-
-#: Rows up to this many bytes are hashed from one ``bytes`` copy of their block: a Python call per
-#: row on a numpy row view costs more than hashing 1 KiB.
-SMALL_ROW_BYTES = 1024
-#: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
-#: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
-VERIFY_BLOCK_BYTES = 1 << 20
-
-
-def _load_native() -> Any:
-    if os.environ.get("CACHESTORE_NATIVE", "1") == "0":
-        return None
-    try:
-        from .. import _gather
-    except ImportError:  # not built (no C compiler at install) or no XXH3 in the xxhash package
-        return None
-    return _gather
-
-
-#: The compiled verified gather (``cachestore/_gather.c``), or ``None`` where it is not built or
-#: ``CACHESTORE_NATIVE=0`` turned it off; reads then use the pure-Python gather, same checksums.
-NATIVE = _load_native()
-
-
-def native_gather() -> Any:
-    """The compiled gather module in use, or ``None`` (see :data:`NATIVE`)."""
-    return NATIVE
-
-
-def row_checksums(rows: Sequence[np.ndarray], n: int) -> list[int]:
-    """:func:`checksum` of each row's leaves, for rows laid out as one 2-D ``uint8`` array per leaf.
-
-    Row ``j``'s checksum hashes ``rows[0][j]``, ``rows[1][j]``, ... concatenated: the same value
-    :func:`checksum` gives for the sample's leaves, so stored checksums need no new definition.
-    """
-    rows = [r for r in rows if r.shape[1]]
-    if not rows:
-        return [checksum([b""])] * n
-    native = native_gather()
-    if native is not None and len(rows) <= native.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
-        sums = np.empty(n, dtype=np.uint64)
-        native.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
-        return sums.tolist()
-    width = sum(r.shape[1] for r in rows)
-    hash_one = xxhash.xxh3_64_intdigest
-    if width <= SMALL_ROW_BYTES:
-        # One contiguous copy of the block, then a bytes slice per row: ~4x faster than a
-        # hasher fed numpy row views, which dominated a verified read of small samples.
-        data = (rows[0] if len(rows) == 1 else np.concatenate(rows, axis=1)).tobytes()
-        return [hash_one(data[o:o + width]) for o in range(0, n * width, width)]
-    if len(rows) == 1:
-        (only,) = rows
-        return [hash_one(only[j]) for j in range(n)]
-    hasher, sums = xxhash.xxh3_64(), []
-    for j in range(n):
-        hasher.reset()
-        for r in rows:
-            hasher.update(r[j])
-        sums.append(hasher.intdigest())
-    return sums
-
-
-def flat_rows(arrays: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
-    """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)`` (they must be contiguous)."""
-    return [a.reshape(n, math.prod(a.shape[1:])).view(np.uint8) for a in arrays]
-
-
-def first_mismatch(sums: list[int], expected: list[int]) -> int | None:
-    """Position of the first row whose checksum differs, or ``None``."""
-    if sums == expected:
-        return None
-    return next(j for j, (a, b) in enumerate(zip(sums, expected)) if a != b)
-
-
-def batch_indices(indices: Sequence[int] | np.ndarray, n: int, generation: int) -> np.ndarray:
-    """`indices` as an int64 array in ``0..n-1``; negative ones count from the end, like ``read``."""
-    idx = np.asarray(indices)
-    if idx.size and idx.dtype.kind not in "iu":  # as read(): no floats or bools taken for indices
-        raise TypeError(f"sample indices are ints, got an array of {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False)
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = idx[(idx < -n) | (idx >= n)][0]
-        raise IndexError(f"index {bad} out of range for generation {generation} of {n} samples")
-    if idx.size and idx.min() < 0:
-        idx = np.where(idx < 0, idx + n, idx)
-    return idx
+#: ``(treedef, [(dtype, shape) per leaf])`` of a generation whose batches gather column-wise.
+BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
+#: A store's metadata document (``store.json``): plain JSON values.
+StoreMeta: TypeAlias = dict[str, object]
+#: What a staging area records of its producer (``Store.staging_record``): the generation, the
+#: hash of the store's fingerprint, the sample count, the compression; plain JSON values.
+ProducerRecord: TypeAlias = dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -158,7 +71,7 @@ class GenerationInfo:
     stored_bytes: int = 0
     owner_pid: int | None = None
     damaged: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def compression_ratio(self) -> float | None:
@@ -167,41 +80,27 @@ class GenerationInfo:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """How many bytes a new generation may take, fixed when its writer opens."""
+class StagingToken:
+    """Names a staging area and how shards write into it; small and picklable, so worker
+    processes get one (inside a :class:`cachestore.ShardSpec`).
 
-    available: int | None  # None: unlimited
-    limit: int | None
-    used: int
-    where: str
-    unit: str = "disk"
+    `path` is the staging directory (``memory:<n>`` for an in-RAM store). `budget` is ``None``
+    only between :meth:`Backend.adopt` and :meth:`Backend.with_budget`.
+    """
 
-    def check_projection(self, generation: int, per_sample: float, num_samples: int) -> None:
-        """Raise early when `num_samples` records of `per_sample` bytes would not fit."""
-        needed = per_sample * num_samples
-        if self.available is not None and needed > self.available:
-            fits = int(self.available // per_sample) if per_sample else 0
-            exc = BudgetExceededError(
-                f"generation {generation} of {self.where} needs about {format_size(needed)} of {self.unit} "
-                f"({num_samples} samples x {format_size(per_sample)}) but only {format_size(self.available)} "
-                f"is available ({self._limit_text()}); about {fits} samples would fit"
-            )
-            exc.fits_samples = fits
-            raise exc
+    path: str
+    generation: int
+    budget: Budget | None
+    num_samples: int | None
+    compress: bool
+    allow_pickle: bool
 
-    def check_usage(self, generation: int, written: int) -> None:
-        """Raise when a generation already took more than the budget allows."""
-        if self.available is not None and written > self.available:
-            raise BudgetExceededError(
-                f"generation {generation} of {self.where} grew to {format_size(written)} of {self.unit}, "
-                f"over the {format_size(self.available)} available ({self._limit_text()}); "
-                "its staging area is removed"
-            )
-
-    def _limit_text(self) -> str:
-        if self.limit is None:
-            return f"free {self.unit} space"
-        return f"budget {format_size(self.limit)}, {format_size(self.used)} used by committed generations"
+    def write_budget(self) -> Budget:
+        """The budget shard writers check (an adopted token gets it from :meth:`Backend.with_budget`)."""
+        if self.budget is None:
+            raise CacheStoreError(f"staging area {self.path} has no budget yet: an adopted token gets one "
+                                  "from Backend.with_budget before anything is written")
+        return self.budget
 
 
 class ShardWriter(ABC):
@@ -231,7 +130,7 @@ class ShardWriter(ABC):
         self._since_check = 0
         self.closed = False
 
-    def put(self, index: int, sample: Any) -> None:
+    def put(self, index: int, sample: Sample) -> None:
         """Store `sample` at `index` (an int in ``0..num_samples-1``)."""
         if self.closed:
             raise ValueError("this shard writer is closed")
@@ -299,7 +198,7 @@ class ShardWriter(ABC):
                 self.closed = True
 
     @abstractmethod
-    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         """Write one flattened sample; return the bytes it takes in storage."""
 
     @abstractmethod
@@ -312,21 +211,6 @@ class ShardWriter(ABC):
     def usage(self) -> int:
         """Bytes the whole staging area takes now (all shards)."""
         return self.stored_bytes
-
-
-def gather_columns(columns: Sequence[np.ndarray], specs: Sequence[tuple[np.dtype, tuple[int, ...]]],
-                   idx: np.ndarray, out: list[np.ndarray] | None) -> list[np.ndarray]:
-    """Rows `idx` of each column (fixed layout), gathered into `out` (allocated when ``None``).
-
-    `idx` must already be checked (:func:`batch_indices`).
-    """
-    if out is None:
-        out = [np.empty((idx.size, *shape), dtype=dtype) for dtype, shape in specs]
-    for col, dest in zip(columns, out):
-        # mode="clip": the indices are checked, and the default mode="raise" makes np.take
-        # gather into a temporary and copy it into `out` (half the speed).
-        np.take(col, idx, axis=0, out=dest, mode="clip")
-    return out
 
 
 class GenerationData(ABC):
@@ -344,7 +228,8 @@ class GenerationData(ABC):
     def __len__(self) -> int:
         return self.num_samples
 
-    def check_index(self, index: Any) -> int:
+    def check_index(self, index: int | np.integer) -> int:
+        """`index` as an int in ``0..n-1`` (negative ones count from the end)."""
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"sample indices are ints, got {type(index).__name__}")
         i = int(index)
@@ -356,20 +241,21 @@ class GenerationData(ABC):
         return i
 
     def corrupt(self, index: int, why: str) -> CorruptSampleError:
+        """The error for sample `index` found corrupt (`why`), naming it and this generation."""
         exc = CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
         exc.generation, exc.index = self.generation, index
         return exc
 
     @abstractmethod
-    def read(self, index: int, copy: bool = True) -> Any:
+    def read(self, index: int, copy: bool = True) -> Sample:
         """One sample; with ``copy=False`` arrays may be read-only views of storage."""
 
-    def batch_layout(self) -> tuple[tuple, list[tuple[np.dtype, tuple[int, ...]]]] | None:
+    def batch_layout(self) -> BatchLayout | None:
         """``(treedef, leaf specs)`` when a batch can be gathered column-wise into
         caller-provided arrays (see :meth:`read_batch`), else ``None``."""
         return None
 
-    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         """The samples at `indices`, stacked (see :func:`cachestore.collate.stack_samples`).
 
         `out` - only when :meth:`batch_layout` is not ``None`` - gives one
@@ -401,7 +287,7 @@ class StagingData(ABC):
     """
 
     @abstractmethod
-    def read(self, index: int) -> Any:
+    def read(self, index: int) -> Sample:
         """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
 
     def close(self) -> None:
@@ -446,11 +332,11 @@ class Backend(ABC):
 
     # metadata -----------------------------------------------------------
     @abstractmethod
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> StoreMeta | None:
         """The store's metadata document, ``None`` when there is no store yet."""
 
     @abstractmethod
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: StoreMeta) -> None:
         """Replace the metadata document atomically."""
 
     # catalog ------------------------------------------------------------
@@ -459,18 +345,18 @@ class Backend(ABC):
         """Committed generations and staging areas, oldest first."""
 
     @abstractmethod
-    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> Any:
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         """Create a staging area; return a picklable token naming it."""
 
     @abstractmethod
-    def shard_writer(self, token: Any, shard_id: str) -> ShardWriter:
+    def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
         """A writer into the staging area `token`."""
 
-    def discard_shard_tail(self, token: Any, shard_id: str, keep: int) -> None:
+    def discard_shard_tail(self, token: StagingToken, shard_id: str, keep: int) -> None:
         """Forget all but the first `keep` index entries of a shard whose writer died."""
 
     @abstractmethod
-    def commit(self, token: Any, num_samples: int | None, extra: dict) -> GenerationInfo:
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict[str, object]) -> GenerationInfo:
         """Validate and atomically publish the staging area as a committed generation.
 
         Raises :class:`CacheStoreError` when an index is missing or was written
@@ -479,7 +365,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def discard(self, token: Any) -> None:
+    def discard(self, token: StagingToken) -> None:
         """Remove a staging area and everything in it."""
 
     @abstractmethod
@@ -497,27 +383,27 @@ class Backend(ABC):
     def remove_generation(self, generation: int) -> int:
         """Delete a committed generation; return the bytes freed."""
 
-    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         """Crash leftovers ``(path, bytes)``, except those of live writer `keep_pid`, the staging
         areas in `keep_paths`, and partial generations whose producer record matches `keep_record`
         (any generation; see :meth:`adopt`)."""
         return []
 
-    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         """Remove what :meth:`debris` lists; return it."""
         return []
 
     # partial generations --------------------------------------------------
-    def record_staging(self, token: Any, record: dict) -> None:
+    def record_staging(self, token: StagingToken, record: ProducerRecord) -> None:
         """Remember who produces the staging area `token` (generation, fingerprint hash, sample count)."""
 
-    def keep(self, token: Any) -> None:
+    def keep(self, token: StagingToken) -> None:
         """Leave the staging area `token` for a later writer of the same generation (see :meth:`adopt`)."""
         self.discard(token)  # a backend that cannot keep one discards it
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> Any | None:
+    def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
         """Take over a partial staging area of `generation` whose producer record matches `record`.
 
         Only called by the holder of the writer lease, so no staging area is
@@ -526,15 +412,15 @@ class Backend(ABC):
         """
         return None
 
-    def with_budget(self, token: Any, budget: Budget) -> Any:
+    def with_budget(self, token: StagingToken, budget: Budget) -> StagingToken:
         """`token` with its budget replaced (an adopted token gets one after the debris is gone)."""
         return dataclasses.replace(token, budget=budget)
 
-    def present(self, token: Any) -> Any:
+    def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         """Sorted indices already written into the staging area `token` (a numpy int64 array)."""
         return np.zeros(0, dtype=np.int64)
 
-    def open_staging(self, token: Any) -> "StagingData | None":
+    def open_staging(self, token: StagingToken) -> StagingData | None:
         """Read access to the samples written so far into `token` (``None`` when not supported here)."""
         return None
 
@@ -542,4 +428,5 @@ class Backend(ABC):
         """Release everything the backend holds."""
 
     def now(self) -> float:
+        """The time a backend stamps on what it creates."""
         return time.time()

@@ -55,104 +55,55 @@ import errno
 import json
 import logging
 import os
-import re
 import secrets
 import stat
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection
+from typing import Collection
 
 import numpy as np
-import xxhash
+import numpy.typing as npt
 
 from .. import safefs
+from ..budget import Budget
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
+from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from ..scratch import dead_windows, pid_alive
-from .base import Backend, Budget, GenerationData, GenerationInfo, ShardWriter
+from .base import Backend, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta
+from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
+from .staging import STAGING_META, mark_committing, matches, parse_staging, staging_dirname, staging_record
 
 log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
-STAGING_META = "staging.json"
-MANIFEST_NAME = "manifest.json"
 GEN_PREFIX = "gen-"
-STAGING_PREFIX = ".staging-"
-# Temp names made by write_json_atomic: .<name>.<pid>.<hex>.tmp
-_TMP_RE = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
 
 
 def gen_dirname(generation: int) -> str:
     return f"{GEN_PREFIX}{generation:06d}"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to `path` via a temp file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with os.fdopen(safefs.create_new(tmp), "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
-        fsync_dir(path.parent)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if is_out_of_space(exc):
-            raise out_of_space(exc, f"writing {path.name}", path.parent) from exc
-        raise
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class StagingToken:
-    """Names a staging area; small and picklable so worker processes can write into it."""
-
-    path: str
-    generation: int
-    budget: Budget
-    num_samples: int | None
-    compress: bool
-    allow_pickle: bool
-
-
-def parse_staging(name: str) -> tuple[int, int] | None:
-    """``(generation, pid)`` of a staging directory name, ``None`` if it is not one."""
-    if not name.startswith(STAGING_PREFIX):
-        return None
-    parts = name[len(STAGING_PREFIX):].split("-")
-    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
 class DirectoryBackend(Backend):
     """Catalog of generations as directories; subclasses store the samples."""
 
-    def __init__(self, root: str, **options: Any) -> None:
-        super().__init__(root, **options)
+    def __init__(self, root: str, *, compression: str | None, allow_pickle: bool, verify: bool) -> None:
+        super().__init__(root, compression=compression, allow_pickle=allow_pickle, verify=verify)
         self.path = Path(root)
 
     # metadata -----------------------------------------------------------
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> StoreMeta | None:
         try:
-            return safefs.read_json(self.path / META_NAME, "the store metadata")
+            meta: StoreMeta = safefs.read_json(self.path / META_NAME, "the store metadata")
+            return meta
         except FileNotFoundError:
             return None
         except ValueError as exc:
             raise CacheStoreError(f"{self.path / META_NAME} is unreadable ({exc}); "
                                   "the store metadata is damaged") from exc
 
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: StoreMeta) -> None:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -163,7 +114,7 @@ class DirectoryBackend(Backend):
 
     # catalog ------------------------------------------------------------
     def generations(self) -> list[GenerationInfo]:
-        infos = []
+        infos: list[GenerationInfo] = []
         if not self.path.is_dir():
             return infos
         for entry in sorted(self.path.iterdir()):
@@ -187,75 +138,22 @@ class DirectoryBackend(Backend):
         """What listing shows of `gen_dir`; ``None`` when it vanished (pruned) while we looked."""
         generation = int(gen_dir.name[len(GEN_PREFIX):])
         try:
-            manifest, damage = self._check_generation(gen_dir, generation)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files)
             st = gen_dir.lstat()
         except FileNotFoundError:
             return None
         if damage is not None:
             return GenerationInfo(
-                id=generation, num_samples=_int(manifest, "num_samples"), nbytes=allocated_bytes(gen_dir),
+                id=generation, num_samples=manifest_int(manifest, "num_samples"), nbytes=allocated_bytes(gen_dir),
                 committed=False, created=st.st_mtime, path=str(gen_dir), damaged=damage,
                 extra=manifest.get("extra", {}) if isinstance(manifest.get("extra"), dict) else {})
         return GenerationInfo(
             id=generation, num_samples=int(manifest["num_samples"]),
             nbytes=allocated_bytes(gen_dir), committed=True, created=float(manifest["created"]),
             path=str(gen_dir), layout=manifest.get("layout"),
-            raw_bytes=_int(manifest, "raw_bytes"), stored_bytes=_int(manifest, "stored_bytes"),
+            raw_bytes=manifest_int(manifest, "raw_bytes"), stored_bytes=manifest_int(manifest, "stored_bytes"),
             extra=manifest.get("extra", {}),
         )
-
-    def _check_generation(self, gen_dir: Path, generation: int) -> tuple[dict, str | None]:
-        """``(manifest, why it is damaged or None)`` from cheap checks: names, manifest, file sizes.
-
-        A generation directory is only ever made by a commit (a rename of a finished
-        staging area), so one without a readable manifest, or whose files do not have
-        the sizes the manifest recorded, is damage - not a commit in progress.
-
-        Raises
-        ------
-        FileNotFoundError
-            `gen_dir` is gone (removed by a concurrent prune).
-        """
-        kind = safefs.describe_entry(gen_dir)
-        if kind == "missing":
-            raise FileNotFoundError(gen_dir)
-        if kind != "a directory":
-            return {}, f"{gen_dir} is {kind}, not a generation directory the store made"
-        path = gen_dir / MANIFEST_NAME
-        try:
-            manifest = safefs.read_json(path)
-        except FileNotFoundError:
-            if not os.path.lexists(gen_dir):
-                raise
-            return {}, f"{path} is missing"
-        except (OSError, ValueError) as exc:
-            return {}, f"{path} is a symlink" if os.path.islink(path) else f"{path} is unreadable ({exc})"
-        if not isinstance(manifest, dict):
-            return {}, f"{path} is not a manifest (a JSON object)"
-        fields = {"generation": int, "num_samples": int, "created": (int, float)}
-        for name, types in fields.items():
-            if not isinstance(manifest.get(name), types) or isinstance(manifest.get(name), bool):
-                return {}, f"{path} is invalid: {name!r} is {manifest.get(name)!r}"
-        if manifest["generation"] != generation or manifest["num_samples"] < 0:
-            return manifest, (f"{path} is invalid: it names generation {manifest['generation']} "
-                              f"with {manifest['num_samples']} samples")
-        files = manifest.get("files", {})  # recorded at commit; older stores have none
-        for name, expected in sorted(files.items() if isinstance(files, dict) else ()):
-            st = safefs.lstat_or_none(gen_dir / name)
-            if st is None and not os.path.lexists(gen_dir):
-                raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked
-            if st is None or not stat.S_ISREG(st.st_mode):
-                state = "missing" if st is None else safefs.describe_entry(gen_dir / name)
-                return manifest, f"{gen_dir / name} is {state} (the manifest records a file of {expected} bytes)"
-            if st.st_size != expected:
-                how = "truncated" if st.st_size < expected else "longer than written"
-                return manifest, f"{gen_dir / name} is {how}: {st.st_size} bytes, the manifest recorded {expected}"
-        damage = self._check_files(gen_dir, manifest)
-        if damage is None and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
-            damage = f"{path} does not match its checksum (edited or damaged since the commit)"
-        if damage is not None and not os.path.lexists(gen_dir):
-            raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked: gone, not damaged
-        return manifest, damage
 
     def _damaged(self, generation: int, why: str) -> CorruptSampleError:
         exc = CorruptSampleError(f"generation {generation} of {self.path} is damaged: {why}; "
@@ -277,7 +175,7 @@ class DirectoryBackend(Backend):
             else:
                 raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
                                       "write a new generation id or prune this one first")
-        staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
+        staging = self.path / staging_dirname(generation)
         try:
             staging.mkdir(parents=True)
         except OSError as exc:
@@ -291,7 +189,7 @@ class DirectoryBackend(Backend):
         safefs.require_real_dir(token.path, "staging area")
         return self._shard(token, shard_id)
 
-    def commit(self, token: StagingToken, num_samples: int | None, extra: dict) -> GenerationInfo:
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict[str, object]) -> GenerationInfo:
         staging = Path(token.path)
         final = self.path / gen_dirname(token.generation)
         if os.path.lexists(final):
@@ -300,9 +198,9 @@ class DirectoryBackend(Backend):
         # Every writer has closed its shard by now: a temp file left is a killed writer's half-written
         # one (a rename that never came), not part of the generation.
         for entry in staging.iterdir():
-            if _TMP_RE.match(entry.name):
+            if TEMP_NAME.match(entry.name):
                 safefs.unlink_name(entry)
-        _mark_committing(staging)
+        mark_committing(staging)
         try:
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
@@ -322,7 +220,7 @@ class DirectoryBackend(Backend):
             manifest["checksum"] = manifest_checksum(manifest)
             write_json_atomic(staging / MANIFEST_NAME, manifest)
             # Shards each kept within the budget; together, with index and manifest, they may not.
-            token.budget.check_usage(token.generation, allocated_bytes(staging))
+            token.write_budget().check_usage(token.generation, allocated_bytes(staging))
         except BudgetExceededError:
             raise
         except OSError as exc:
@@ -342,7 +240,7 @@ class DirectoryBackend(Backend):
         remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
     # partial generations ----------------------------------------------------
-    def record_staging(self, token: StagingToken, record: dict) -> None:
+    def record_staging(self, token: StagingToken, record: ProducerRecord) -> None:
         safefs.require_real_dir(token.path, "staging area")
         write_json_atomic(Path(token.path) / STAGING_META, {**record, "kept": False})
 
@@ -359,7 +257,7 @@ class DirectoryBackend(Backend):
         except OSError:  # BudgetExceededError included: on a full disk the room matters more
             self.discard(token)
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> StagingToken | None:
+    def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
         if num_samples is None or record.get("fingerprint") is None:
             return None  # without them nothing says the samples are this producer's
         if os.path.lexists(self.path / gen_dirname(generation)):
@@ -370,7 +268,7 @@ class DirectoryBackend(Backend):
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
         old = max(found, key=allocated_bytes)
-        staging = self.path / f"{STAGING_PREFIX}{generation:06d}-{os.getpid()}-{secrets.token_hex(4)}"
+        staging = self.path / staging_dirname(generation)
         os.rename(old, staging)
         fsync_dir(self.path)
         for entry in staging.iterdir():
@@ -380,10 +278,10 @@ class DirectoryBackend(Backend):
         write_json_atomic(staging / STAGING_META, {**record, "generation": generation, "kept": False})
         log.info("adopted the partial generation %d in %s (%d of %d samples present)", generation, old.name,
                  kept, num_samples)
-        return StagingToken(str(staging), generation, None, num_samples,  # type: ignore[arg-type]
-                            self.compression == "zstd", self.allow_pickle)
+        return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",
+                            self.allow_pickle)
 
-    def present(self, token: StagingToken) -> np.ndarray:
+    def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         return np.unique(self._logged(Path(token.path)))
 
     def _staging_entries(self) -> list[tuple[Path, tuple[int, int]]]:
@@ -395,7 +293,7 @@ class DirectoryBackend(Backend):
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
-            manifest, damage = self._check_generation(gen_dir, generation)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files)
         except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
@@ -412,7 +310,7 @@ class DirectoryBackend(Backend):
         gen_dir = self.path / gen_dirname(generation)
         freed = allocated_bytes(gen_dir)
         # Rename first so a concurrent reader never opens a half-deleted generation.
-        doomed = self.path / f"{STAGING_PREFIX}{generation:06d}-0-{secrets.token_hex(4)}"
+        doomed = self.path / staging_dirname(generation, pid=0)
         try:
             os.rename(gen_dir, doomed)
         except FileNotFoundError:
@@ -420,9 +318,9 @@ class DirectoryBackend(Backend):
         remove_paths([str(doomed)])
         return freed
 
-    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
-        found = []
+        found: list[tuple[str, int]] = []
         if not self.path.is_dir():
             return found
         for entry in self.path.iterdir():
@@ -432,13 +330,13 @@ class DirectoryBackend(Backend):
                         staging_record(entry), keep_record):
                     continue  # a partial generation of this producer: the next writer adopts it
                 found.append((str(entry), allocated_bytes(entry)))
-            elif (tmp := _TMP_RE.match(entry.name)) and not pid_alive(int(tmp.group(1))):
+            elif (tmp := TEMP_NAME.match(entry.name)) and not pid_alive(int(tmp.group(1))):
                 # a live pid may be between writing and renaming its temp file
                 found.append((str(entry), allocated_bytes(entry)))
         found += dead_windows(self.path)
         return sorted(found)
 
-    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         removed = self.debris(keep_pid, keep_record, keep_paths)
         remove_paths([path for path, _ in removed])
@@ -446,7 +344,7 @@ class DirectoryBackend(Backend):
 
 
     # for subclasses -------------------------------------------------------
-    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
         """Backend checks cheap enough for listing (headers, small files); why it is damaged, or ``None``."""
         return None
 
@@ -455,16 +353,16 @@ class DirectoryBackend(Backend):
         """A shard writer for `token` (runs in any process)."""
 
     @abstractmethod
-    def _finalize(self, staging: Path, num_samples: int | None) -> dict:
+    def _finalize(self, staging: Path, num_samples: int | None) -> Manifest:
         """Merge shards, check every index is present once; return manifest fields
         (at least ``num_samples``; also ``layout``, ``raw_bytes``, ``stored_bytes``)."""
 
     @abstractmethod
-    def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
+    def _open(self, gen_dir: Path, manifest: Manifest) -> GenerationData:
         """Read access to a committed generation directory."""
 
     @abstractmethod
-    def _logged(self, staging: Path) -> np.ndarray:
+    def _logged(self, staging: Path) -> npt.NDArray[np.int64]:
         """Every index the shards of `staging` recorded as written (duplicates included)."""
 
     @abstractmethod
@@ -474,74 +372,3 @@ class DirectoryBackend(Backend):
         Renames every shard to ``prefix + shard id`` and keeps, per index in
         ``0..num_samples-1``, one entry whose record passes its checksum.
         """
-
-
-def staging_record(staging: Path) -> dict | None:
-    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
-    try:
-        record = safefs.read_json(staging / STAGING_META)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _mark_committing(staging: Path) -> None:
-    """Make a staging area unadoptable before its commit changes it.
-
-    ``_finalize`` is not a step a later writer can resume: it drops the shards' logs and may
-    rewrite the data (LMDB's columns, memmap's index), so a writer killed in the middle of it
-    leaves an area whose samples no log describes. Such an area is debris, never a partial
-    generation; without room for the mark, the record goes (an area without one is debris too).
-    """
-    record = staging_record(staging)
-    if record is None:
-        return
-    try:
-        write_json_atomic(staging / STAGING_META, {**record, "committing": True})
-    except OSError:
-        safefs.unlink_name(staging / STAGING_META)
-
-
-def matches(found: dict | None, wanted: dict) -> bool:
-    """Whether a staging record names the producer `wanted` names (every field `wanted` has);
-    never one whose commit began (see :func:`_mark_committing`)."""
-    if found is None or wanted.get("fingerprint") is None or found.get("committing"):
-        return False
-    return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
-
-
-def manifest_checksum(manifest: dict) -> str:
-    """xxh3 of a manifest's canonical JSON (its ``checksum`` field left out).
-
-    Listing compares it, so a manifest edited or damaged in place (a sample
-    count that no longer matches the data, say) is found without reading data.
-    """
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True, default=str).encode())
-
-
-def _int(manifest: dict, key: str) -> int:
-    value = manifest.get(key, 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def check_complete(indices: Any, num_samples: int | None, where: str) -> int:
-    """Verify `indices` hold ``0..n-1`` exactly once; return n."""
-    indices = np.asarray(indices, dtype=np.int64)
-    n = int(indices.max()) + 1 if indices.size else 0
-    if num_samples is not None:
-        if n > num_samples:
-            raise CacheStoreError(f"{where}: index {n - 1} written but the generation has {num_samples} samples")
-        n = num_samples
-    counts = np.bincount(indices, minlength=n) if indices.size else np.zeros(n, dtype=np.int64)
-    missing = np.flatnonzero(counts == 0)
-    dup = np.flatnonzero(counts > 1)
-    if missing.size or dup.size:
-        parts = []
-        if missing.size:
-            parts.append(f"{missing.size} indices never written (e.g. {missing[:5].tolist()})")
-        if dup.size:
-            parts.append(f"{dup.size} written more than once (e.g. {dup[:5].tolist()})")
-        raise CacheStoreError(f"{where} cannot be committed: {'; '.join(parts)}; "
-                              "a generation must hold every index 0..n-1 exactly once")
-    return n

@@ -25,18 +25,24 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import lmdb
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec, safefs
+from ..budget import Budget
+from ..checksums import checksum
+from ..codec import Leaf, Sample, TreeDef
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from ..safefs import fsync_dir, write_json_atomic
 from . import lmdb_columns
-from .base import GenerationData, ShardWriter, StagingData, checksum
-from .directory import DirectoryBackend, StagingToken, check_complete, fsync_dir, write_json_atomic
+from .base import GenerationData, ShardWriter, StagingData, StagingToken
+from .directory import DirectoryBackend
 from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
+from .manifest import Manifest
+from .staging import check_complete
 
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
@@ -117,11 +123,15 @@ def _allocate_lock_file(staging: Path, create: bool = False) -> None:
 
 
 class LmdbShard(ShardWriter):
+    """Writes one shard's records into the staging area's environment, a short transaction per flush."""
+
     def __init__(self, token: StagingToken, shard_id: str) -> None:
-        super().__init__(token.generation, token.budget, token.num_samples, token.compress, token.allow_pickle)
+        super().__init__(token.generation, token.write_budget(), token.num_samples, token.compress,
+                         token.allow_pickle)
         self.dir = Path(token.path)
         self.shard_id = shard_id
-        self._env: Any = None
+        self._env: lmdb.Environment | None = None
+        self._env_pid = -1
         self._env_key = ("write", str(self.dir))
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_indices: list[int] = []
@@ -130,9 +140,9 @@ class LmdbShard(ShardWriter):
         # (record bytes, structure) every record of this shard shares, "mixed" once one differs:
         # the commit learns from the shards' stats, without reading a record, that a
         # generation's wide records share one layout (see lmdb_columns.RECORDS).
-        self._layout: tuple[int, tuple] | str | None = None
+        self._layout: tuple[int, TreeDef] | str | None = None
 
-    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         record = codec.encode_record(treedef, leaves, self.compress)
         if self._layout is None:
             self._layout = (len(record), treedef)
@@ -215,7 +225,7 @@ class LmdbShard(ShardWriter):
 class LmdbBackend(DirectoryBackend):
     name = "lmdb"
 
-    def begin(self, generation: int, budget: Any, num_samples: int | None) -> StagingToken:
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         token = super().begin(generation, budget, num_samples)
         try:
             _allocate_lock_file(Path(token.path), create=True)
@@ -239,7 +249,7 @@ class LmdbBackend(DirectoryBackend):
         finally:
             os.close(fd)
 
-    def _finalize(self, staging: Path, num_samples: int | None) -> dict:
+    def _finalize(self, staging: Path, num_samples: int | None) -> Manifest:
         raw = stored = 0
         keys = np.zeros(0, dtype=np.int64)
         layouts = []
@@ -283,8 +293,9 @@ class LmdbBackend(DirectoryBackend):
         if len(keys) != n or (len(keys) and keys.max() >= n):
             raise CacheStoreError(f"generation in {staging} cannot be committed: LMDB holds {len(keys)} "
                                   f"records where its writers logged indices 0..{n - 1}")
-        summary = {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
-        if n and not self.compression and (self.read_meta() or {}).get("format", 1) >= COLUMNS_FORMAT:
+        summary: Manifest = {"num_samples": n, "layout": "records", "raw_bytes": raw, "stored_bytes": stored}
+        store_format = (self.read_meta() or {}).get("format", 1)
+        if n and not self.compression and isinstance(store_format, int) and store_format >= COLUMNS_FORMAT:
             columns = self._to_columns(staging, n, one_layout)
             if columns is not None and columns["lmdb_layout"] == lmdb_columns.LAYOUT:
                 summary.update(columns, layout="fixed", stored_bytes=raw)
@@ -293,7 +304,8 @@ class LmdbBackend(DirectoryBackend):
         (staging / "lock.mdb").unlink(missing_ok=True)
         return summary
 
-    def _to_columns(self, staging: Path, n: int, one_layout: list | None) -> dict | None:
+    def _to_columns(self, staging: Path, n: int,
+                    one_layout: list[object] | None) -> lmdb_columns.LayoutFields | None:
         """Rewrite a generation of fixed-shape samples by column (see :mod:`.lmdb_columns`).
 
         `one_layout`: ``[record bytes, structure]`` when every shard reported that all its records
@@ -316,11 +328,11 @@ class LmdbBackend(DirectoryBackend):
             lmdb_columns.replace_data(staging, target)
         return columns
 
-    def _open(self, gen_dir: Path, manifest: dict) -> GenerationData:
+    def _open(self, gen_dir: Path, manifest: Manifest) -> GenerationData:
         return LmdbGeneration(gen_dir, manifest, self.verify)
 
     # partial generations ----------------------------------------------------
-    def _logged(self, staging: Path) -> np.ndarray:
+    def _logged(self, staging: Path) -> npt.NDArray[np.int64]:
         parts = []
         for log_file in sorted(staging.glob("keys-*.bin")):
             data = safefs.read_bytes(log_file)
@@ -366,7 +378,7 @@ class LmdbStaging(StagingData):
         self.dir = staging
         self.verify = verify
         self._key = ("write", str(staging))  # the environment shard writers of this process share
-        self._env: Any = None
+        self._env: lmdb.Environment | None = None
         self._pid = -1
 
     def _value(self, index: int) -> bytes | None:
@@ -393,7 +405,7 @@ class LmdbStaging(StagingData):
     def sound(self, index: int) -> bool:
         return self._record(index) is not None
 
-    def read(self, index: int) -> Any:
+    def read(self, index: int) -> Sample:
         record = self._record(index)
         if record is None:
             raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is missing or corrupt")
@@ -404,7 +416,7 @@ class LmdbStaging(StagingData):
             release_env(self._key, self._pid)
         self._env = None
 
-    def _check_files(self, gen_dir: Path, manifest: dict) -> str | None:
+    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
         data = gen_dir / "data.mdb"
         kind = safefs.describe_entry(data)
         return None if kind == "a file" else f"{data} is {kind}"

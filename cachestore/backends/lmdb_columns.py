@@ -1,8 +1,8 @@
 """The columnar layout of an LMDB generation: fixed-shape samples stored by column, in chunks.
 
 Record by record, a batch of LMDB values is a loop in Python: one ``get``, one
-copy per leaf and one hash per sample, about 5x torch for small samples and
-0.4x memcpy for 48 KiB ones. When every sample of a generation has one fixed,
+copy per leaf and one hash per sample, far from memory speed for small samples
+and for large ones alike. When every sample of a generation has one fixed,
 stackable structure (and no compression) and a sample takes at most
 ``MAX_ROW_BYTES``, the commit rewrites the records as the memmap layout does, in
 chunks of ``chunk_rows`` samples:
@@ -11,18 +11,17 @@ chunks of ``chunk_rows`` samples:
   record key): the raw rows of that leaf for samples
   ``chunk * chunk_rows ..`` (the last chunk is shorter);
 * key ``C | 0xFFFFFFFF | chunk``: one little-endian ``u64`` checksum per row,
-  :func:`~.base.checksum` of the row's leaves (as memmap's index holds it).
+  :func:`~cachestore.checksums.checksum` of the row's leaves (as memmap's index holds it).
 
 A batch is then one ``get`` per chunk touched and array (values are read in
 place from LMDB's map), one fancy-index copy per chunk and leaf, and one hash
 per row. ``chunk_rows`` makes a chunk of all leaves about ``CHUNK_BYTES``
-(4 MiB: 2.0M samples/s for 16-float samples, 1.2M with 1 MiB chunks, 0.5M with
-256 KiB ones).
+(larger chunks read small samples faster: fewer ``get`` calls per batch).
 
 Wide samples (over ``MAX_ROW_BYTES``) keep one record each: a record's one
 ``get`` already moves a whole row, and the columns cost a ``get`` per leaf and
-per checksum chunk for each row touched, plus the Python around each: a 48 KiB
-sample read at 54k samples/s by column against 130k/s as a record. When they
+per checksum chunk for each row touched, plus the Python around each, so a wide
+sample reads faster as a record than by column. When they
 all share one layout, the manifest says so (``lmdb_layout`` ``"fixed-records"``
 and the ``schema``): a batch of them is then gathered straight into the
 caller's arrays, as a column batch is.
@@ -45,14 +44,17 @@ import os
 import shutil
 import struct
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypeAlias
 
 import lmdb
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec
+from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
+from ..codec import Leaf, LeafSpec, TreeDef
 from ..disk import is_out_of_space
-from .base import checksum, first_mismatch, flat_rows, row_checksums
+from .manifest import Manifest
 
 CHUNK_KEY = struct.Struct(">cIQ")
 SUMS = 0xFFFFFFFF  # the leaf number of a chunk's checksums
@@ -67,21 +69,29 @@ RECORDS = "fixed-records"
 MAX_ROW_BYTES = 4096
 _SUM = struct.Struct("<Q")
 
+#: A read transaction whose values are buffers into LMDB's map (``begin(buffers=True)``).
+Txn: TypeAlias = "lmdb.Transaction[memoryview]"
+#: The manifest fields of a layout (see :func:`convert`): plain JSON values.
+LayoutFields: TypeAlias = dict[str, object]
+
 
 def chunk_key(leaf: int, chunk: int) -> bytes:
+    """The key of chunk `chunk` of `leaf` (:data:`SUMS`: its checksums)."""
     return CHUNK_KEY.pack(b"C", leaf, chunk)
 
 
-def row_bytes(specs: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> list[int]:
+def row_bytes(specs: Sequence[LeafSpec]) -> list[int]:
+    """Bytes of one sample in each leaf's column."""
     return [dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in specs]
 
 
 def num_chunks(n: int, chunk_rows: int) -> int:
+    """Chunks of `chunk_rows` rows that `n` samples take."""
     return -(-n // chunk_rows)
 
 
-def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
-            corrupt: Callable[[int, str], Exception], one_layout: list | None = None) -> dict | None:
+def convert(txn: Txn, n: int, target: Path, record_key: Callable[[int], bytes],
+            corrupt: Callable[[int, str], Exception], one_layout: list[object] | None = None) -> LayoutFields | None:
     """Write the `n` records read through `txn` as chunks into a new environment at `target`.
 
     Returns the manifest fields of the columnar layout, or ``None`` (nothing left at
@@ -119,7 +129,8 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
             for r, i in enumerate(range(lo, hi)):
                 value = txn.get(record_key(i))
                 if value is None or len(value) != size or value[_SUM.size:_SUM.size + head] != prefix:
-                    return _give_up(env, target)  # another structure: keep the records
+                    _give_up(env, target)  # another structure: keep the records
+                    return None
                 if checksum([value[_SUM.size:]]) != _SUM.unpack_from(value)[0]:
                     raise corrupt(i, "checksum mismatch while committing")
                 for col, (start, nbytes) in zip(cols, spans):
@@ -136,11 +147,12 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     except lmdb.Error:
         # LMDB reports a full disk as MDB_MAP_FULL, a disk error or a bare EIO at commit: the
         # copy is an optimisation, so any failure to write it keeps the (sound) records.
-        return _give_up(env, target)
-    except OSError as exc:
-        if is_out_of_space(exc):
-            return _give_up(env, target)
         _give_up(env, target)
+        return None
+    except OSError as exc:
+        _give_up(env, target)
+        if is_out_of_space(exc):
+            return None
         raise
     except BaseException:
         _give_up(env, target)
@@ -149,39 +161,38 @@ def convert(txn: Any, n: int, target: Path, record_key: Callable[[int], bytes],
     return {"lmdb_layout": LAYOUT, "schema": codec.treedef_to_json(treedef), "chunk_rows": chunk_rows}
 
 
-def _fixed_records(treedef: tuple, size: int, one_layout: list | None) -> dict | None:
+def _fixed_records(treedef: TreeDef, size: int, one_layout: list[object] | None) -> LayoutFields | None:
     """The manifest fields of wide records that all share record 0's layout, else ``None``.
 
     Such a generation keeps its records, but says its batch layout up front, so a batch can
     be gathered straight into a caller's arrays (a worker's shared-memory slot) instead of
     into new ones copied there after. Whether they all share it comes from the shards, which
-    compared every record they wrote: reading each record's header here cost 11 us a record
-    (its first page mapped into this process), a second per 100k samples in the training
-    process. Each record's checksum is still verified when it is read, and a record of another
+    compared every record they wrote: reading each record's header here would map each
+    record's first page into the training process, at every commit. Each record's checksum
+    is still verified when it is read, and a record of another
     layout in such a generation is damage.
     """
-    if one_layout is None or one_layout[0] + _SUM.size != size or \
+    if one_layout is None or not isinstance(one_layout[0], int) or one_layout[0] + _SUM.size != size or \
             codec.treedef_from_json(one_layout[1]) != treedef:
         return None
     return {"lmdb_layout": RECORDS, "schema": codec.treedef_to_json(treedef)}
 
 
-def _put(env: Any, items: list[tuple[bytes, bytes]]) -> None:
+def _put(env: lmdb.Environment, items: list[tuple[bytes, bytes]]) -> None:
     with env.begin(write=True) as txn:
         for key, value in items:
             txn.put(key, value)
 
 
-def _give_up(env: Any, target: Path) -> None:
+def _give_up(env: lmdb.Environment, target: Path) -> None:
     env.close()
     shutil.rmtree(target, ignore_errors=True)
-    return None
 
 
 class Columns:
     """Reads one columnar generation (see the module docstring) through an LMDB environment."""
 
-    def __init__(self, manifest: dict, num_samples: int, corrupt: Callable[[int, str], Exception]) -> None:
+    def __init__(self, manifest: Manifest, num_samples: int, corrupt: Callable[[int, str], Exception]) -> None:
         self.schema = codec.treedef_from_json(manifest["schema"])
         self.specs = codec.leaf_specs(self.schema)
         self.widths = row_bytes(self.specs)
@@ -193,7 +204,7 @@ class Columns:
         """Values a sound generation holds: one per chunk and leaf, plus the checksums."""
         return num_chunks(self.n, self.chunk_rows) * (len(self.specs) + 1)
 
-    def _chunk(self, txn: Any, leaf: int, chunk: int, index: int) -> np.ndarray:
+    def _chunk(self, txn: Txn, leaf: int, chunk: int, index: int) -> npt.NDArray[np.uint8]:
         """Chunk `chunk` of `leaf` as ``(rows, width)`` bytes, read in place (valid within `txn`)."""
         rows = min(self.chunk_rows, self.n - chunk * self.chunk_rows)
         width = _SUM.size if leaf == SUMS else self.widths[leaf]
@@ -202,7 +213,7 @@ class Columns:
             raise self.corrupt(index, "its chunk is missing or has the wrong size")
         return np.frombuffer(value, np.uint8).reshape(rows, width)
 
-    def read(self, txn: Any, i: int, verify: bool) -> list[np.ndarray]:
+    def read(self, txn: Txn, i: int, verify: bool) -> list[Leaf]:
         """The leaves of sample `i`, copied out of the map."""
         c, r = divmod(i, self.chunk_rows)
         rows = [self._chunk(txn, k, c, i)[r] for k in range(len(self.specs))]
@@ -210,7 +221,7 @@ class Columns:
             raise self.corrupt(i, "checksum mismatch")
         return [row.view(dtype).reshape(shape).copy() for row, (dtype, shape) in zip(rows, self.specs)]
 
-    def gather(self, txn: Any, idx: np.ndarray, out: list[np.ndarray] | None, verify: bool) -> list[np.ndarray]:
+    def gather(self, txn: Txn, idx: npt.NDArray[np.int64], out: list[Leaf] | None, verify: bool) -> list[Leaf]:
         """Rows `idx` (checked) into `out`: per chunk touched, one get per leaf and one copy."""
         n = idx.size
         if out is None:
@@ -219,7 +230,7 @@ class Columns:
         chunks, within = np.divmod(idx, self.chunk_rows)
         order = np.argsort(chunks, kind="stable")
         bounds = np.flatnonzero(np.diff(chunks[order])) + 1
-        expected = np.empty(n, dtype="<u8") if verify else None
+        expected = np.empty(n if verify else 0, dtype="<u8")
         for group in np.split(order, bounds) if n else []:
             c, rows = int(chunks[group[0]]), within[group]
             first = int(idx[group[0]])

@@ -11,18 +11,29 @@ import os
 import struct
 import threading
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeAlias, cast
 
 import lmdb
 import numpy as np
 import xxhash
 
 from .. import codec
+from ..checksums import checksum
+from ..codec import Batch, Leaf, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CorruptSampleError
+from ..native import native_gather
 from . import lmdb_columns
-from .base import GenerationData, batch_indices, checksum, native_gather
+from .base import BatchLayout, GenerationData
+from .batch import Indices, batch_indices
+from .manifest import Manifest
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+    from ..native import Bytes
 
 KEY = struct.Struct(">Q")  # a record's key: its index, big-endian so the key order is the index order
 SUM = struct.Struct("<Q")  # the checksum a record's value starts with
@@ -39,39 +50,50 @@ def record_key(index: int) -> bytes:
 # process keeps one Environment per generation (readers) or staging area (shard writers),
 # shared and counted. An entry inherited through fork is closed in the child - that touches
 # none of the parent's locks or reader slots - and opened afresh.
-ENVS: dict[Any, list] = {}  # key -> [pid, env, refs]
+#: ``("read", st_dev, st_ino)`` of a generation's data file, ``("write", path)`` of a staging area.
+EnvKey: TypeAlias = tuple[str | int, ...]
+
+
+@dataclass
+class _Env:
+    pid: int  # the process that opened it
+    env: lmdb.Environment
+    refs: int
+
+
+ENVS: dict[EnvKey, _Env] = {}
 # Re-entrant: opening an environment may run garbage collection, whose finalizers release others.
 ENVS_LOCK = threading.RLock()
 
 
-def acquire_env(key: Any, opener: Callable[[], Any]) -> Any:
+def acquire_env(key: EnvKey, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
     """This process's environment for `key`, opened with `opener()` if it has none; counted."""
     with ENVS_LOCK:
         entry = ENVS.get(key)
-        if entry is not None and entry[0] != os.getpid():
+        if entry is not None and entry.pid != os.getpid():
             del ENVS[key]
-            entry[1].close()
+            entry.env.close()
             entry = None
         if entry is None:
-            entry = [os.getpid(), opener(), 0]
+            entry = _Env(os.getpid(), opener(), 0)
             ENVS[key] = entry
-        entry[2] += 1
-        return entry[1]
+        entry.refs += 1
+        return entry.env
 
 
-def release_env(key: Any, pid: int) -> None:
+def release_env(key: EnvKey, pid: int) -> None:
     """Count down what :func:`acquire_env` counted in process `pid`; close with the last user."""
     with ENVS_LOCK:
         entry = ENVS.get(key)
-        if entry is None or entry[0] != pid or pid != os.getpid():
+        if entry is None or entry.pid != pid or pid != os.getpid():
             return  # acquired before a fork: the child's entry is not ours to count down
-        entry[2] -= 1
-        if entry[2] <= 0:
+        entry.refs -= 1
+        if entry.refs <= 0:
             del ENVS[key]
-            entry[1].close()
+            entry.env.close()
 
 
-def _destinations(treedef: tuple, n: int, out: list[np.ndarray] | None) -> list[np.ndarray]:
+def _destinations(treedef: TreeDef, n: int, out: list[Leaf] | None) -> list[Leaf]:
     """The arrays a batch of `n` samples of `treedef` lands in: `out` (checked) or new ones."""
     specs = codec.leaf_specs(treedef)
     if out is None:
@@ -84,13 +106,15 @@ def _destinations(treedef: tuple, n: int, out: list[np.ndarray] | None) -> list[
 
 
 class LmdbGeneration(GenerationData):
-    def __init__(self, gen_dir: Path, manifest: dict, verify: bool) -> None:
+    """A committed LMDB generation: records, fixed-layout records, or columns."""
+
+    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool) -> None:
         super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
         self.dir = gen_dir
-        self._env: Any = None
+        self._env: lmdb.Environment | None = None
         self._pid = -1
         self.columns: lmdb_columns.Columns | None = None
-        self.fixed: tuple[tuple, list] | None = None  # (schema, leaf specs) of fixed-layout records
+        self.fixed: BatchLayout | None = None  # of fixed-layout records
         try:
             if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
                 self.columns = lmdb_columns.Columns(manifest, self.num_samples, self.corrupt)
@@ -103,8 +127,9 @@ class LmdbGeneration(GenerationData):
         self.env  # open now so a damaged file fails at open, not at the first read
 
     @property
-    def env(self) -> Any:
-        if self._pid != os.getpid():
+    def env(self) -> lmdb.Environment:
+        """This process's environment of the generation (opened again after a fork)."""
+        if self._env is None or self._pid != os.getpid():
             data = self.dir / "data.mdb"
             try:
                 st = os.stat(data)
@@ -118,7 +143,7 @@ class LmdbGeneration(GenerationData):
             self._release = weakref.finalize(self, release_env, key, self._pid)
         return self._env
 
-    def _open(self) -> Any:
+    def _open(self) -> lmdb.Environment:
         data = self.dir / "data.mdb"
         try:
             env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
@@ -143,7 +168,7 @@ class LmdbGeneration(GenerationData):
                                      f"but its manifest says {expected} ({self.num_samples} samples)")
         return env
 
-    def _leaves(self, i: int, value: Any, copy: bool) -> tuple[tuple, list[np.ndarray]]:
+    def _leaves(self, i: int, value: bytes | memoryview | None, copy: bool) -> tuple[TreeDef, list[Leaf]]:
         """Check and parse one stored value into ``(treedef, leaves)``."""
         if value is None:
             raise self.corrupt(i, "its record is missing")
@@ -158,10 +183,10 @@ class LmdbGeneration(GenerationData):
         except CorruptSampleError as exc:
             raise self.corrupt(i, str(exc)) from exc
 
-    def _decode(self, i: int, value: Any, copy: bool) -> Any:
+    def _decode(self, i: int, value: bytes | None, copy: bool) -> Sample:
         return codec.unflatten(*self._leaves(i, value, copy))
 
-    def read(self, index: int, copy: bool = True) -> Any:
+    def read(self, index: int, copy: bool = True) -> Sample:
         i = self.check_index(index)
         if self.columns is not None:
             try:
@@ -176,10 +201,10 @@ class LmdbGeneration(GenerationData):
             raise self.corrupt(i, f"LMDB error: {exc}") from exc
         return self._decode(i, value, copy)
 
-    def batch_layout(self) -> tuple[tuple, list] | None:
+    def batch_layout(self) -> BatchLayout | None:
         return (self.columns.schema, self.columns.specs) if self.columns is not None else self.fixed
 
-    def read_batch(self, indices: Any, out: Any = None) -> Any:
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         if self.columns is not None:
             idx = batch_indices(indices, self.num_samples, self.generation)
             try:
@@ -190,8 +215,8 @@ class LmdbGeneration(GenerationData):
             return codec.unflatten_batch(self.columns.schema, out)
         if out is not None and self.fixed is None:
             raise ValueError("out= is only supported for generations with a fixed layout")
-        checked = batch_indices(indices, self.num_samples, self.generation).tolist()
-        if out is not None and not checked:
+        checked: list[int] = batch_indices(indices, self.num_samples, self.generation).tolist()
+        if out is not None and not checked and self.fixed is not None:
             return codec.unflatten_batch(self.fixed[0], out)
         batch = self._gather(checked, out) if checked else None
         if batch is not None:
@@ -204,7 +229,7 @@ class LmdbGeneration(GenerationData):
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
         return stack_samples([self._decode(i, v, copy=False) for i, v in zip(checked, values)])
 
-    def _gather(self, checked: list[int], out: list[np.ndarray] | None = None) -> Any:
+    def _gather(self, checked: list[int], out: list[Leaf] | None = None) -> Batch | None:
         """The batch when its records share one uncompressed, stackable layout, else ``None``.
 
         In a generation whose manifest says its records share one layout, a record that
@@ -214,8 +239,8 @@ class LmdbGeneration(GenerationData):
         transaction-bound buffers, not ``bytes``), at offsets read from the first record:
         no per-sample copy, decode, sample object or ``np.stack``, each of which cost as much
         as the copy itself. The copies are ``memoryview`` slice assignments: a ``frombuffer``
-        and a numpy row assignment per leaf and sample cost about 1.5 us each, a third of a
-        48 KiB sample's whole read; with the compiled gather (``cachestore/_gather.c``) the records
+        and a numpy row assignment per leaf and sample cost more than the copy of a large
+        sample; with the compiled gather (``cachestore/_gather.c``) the records
         after the first are checked, hashed and copied in one call without the GIL. A record that
         differs sends the batch to the general path.
         """
@@ -223,45 +248,50 @@ class LmdbGeneration(GenerationData):
         body = SUM.size
         try:
             with self.env.begin(buffers=True) as txn:
-                i, value = checked[0], txn.get(pack(checked[0]))
-                self._leaves(i, value, copy=False)  # checks the first record fully
-                record = memoryview(value)[body:]
+                i, first = checked[0], txn.get(pack(checked[0]))
+                self._leaves(i, first, copy=False)  # checks the first record fully
+                value = cast(memoryview, first)  # not None: _leaves raised if it were missing
+                record = value[body:]
                 try:
                     layout = codec.record_layout(record)
                 except CorruptSampleError as exc:
                     raise self.corrupt(i, str(exc)) from exc
                 if layout is None or not codec.is_stackable(layout[0]):
-                    return self._differs(i)
+                    self._differs(i)
+                    return None
                 treedef, head, spans = layout
                 if self.fixed is not None and treedef != self.fixed[0]:
-                    return self._differs(i)
+                    self._differs(i)
+                    return None
                 size, prefix = len(value), bytes(record[:head])
                 out = _destinations(treedef, n, out)
-                copies = [(memoryview(dest).cast("B"), body + start, nbytes)
+                copies = [(memoryview(cast("WriteableBuffer", dest)).cast("B"), body + start, nbytes)
                           for dest, (start, nbytes) in zip(out, spans) if nbytes]
                 for dest, start, nbytes in copies:
                     dest[:nbytes] = value[start:start + nbytes]
                 native = native_gather()
                 if native is not None and len(copies) <= native.MAX_LEAVES:
                     # The rest in one call, the GIL released: hashed, then copied from the cache.
-                    values = [value, *(txn.get(pack(i)) for i in checked[1:])]
+                    values: list[Bytes | None] = [value, *(txn.get(pack(i)) for i in checked[1:])]
                     kind, j = native.gather_records(values, 1, size, body, prefix,
                                                     tuple((start, nbytes) for _, start, nbytes in copies),
                                                     tuple(dest for dest, _, _ in copies), verify)
                     if kind == 1:
-                        return self._differs(checked[j])
+                        self._differs(checked[j])
+                        return None
                     if kind == 2:
                         raise self.corrupt(checked[j], "checksum mismatch")
                     return codec.unflatten_batch(treedef, out)
                 for j in range(1, n):
-                    i, value = checked[j], txn.get(pack(checked[j]))
-                    if value is None or len(value) != size or value[body:body + head] != prefix:
-                        return self._differs(i)
+                    i, other = checked[j], txn.get(pack(checked[j]))
+                    if other is None or len(other) != size or other[body:body + head] != prefix:
+                        self._differs(i)
+                        return None
                     for dest, start, nbytes in copies:
                         at = j * nbytes
-                        dest[at:at + nbytes] = value[start:start + nbytes]
+                        dest[at:at + nbytes] = other[start:start + nbytes]
                     # Hashed after the copy, while the record is still in cache from it.
-                    if verify and hash_of(value[body:]) != SUM.unpack_from(value)[0]:
+                    if verify and hash_of(other[body:]) != SUM.unpack_from(other)[0]:
                         raise self.corrupt(i, "checksum mismatch")
         except lmdb.Error as exc:
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
@@ -272,7 +302,6 @@ class LmdbGeneration(GenerationData):
         unless the manifest promised one layout for every record."""
         if self.fixed is not None:
             raise self.corrupt(i, "its record does not have the generation's fixed layout")
-        return None
 
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():

@@ -13,33 +13,25 @@ is adopted by its next writer of the same generation; it dies with the object
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from dataclasses import dataclass
-from typing import Any, Collection, Sequence
+from typing import Collection
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import codec
+from ..budget import Budget
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import (Backend, Budget, GenerationData, GenerationInfo, ShardWriter, StagingData, batch_indices,
-                   gather_columns)
-from .directory import check_complete
+from .base import (Backend, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
+                   StagingToken, StoreMeta)
+from .batch import Indices, batch_indices, gather_columns
+from .staging import check_complete
 
 _tokens = itertools.count()
-
-
-@dataclass(frozen=True)
-class MemoryToken:
-    key: int
-    generation: int
-    budget: Budget
-    num_samples: int | None
-
-    @property
-    def path(self) -> str:
-        return f"memory:{self.key}"
 
 
 class _Staging:
@@ -49,23 +41,23 @@ class _Staging:
     every sample of that structure is copied into its row: the committed generation then
     uses these arrays as they are. A copy per sample, then a second copy into columns at
     commit, doubled the peak and left the heap fragmented by thousands of sample-sized
-    blocks that the allocator did not hand back after close (~200 MiB in the benchmark).
+    blocks that the allocator did not hand back after close.
     """
 
-    def __init__(self, token: MemoryToken) -> None:
+    def __init__(self, token: StagingToken) -> None:
         self.token = token
-        self.record: dict | None = None
+        self.record: ProducerRecord | None = None
         self.kept = False
-        self.samples: dict[int, tuple[tuple, list[np.ndarray]]] = {}
+        self.samples: dict[int, tuple[TreeDef, list[Leaf]]] = {}
         self.created = time.time()
         self.raw_bytes = 0
         self.rewritten: list[int] = []  # indices put again: commit refuses them, like every backend
-        self.schema: tuple | None = None
-        self.columns: list[np.ndarray] = []
-        self.filled: np.ndarray | None = None  # which rows of the columns hold a sample
+        self.schema: TreeDef | None = None
+        self.columns: list[Leaf] = []
+        self.filled = np.zeros(0, dtype=bool)  # which rows of the columns hold a sample
         self.row_bytes = 0
 
-    def open_columns(self, treedef: tuple, n: int) -> None:
+    def open_columns(self, treedef: TreeDef, n: int) -> None:
         self.schema = treedef
         specs = codec.leaf_specs(treedef)
         self.columns = [np.empty((n, *shape), dtype=dtype) for dtype, shape in specs]
@@ -73,24 +65,25 @@ class _Staging:
         self.row_bytes = sum(col[0].nbytes for col in self.columns)
 
     def has(self, index: int) -> bool:
-        return index in self.samples or (self.filled is not None and index < len(self.filled)
-                                         and bool(self.filled[index]))
+        return index in self.samples or (index < len(self.filled) and bool(self.filled[index]))
 
     def count(self) -> int:
-        return len(self.samples) + (int(self.filled.sum()) if self.filled is not None else 0)
+        return len(self.samples) + int(self.filled.sum())
 
     def indices(self) -> list[int]:
-        in_columns = np.flatnonzero(self.filled).tolist() if self.filled is not None else []
+        in_columns: list[int] = np.flatnonzero(self.filled).tolist()
         return list(self.samples) + in_columns
 
 
 class MemoryShard(ShardWriter):
+    """Copies samples into a staging area of this process's memory."""
+
     def __init__(self, staging: _Staging, allow_pickle: bool) -> None:
         token = staging.token
-        super().__init__(token.generation, token.budget, token.num_samples, False, allow_pickle)
+        super().__init__(token.generation, token.write_budget(), token.num_samples, False, allow_pickle)
         self.staging = staging
 
-    def _write(self, index: int, treedef: tuple, leaves: list[np.ndarray]) -> int:
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         st, n = self.staging, self.staging.token.num_samples
         if (st.schema is None and not st.samples and n and codec.is_stackable(treedef)
                 and codec.leaf_specs(treedef)):
@@ -103,7 +96,7 @@ class MemoryShard(ShardWriter):
             else:
                 st.raw_bytes -= sum(leaf.nbytes for leaf in previous[1])
             st.rewritten.append(index)
-        if treedef == st.schema and index < n:
+        if n is not None and treedef == st.schema and index < n:
             for col, leaf in zip(st.columns, leaves):
                 col[index] = leaf
             st.filled[index] = True
@@ -132,9 +125,10 @@ class MemoryGeneration(GenerationData):
         super().__init__(generation, n, "memory", verify=False)
         self.created = time.time()
         samples = staging.samples
-        self.schema: tuple | None = None
-        self.columns: list[np.ndarray] = []
-        self.samples: list[tuple[tuple, list[np.ndarray]]] | None = None
+        self.schema: TreeDef | None = None
+        self.specs: list[LeafSpec] = []
+        self.columns: list[Leaf] = []
+        self.samples: list[tuple[TreeDef, list[Leaf]]] = []  # when there are no columns
         if staging.schema is not None and n and not samples and len(staging.columns[0]) == n:
             samples = {}  # every sample is already in its row: the staging columns are the generation
             self.schema, self.columns = staging.schema, staging.columns
@@ -164,9 +158,9 @@ class MemoryGeneration(GenerationData):
                 for leaf in leaves:
                     leaf.flags.writeable = False
         self.nbytes = sum(c.nbytes for c in self.columns) + sum(
-            leaf.nbytes for _, leaves in (self.samples or []) for leaf in leaves)
+            leaf.nbytes for _, leaves in self.samples for leaf in leaves)
 
-    def read(self, index: int, copy: bool = True) -> Any:
+    def read(self, index: int, copy: bool = True) -> Sample:
         i = self.check_index(index)
         if self.schema is not None:
             treedef, leaves = self.schema, [col[i, ...] for col in self.columns]
@@ -176,10 +170,10 @@ class MemoryGeneration(GenerationData):
             leaves = [np.array(leaf) for leaf in leaves]
         return codec.unflatten(treedef, leaves)
 
-    def batch_layout(self) -> tuple[tuple, list] | None:
+    def batch_layout(self) -> BatchLayout | None:
         return (self.schema, self.specs) if self.schema is not None else None
 
-    def read_batch(self, indices: Sequence[int], out: list[np.ndarray] | None = None) -> Any:
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         if self.schema is None:
             if out is not None:
                 raise ValueError("out= is only supported for generations with a fixed layout")
@@ -193,12 +187,14 @@ class MemoryGeneration(GenerationData):
 
 
 class MemoryStaging(StagingData):
+    """The samples already in an in-RAM staging area."""
+
     def __init__(self, staging: _Staging) -> None:
         self.staging = staging
 
-    def read(self, index: int) -> Any:
+    def read(self, index: int) -> Sample:
         st = self.staging
-        if index in st.samples:
+        if index in st.samples or st.schema is None:
             treedef, leaves = st.samples[index]
         else:  # in its row of the columns
             treedef, leaves = st.schema, [col[index] for col in st.columns]
@@ -211,16 +207,16 @@ class MemoryBackend(Backend):
     supports_zero_copy = True
     persistent = False
 
-    def __init__(self, root: str, **options: Any) -> None:
-        super().__init__(root, **options)
-        self._meta: dict | None = None
+    def __init__(self, root: str, *, compression: str | None, allow_pickle: bool, verify: bool) -> None:
+        super().__init__(root, compression=compression, allow_pickle=allow_pickle, verify=verify)
+        self._meta: StoreMeta | None = None
         self._gens: dict[int, MemoryGeneration] = {}
-        self._staging: dict[int, _Staging] = {}
+        self._staging: dict[str, _Staging] = {}
 
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> StoreMeta | None:
         return self._meta
 
-    def write_meta(self, meta: dict) -> None:
+    def write_meta(self, meta: StoreMeta) -> None:
         self._meta = dict(meta)
 
     def generations(self) -> list[GenerationInfo]:
@@ -233,44 +229,44 @@ class MemoryBackend(Backend):
                   for s in self._staging.values()]
         return sorted(infos, key=lambda g: (g.id, g.committed))
 
-    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> MemoryToken:
+    def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         if generation in self._gens:
             raise CacheStoreError(f"generation {generation} of memory store {self.root} is already committed")
-        token = MemoryToken(next(_tokens), generation, budget, num_samples)
-        self._staging[token.key] = _Staging(token)
+        token = StagingToken(f"memory:{next(_tokens)}", generation, budget, num_samples, False, self.allow_pickle)
+        self._staging[token.path] = _Staging(token)
         return token
 
-    def shard_writer(self, token: MemoryToken, shard_id: str) -> ShardWriter:
-        staging = self._staging.get(token.key)
+    def shard_writer(self, token: StagingToken, shard_id: str) -> ShardWriter:
+        staging = self._staging.get(token.path)
         if staging is None:
             raise CacheStoreError("a memory store can only be written from the process (and Store object) "
                                   "that opened the writer; use the memmap or lmdb backend to write from workers")
         return MemoryShard(staging, self.allow_pickle)
 
-    def commit(self, token: MemoryToken, num_samples: int | None, extra: dict) -> GenerationInfo:
-        staging = self._staging[token.key]
-        token.budget.check_usage(token.generation, staging.raw_bytes)  # all shards together
+    def commit(self, token: StagingToken, num_samples: int | None, extra: dict[str, object]) -> GenerationInfo:
+        staging = self._staging[token.path]
+        token.write_budget().check_usage(token.generation, staging.raw_bytes)  # all shards together
         n = check_complete(staging.indices() + staging.rewritten, num_samples,
                            f"generation {token.generation} of {self.root}")
         gen = MemoryGeneration(token.generation, staging, n)
-        del self._staging[token.key]
+        del self._staging[token.path]
         self._gens[token.generation] = gen
         return GenerationInfo(id=gen.generation, num_samples=n, nbytes=0, committed=True, created=gen.created,
                               raw_bytes=gen.nbytes, stored_bytes=gen.nbytes, extra=extra)
 
-    def discard(self, token: MemoryToken) -> None:
-        self._staging.pop(token.key, None)
+    def discard(self, token: StagingToken) -> None:
+        self._staging.pop(token.path, None)
 
     # partial generations (within this Store object only) ----------------------
-    def record_staging(self, token: MemoryToken, record: dict) -> None:
-        self._staging[token.key].record = dict(record)
+    def record_staging(self, token: StagingToken, record: ProducerRecord) -> None:
+        self._staging[token.path].record = dict(record)
 
-    def keep(self, token: MemoryToken) -> None:
-        staging = self._staging.get(token.key)
+    def keep(self, token: StagingToken) -> None:
+        staging = self._staging.get(token.path)
         if staging is not None:
             staging.kept = True
 
-    def adopt(self, generation: int, num_samples: int | None, record: dict) -> MemoryToken | None:
+    def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
         if generation in self._gens:
             return None
         for staging in self._staging.values():
@@ -280,30 +276,30 @@ class MemoryBackend(Backend):
                 return staging.token
         return None
 
-    def with_budget(self, token: MemoryToken, budget: Budget) -> MemoryToken:
-        token = MemoryToken(token.key, token.generation, budget, token.num_samples)
-        self._staging[token.key].token = token
+    def with_budget(self, token: StagingToken, budget: Budget) -> StagingToken:
+        token = dataclasses.replace(token, budget=budget)
+        self._staging[token.path].token = token
         return token
 
-    def present(self, token: MemoryToken) -> np.ndarray:
-        return np.array(sorted(self._staging[token.key].indices()), dtype=np.int64)
+    def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
+        return np.array(sorted(self._staging[token.path].indices()), dtype=np.int64)
 
-    def open_staging(self, token: MemoryToken) -> StagingData:
-        return MemoryStaging(self._staging[token.key])
+    def open_staging(self, token: StagingToken) -> StagingData:
+        return MemoryStaging(self._staging[token.path])
 
-    def debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         return [(s.token.path, s.raw_bytes) for s in self._staging.values()
                 if s.kept and s.token.path not in keep_paths and not (
                     keep_record is not None and s.record is not None
                     and all(s.record.get(k) == v for k, v in keep_record.items()))]
 
-    def remove_debris(self, keep_pid: int | None = None, keep_record: dict | None = None,
+    def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
         found = self.debris(keep_pid, keep_record, keep_paths)
         doomed = {path for path, _ in found}
-        for key in [k for k, s in self._staging.items() if s.token.path in doomed]:
-            del self._staging[key]
+        for path in doomed:
+            self._staging.pop(path, None)
         return found
 
     def open_generation(self, generation: int) -> GenerationData:

@@ -15,14 +15,13 @@ from typing import Literal, TypeAlias, Union
 import numpy as np
 
 from cachestore import ShardSpec, StoreSpec
-from cachestore.codec import Treedef
+from cachestore.codec import LeafSpec, TreeDef
 
 from ..dataset import Batch, CollateFn, DatasetSource
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
            "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
 from ..errors import WorkerError
-from ..leaves import LeafSpec
 from ..settings import BudgetPolicy, EpochMode
 
 
@@ -60,7 +59,7 @@ class SlotBatch:
     rebuilds it; otherwise `treedef` is the batch's own.
     """
 
-    treedef: Treedef
+    treedef: TreeDef
     specs: list[LeafSpec]
     offsets: list[int]
     total: int  # bytes used

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from cachestore import open_store
-from cachestore.backends import base
+from cachestore import native as native_module
 
 from .helpers import SPAWN, WAIT, spawn
 
@@ -89,17 +89,17 @@ def native():
     """The compiled gather module; a failure where it was not built, a skip under ``CACHESTORE_NATIVE=0``."""
     if os.environ.get("CACHESTORE_NATIVE") == "0":
         pytest.skip("CACHESTORE_NATIVE=0 turns the compiled gather off")
-    if base.NATIVE is None:
+    if native_module.NATIVE is None:
         pytest.fail("cachestore._gather is not built: `pip install -e .` builds it with the machine's C "
                     "compiler (reads fall back to the pure-Python gather without it)")
-    return base.NATIVE
+    return native_module.NATIVE
 
 
 @pytest.fixture(params=["compiled", "python"])
 def gather(request, monkeypatch) -> str:
     """Run the test with the compiled verified gather, then with the pure-Python one."""
     if request.param == "python":
-        monkeypatch.setattr(base, "NATIVE", None)
+        monkeypatch.setattr(native_module, "NATIVE", None)
     else:
         request.getfixturevalue("native")
     return request.param

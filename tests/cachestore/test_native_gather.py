@@ -1,6 +1,6 @@
 """The compiled verified gather (``cachestore/_gather.c``) against the pure-Python one it replaces.
 
-Both must give the same bytes and the same checksums as :func:`cachestore.backends.base.checksum`
+Both must give the same bytes and the same checksums as :func:`cachestore.checksums.checksum`
 (the xxh3 records were written with), and name the same first bad row.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cachestore import CorruptSampleError, open_store
-from cachestore.backends import base
+from cachestore import checksums, native as native_module
 
 # Leaf widths in bytes: one leaf, tiny rows, a label beside an image, leaves of 0 bytes, rows just
 # under and over the one-hash assembly limit (4 KiB) and the streamed-copy limit, unaligned widths.
@@ -23,7 +23,7 @@ def columns(widths: tuple[int, ...], n: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def reference(cols: list[np.ndarray], n: int) -> list[int]:
-    return [base.checksum([c[j] for c in cols]) for j in range(n)]
+    return [checksums.checksum([c[j] for c in cols]) for j in range(n)]
 
 
 @pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "-".join(map(str, w)))
@@ -31,9 +31,9 @@ def test_row_checksums_match_the_checksums_records_are_written_with(native, widt
     n = 37
     cols = columns(widths, n)
     expected = reference(cols, n)
-    assert base.row_checksums(cols, n) == expected
-    monkeypatch.setattr(base, "NATIVE", None)
-    assert base.row_checksums(cols, n) == expected
+    assert checksums.row_checksums(cols, n) == expected
+    monkeypatch.setattr(native_module, "NATIVE", None)
+    assert checksums.row_checksums(cols, n) == expected
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -123,7 +123,7 @@ def records(n: int, widths: tuple[int, ...], head: bytes = b"HEAD") -> list[byte
     out = []
     for leaves in zip(*columns(widths, n)):
         rest = head + b"".join(leaf.tobytes() for leaf in leaves)
-        out.append(base.checksum([rest]).to_bytes(8, "little") + rest)
+        out.append(checksums.checksum([rest]).to_bytes(8, "little") + rest)
     return out
 
 

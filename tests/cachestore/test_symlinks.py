@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cachestore import CacheStoreError, open_store
+from cachestore import CacheStoreError, open_store, safefs
 from cachestore.cli import main
-from cachestore.backends import directory
 from cachestore.locking import lock_holder
 from loader.epochs.windows import DiskWindow
 
@@ -112,7 +111,7 @@ def test_commit_of_a_staging_dir_swapped_for_a_symlink_is_refused(disk_backend, 
 
 def test_temp_file_symlink_is_replaced_not_followed(disk_backend, store_path, sentinel, monkeypatch):
     store = open_store(store_path, disk_backend)
-    monkeypatch.setattr(directory.secrets, "token_hex", lambda n: "0badf00d")
+    monkeypatch.setattr(safefs.secrets, "token_hex", lambda n: "0badf00d")
     tmp = Path(store_path) / f".store.json.{os.getpid()}.0badf00d.tmp"
     tmp.symlink_to(sentinel)
     store.backend.write_meta({**store.meta, "note": "rewritten"})

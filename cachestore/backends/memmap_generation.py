@@ -1,0 +1,164 @@
+"""Reading a committed memmap generation: the columns and segments mapped, batches gathered verified."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import psutil
+
+from .. import codec
+from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
+from ..codec import Batch, Leaf, LeafSpec, Sample
+from ..collate import stack_samples
+from ..errors import CorruptSampleError
+from ..native import native_gather
+from .base import BatchLayout, GenerationData
+from .batch import Indices, batch_indices, gather_columns
+from .manifest import Manifest
+from .memmap_files import COLUMN, IndexRows, col_name, load_schema
+
+#: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
+#: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
+VERIFY_BLOCK_BYTES = 1 << 20
+
+
+def _map(path: Path, dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> Leaf:
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    size = path.stat().st_size if path.exists() else -1
+    if size < nbytes:
+        raise CorruptSampleError(f"data file {path} is truncated: {size} bytes, expected {nbytes}; "
+                                 "the generation is damaged (prune it and rewrite)")
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+class MemmapGeneration(GenerationData):
+    """A committed memmap generation: its index loaded, its columns and segments mapped."""
+
+    # Read-only maps and arrays: a batch read touches no shared state.
+    threadsafe_batches = True
+
+    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool) -> None:
+        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
+        self.layout: str | None = manifest.get("layout")
+        try:
+            self.rows: IndexRows = np.load(gen_dir / "index.npy")
+            shard_ids = json.loads((gen_dir / "shards.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} is unreadable: {exc}") from exc
+        if len(self.rows) != self.num_samples:
+            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} has "
+                                     f"{len(self.rows)} rows, expected {self.num_samples}")
+        self.schema = load_schema(gen_dir)
+        self.specs: list[LeafSpec] = codec.leaf_specs(self.schema) if self.schema is not None else []
+        # Opening checked that a fixed generation has its schema (else it is damaged).
+        self._fixed: BatchLayout | None = (
+            (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
+        self.columns = [_map(gen_dir / col_name(k), dtype, (self.num_samples, *shape))
+                        for k, (dtype, shape) in enumerate(self.specs)]
+        # The columns as rows of bytes, for the compiled gather.
+        self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
+        self._widths = tuple(r.shape[1] for r in self._byte_rows)
+        self._mapped_in = False
+        self.segments: list[npt.NDArray[np.uint8] | None] = []
+        for shard_id in shard_ids:
+            seg = gen_dir / f"{shard_id}.seg"
+            size = seg.stat().st_size if seg.exists() else 0
+            self.segments.append(np.memmap(seg, dtype=np.uint8, mode="r") if size else None)
+
+    def _record(self, i: int, row: np.void) -> npt.NDArray[np.uint8]:
+        seg = self.segments[row["shard"]]
+        start, length = int(row["offset"]), int(row["length"])
+        if seg is None or start + length > seg.size:
+            raise self.corrupt(i, "its record lies beyond the end of the data file (truncated?)")
+        rec: npt.NDArray[np.uint8] = seg[start:start + length]
+        if self.verify and checksum([rec]) != row["checksum"]:
+            raise self.corrupt(i, "checksum mismatch")
+        return rec
+
+    def read(self, index: int, copy: bool = True) -> Sample:
+        i = self.check_index(index)
+        row = self.rows[i]
+        if row["shard"] == COLUMN:
+            if self.schema is None:
+                raise self.corrupt(i, "its index row names the columns, which this generation does not have")
+            leaves = [col[i, ...] for col in self.columns]
+            if self.verify and checksum(leaves) != row["checksum"]:
+                raise self.corrupt(i, "checksum mismatch")
+            if copy:
+                leaves = [np.array(leaf) for leaf in leaves]
+            return codec.unflatten(self.schema, leaves)
+        treedef, leaves = codec.decode_record(self._record(i, row), copy=copy)
+        return codec.unflatten(treedef, leaves)
+
+    def batch_layout(self) -> BatchLayout | None:
+        return self._fixed
+
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
+        if self._fixed is None:
+            if out is not None:
+                raise ValueError("out= is only supported for generations with a fixed layout")
+            return stack_samples([self.read(i, copy=False) for i in indices])
+        idx = batch_indices(indices, self.num_samples, self.generation)
+        if not self._mapped_in:
+            self._map_in()
+        if self.verify:
+            out = self._gather_verified(idx, out)
+        else:
+            out = gather_columns(self.columns, self.specs, idx, out)
+        return codec.unflatten_batch(self._fixed[0], out)
+
+    def _map_in(self) -> None:
+        """Map every page of the columns into this process, once, before its first batch read.
+
+        Batch reads go over the whole generation, and a page touched for the first time in a
+        process costs a fault there (each worker's, the training process's), which slowed the
+        first read epoch; mapped in one call (``MADV_POPULATE_READ``), it reads at full speed
+        from the start. Not for a generation above a quarter of the available memory: that
+        would read it from disk up front, and its epochs are bound by the disk anyway.
+        """
+        self._mapped_in = True
+        native = native_gather()
+        if native is None or sum(c.nbytes for c in self._byte_rows) > psutil.virtual_memory().available // 4:
+            return
+        for col in self._byte_rows:
+            if col.size:
+                native.populate(col)
+
+    def _gather_verified(self, idx: npt.NDArray[np.int64], out: list[Leaf] | None) -> list[Leaf]:
+        """Gather rows `idx` into `out` and check each row's checksum, block by block.
+
+        A block (``VERIFY_BLOCK_BYTES``) is gathered, then hashed while it is still in cache:
+        gathering the whole batch first and hashing it after read every byte from memory twice
+        (a batch of megabytes does not fit in cache).
+        """
+        n = idx.size
+        if out is None:
+            out = [np.empty((n, *shape), dtype=dtype) for dtype, shape in self.specs]
+        rows = flat_rows(out, n)
+        native = native_gather()
+        if native is not None and len(rows) <= native.MAX_LEAVES:
+            # One call per batch, the GIL released: gather threads run side by side.
+            bad = native.gather_verified(self._byte_rows, self._widths, np.ascontiguousarray(idx),
+                                         tuple(rows), np.ascontiguousarray(self.rows["checksum"][idx]))
+            if bad >= 0:
+                raise self.corrupt(int(idx[bad]), "checksum mismatch")
+            return out
+        expected = self.rows["checksum"][idx].tolist()
+        block = max(1, VERIFY_BLOCK_BYTES // max(1, sum(r.shape[1] for r in rows)))
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            gather_columns(self.columns, self.specs, idx[lo:hi], [dest[lo:hi] for dest in out])
+            first = first_mismatch(row_checksums([r[lo:hi] for r in rows], hi - lo), expected[lo:hi])
+            if first is not None:
+                raise self.corrupt(int(idx[lo + first]), "checksum mismatch")
+        return out
+
+    def close(self) -> None:
+        self.columns = []
+        self._byte_rows = ()
+        self.segments = []

@@ -1,0 +1,136 @@
+"""Writing one shard of a memmap staging area (the files are described in :mod:`.memmap_files`).
+
+Every process (a loader worker, the owner) writes its own shard: rows of the shared
+columns with ``pwrite`` for samples of the claimed schema, records appended to its own
+segment for the others, and an index row per sample, appended after the data at each flush.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from .. import codec, safefs
+from ..checksums import checksum
+from ..codec import Leaf, TreeDef
+from ..disk import allocated_bytes
+from ..errors import BudgetExceededError
+from .base import ShardWriter, StagingToken
+from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    from ..native import Bytes
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _write_all(fd: int, data: Bytes, offset: int | None = None) -> None:
+    """Write all of `data`: a regular file takes a short write when the disk fills,
+    and only the next call reports ``ENOSPC``; ignoring the count loses bytes silently."""
+    view = memoryview(cast("ReadableBuffer", data)).cast("B")
+    while view:
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[n:]
+        if offset is not None:
+            offset += n
+
+
+class MemmapShard(ShardWriter):
+    """Writes one shard of a memmap staging area: rows of the columns, or records of its segment."""
+
+    def __init__(self, token: StagingToken, shard_id: str) -> None:
+        super().__init__(token.generation, token.write_budget(), token.num_samples, token.compress,
+                         token.allow_pickle)
+        self.dir = Path(token.path)
+        self.shard_id = shard_id
+        self._schema: TreeDef | None = None
+        self._schema_checked = False
+        self._cols: list[tuple[int, int]] = []  # (fd, row bytes)
+        self._seg_fd: int | None = None
+        self._seg_end = 0
+        self._idx_fd = safefs.open_nofollow(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._rows: list[tuple[int, int, int, int, int, int, int]] = []
+
+    def _claim_schema(self, treedef: TreeDef) -> None:
+        self._schema_checked = True
+        schema = load_schema(self.dir)
+        if schema is None and not self.compress and codec.is_stackable(treedef) and codec.leaf_specs(treedef):
+            tmp = self.dir / f".schema-{self.shard_id}.tmp"
+            safefs.write_new(tmp, json.dumps(codec.treedef_to_json(treedef)).encode())
+            try:
+                os.link(tmp, self.dir / SCHEMA)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+            schema = load_schema(self.dir)
+        if schema is None or self.compress:
+            return
+        self._schema = schema
+        for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
+            fd = safefs.open_nofollow(self.dir / col_name(k), os.O_RDWR | os.O_CREAT)
+            self._cols.append((fd, dtype.itemsize * int(np.prod(shape, dtype=np.int64))))
+
+    def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
+        try:
+            if not self._schema_checked:
+                self._claim_schema(treedef)
+            if treedef == self._schema:
+                for (fd, rowbytes), leaf in zip(self._cols, leaves):
+                    if rowbytes:
+                        _write_all(fd, codec.leaf_bytes(leaf), index * rowbytes)
+                nbytes = sum(r for _, r in self._cols)
+                self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
+                return nbytes
+            record = codec.encode_record(treedef, leaves, self.compress)
+            if self._seg_fd is None:
+                self._seg_fd = safefs.open_nofollow(self.dir / f"{self.shard_id}.seg",
+                                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends
+            _write_all(self._seg_fd, record)
+            self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
+                               sum(leaf.nbytes for leaf in leaves)))
+            self._seg_end += len(record)
+            return len(record)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise BudgetExceededError(f"disk full while writing generation {self.generation} "
+                                          f"into {self.dir}: {exc}") from exc
+            raise
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        rows = np.array(self._rows, dtype=INDEX_DTYPE)
+        self._rows = []
+        try:
+            _write_all(self._idx_fd, rows.tobytes())
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
+            raise
+
+    def _close(self) -> None:
+        fds = [fd for fd, _ in self._cols] + [fd for fd in (self._seg_fd, self._idx_fd) if fd is not None]
+        for fd in fds:
+            # Written to disk by the process that wrote them (a worker, or a background refresh's
+            # spare time), so the commit's own fsync in the training process finds little left to
+            # do: it took 15 ms of a 22 ms refresh commit that the training loop waited for.
+            # Durability is the commit's job: an error here is reported by its fsync.
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            os.close(fd)
+        self._cols = []
+        self._seg_fd = None
+
+    def usage(self) -> int:
+        return allocated_bytes(self.dir)

@@ -1,0 +1,90 @@
+"""Reading the samples a memmap staging area already holds (a partial generation being resumed).
+
+The files still grow while they are read (workers write on), so they are read with
+``pread`` through the shards' index rows, never mapped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .. import codec, safefs
+from ..checksums import checksum
+from ..codec import Leaf, LeafSpec, Sample, TreeDef
+from ..errors import CacheStoreError, CorruptSampleError
+from .base import StagingData
+from .memmap_files import COLUMN, col_name, load_schema, read_rows
+
+
+class StagingRecords(StagingData):
+    """Samples of a memmap staging area, read with ``pread`` (its files still grow)."""
+
+    def __init__(self, staging: Path, verify: bool) -> None:
+        self.dir = staging
+        self.verify = verify
+        self._where: dict[int, tuple[str, np.void]] = {}  # index -> (shard id, index row)
+        self._schema: TreeDef | None = None
+        self._specs: list[LeafSpec] = []
+
+    def _scan(self) -> None:
+        for path in sorted(self.dir.glob("*.idx")):
+            shard_id = path.name[:-4]
+            for row in read_rows(path):
+                self._where.setdefault(int(row["index"]), (shard_id, row))
+        if self._schema is None:
+            self._schema = load_schema(self.dir)
+            self._specs = codec.leaf_specs(self._schema) if self._schema is not None else []
+
+    def _leaves(self, shard_id: str, row: np.void) -> tuple[TreeDef, list[Leaf]] | None:
+        """The record of `row` as ``(treedef, leaves)``, ``None`` when it is missing or fails its checksum."""
+        if self._schema is None:
+            self._schema = load_schema(self.dir)
+            self._specs = codec.leaf_specs(self._schema) if self._schema is not None else []
+        i = int(row["index"])
+        if row["shard"] == COLUMN:
+            if self._schema is None:
+                return None
+            leaves = []
+            for k, (dtype, shape) in enumerate(self._specs):
+                rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                data = _pread(self.dir / col_name(k), i * rowbytes, rowbytes) if rowbytes else b""
+                if len(data) != rowbytes:
+                    return None
+                leaves.append(np.frombuffer(data, dtype=dtype).reshape(shape).copy())
+            if self.verify and checksum(leaves) != row["checksum"]:
+                return None
+            return self._schema, leaves
+        record = _pread(self.dir / f"{shard_id}.seg", int(row["offset"]), int(row["length"]))
+        if len(record) != row["length"] or (self.verify and checksum([record]) != row["checksum"]):
+            return None
+        try:
+            return codec.decode_record(record, copy=True)
+        except CorruptSampleError:
+            return None
+
+    def sound(self, shard_id: str, row: np.void) -> bool:
+        return self._leaves(shard_id, row) is not None
+
+    def read(self, index: int) -> Sample:
+        if index not in self._where:
+            self._scan()  # written since the last look
+        if index not in self._where:
+            raise CacheStoreError(f"sample {index} is not in the staging area {self.dir}")
+        leaves = self._leaves(*self._where[index])
+        if leaves is None:
+            raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is corrupt or truncated")
+        return codec.unflatten(*leaves)
+
+
+def _pread(path: Path, offset: int, length: int) -> bytes:
+    try:
+        fd = safefs.open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)

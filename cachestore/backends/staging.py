@@ -1,0 +1,101 @@
+"""Staging areas: their names, their producer records, and the check every commit makes.
+
+A directory backend writes a generation into ``.staging-<generation>-<pid>-<hex>``
+(see :mod:`.directory`). Every resuming writer's staging area records its producer
+in ``staging.json`` (generation, sample count, compression and the hash of the
+store's fingerprint): the next writer of the same generation whose record matches
+adopts it (:meth:`~.base.Backend.adopt`); any other is debris. A commit first marks
+the record ``committing`` (:func:`mark_committing`), since from then on the area is
+no partial generation any more.
+
+:func:`check_complete` is the rule every backend's commit applies (the in-RAM one
+included): each index ``0..n-1`` exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import safefs
+from ..errors import CacheStoreError
+from .base import ProducerRecord
+
+STAGING_PREFIX = ".staging-"
+STAGING_META = "staging.json"
+
+
+def staging_dirname(generation: int, pid: int | None = None) -> str:
+    """A new staging directory name for `generation`, owned by `pid` (this process by default)."""
+    return f"{STAGING_PREFIX}{generation:06d}-{os.getpid() if pid is None else pid}-{secrets.token_hex(4)}"
+
+
+def parse_staging(name: str) -> tuple[int, int] | None:
+    """``(generation, pid)`` of a staging directory name, ``None`` if it is not one."""
+    if not name.startswith(STAGING_PREFIX):
+        return None
+    parts = name[len(STAGING_PREFIX):].split("-")
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def staging_record(staging: Path) -> ProducerRecord | None:
+    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
+    try:
+        record = safefs.read_json(staging / STAGING_META)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def mark_committing(staging: Path) -> None:
+    """Make a staging area unadoptable before its commit changes it.
+
+    ``_finalize`` is not a step a later writer can resume: it drops the shards' logs and may
+    rewrite the data (LMDB's columns, memmap's index), so a writer killed in the middle of it
+    leaves an area whose samples no log describes. Such an area is debris, never a partial
+    generation; without room for the mark, the record goes (an area without one is debris too).
+    """
+    record = staging_record(staging)
+    if record is None:
+        return
+    try:
+        safefs.write_json_atomic(staging / STAGING_META, {**record, "committing": True})
+    except OSError:
+        safefs.unlink_name(staging / STAGING_META)
+
+
+def matches(found: ProducerRecord | None, wanted: ProducerRecord) -> bool:
+    """Whether a staging record names the producer `wanted` names (every field `wanted` has);
+    never one whose commit began (see :func:`mark_committing`)."""
+    if found is None or wanted.get("fingerprint") is None or found.get("committing"):
+        return False
+    return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
+
+
+def check_complete(indices: Sequence[int] | npt.NDArray[np.integer], num_samples: int | None, where: str) -> int:
+    """Verify `indices` hold ``0..n-1`` exactly once; return n."""
+    written = np.asarray(indices, dtype=np.int64)
+    n = int(written.max()) + 1 if written.size else 0
+    if num_samples is not None:
+        if n > num_samples:
+            raise CacheStoreError(f"{where}: index {n - 1} written but the generation has {num_samples} samples")
+        n = num_samples
+    counts = np.bincount(written, minlength=n) if written.size else np.zeros(n, dtype=np.int64)
+    missing = np.flatnonzero(counts == 0)
+    dup = np.flatnonzero(counts > 1)
+    if missing.size or dup.size:
+        parts = []
+        if missing.size:
+            parts.append(f"{missing.size} indices never written (e.g. {missing[:5].tolist()})")
+        if dup.size:
+            parts.append(f"{dup.size} written more than once (e.g. {dup[:5].tolist()})")
+        raise CacheStoreError(f"{where} cannot be committed: {'; '.join(parts)}; "
+                              "a generation must hold every index 0..n-1 exactly once")
+    return n
