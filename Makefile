@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos bench clean
+.PHONY: demo test typecheck chaos bench clean
 
 # setup.py and the C source: an install rebuilds the compiled gather (cachestore/_gather.c).
 $(STAMP): pyproject.toml setup.py cachestore/_gather.c
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml setup.py cachestore/_gather.c
 demo: $(STAMP)
 	$(PY) -m benchmarks.demo
 
-test: $(STAMP)
+test: typecheck
 	$(PY) -m pytest -q
+
+# The storage engine and the executors are typed strictly; the rest of the loader with mypy's defaults.
+typecheck: $(STAMP)
+	$(PY) -m mypy --strict cachestore/
+	$(PY) -m mypy --strict loader/executors/
+	$(PY) -m mypy loader/
 
 # Randomised fault scenarios against real processes and files (tests/chaos). CHAOS_SEED and
 # CHAOS_N reproduce and size a run (default 200 scenarios); a 20-scenario subset runs in `make test`.
