@@ -16,7 +16,7 @@ from cachestore.disk import allocated_bytes
 from loader import CachedLoader
 from loader.epochs.rotation import rotation_schedule
 
-from .datasets import ArangeDataset, read_calls
+from ..datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(90)
 

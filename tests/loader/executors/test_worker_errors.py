@@ -11,7 +11,7 @@ from loader.errors import WorkerError
 from loader import CachedLoader
 from loader.executors import messages as m
 
-from .faulty_datasets import HeldLockError, LabelError, LabelErrorWithDefault, RaisingDataset
+from ..faulty_datasets import HeldLockError, LabelError, LabelErrorWithDefault, RaisingDataset
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -16,7 +16,7 @@ import pytest
 from loader import CachedLoader
 from loader.epochs.threads import THREAD_PREFIX, BatchBuffers
 
-from .datasets import ArangeDataset, read_calls
+from ..datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,8 @@ from loader import CachedLoader
 from loader.compat import base as compat_base
 from loader.compat import AsyncDataLoader, DataLoader, SwiftLoader
 
-from . import compat_datasets
-from .compat_datasets import Dataset, SuitableDataset, broken_collate, tuple_collate
+from .. import compat_datasets
+from ..compat_datasets import Dataset, SuitableDataset, broken_collate, tuple_collate
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -16,8 +16,8 @@ from loader.executors.process.segments import WorkerSegments, write_batch
 from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
 
-from .conftest import my_segments
-from .datasets import ArangeDataset, SizeFromFileDataset
+from ...conftest import my_segments
+from ...datasets import ArangeDataset, SizeFromFileDataset
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,7 +13,7 @@ import pytest
 from loader import CachedLoader
 from loader.epochs.placement import PROBE_BATCHES
 
-from .datasets import ArangeDataset
+from ..datasets import ArangeDataset
 
 pytestmark = pytest.mark.timeout(120)
 

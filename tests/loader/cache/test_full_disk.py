@@ -16,9 +16,9 @@ import pytest
 from cachestore.errors import BudgetExceededError
 from loader import CachedLoader
 
-from ..fullfs import fill, free, mounted_tmpfs
-from .conftest import leftovers
-from .faulty_datasets import DiskFillingDataset
+from ...fullfs import fill, free, mounted_tmpfs
+from ..conftest import leftovers
+from ..faulty_datasets import DiskFillingDataset
 
 pytestmark = pytest.mark.timeout(90)
 

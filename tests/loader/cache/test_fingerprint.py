@@ -14,7 +14,7 @@ import torch
 from cachestore import CacheStoreError, FingerprintError
 from loader.cache.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
 
-from .datasets import ArangeDataset
+from ..datasets import ArangeDataset
 
 
 class Transform:

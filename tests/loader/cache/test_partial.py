@@ -24,12 +24,12 @@ import pytest
 from cachestore import open_store
 from loader import CachedLoader
 
-from .conftest import kept_partial, leftovers
-from .datasets import ArangeDataset, read_calls
-from .partial_script import N, make_loader, served_values
+from ..conftest import kept_partial, leftovers
+from ..datasets import ArangeDataset, read_calls
+from ..partial_script import N, make_loader, served_values
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CASES = [("memmap", 0), ("memmap", 2), ("lmdb", 0), ("lmdb", 2), ("memory", 0)]
 
 

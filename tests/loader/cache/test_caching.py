@@ -11,7 +11,7 @@ import pytest
 from cachestore.errors import FingerprintMismatchError
 from loader import CachedLoader
 
-from .datasets import ArangeDataset, read_calls
+from ..datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(90)
 

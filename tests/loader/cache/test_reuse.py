@@ -11,7 +11,7 @@ import torch.utils.data as tud
 from cachestore import open_store
 from loader import CachedLoader
 
-from .datasets import ArangeDataset
+from ..datasets import ArangeDataset
 
 pytestmark = pytest.mark.timeout(120)
 

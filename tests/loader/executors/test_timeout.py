@@ -10,7 +10,7 @@ import loader.epochs.scheduler
 from loader import CachedLoader
 from loader.errors import WorkerError, WorkerTimeoutError
 
-from .datasets import RELEASE_STUCK, ArangeDataset, HangDataset
+from ..datasets import RELEASE_STUCK, ArangeDataset, HangDataset
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,8 @@ from cachestore import open_store
 from loader.errors import WorkerError
 from loader import CachedLoader
 
-from .conftest import kept_partial, leftovers, live_children, my_segments
-from .datasets import ArangeDataset, FailingInit, KillSelfDataset, read_calls
+from ...conftest import kept_partial, leftovers, live_children, my_segments
+from ...datasets import ArangeDataset, FailingInit, KillSelfDataset, read_calls
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,7 +10,7 @@ import pytest
 from cachestore.errors import BudgetExceededError
 from loader import CachedLoader
 
-from .datasets import ArangeDataset, read_calls
+from ..datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,13 +24,13 @@ from loader.errors import WorkerError
 from loader.errors import WorkerTimeoutError
 from loader import CachedLoader
 
-from .conftest import leftovers, my_segments
-from .datasets import ArangeDataset, HangDataset, KillSelfDataset
-from .ray_datasets import NodeRecordingDataset, read_nodes
+from ..conftest import leftovers, my_segments
+from ..datasets import ArangeDataset, HangDataset, KillSelfDataset
+from ..ray_datasets import NodeRecordingDataset, read_nodes
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 #: Ray stays on this machine: no usage reports, and "127.0.0.1" is not rewritten to the machine's
 #: network address (Ray does that unless clusters are disabled). Ray reads these when it is
 #: imported, so they are set here, before any test imports it; they concern Ray only.

@@ -7,7 +7,7 @@ import pytest
 
 from loader import CachedLoader
 
-from .datasets import ArangeDataset
+from ..datasets import ArangeDataset
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ from loader.executors.process.segments import WorkerSegments, write_batch
 from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
 
-from .conftest import my_segments
-from .datasets import BigSampleDataset
+from ...conftest import my_segments
+from ...datasets import BigSampleDataset
 
 pytestmark = pytest.mark.timeout(60)
 
