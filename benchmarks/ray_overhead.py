@@ -5,7 +5,7 @@ Same machine, same dataset (:class:`~benchmarks.datasets.ExpensiveDataset`: ~5 m
 so the machine's speed cancels out. What the ratio contains: batches and records travelling
 through Ray's object store instead of shared memory and the workers' own shards, the training
 process writing every record into the store itself (an actor may be on another machine), and
-Ray's per-call overhead. See ``loader/ray_executor.py``.
+Ray's per-call overhead. See ``loader/executors/ray.py``.
 
 Workers are warm in every timed epoch: with ``update_frequency=2`` epochs 0, 2, 4 ... generate;
 epoch 0 (which includes starting the workers) is reported apart and the later ones are timed,

@@ -101,7 +101,7 @@ def _throughput_section(cases: list[dict], memcpy: float | None) -> list[str]:
     c0 = cases[0]
     return [f"### 2. Cached-epoch throughput: batch {c0['batch_size']}, {c0['workers']} workers, random order", "",
             "k samples/s, median ± half-range of the epochs after a warm-up epoch, ours and torch alternating. "
-            "*ours reads in*: where the loader chose to gather (loader/gather.py); *0 workers*: the same "
+            "*ours reads in*: where the loader chose to gather (loader/epochs/placement.py); *0 workers*: the same "
             "store read by a loader with `nb_worker=0`. *store gather*: `reader.get_batch` (verified) into "
             "reused buffers in one process, no loader. *split*: microseconds per batch of the store gather "
             "without checksums / what verifying them adds / the rest of a loader epoch (hand-off, reorder, "

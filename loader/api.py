@@ -18,7 +18,7 @@ from .attributes import LoaderAttributes
 from .checks import check_importable_by_workers
 from .dataset import Batch, BatchFn, CollateFn, Dataset
 from .device import make_mover
-from .epochs.layout import ConsumerLayout
+from .distributed import ConsumerLayout
 from .epochs.order import num_batches
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes

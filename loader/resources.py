@@ -2,19 +2,23 @@
 
 Kept apart from the loader on purpose: the ``weakref.finalize`` that releases
 :class:`Resources` must not reference the loader, or the loader could never
-be garbage-collected (see the shutdown note in :mod:`loader.pool` and
-``docs/ARCHITECTURE.md``).
+be garbage-collected (see the shutdown note in :mod:`loader.executors.process.pool`
+and ``docs/ARCHITECTURE.md``). Every room keeps its parts here, so this module
+only names their types: it imports none of them at run time.
 """
 
 from __future__ import annotations
 
-from cachestore import Store
+from typing import TYPE_CHECKING
 
-from .cache.build import GenerationBuild
-from .epochs.windows import RotationWindow
-from .epochs.threads import GatherThreads
-from .executors.base import Executor
-from .executors.process.slots import SlotPool
+if TYPE_CHECKING:
+    from cachestore import Store
+
+    from .cache.build import GenerationBuild
+    from .epochs.threads import GatherThreads
+    from .epochs.windows import RotationWindow
+    from .executors.base import Executor
+    from .executors.process.slots import SlotPool
 
 
 class Resources:
@@ -54,7 +58,7 @@ class Resources:
             build.keep()
 
     def release(self) -> None:
-        """Release everything (see the shutdown note in :mod:`loader.pool`)."""
+        """Release everything (see the shutdown note in :mod:`loader.executors.process.pool`)."""
         # Order: stop the writers (workers) before keeping what they wrote into.
         executor, self.executor = self.executor, None
         if executor is not None:

@@ -19,7 +19,7 @@ from cachestore.errors import (BudgetExceededError, CorruptSampleError, Fingerpr
                                GenerationNotFoundError, StoreLockedError)
 
 from ..dataset import DatasetSource
-from ..epochs.layout import ConsumerLayout
+from ..distributed import ConsumerLayout
 from ..executors.base import Executor
 from ..settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
                        refresh_impossible)

@@ -11,7 +11,7 @@ epoch of ``g + 1`` the rest (if any) is finished, the generation committed,
 and the epoch reads it like any other: the refresh epoch costs what a cached
 epoch costs. A refresh that completes before that asks the workers to close
 (and sync) their shards at once, in their idle time: done at the start of
-the refresh epoch, that wait was most of the 30 ms its first batch took.
+the refresh epoch, that wait was most of its first batch's time.
 
 It needs room for two generations; without it (or when the budget runs out
 meanwhile) the loader logs why and falls back to writing the next generation
@@ -45,7 +45,7 @@ CHUNK_DIVISOR = 8
 class BackgroundRefresh:
     """Generation ``build.generation``, computed a chunk at a time by otherwise idle workers.
 
-    The refresh only schedules; the :class:`~loader.generation.GenerationBuild`
+    The refresh only schedules; the :class:`~loader.cache.build.GenerationBuild`
     it composes owns the writing. Its policy is ``"stream"``: a budget overrun
     stops the refresh and never raises; the generation is then written during
     its own epoch.

@@ -94,7 +94,7 @@ class SwiftLoader(CompatLoader):
     logger
         A file prefix, a dict (``path``, ``stdout``, ``level``) or a
         :class:`logging.Logger`: where the ``loader`` and ``cachestore``
-        loggers also write while this loader lives (see :func:`loader.compat_logging.log_handlers`).
+        loggers also write while this loader lives (see :func:`loader.compat.logging.log_handlers`).
     nearby_shuffle
         Default ``5 * batch_size``, as in swift_loader (0: a full shuffle).
     benchmark, benchmark_file

@@ -7,7 +7,7 @@ then costs the training process a hand-off: a message, a slot mapped as arrays,
 the reorder buffer. For small samples that hand-off costs more than the gather
 itself (a cached epoch of 16-float samples ran slower with 2 workers than with
 none); for large samples parallel copies win, and threads of the training
-process copy in parallel without a hand-off (:mod:`loader.gather_threads`; only
+process copy in parallel without a hand-off (:mod:`loader.epochs.threads`; only
 where the reader allows it).
 
 The rule: what counts is the training process's time per batch, since that is
@@ -187,10 +187,8 @@ class GatherPlacement:
         # this process had not touched yet, which each worker maps for itself; the threads' first
         # buffers) and the machine drifts, so the cheapest run is the closest to a later epoch.
         # Every epoch also pays once for its place's start (the workers' first tasks, the threads'
-        # first gathers), spread over its batches. Measured on one store (2 cores, 48 KiB samples):
-        # threads 0.94-1.77 ms per batch in their first run, 0.97-0.99 in their second, workers
-        # 1.22-1.45 then 1.04-1.10, and whole epochs ran 0.9-1.0x memcpy in threads, 0.72-0.88x
-        # in workers; the mean of all batches had chosen the workers in one try out of two.
+        # first gathers), spread over its batches. The mean of all batches chose the slower place
+        # about half the time (benchmarks/measurements.md).
         costs = dict(costs)
         for place, timed_runs in runs.items():
             costs[place] = min(mean for mean, _ in timed_runs) + min(start for _, start in timed_runs) / len(batches)

@@ -21,7 +21,7 @@ class EpochPlan:
 
     ``mode``: ``COMPUTE`` (dataset only), ``GENERATE`` (dataset, written into
     ``generation``), ``READ`` (served from committed ``generation``),
-    ``ROTATE`` (see :mod:`loader.rotation`). ``batches`` hold store
+    ``ROTATE`` (see :mod:`loader.epochs.rotation`). ``batches`` hold store
     positions; ``indices`` maps a position to the dataset index.
     ``unserved`` batches are computed and written after the served ones but
     never delivered: samples a generation needs that this epoch does not serve

@@ -21,12 +21,12 @@ random partition each pass: a sample's R serves are spread about ``W / B``
 batches apart. Which dataset index a sample is comes from a fresh permutation
 every epoch, deterministic in ``(seed, epoch)``.
 
-Measured over 6,000 random configurations (``tests/loader/test_rotation.py``
-checks a grid of them): no batch ever holds a sample twice when
-``S > batch_size`` and either ``N >= 3 S`` or ``N < S``; about 1 % of the
-configurations with ``S <= N < 3 S`` or ``S == batch_size`` end with one
-batch that does, because a slot holding one or two samples has no sample
-boundary left to place its double at.
+No batch holds a sample twice when ``S > batch_size`` and either
+``N >= 3 S`` or ``N < S`` (``tests/loader/epochs/test_rotation.py`` checks a
+grid of configurations); a few configurations with ``S <= N < 3 S`` or
+``S == batch_size`` end with one batch that does, because a slot holding one
+or two samples has no sample boundary left to place its double at
+(``benchmarks/measurements.md`` has the share).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from ..progress import Progress
 from ..resources import Resources
 from ..settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
 from .inline import run_inline
-from .layout import ConsumerLayout
+from ..distributed import ConsumerLayout
 from .order import num_batches
 from .planner import plan_epoch
 from .plan import EpochPlan, EpochStats

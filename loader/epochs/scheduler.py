@@ -4,7 +4,7 @@ The loader decides *what* an epoch does (:class:`EpochPlan`); this module
 does it. Batches are delivered in order; at most ``max_in_flight`` batches
 are in flight. Results of an epoch that was abandoned (``break``) are
 recognised by their epoch number and dropped (see the shutdown note in
-:mod:`loader.pool` and ``docs/ARCHITECTURE.md``).
+:mod:`loader.executors.process.pool` and ``docs/ARCHITECTURE.md``).
 """
 
 from __future__ import annotations
@@ -62,17 +62,16 @@ class PoolRun:
     loop slower than its workers holds few batches in memory;
     ``minibatch`` splits each batch into tasks of at most that many samples;
     ``split_ends`` splits the epoch's first and last batches into one task per
-    worker: the loop waits for the first while every worker is idle (a computed
-    batch of 64 samples at 5 ms each comes in half the time from 2 workers), and
-    splitting the last as well keeps the workers' shares even (the first alone
-    left one worker half a batch behind: 10 batches took 5.5 batch times, not 5);
+    worker: the loop waits for the first while every worker is idle (it comes
+    in a worker's share of the time), and splitting the last as well keeps the
+    workers' shares even (the first alone left one worker half a batch behind);
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
     bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
     ``collate=False`` each batch is the list of its samples. ``build`` is the
     generation a generate epoch writes, ``reader`` the ``(StoreSpec,
     generation)`` a read epoch gathers from, and ``background`` a
-    :class:`~loader.refresh.BackgroundRefresh` that gets the workers' spare time.
+    :class:`~loader.cache.refresh.BackgroundRefresh` that gets the workers' spare time.
     """
 
     executor: Executor

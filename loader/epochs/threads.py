@@ -6,7 +6,7 @@ batch (without it, numpy copies and xxh3 hashes, which release it call by call),
 so two threads gather side by side. Against the workers, a batch then costs no
 hand-off (no task message, no process woken, no slot mapped as arrays, no
 reorder). Where this is cheaper for the loop is measured, like the other places
-(:mod:`loader.gather`): on 2 cores, 48 KiB samples of a memmap store usually come
+(:mod:`loader.epochs.placement`): on 2 cores, 48 KiB samples of a memmap store usually come
 faster this way than from 2 workers (those of an in-RAM store faster than from
 one thread), 16-float samples come fastest from the training process's own
 gather.
@@ -20,15 +20,14 @@ gather: the batch is recomputed from the dataset there.
 Buffers: a batch is handed out as arrays over one buffer, reused once every
 array of that batch has died (a ``weakref.finalize`` on a per-batch ctypes
 exporter, the one object every view keeps alive, as for slots in
-:mod:`loader.shm`); a new buffer per batch cost a page fault per page, a third
-of the gather's speed. At most ``keep`` free buffers are kept, and none once an
+:mod:`loader.executors.process.slots`); a new buffer per batch costs a page
+fault per page, a large share of the gather's time. At most ``keep`` free buffers are kept, and none once an
 epoch gathered elsewhere has ended (as slots go when not needed). The buffers
 are shared anonymous mappings, not private memory: a process forked from the
 training process (a torch ``DataLoader``'s workers, a validation loader's) made
 every private buffer copy-on-write, and the next epoch's first writes copied
-them page by page (its first three batches took 40 ms each instead of 1.5 ms).
-Shared pages are not copied on a fork; here a threads epoch ran about as fast
-with them (0.68-0.78x memcpy) as with private ones (0.70-0.74x).
+them page by page. Shared pages are not copied on a fork, and a threads epoch
+runs about as fast with them as with private ones (``benchmarks/measurements.md``).
 """
 
 from __future__ import annotations

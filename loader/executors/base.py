@@ -60,7 +60,7 @@ class Executor(Protocol):
         """Ask every worker to close its shard without waiting; each answers with ``ShardFlushed``."""
 
     def retire_slots(self, names: Sequence[str]) -> None:
-        """Have every worker close its mapping of the shared-memory slots `names` (see :mod:`loader.shm`)."""
+        """Have every worker close its mapping of the shared-memory slots `names` (see :mod:`loader.executors.process.slots`)."""
 
     def add_death_listener(self, listener: DeathListener) -> None:
         """Call `listener(shard_id)` when a worker dies."""

@@ -1,7 +1,7 @@
 """The Ray executor: samples computed by Ray actors anywhere in a Ray cluster.
 
 ``CachedLoader(..., executor="ray", executor_options={...})`` puts this
-:class:`~loader.executor.Executor` where the :class:`~loader.pool.WorkerPool`
+:class:`~loader.executors.base.Executor` where the :class:`~loader.executors.process.pool.WorkerPool`
 would be. ``ray`` is an optional extra: this module imports it only when an
 executor is built, so ``import loader`` never does.
 
@@ -10,19 +10,19 @@ How a batch travels (see also ``docs/ARCHITECTURE.md``, "The path of a batch")
 * **Computed** (generate, compute, rotation and background-refresh tasks):
   the task goes to one of ``num_workers`` :class:`RayWorker` actors, which
   built the dataset from its class and keyword arguments. The actor answers
-  :class:`~loader.messages.BatchDone` with ``meta=None`` and the batch inline;
+  :class:`~loader.executors.messages.BatchDone` with ``meta=None`` and the batch inline;
   it comes back through Ray's object store (shared memory slots do not cross
   machines). An actor never writes the training node's store (it may run on
   another machine): ``writes_local_store`` is false, so a generation being
   written asks for records (``send_records``), which
-  :meth:`~loader.generation.GenerationBuild.put_records` writes here.
+  :meth:`~loader.cache.build.GenerationBuild.put_records` writes here.
 * **Read** (cached epochs): the store lives on the training node, so read
   tasks never leave it. They are queued here and run in this process, one per
   :meth:`RayExecutor.next_message`, after the results Ray already has; the
   actors meanwhile stay free for a background refresh. A corrupt record turns
   its batch into a compute task for an actor.
 
-Deaths and shutdown (the rules of the shutdown note in :mod:`loader.pool`)
+Deaths and shutdown (the rules of the shutdown note in :mod:`loader.executors.process.pool`)
 ---------------------------------------------------------------------------
 * Each task is one actor method call; its ``ObjectRef`` is the only thing
   waited on (``ray.wait`` with a timeout, never a bare ``ray.get``). An actor
@@ -237,7 +237,7 @@ class RayExecutor(DeathListeners):
     def begin_epoch(self) -> None:
         self.restarts = 0
         # Reads queued by an abandoned epoch are answered unread: their results are dropped anyway,
-        # and the answer gives their shared-memory slot back (loader.epoch, receive).
+        # and the answer gives their shared-memory slot back (loader.epochs.scheduler, receive).
         while self._local:
             task = self._local.popleft()
             self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))

@@ -91,7 +91,7 @@ class WorkerHandle:
 class WorkerPool(DeathListeners):
     """A fixed number of worker processes (or threads) with per-worker pipes.
 
-    The default :class:`~loader.executor.Executor` (see the shutdown note above).
+    The default :class:`~loader.executors.base.Executor` (see the shutdown note above).
     """
 
     writes_local_store = True  # workers run on this machine

@@ -9,7 +9,7 @@ descriptor. Nothing has a name in ``/dev/shm``, so the kernel frees a slot
 when the last process holding it (descriptor or mapping) is gone - whatever
 ended them: close, an exception, SIGTERM, SIGKILL of the training process
 (its workers then die too: see the parent-death signal in
-:mod:`loader.worker`). Every alternative leaves a window: a named file is
+:mod:`loader.executors.process.worker`). Every alternative leaves a window: a named file is
 unlinked by a cleanup that SIGKILL skips; a sweep of dead pids' files at the
 next start only runs if there is a next start; a resource-tracker process
 dies with a SIGKILLed process group.

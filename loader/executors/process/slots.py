@@ -25,7 +25,7 @@ or a batch the loop still holds - never retires: its mapping stays valid under
 the user's arrays. Retiring closes the training process's descriptor and
 mapping; the pages are freed once every worker dropped its own, so the
 executor sends the retired names to every worker
-(:class:`~loader.messages.RetireSlots`), which closes them before its next
+(:class:`~loader.executors.messages.RetireSlots`), which closes them before its next
 task (:meth:`WorkerSegments.forget`). Slot ids and labels are never reused, so
 a name identifies one slot for the loader's lifetime. Slots lent to tasks of
 an executor that was killed are retired at the next epoch

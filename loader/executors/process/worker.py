@@ -97,7 +97,7 @@ def die_with_parent(parent: int) -> None:
 
 
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
-    """Entry point of a worker process (or thread). See :mod:`loader.pool` for shutdown."""
+    """Entry point of a worker process (or thread). See :mod:`loader.executors.process.pool` for shutdown."""
     parent = os.getppid()
     stack_dump = None
     if watch_parent:
@@ -107,7 +107,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
         parent = spawner.pid if spawner is not None and spawner.pid else parent
         die_with_parent(parent)
         # Ctrl-C reaches the whole process group: the training process handles it and stops
-        # its workers (see loader.pool); a worker dying of it mid-task would only add noise.
+        # its workers (see loader.executors.process.pool); a worker dying of it mid-task would only add noise.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         stack_dump = stack_dump_file()
     if config.gpu_index is not None:
