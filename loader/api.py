@@ -120,7 +120,7 @@ class CachedLoader(LoaderAttributes):
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
-        self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle)
+        self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True)
         sweep_dead_segments()
         if not s.deferred_start:
             self._start()

@@ -223,9 +223,8 @@ class EpochRunner:
         executor = self.host.ensure()
         run = PoolRun(executor, self.host.slot_pool(), s.max_queue_size, self.kill_executor,
                       s.max_minibatch_length, s.prefetch_time if plan.epoch == 0 else None, build=build,
-                      timeout=s.timeout,
-                      # Parts of a batch are joined by concat_batches: only for the default collate.
-                      split_ends=plan.mode != EpochMode.READ and s.collate_fn is None)
+                      timeout=s.timeout, split_ends=plan.mode != EpochMode.READ,
+                      collate_fn=s.collate_fn or stack_samples)
         if build is not None:
             build.attach(executor)
         if plan.mode == EpochMode.READ:

@@ -16,10 +16,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from cachestore import codec
+from cachestore.collate import stack_samples
 
 from ..cache.build import GenerationBuild
 from ..cache.refresh import BackgroundRefresh
+from ..dataset import Batch, CollateFn, Sample
 from ..executors import messages as m
 from ..executors.base import Executor, late_work_report, worker_timeout
 from ..executors.process.slots import SlotPool
@@ -32,24 +33,6 @@ log = logging.getLogger(__name__)
 HANG_WARNING_SECONDS = 60.0
 #: Batches in flight per worker at the start of an epoch (see PoolRun).
 INITIAL_DEPTH_PER_WORKER = 2
-
-
-def concat_batches(parts: list[Any]) -> Any:
-    """Join minibatches along the first axis (numpy, torch, lists)."""
-    first = parts[0]
-    if isinstance(first, dict):
-        return {k: concat_batches([p[k] for p in parts]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(concat_batches([p[i] for p in parts]) for i in range(len(first)))
-    if isinstance(first, np.ndarray):
-        return np.concatenate(parts)
-    if isinstance(first, list):
-        return [x for p in parts for x in p]
-    if codec.is_tensor(first):
-        import torch
-
-        return torch.cat(parts)
-    return parts
 
 
 @dataclass
@@ -82,12 +65,19 @@ class PoolRun:
     prefetch_time: float | None = None
     collate: bool = True
     build: GenerationBuild | None = None
-    reader: tuple | None = None
+    reader: m.ReadSource | None = None
     background: BackgroundRefresh | None = None
     timeout: float | None = None
     split_ends: bool = False
+    collate_fn: CollateFn = stack_samples
 
 
+
+
+def _join(parts: dict[int, list[Sample]], collate: CollateFn | None) -> Batch:
+    """The batch of samples that came back in `parts` (by part number), collated when asked."""
+    samples = [sample for part in sorted(parts) for sample in parts[part]]
+    return collate(samples) if collate is not None else samples
 
 
 def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
@@ -128,6 +118,10 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             step = min(step, -(-len(positions) // executor.nb_worker))
         starts = range(0, len(positions), step)
         parts_of[seq] = len(starts)
+        # A batch computed in parts comes back as its samples, collated here, whole: a collate
+        # function sees the batch it is given in torch, and parts of collated batches cannot be
+        # joined without knowing what the collate made of them (a list sample, a list of strings).
+        whole = run.collate and len(starts) == 1
         for part, s in enumerate(starts):
             chunk = positions[s:s + step]
             slot, name, size = slots.acquire()
@@ -137,7 +131,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             elif plan.mode == EpochMode.GENERATE and build is not None:
                 fields = build.task_fields(chunk)
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
-                          slot=slot, slot_name=name, slot_size=size, collate=run.collate, **fields)
+                          slot=slot, slot_name=name, slot_size=size, collate=whole, **fields)
             inflight[(seq, part)] = task
             executor.submit(task)
 
@@ -197,8 +191,9 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
                            and len(inflight) > 0)
             if parts is not None and len(parts) == parts_of[delivered] and not prefetching:
                 del done[delivered]
-                batch = parts[0] if len(parts) == 1 else concat_batches([parts[p] for p in sorted(parts)])
                 served = first_unserved is None or delivered < first_unserved
+                batch = parts[0] if len(parts) == 1 else _join(parts, run.collate_fn if run.collate and served else None)
+                parts = None  # the parts' samples are views of slots: lent until the last reference goes
                 if run.collate and served:
                     stats.batches += 1
                     stats.samples += sizes[delivered]

@@ -38,15 +38,28 @@ class Produced:
     staged: int = 0  # samples read back from the staging area instead of computed
 
 
+def owned(batch: Batch) -> Batch:
+    """`batch` with every numpy array that is not its own, writable memory copied (views of a store)."""
+    treedef, leaves = codec.flatten(batch, allow_pickle=True)
+    if all(leaf.flags.owndata and leaf.flags.writeable for leaf in leaves):
+        return batch
+    return codec.unflatten(treedef, [leaf if leaf.flags.owndata and leaf.flags.writeable else leaf.copy()
+                                     for leaf in leaves])
+
+
 class BatchProducer:
     """Turns tasks into batches: call the dataset, write the generation, read the store."""
 
-    def __init__(self, dataset: Dataset, collate_fn: CollateFn | None, shard_id: str, allow_pickle: bool) -> None:
+    def __init__(self, dataset: Dataset, collate_fn: CollateFn | None, shard_id: str, allow_pickle: bool,
+                 hands_out: bool = False) -> None:
         self.dataset = dataset
         self.collate = collate_fn or stack_samples
         self.custom_collate = collate_fn is not None
         self.shard_id = shard_id
         self.allow_pickle = allow_pickle
+        # Its batches go to the caller as they are (the training process's producer); a worker's
+        # are copied into a shared-memory slot anyway.
+        self.hands_out = hands_out
         self._shard: ShardWriter | None = None
         self._shard_token: object = None
         self._staging: StagingData | None = None  # reads back samples a partial generation already holds
@@ -84,7 +97,8 @@ class BatchProducer:
         if self._staging is None:
             return None
         try:
-            return self._staging.read(pos)
+            sample = self._staging.read(pos)
+            return owned(sample) if self.hands_out else sample
         except CacheStoreError as exc:
             # Adoption checked every record: this is damage since. Serve a computed sample; the
             # stored one stays (it must not be written twice) and a cached read recomputes it.
@@ -173,13 +187,30 @@ class BatchProducer:
 
     def read(self, task: m.Task, reader: Reader | None = None) -> Batch:
         """The batch from the committed generation; a corrupt record is a miss: recompute the batch."""
-        reader = reader if reader is not None else self.reader(task.reader)
         try:
-            if self.custom_collate:
-                return self.collate([reader.get(int(i), copy=False) for i in task.stored_at])
-            return reader.get_batch(task.stored_at)
+            return self.gather(task, reader if reader is not None else self.reader(task.reader))
         except CorruptSampleError as exc:
             return self.recompute(task, exc)
+
+    def gather(self, task: m.Task, reader: Reader) -> Batch:
+        """The samples of read task `task` from `reader`, collated unless the task says not to.
+
+        What is handed out from the training process belongs to the caller
+        (``hands_out``): never a view of the store, which another epoch serves
+        again (an in-RAM store's arrays themselves, a read-only mapping).
+
+        Raises
+        ------
+        CorruptSampleError
+            A record failed its checksum.
+        """
+        own = self.hands_out
+        if not task.collate:
+            return [reader.get(int(i), copy=own) for i in task.stored_at]
+        if self.custom_collate:
+            return self.collate([reader.get(int(i), copy=own) for i in task.stored_at])
+        batch = reader.get_batch(task.stored_at)
+        return owned(batch) if own else batch
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
         log.warning("%s; computing this batch from the dataset instead", str(exc))
@@ -189,7 +220,7 @@ class BatchProducer:
                 samples.append(self.dataset[index])
             except Exception as err:
                 raise SampleError(index, err) from err
-        return self.collate(samples)
+        return self.collate(samples) if task.collate else samples
 
     def produce(self, task: m.Task) -> Produced:
         """Run `task` in this process (read, or compute and maybe write)."""

@@ -325,10 +325,7 @@ class RayExecutor(DeathListeners):
         try:
             reader = producer.reader(task.reader)
             try:
-                if producer.custom_collate:
-                    batch = producer.collate([reader.get(int(i), copy=False) for i in task.stored_at])
-                else:
-                    batch = reader.get_batch(task.stored_at)
+                batch = producer.gather(task, reader)
             except CorruptSampleError as exc:
                 log.warning("%s; computing this batch on a Ray actor instead", str(exc))
                 self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))
