@@ -42,7 +42,9 @@ def _stable_json(obj: Any) -> str:
 
 
 def _source_hash(cls: type) -> str:
-    """Hash of the module source defining `cls` (class source if the module is not a file)."""
+    """Hash of the source that defines `cls`: its module's file, else the class's own source, else
+    (a class typed into ``python -``, an interactive session or a notebook cell, whose source
+    inspect cannot find) the code of every function in it and its bases, prefixed ``code:``."""
     module = sys.modules.get(cls.__module__)
     for target in (module, cls):
         if target is None:
@@ -51,7 +53,31 @@ def _source_hash(cls: type) -> str:
             return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
         except (OSError, TypeError):
             continue
-    return "unknown"
+    return "code:" + _class_code_hash(cls)
+
+
+def _class_code_hash(cls: type) -> str:
+    """sha256 (16 hex digits) of the code of `cls` and its bases (those outside builtins): each
+    function's bytecode, names and constants, and every other class attribute by value where it can."""
+    hasher = _ValueHasher()
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins":
+            continue
+        hasher.tag("class", klass.__qualname__)
+        for name, value in sorted(vars(klass).items()):
+            if name in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__"):
+                continue
+            hasher.tag(name)
+            for part in (getattr(value, "fget", None), getattr(value, "fset", None), getattr(value, "__func__", value)):
+                code = getattr(part, "__code__", None)
+                if isinstance(code, types.CodeType):
+                    hasher._code(code)
+            if not callable(value) and not isinstance(value, (property, staticmethod, classmethod)):
+                try:
+                    hasher.feed(value, f"{klass.__qualname__}.{name}")
+                except FingerprintError:
+                    hasher.tag("unhashable", type(value).__qualname__)
+    return hasher.h.hexdigest()[:16]
 
 
 def class_path(cls: type) -> str:

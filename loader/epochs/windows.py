@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from cachestore import codec, safefs
+from cachestore.codec import TreeDef
 from cachestore.disk import is_out_of_space, out_of_space, remove_paths
 from cachestore.errors import CacheStoreError
 from cachestore.scratch import dead_windows, new_window_dir
@@ -49,7 +50,7 @@ class RotationWindow(Protocol):
         """Keep an own copy of `sample` in `slot`."""
 
     def get(self, slot: int) -> Sample:
-        """The sample in `slot`."""
+        """The sample in `slot`, as the caller's own copy (a serve may be changed in place)."""
 
     def free(self, slot: int) -> None:
         """Forget the sample in `slot`."""
@@ -72,17 +73,21 @@ class MemoryWindow:
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
-        self._samples: list[Sample] = [None] * slots
+        self._samples: list[tuple[TreeDef, list[np.ndarray]] | None] = [None] * slots
 
     def reset(self) -> None:
         self._samples = [None] * self.slots
 
     def put(self, slot: int, sample: Sample) -> None:
         treedef, leaves = codec.flatten(sample, allow_pickle=True)
-        self._samples[slot] = codec.unflatten(treedef, [np.array(leaf) for leaf in leaves])
+        self._samples[slot] = (treedef, [np.array(leaf) for leaf in leaves])
 
     def get(self, slot: int) -> Sample:
-        return self._samples[slot]
+        held = self._samples[slot]
+        if held is None:
+            raise KeyError(f"rotation slot {slot} holds no sample")
+        treedef, leaves = held
+        return codec.unflatten(treedef, [leaf.copy() for leaf in leaves])
 
     def free(self, slot: int) -> None:
         self._samples[slot] = None
@@ -189,7 +194,7 @@ class DiskWindow:
         self._held[slot] = True
 
     def get(self, slot: int) -> Sample:
-        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=False)
+        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=True)
         return codec.unflatten(treedef, leaves)
 
     def free(self, slot: int) -> None:

@@ -133,3 +133,37 @@ def test_describe_mismatch_names_each_changed_part():
     words = describe_mismatch(stored, explicit)
     assert "explicit cache_setting['fingerprint']" in words and "parameters" not in words
     assert describe_mismatch(None, stored) == "the store records no fingerprint to compare"
+
+
+STDIN_SCRIPT = """
+import numpy as np
+from loader import CachedLoader
+
+class Doubled:
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        return np.full(2, i * FACTOR)
+
+with CachedLoader(Doubled, batch_size=3, nb_worker=0, shuffle=False,
+                  cache_setting={{"prefix": {prefix!r}}}) as loader:
+    print([b.tolist() for b in loader])
+"""
+
+
+def test_a_class_without_a_source_file_is_fingerprinted_by_its_code(tmp_path):
+    """A class piped to ``python -`` has no file: its edited ``__getitem__`` must not be served old values."""
+    import subprocess
+    import sys
+
+    def run(factor: int) -> subprocess.CompletedProcess:
+        code = STDIN_SCRIPT.format(prefix=str(tmp_path / "c")).replace("FACTOR", str(factor))
+        return subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[3])
+
+    first = run(2)
+    assert first.returncode == 0, first.stderr
+    assert run(2).stdout == first.stdout  # the same code reuses its cache
+    edited = run(3)
+    assert edited.returncode != 0 and "FingerprintMismatchError" in edited.stderr, edited.stdout
+    assert "source" in edited.stderr
