@@ -98,6 +98,20 @@ def free_bytes(path: str | os.PathLike[str]) -> int:
     return max(0, usage.free - reserve)
 
 
+def read_only(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` (or, when it does not exist yet, its nearest existing parent) is on a file system
+    mounted read-only, or may not be written by this process."""
+    probe = os.path.abspath(os.fspath(path))
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        if os.statvfs(probe).f_flag & os.ST_RDONLY:
+            return True
+    except OSError:
+        return False
+    return not os.access(probe, os.W_OK)
+
+
 def remove_paths(paths: list[str]) -> None:
     """Remove debris entries: directories recursively, symlinks and files unlinked (never followed)."""
     for path in paths:

@@ -60,7 +60,8 @@ class Store:
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                  fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
                  verify: bool = True) -> None:
-        self.path = str(path)
+        # "~/cache" means the home directory, as for every tool that takes a path.
+        self.path = os.path.expanduser(os.fspath(path))
         # An in-RAM store only borrows the path as a name: files there are none of its business.
         in_ram = backend is not None and not get_backend(backend).persistent
         existing = None if in_ram else _read_existing_backend(self.path)

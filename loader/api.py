@@ -187,6 +187,11 @@ class CachedLoader(LoaderAttributes):
         if self._runner is None:
             raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
         epoch, skip = self._next_epoch, self._skip
+        last = self._progress
+        if last is not None and not last.started and self._current == last.epoch:
+            # The previous iterator never served a batch (Lightning starts one it drops): it
+            # consumed no epoch, so this one serves that epoch.
+            epoch, skip = last.epoch, last.served
         self._close_active(superseded_by=epoch)
         if self._restore is not None:
             r, self._restore = self._restore, None
@@ -251,7 +256,7 @@ class CachedLoader(LoaderAttributes):
         """
         if self._current is not None or self._active is not None:
             raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
-        self._restore = check_state(state, self.settings, self.num_samples)
+        self._restore = check_state(state, self.settings, self.num_samples, self.samples_per_epoch)
         self._next_epoch, self._skip = self._restore.epoch, self._restore.batches_served
 
     def _close_active(self, superseded_by: int | None = None) -> None:

@@ -16,7 +16,9 @@ from typing import Iterator
 
 from .cache.fingerprint import dataset_fingerprint
 from .dataset import Batch
-from .settings import LoaderSettings
+from .epochs.order import num_batches
+from .epochs.rotation import batch_sizes
+from .settings import LoaderSettings, RotationSettings
 
 STATE_VERSION = 1
 
@@ -72,33 +74,67 @@ class LoadedState:
     rotation_window: str | None
 
 
-def check_state(state: object, settings: LoaderSettings, num_samples: int) -> LoadedState:
-    """The state, checked: refuse one taken from a loader with other arguments, naming the first that differs.
+def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"damaged loader state: state[{name!r}] must be {expected}, got {state.get(name)!r}")
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_state(state: object, settings: LoaderSettings, num_samples: int, samples_per_epoch: int) -> LoadedState:
+    """The state, checked field by field; refuse one taken from a loader with other arguments.
 
     Raises
     ------
     ValueError
-        The state is not a loader state, or an argument differs.
+        The state is not a loader state, a field is damaged (naming it), or an argument differs
+        (naming the first that does).
     """
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "arguments" not in state:
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(
+            state.get("arguments"), dict):
         raise ValueError("not a CachedLoader state (expected the dict returned by loader.state_dict(), "
                          f"version {STATE_VERSION})")
-    epoch, served = state.get("epoch"), state.get("batches_served")
-    if not isinstance(epoch, int) or epoch < 0 or not isinstance(served, int) or served < 0:
-        raise ValueError(f"damaged loader state: epoch={epoch!r}, batches_served={served!r}")
+    epoch, served, seed = state.get("epoch"), state.get("batches_served"), state.get("seed")
+    _field(state, "epoch", _natural(epoch), "an int >= 0")
+    _field(state, "seed", _natural(seed), "an int >= 0")
     mine = _identity(settings, num_samples)
     theirs = dict(state["arguments"])
-    if state.get("rotation_fallback") is not None:
+    fallback = state.get("rotation_fallback")
+    if fallback is not None:
         theirs["rotation_setting"] = mine["rotation_setting"]
     for name, value in mine.items():
         if theirs.get(name) != value:
             raise ValueError(f"this state was taken from a loader with another {name} ({theirs.get(name)!r}; "
                              f"this loader has {value!r}): build the loader with the same arguments to resume")
-    if settings.seed_given and state["seed"] != settings.seed:
-        raise ValueError(f"this state was taken from a loader with another seed ({state['seed']}; this loader "
-                         f"has {settings.seed}): pass seed={state['seed']} or seed=None to resume")
-    return LoadedState(epoch, served, int(state["seed"]), state.get("cache"), state.get("rotation_fallback"),
-                       state.get("rotation_window"))
+    if settings.seed_given and seed != settings.seed:
+        raise ValueError(f"this state was taken from a loader with another seed ({seed}; this loader "
+                         f"has {settings.seed}): pass seed={seed} or seed=None to resume")
+    cache = state.get("cache")
+    if settings.cache is None:
+        _field(state, "cache", cache is None, "None for a loader without cache_setting")
+        _field(state, "rotation_fallback", fallback is None, "None for a loader without cache_setting")
+    else:
+        _field(state, "cache", isinstance(cache, dict) and _natural(cache.get("base")) and isinstance(
+            cache.get("off"), bool) and isinstance(cache.get("refresh_off"), bool),
+            "the cache plan, {'base': int >= 0, 'off': bool, 'refresh_off': bool}")
+    rotation = settings.rotation
+    if fallback is not None:
+        try:
+            rotation = RotationSettings(**fallback)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"damaged loader state: state['rotation_fallback'] is not a rotation setting "
+                             f"({exc})") from None
+    window = state.get("rotation_window")
+    _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
+    batches = (len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
+               if rotation is not None else num_batches(samples_per_epoch, settings.batch_size, settings.drop_last))
+    _field(state, "batches_served", _natural(served) and served <= batches,  # type: ignore[operator]
+           f"an int from 0 to {batches} (the batches of an epoch)")
+    assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
+    return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
+                       fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None)
 
 
 @dataclass
@@ -108,6 +144,7 @@ class EpochProgress:
     epoch: int
     served: int = 0  # batches delivered so far (those before a resume included)
     exhausted: bool = False
+    started: bool = False  # next() was called: the epoch ran (even if it served nothing)
 
 
 class EpochIterator:
@@ -128,6 +165,7 @@ class EpochIterator:
                 f"this iterator of epoch {self.epoch} was ended by a newer iter(loader) (epoch "
                 f"{self._superseded_by}): a loader serves one epoch at a time, so iterate it once per epoch "
                 "(zip(loader, loader) or two live iterators cannot work; use two loaders for that)")
+        self.progress.started = True
         try:
             batch = next(self._batches)
         except StopIteration:

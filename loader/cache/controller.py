@@ -15,8 +15,9 @@ import logging
 import sys
 
 from cachestore import GenerationInfo, Store, open_store
-from cachestore.errors import (BudgetExceededError, CorruptSampleError, FingerprintMismatchError,
-                               GenerationNotFoundError, StoreLockedError)
+from cachestore.disk import read_only
+from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
+                               FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout
@@ -57,6 +58,8 @@ class CacheController:
         self.damaged: dict[int, str] = {}  # generation -> why, for those found damaged and removed
         self.off = False  # caching gave up for this run (budget, policy "stream" or "rotate")
         self.refresh_off = False  # background refresh gave up for this run
+        self.mine: set[int] = set()  # generations this run committed
+        self.readonly = False  # the store is on a read-only file system: nothing is written
 
     def disable(self) -> None:
         """Stop caching for the rest of this run (the budget ran out: policies ``"stream"``, ``"rotate"``)."""
@@ -92,6 +95,8 @@ class CacheController:
                               disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
                               fingerprint=fingerprint, producer=producer, verify=settings.verify)
 
+        if settings.backend != "memory" and read_only(path):
+            return cls.open_read_only(settings, path, fingerprint, layout.per_consumer)
         try:
             store = open_it(fingerprint)
         except FingerprintMismatchError:
@@ -120,6 +125,23 @@ class CacheController:
             controller.damaged[generation] = damaged[generation]
         return controller
 
+    @classmethod
+    def open_read_only(cls, settings: CacheSettings, path: str, fingerprint: dict[str, object],
+                       num_samples: int) -> CacheController:
+        """The store at `path`, on a read-only file system: its committed generations are served, nothing
+        is written (no sweep, no refresh, no new generation)."""
+        try:
+            store = open_store(path, readonly=True, fingerprint=fingerprint, verify=settings.verify)
+        except NotAStoreError:
+            raise NotAStoreError(f"{path} is on a read-only file system and holds no cache: there is nothing to "
+                                 "read and no room to write one. Give cache_setting['prefix'] a writable "
+                                 "directory") from None
+        log.info("%s is on a read-only file system: serving its committed generations, nothing is written", path)
+        controller = cls(settings, store, num_samples)
+        controller.readonly = True
+        controller.stop_refresh()
+        return controller
+
     # the plan ------------------------------------------------------------
     def generation_for(self, epoch: int) -> int:
         """The generation epoch `epoch` of this run uses."""
@@ -135,6 +157,10 @@ class CacheController:
         A committed generation that cannot be opened (damaged) is written
         again. When another run on the same prefix committed a newer
         generation, this run moves on to it rather than writing an old one again.
+        An epoch before those this run has served (``set_epoch`` going back)
+        whose generation this run replaced reads the generation that replaced
+        it: no past generation is written again, and the run's later epochs
+        keep their generations.
         """
         generation = self.generation_for(epoch)
         infos = self.store.generations()
@@ -147,12 +173,19 @@ class CacheController:
                         problem)
             return generation, EpochMode.GENERATE, {"damaged": problem}
         newer = [g for g in committed if g > generation]
+        if newer and set(newer) <= self.mine:
+            replaced_by = min(newer)
+            log.info("epoch %d goes back to generation %d, which this run replaced by generation %d: it reads "
+                     "generation %d", epoch, generation, replaced_by, replaced_by)
+            return replaced_by, EpochMode.READ, {"went_back_to": replaced_by}
         if newer:
             ahead = max(newer)
             log.info("another run on %s moved ahead to generation %d: epoch %d reads it instead of writing "
                      "generation %d", self.store.path, ahead, epoch, generation)
             self.base += ahead - generation
             return ahead, EpochMode.READ, {"moved_to": ahead}
+        if self.readonly:
+            return self._read_only_choice(epoch, generation, committed)
         damaged = next((g.damaged for g in infos if g.id == generation and g.damaged),
                        self.damaged.get(generation))
         if damaged is not None:
@@ -160,6 +193,18 @@ class CacheController:
                         damaged)
             return generation, EpochMode.GENERATE, {"damaged": damaged}
         return generation, EpochMode.GENERATE, {}
+
+    def _read_only_choice(self, epoch: int, generation: int, committed: set[int]) -> tuple[int, EpochMode, dict]:
+        """On a read-only file system an epoch reads the newest committed generation: none can be written."""
+        if not committed:
+            raise CacheStoreError(f"epoch {epoch} needs generation {generation} of {self.store.path}, which holds "
+                                  "none committed, and its file system is read-only: nothing can be written there. "
+                                  "Give cache_setting['prefix'] a writable directory")
+        newest = max(committed)
+        if newest != generation:
+            log.info("epoch %d would write generation %d, but %s is read-only: it reads generation %d", epoch,
+                     generation, self.store.path, newest)
+        return newest, EpochMode.READ, {"read_only": newest}
 
     def _unreadable(self, generation: int) -> str | None:
         """Why `generation` cannot be opened (damage found only on open), or ``None``."""
@@ -217,6 +262,7 @@ class CacheController:
         if background:
             extra["background"] = True
         info = build.commit(extra)
+        self.mine.add(info.id)
         removed = self.store.prune(keep=1)
         log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
                  info.num_samples, info.nbytes, ", computed in the background" if background else "", len(removed))
@@ -225,6 +271,8 @@ class CacheController:
     # background refresh -----------------------------------------------------
     def decide_refresh(self, nb_worker: int) -> None:
         """Turn ``background_refresh="auto"`` off for good, with one log line, when it can never run."""
+        if self.refresh_off:
+            return  # decided already (a read-only store)
         if self.settings.background_refresh is False:
             self.stop_refresh()
             return

@@ -147,6 +147,11 @@ class EpochRunner:
         plan = self.plan(epoch, skip)
         if plan.mode == EpochMode.GENERATE:
             assert self.cache is not None and plan.generation is not None
+            if self.refresh is not None:
+                # set_epoch jumped past the generation the refresh computes: it holds the writer.
+                log.info("epoch %d writes generation %d: the background refresh of generation %d stops (what it "
+                         "computed is kept)", epoch, plan.generation, self.refresh.generation)
+                self.kill_executor()
             try:
                 executor = self.host.ensure() if self.settings.nb_worker > 0 else None
                 self.res.build = self.cache.open_build(plan.generation, self.settings.use_threading,
