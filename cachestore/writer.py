@@ -56,10 +56,17 @@ def _allocated(token: StagingToken) -> int:
     return allocated_bytes(token.path) if os.path.isdir(token.path) else 0
 
 
-def _abandon(backend: Backend, token: StagingToken, lease: WriterLease) -> None:
-    """Finalizer of an uncommitted writer: drop its staging, give the lease back."""
+def _abandon(backend: Backend, token: StagingToken, lease: WriterLease, resuming: bool) -> None:
+    """Finalizer of a writer nobody committed, aborted or kept (an exception or a second Ctrl-C cut
+    its owner's clean-up short): a resuming writer's staging area is a partial generation, kept as a
+    SIGKILL would have left it; any other is dropped. The lease goes back either way."""
     try:
-        backend.discard(token)
+        if resuming:
+            backend.keep(token)
+        else:
+            backend.discard(token)
+    except Exception:
+        pass  # at interpreter exit, or a vanished directory: the next writer or prune sees to it
     finally:
         lease.release()
 
@@ -113,7 +120,8 @@ class GenerationWriter:
         except BaseException:
             lease.release()
             raise
-        self._finalizer = weakref.finalize(self, _abandon, backend, self.token, lease)
+        self._finalizer = weakref.finalize(self, _abandon, backend, self.token, lease,
+                                           resume and record is not None)
         self._shard: ShardWriter | None = None
         self.state = "open"
 

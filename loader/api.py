@@ -25,7 +25,7 @@ from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
-from .resources import Resources
+from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
 from .state import EpochIterator, EpochProgress, LoadedState, check_state, make_state
 
@@ -286,9 +286,10 @@ class CachedLoader(LoaderAttributes):
         if self._closed:
             return
         self._closed = True
-        self._close_active()
-        self._producer.close()
-        self._finalizer()
+        with interrupts_deferred():  # a second Ctrl-C must not cut the clean-up short
+            self._close_active()
+            self._producer.close()
+            self._finalizer()
 
     def __enter__(self) -> CachedLoader:
         return self

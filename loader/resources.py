@@ -9,7 +9,10 @@ only names their types: it imports none of them at run time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import signal
+import threading
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from cachestore import Store
@@ -19,6 +22,24 @@ if TYPE_CHECKING:
     from .epochs.windows import RotationWindow
     from .executors.base import Executor
     from .executors.process.slots import SlotPool
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block is done, in the main thread.
+
+    A second Ctrl-C during a loader's clean-up used to cut it short: the
+    generation being written was then dropped instead of kept. Held back, it
+    arrives as soon as the clean-up (whose waits are all bounded) is done.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class Resources:
@@ -59,6 +80,10 @@ class Resources:
 
     def release(self) -> None:
         """Release everything (see the shutdown note in :mod:`loader.executors.process.pool`)."""
+        with interrupts_deferred():
+            self._release()
+
+    def _release(self) -> None:
         # Order: stop the writers (workers) before keeping what they wrote into.
         executor, self.executor = self.executor, None
         if executor is not None:

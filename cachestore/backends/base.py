@@ -294,6 +294,15 @@ class StagingData(ABC):
         """Release files and handles."""
 
 
+def missing_generation(generation: int, where: str, staging: bool) -> str:
+    """Why `generation` of the store `where` cannot be opened: it is not committed there (any more)."""
+    text = (f"generation {generation} of {where} is not committed there: it was never committed, or was "
+            "removed since (by `cachestore prune`, or by the writer that committed a newer one)")
+    if staging:
+        text += f"; a staging area of generation {generation} is there (being written, or kept by an interrupted run)"
+    return text
+
+
 class Backend(ABC):
     """The catalog of one store: generations, staging, commit, removal.
 

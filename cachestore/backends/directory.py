@@ -71,7 +71,8 @@ from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from ..scratch import dead_windows, pid_alive
-from .base import Backend, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta
+from .base import (Backend, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
+                   missing_generation)
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
 from .staging import STAGING_META, mark_committing, matches, parse_staging, staging_dirname, staging_record
 
@@ -297,8 +298,7 @@ class DirectoryBackend(Backend):
         except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
-            state = "is still being written (not committed)" if staging else "does not exist"
-            raise GenerationNotFoundError(f"generation {generation} of {self.path} {state}") from None
+            raise GenerationNotFoundError(missing_generation(generation, str(self.path), staging)) from None
         if damage is not None:
             raise self._damaged(generation, damage)
         try:

@@ -26,7 +26,7 @@ from ..budget import Budget
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import (Backend, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
+from .base import (Backend, missing_generation, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
                    StagingToken, StoreMeta)
 from .batch import Indices, batch_indices, gather_columns
 from .staging import check_complete
@@ -306,8 +306,7 @@ class MemoryBackend(Backend):
         gen = self._gens.get(generation)
         if gen is None:
             staging = any(s.token.generation == generation for s in self._staging.values())
-            state = "is still being written (not committed)" if staging else "does not exist"
-            raise GenerationNotFoundError(f"generation {generation} of memory store {self.root} {state}")
+            raise GenerationNotFoundError(missing_generation(generation, f"memory store {self.root}", staging))
         return gen
 
     def remove_generation(self, generation: int) -> int:

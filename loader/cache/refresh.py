@@ -25,7 +25,7 @@ import logging
 
 import numpy as np
 
-from cachestore.errors import BudgetExceededError
+from cachestore.errors import BudgetExceededError, CacheStoreError
 
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
@@ -61,6 +61,7 @@ class BackgroundRefresh:
         self.max_inflight = CHUNKS_PER_WORKER * max(1, nb_worker)
         self.computed = 0
         self._seq = 0
+        self.failed: str | None = None  # why a chunk could not be written (the refresh then stops)
         self.flushing = False  # the workers were asked to close their shards (all chunks done)
         self.flush_errors: list[str] = []
 
@@ -70,7 +71,7 @@ class BackgroundRefresh:
 
     def pump(self, executor: Executor) -> None:
         """Hand out chunks while fewer than ``max_inflight`` are queued."""
-        while self.todo and len(self.inflight) < self.max_inflight and self.build.active:
+        while self.todo and len(self.inflight) < self.max_inflight and self.build.active and self.failed is None:
             positions = self.todo.popleft()
             task = m.Task(seq=self._seq, part=0, epoch=BACKGROUND_EPOCH, indices=self.indices[positions],
                           positions=positions, collate=False, **self.build.task_fields())
@@ -79,7 +80,7 @@ class BackgroundRefresh:
             executor.submit(task)
         if not self.build.active:
             self.todo.clear()
-        elif self.done and not self.flushing and self.build.in_workers:
+        elif self.done and not self.flushing and self.build.in_workers and self.failed is None:
             self.flushing = True
             executor.start_flush()
 
@@ -93,7 +94,15 @@ class BackgroundRefresh:
             return False
         task = self.inflight.pop(msg.seq, None)
         if isinstance(msg, m.TaskFailed):
-            raise msg.exception()
+            if msg.kind not in ("store", "budget"):
+                raise msg.exception()  # the dataset's error: the next epoch would meet it too
+            # The store could not take the chunk (its files removed, a full disk): the refresh gives
+            # up, the epochs it serves go on, and the generation is written during its own epoch.
+            if self.failed is None:
+                log.warning("background refresh of generation %d stops: %s", self.generation, msg.message)
+                self.failed = msg.message
+            self.todo.clear()
+            return True
         if task is not None:
             self.computed += len(task.indices)
             self.build.accept(msg)
@@ -124,6 +133,14 @@ class BackgroundRefresh:
                     raise msg.exception()
 
 
+def _discard(build: GenerationBuild) -> None:
+    """Drop a refresh that gave up; its staging area may be gone already (the prefix removed)."""
+    try:
+        build.abort()
+    except (CacheStoreError, OSError) as exc:
+        log.debug("discarding the refresh of generation %d: %s", build.generation, exc)
+
+
 def start_refresh(cache: CacheController, host: ExecutorHost, indices: np.ndarray, read_generation: int,
                   batch_size: int) -> BackgroundRefresh | None:
     """At a read epoch of `read_generation`, start computing the next one in the background, if it is due."""
@@ -149,14 +166,16 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
     executor = host.ensure()
     try:
         refresh.finish(executor, timeout)
-        problem = build.finish(executor) or "; ".join(refresh.flush_errors) or None
+        problem = refresh.failed or build.finish(executor) or "; ".join(refresh.flush_errors) or None
         if problem is None:
             try:
                 cache.commit(build, epoch, background=True)
                 return True
             except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
                 problem = f"it could not commit: {exc}"
-        build.abort()
+            except (CacheStoreError, OSError) as exc:  # its staging area went away (the prefix removed)
+                problem = f"it could not commit: {exc}"
+        _discard(build)
         cache.stop_refresh()
         log.warning("background refresh of generation %d gave up (%s); writing it during epoch %d instead",
                     refresh.generation, problem, epoch)

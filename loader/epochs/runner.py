@@ -23,7 +23,7 @@ import numpy as np
 
 from cachestore import codec
 from cachestore.collate import stack_samples
-from cachestore.errors import BudgetExceededError
+from cachestore.errors import BudgetExceededError, GenerationNotFoundError
 
 from ..cache.build import GenerationBuild
 from ..cache.controller import CacheController
@@ -196,6 +196,13 @@ class EpochRunner:
                 self.res.build = None
                 build.abort()
             raise CacheController.explain(exc)
+        except GenerationNotFoundError as exc:
+            if plan.mode == EpochMode.READ:
+                exc.add_note(f"Generation {plan.generation} was removed while epoch {epoch} read it (by `cachestore "
+                             "prune`, or by a run that committed a newer one on the same prefix); the next "
+                             "epoch reads a newer generation or writes it again.")
+                self.reads.drop_reader()
+            raise
         finally:
             if progress is not None:
                 progress.close()

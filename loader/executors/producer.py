@@ -38,6 +38,13 @@ class Produced:
     staged: int = 0  # samples read back from the staging area instead of computed
 
 
+def _write_failed(task: m.Task, exc: OSError) -> CacheStoreError:
+    """A store error (not the dataset's) for a write that failed: the generation's files went away."""
+    where = task.shard.token.path if task.shard is not None else "the generation"
+    return CacheStoreError(f"writing into {where} failed ({type(exc).__name__}: {exc}); was the cache "
+                           "directory removed while it was written?")
+
+
 def owned(batch: Batch) -> Batch:
     """`batch` with every numpy array that is not its own, writable memory copied (views of a store)."""
     treedef, leaves = codec.flatten(batch, allow_pickle=True)
@@ -149,6 +156,8 @@ class BatchProducer:
                 except BudgetExceededError as exc:
                     budget_error = self._stop_writing(task, exc)
                     shard = None
+                except OSError as exc:
+                    raise _write_failed(task, exc) from exc
             if records is not None:
                 records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
         if shard is not None:
@@ -157,6 +166,8 @@ class BatchProducer:
             except BudgetExceededError as exc:
                 # A buffering backend (lmdb) meets the full disk here, not in put().
                 budget_error = self._stop_writing(task, exc)
+            except OSError as exc:
+                raise _write_failed(task, exc) from exc
         return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
 
     def _call(self, index: int) -> Sample:
