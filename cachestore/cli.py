@@ -386,7 +386,7 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
             with open_store(root) as store:
                 removed = store.prune(keep=args.keep, dry_run=args.dry_run, max_bytes=args.max_bytes,
                                       partial=args.partial)
-                kept = _kept_for_live_processes(store)
+                kept = _kept(store, {r.path for r in removed})
         except (CacheStoreError, OSError, ValueError) as exc:
             _error(f"cannot prune store {root}: {exc}")
             status = EXIT_PROBLEMS
@@ -416,11 +416,19 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
     return status
 
 
-def _kept_for_live_processes(store: Store) -> list[tuple[str, str, int, str]]:
-    """``(kind, path, bytes, why)`` of what prune left because a live process owns it."""
+def _kept(store: Store, removed: set[str]) -> list[tuple[str, str, int, str]]:
+    """``(kind, path, bytes, why)`` of what prune left on purpose: a live process's staging area or
+    rotation window, and partial generations of this store's dataset (the next run completes them)."""
     holder = lock_holder(store.path)
-    kept = [("staging", g.path or "", g.nbytes, f"live writer pid {g.owner_pid} holds it")
-            for g in store.generations() if not g.committed and g.owner_pid and g.owner_pid == holder]
+    kept = []
+    for g in store.generations():
+        if g.committed or g.damaged or not g.path or g.path in removed:
+            continue
+        if g.owner_pid and g.owner_pid == holder:
+            kept.append(("staging", g.path, g.nbytes, f"live writer pid {g.owner_pid} holds it"))
+        else:
+            kept.append(("partial", g.path, g.nbytes, "partial generation of this dataset: the next run "
+                                                      "completes it (--partial removes it)"))
     kept += [("rotation", path, nbytes, f"pid {pid} is alive")
              for path, nbytes, pid in list_windows(store.path) if pid is not None and pid_alive(pid)]
     return kept

@@ -26,6 +26,10 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     stack: str | None = None
 
 
+class ClusterUnreachableError(WorkerError, ConnectionError):
+    """The Ray cluster ``executor_options['address']`` names does not answer."""
+
+
 class MissingDependencyError(CacheStoreError, ImportError):
     """An optional extra the settings ask for is not installed (the message says what to install)."""
 
@@ -57,5 +61,5 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
         pass  # __slots__ without it: the index is still in the message's notes
 
 
-__all__ = ["MissingDependencyError", "NotImportableError", "SampleError", "WorkerError", "WorkerTimeoutError",
+__all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "SampleError", "WorkerError", "WorkerTimeoutError",
            "tag_sample_index"]

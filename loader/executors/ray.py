@@ -61,7 +61,7 @@ from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
 from .producer import BatchProducer, task_failure
-from .ray_connection import CONNECTION, import_ray
+from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,8 @@ class RayExecutor(DeathListeners):
         self._actor_options = {**options.actor_options, "max_restarts": 0, "max_task_retries": 0,
                                "max_concurrency": 1}
         cpus = self.nb_worker * float(self._actor_options.get("num_cpus", 1))  # type: ignore[arg-type]
-        self._connected = CONNECTION.acquire(self.ray, options.address, options.init_options, cpus)
+        self._connected = CONNECTION.acquire(self.ray, options.address, options.init_options, cpus,
+                                             min(options.start_timeout, CONNECT_TIMEOUT))
         try:
             self._actor_class = self.ray.remote(RayWorker)
             for wid in range(self.nb_worker):

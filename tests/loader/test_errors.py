@@ -6,11 +6,12 @@ import pytest
 
 import loader.errors
 from cachestore import CacheStoreError
-from loader.errors import (MissingDependencyError, NotImportableError, SampleError, WorkerError,
+from loader.errors import (ClusterUnreachableError, MissingDependencyError, NotImportableError, SampleError, WorkerError,
                            WorkerTimeoutError)
 
 HIERARCHY = {
     WorkerError: RuntimeError,
+    ClusterUnreachableError: ConnectionError,
     WorkerTimeoutError: TimeoutError,
     MissingDependencyError: ImportError,
     NotImportableError: ValueError,
