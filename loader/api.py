@@ -67,9 +67,11 @@ class CachedLoader(LoaderAttributes):
     cache_setting, rotation_setting
         A :class:`~loader.settings.CacheSettings` or :class:`~loader.settings.RotationSettings`,
         or a dict of their keys; ``None``: no cache, no rotation.
-    nb_consumer, consumer_index
+    nb_consumer, consumer_index, partition
         Split the data between consumers (ranks); default from
-        ``torch.distributed`` when initialised, else 1 and 0.
+        ``torch.distributed`` when initialised, else 1 and 0. ``partition``:
+        ``"equal"`` (every consumer as many batches) or ``"contiguous"``
+        (``swift_loader``'s runs); see :class:`loader.distributed.ConsumerLayout`.
     start_method
         ``"spawn"`` (default) or ``"fork"``.
     max_worker_restarts
@@ -95,7 +97,8 @@ class CachedLoader(LoaderAttributes):
                  gpu_indices: list[int] | None = None, max_minibatch_length: int | None = None,
                  cache_setting: CacheSettings | dict[str, object] | None = None,
                  rotation_setting: RotationSettings | dict[str, object] | None = None,
-                 nb_consumer: int | None = None, consumer_index: int | None = None, to_device: BatchFn | None = None,
+                 nb_consumer: int | None = None, consumer_index: int | None = None, partition: str = "equal",
+                 to_device: BatchFn | None = None,
                  start_method: str = "spawn", max_worker_restarts: int = 3, timeout: float | None = None,
                  progress: bool | None = None, executor: str = "process",
                  executor_options: dict[str, object] | None = None, **aliases: object) -> None:
@@ -144,11 +147,15 @@ class CachedLoader(LoaderAttributes):
             to_device=to_device if to_device is not None else self.settings.to_device)
         self._start()
 
+    def _layout(self) -> ConsumerLayout:
+        s = self.settings
+        return ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
+                              pinned=s.cache is not None or not s.shuffle, scheme=s.partition,
+                              workers=s.nb_worker, shuffled=s.shuffle)
+
     def _start(self) -> None:
         s = self.settings
-        layout = ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
-                                pinned=s.cache is not None or not s.shuffle)
-        self._runner = EpochRunner(s, layout, self._producer, self._res, make_mover(s), self.epoch_stats)
+        self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
 
     # ------------------------------------------------------------------ what it serves
     @property
@@ -166,7 +173,7 @@ class CachedLoader(LoaderAttributes):
     @property
     def samples_per_epoch(self) -> int:
         """Samples this consumer serves per epoch (before rotation repeats them)."""
-        return -(-self.num_samples // self.nb_consumer)
+        return self._runner.layout.per_consumer if self._runner is not None else self._layout().per_consumer
 
     def __len__(self) -> int:
         s, rotation = self.settings, self.rotation

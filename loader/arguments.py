@@ -13,7 +13,7 @@ import secrets
 from typing import Any, Callable, Mapping
 
 from .dataset import DatasetSource
-from .distributed import distributed_defaults
+from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
 from .settings import (CacheSettings, LoaderSettings, RotationSettings, check_int, int_at_least,
                        refresh_impossible)
@@ -57,6 +57,12 @@ def _seconds(name: str, value: object, what: str, zero: bool) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return float(value)
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
 
 
 def _callable(name: str, value: object) -> Callable[..., Any] | None:
@@ -127,6 +133,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
         max_minibatch_length=check_int("max_minibatch_length", a["max_minibatch_length"], 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
+        partition=_choice("partition", a["partition"], PARTITIONS),
         to_device=_callable("to_device", a["to_device"]), start_method=str(start_method),
         max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
         timeout=_seconds("timeout", a["timeout"], "None (wait as long as it takes) or seconds > 0", zero=False),

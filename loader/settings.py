@@ -319,6 +319,7 @@ class LoaderSettings:
     rotation: RotationSettings | None
     nb_consumer: int
     consumer_index: int
+    partition: str
     deferred_start: bool  # consumer_index comes later, from start()
     to_device: BatchFn | None
     start_method: str

@@ -38,6 +38,7 @@ def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, object]:
         "nearby_shuffle": settings.nearby_shuffle,
         "nb_consumer": settings.nb_consumer,
         "consumer_index": settings.consumer_index,
+        "partition": settings.partition,
         "cache_setting['update_frequency']": cache.k_or_none if cache is not None else None,
         "cache_setting": cache is not None,
         "rotation_setting": asdict(settings.rotation) if settings.rotation is not None else None,
@@ -101,6 +102,7 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     _field(state, "seed", _natural(seed), "an int >= 0")
     mine = _identity(settings, num_samples)
     theirs = dict(state["arguments"])
+    theirs.setdefault("partition", "equal")  # states taken before the argument existed
     fallback = state.get("rotation_fallback")
     if fallback is not None:
         theirs["rotation_setting"] = mine["rotation_setting"]

@@ -135,6 +135,8 @@ class SwiftLoader(CompatLoader):
             validate_dataset(dataset_class, dataset_kwargs, batch_size, collate_fn)
         self._setup_compat(benchmark, benchmark_file, max_nb_batch_on_device)
         self._logger_spec = parse_logger_spec(logger)  # a malformed one fails now, not at start()
+        # swift_loader's split: consumer c gets the c-th contiguous run of the data, the last ones shorter.
+        cached_loader_kwargs.setdefault("partition", "contiguous")
         self._swift_args = dict(
             dataset_class=dataset_class, dataset_kwargs=dataset_kwargs, batch_size=batch_size,
             worker_per_consumer=worker_per_consumer, shuffle=shuffle,
