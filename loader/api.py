@@ -15,7 +15,6 @@ from cachestore import Store
 
 from .arguments import parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes
-from .checks import check_importable_by_workers
 from .dataset import Batch, BatchFn, CollateFn, Dataset
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -35,12 +34,13 @@ class CachedLoader(LoaderAttributes):
     Parameters
     ----------
     dataset
-        The dataset class (alias ``dataset_class``); each worker builds its own
-        instance as ``dataset(**dataset_params)``. Spawned workers import it by
-        module path. The training process builds one too (for the length and
-        the cache fingerprint), so a failing constructor raises here.
+        A map-style dataset (``__len__`` and ``__getitem__``, e.g. a
+        ``torch.utils.data.Dataset``): each worker gets a copy. Or its class
+        (alias ``dataset_class``), with `dataset_params`: each process builds its
+        own, this one first (so a failing constructor raises here). Objects
+        pickle cannot name (notebook classes, lambdas) go by value.
     dataset_params
-        Keyword arguments of the dataset class (alias ``dataset_kwargs``).
+        Keyword arguments of a dataset class (alias ``dataset_kwargs``).
     batch_size
         Samples per batch.
     nb_worker
@@ -89,7 +89,7 @@ class CachedLoader(LoaderAttributes):
         The other names of these arguments (:data:`loader.arguments.ALIASES`).
     """
 
-    def __init__(self, dataset: type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
+    def __init__(self, dataset: Dataset | type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
                  batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool = True,
                  seed: int | None = None, drop_last: bool = False, nearby_shuffle: int = 0,
                  collate_fn: CollateFn | None = None, max_queue_size: int = 20, prefetch_time: float | None = None,
@@ -109,8 +109,6 @@ class CachedLoader(LoaderAttributes):
         self._closed = False
         self.settings = parse_arguments(resolve_aliases(given, aliases, type(self).__name__))
         s = self.settings
-        check_importable_by_workers(s.dataset.dataset_class, nb_worker=s.nb_worker, use_threading=s.use_threading,
-                                    start_method=s.start_method, collate_fn=s.collate_fn)
         self.epoch_stats: list[EpochStats] = []
         self._next_epoch = 0  # the epoch the next iter() serves
         self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()

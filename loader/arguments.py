@@ -79,12 +79,13 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     ValueError
         Naming the argument (or setting key) at fault.
     """
-    dataset = a["dataset"]
-    if not isinstance(dataset, type):
-        raise ValueError(f"dataset_class must be a class, got {dataset!r}")
     params = a["dataset_params"]
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
+    if a["dataset"] is None:
+        raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
+                        "dataset_params)")
+    source = DatasetSource.of(a["dataset"], params)
     use_threading, gpu_indices = bool(a["use_threading"]), a["gpu_indices"]
     nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
     ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
@@ -122,7 +123,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
         seed = secrets.randbits(63) if consumers == 1 else 0
     return LoaderSettings(
-        dataset=DatasetSource(dataset, dict(params or {})),
+        dataset=source,
         batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(a["shuffle"]),
         seed=seed, drop_last=bool(a["drop_last"]),
         nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),

@@ -42,7 +42,7 @@ class LoaderAttributes:
     settings: LoaderSettings
 
     dataset_class = _Setting(lambda s: s.dataset.dataset_class)
-    dataset_params = _Setting(lambda s: s.dataset.params)
+    dataset_params = _Setting(lambda s: s.dataset.params if s.dataset.instance is None else None)
     batch_size = _Setting(lambda s: s.batch_size)
     nb_worker = _Setting(lambda s: s.nb_worker)
     shuffle = _Setting(lambda s: s.shuffle)

@@ -37,15 +37,44 @@ class Dataset(Protocol):
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """How every process gets its own dataset: ``dataset_class(**params)``, built where it is used.
+    """How every process gets its own dataset.
 
-    The training process builds one too (for the length and the cache
-    fingerprint); each worker builds its own.
+    Either a class and its keyword arguments (``dataset_class(**params)``, built
+    where it is used: the training process builds one for the length and the
+    cache fingerprint, each worker its own), or an ``instance``: the training
+    process uses it as it is, each worker gets a copy (by pickle, by value where
+    pickle cannot name it: :mod:`loader.executors.transport`).
     """
 
     dataset_class: type[Dataset]
     params: dict[str, object] = field(default_factory=dict)
+    instance: Dataset | None = None
+
+    @classmethod
+    def of(cls, dataset: object, params: dict[str, object] | None) -> DatasetSource:
+        """The source the constructor's `dataset` and `dataset_params` describe.
+
+        Raises
+        ------
+        TypeError
+            `dataset_params` given with an instance, or `dataset` neither a class nor a map-style dataset.
+        """
+        if isinstance(dataset, type):
+            return cls(dataset, dict(params or {}))
+        if params is not None:
+            raise TypeError("dataset_params are the keyword arguments of a dataset class; this dataset is an "
+                            f"instance ({type(dataset).__qualname__}) already built: pass it alone, or pass its "
+                            "class with dataset_params")
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"dataset must be a map-style dataset (with __len__ and __getitem__), or its class; "
+                            f"got {dataset!r}")
+        return cls(type(dataset), {}, dataset)  # type: ignore[arg-type]
+
+    @property
+    def name(self) -> str:
+        """``module.Class`` of the dataset."""
+        return f"{self.dataset_class.__module__}.{self.dataset_class.__qualname__}"
 
     def build(self) -> Dataset:
-        """A new dataset object."""
-        return self.dataset_class(**self.params)
+        """The dataset: the instance, or a new one built from the class."""
+        return self.instance if self.instance is not None else self.dataset_class(**self.params)

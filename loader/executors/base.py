@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 from ..dataset import CollateFn, DatasetSource
 from ..errors import WorkerTimeoutError
 from .messages import Message, Task, WorkerConfig
+from .transport import Portable
 
 #: Called with the shard id of a worker incarnation that died.
 DeathListener = Callable[[str], None]
@@ -115,11 +116,24 @@ class WorkerConfigFactory:
 
     def __init__(self, dataset: DatasetSource, collate_fn: CollateFn | None, gpu_indices: Sequence[int] | None,
                  allow_pickle: bool) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
+        # Serialised once for every worker incarnation (see loader.executors.transport).
+        self.dataset = Portable(dataset, "dataset")
+        self.collate_fn = Portable(collate_fn, "collate_fn") if collate_fn is not None else None
         self.gpu_indices = gpu_indices
         self.allow_pickle = allow_pickle
         self.incarnations = 0
+
+    def check_sendable(self) -> None:
+        """Serialise what the workers receive now, before any starts (see :mod:`loader.executors.transport`).
+
+        Raises
+        ------
+        NotImportableError
+            Something cannot be sent; the message names it.
+        """
+        self.dataset.payload()
+        if self.collate_fn is not None:
+            self.collate_fn.payload()
 
     def __call__(self, wid: int) -> WorkerConfig:
         self.incarnations += 1

@@ -15,6 +15,8 @@ from .process.pool import WorkerPool
 from .process.slots import SlotPool
 from .producer import BatchProducer
 
+#: Start methods whose children get their arguments by pickle (``fork`` copies the parent instead).
+PICKLING_START_METHODS = ("spawn", "forkserver")
 #: Shared-memory slots created with the executor (more come when the in-flight depth grows).
 INITIAL_SLOTS = 4
 
@@ -53,6 +55,8 @@ class ExecutorHost:
             # The executor must not reference the loader: the finalizer that releases it
             # would then keep the loader alive forever.
             make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle)
+            if s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS):
+                make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
             if s.executor == "ray":
                 # Imported here only: `import loader` never imports ray (an optional extra).
                 from .ray import RayExecutor

@@ -23,6 +23,7 @@ __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "
            "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
 from ..errors import WorkerError
 from ..settings import BudgetPolicy, EpochMode
+from .transport import Portable
 
 
 #: Where a task failed: in the dataset, building the worker's dataset, over the budget, in the store.
@@ -38,8 +39,8 @@ class WorkerConfig:
 
     worker_id: int
     shard_id: str  # unique per worker incarnation: names its shard in each generation
-    dataset: DatasetSource
-    collate_fn: CollateFn | None
+    dataset: Portable[DatasetSource]  # see loader.executors.transport: by value where pickle cannot name it
+    collate_fn: Portable[CollateFn] | None
     gpu_index: int | None
     allow_pickle: bool
 

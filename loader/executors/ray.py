@@ -84,13 +84,14 @@ class RayWorker:
         self.failure: m.TaskFailed | None = None
         self.producer: BatchProducer | None = None
         try:
-            dataset = config.dataset.build()
+            dataset = config.dataset.load().build()
+            collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
         except Exception as exc:
             # Reported by ready() and every run(), like a worker process's "init" failure.
             self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                                        index=None, kind="init")
         else:
-            self.producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
+            self.producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle)
 
     def ready(self) -> tuple[int, str, m.TaskFailed | None]:
         """Pid and Ray node id of this actor, and why its dataset could not be built (if so)."""

@@ -145,3 +145,17 @@ class SizeFromFileDataset:
         with open(self.size_file) as f:
             count = int(f.read())
         return {"x": np.full(count, index, dtype=np.float32), "y": index}
+
+
+class TransformDataset:
+    """Sample i is ``transform(i)``: the transform is whatever the user passed (a lambda, say)."""
+
+    def __init__(self, n: int, transform) -> None:
+        self.n = n
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return self.transform(index)

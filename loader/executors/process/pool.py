@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import faulthandler
 import logging
 import multiprocessing as mp
@@ -38,12 +39,13 @@ import os
 import queue
 import re
 import signal
+import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import Callable, Iterator, Sequence, Union
 
 from ...errors import WorkerError
 from .. import messages as m
@@ -135,7 +137,8 @@ class WorkerPool(DeathListeners):
         else:
             proc = self.ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
                                     name=f"cachestore-worker-{wid}", daemon=True)
-        proc.start()
+        with _main_file_hidden():
+            proc.start()
         if not self.use_threading:
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
@@ -366,6 +369,34 @@ class WorkerPool(DeathListeners):
         spawner, self._spawner = self._spawner, None
         if spawner is not None:
             spawner.close()
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_file_hidden() -> Iterator[None]:
+    """While a worker starts, hide a main module's ``__file__`` that names no file (``<stdin>``).
+
+    A spawned child runs the parent's main module again from its file, to find
+    what was pickled by name there; a script piped to ``python -`` has the
+    "file" ``<stdin>``, and every worker died trying to open it. Workers need
+    nothing from the main module (what it defined reaches them by value, see
+    :mod:`loader.executors.transport`), so that module is simply not run again.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if main is None or path is None or spec_name is not None or os.path.isfile(
+            os.path.join(getattr(multiprocessing.process, "ORIGINAL_DIR", None) or "", path)):
+        yield
+        return
+    with _MAIN_LOCK:
+        del main.__file__
+        try:
+            yield
+        finally:
+            main.__file__ = path
 
 
 def _thread_stack(ident: int | None) -> str:

@@ -113,12 +113,13 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
-        dataset = config.dataset.build()
+        dataset = config.dataset.load().build()
     except BaseException as exc:
         conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                               index=None, kind="init"))
         return
-    producer = BatchProducer(dataset, config.collate_fn, config.shard_id, config.allow_pickle)
+    collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
+    producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle)
     segments = WorkerSegments()
     conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
     waiting: collections.deque[m.Command] = collections.deque()

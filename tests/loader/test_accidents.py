@@ -1,0 +1,269 @@
+"""Ordinary accidents a new user meets: each handled, with a clear word where something cannot be done.
+
+set_epoch going back, damaged states, a read-only cache, two Ctrl-C, the prefix removed during an
+epoch, a generation pruned under a reader, ``~`` in a prefix, an unreachable Ray cluster, and an
+iterator a framework starts and drops.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachestore import GenerationNotFoundError, open_store
+from loader import CachedLoader
+from loader.errors import ClusterUnreachableError
+
+from .conftest import kept_partial
+from .datasets import ArangeDataset, read_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def served(loader: CachedLoader) -> list[int]:
+    return sorted(int(y) for batch in loader for y in batch["y"])
+
+
+# ---------------------------------------------------------------------------- set_epoch going back
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sequence, generations", [
+    ([0, 1, 2, 3, 4, 0, 5], [0, 0, 0, 0, 0, 0, 1]),
+    ([10, 4, 10, 11], [2, 2, 2, 2]),  # epoch 4's generation 0 was never written: it reads this run's
+])
+def test_set_epoch_going_back_reads_this_runs_generations(no_leaks, caplog, sequence, generations):
+    caplog.set_level(logging.INFO, logger="loader")
+    with CachedLoader(ArangeDataset, {"n": 40, "shape": [2]}, batch_size=8, nb_worker=2, seed=0,
+                      cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": 5}) as loader:
+        for epoch in sequence:
+            loader.set_epoch(epoch)
+            assert served(loader) == list(range(40))
+        assert [s.generation for s in loader.epoch_stats] == generations
+    assert "another run" not in caplog.text  # it is this run that moved ahead
+
+
+# ---------------------------------------------------------------------------- damaged states
+def _state(tmp_path: Path) -> tuple[dict, dict]:
+    settings = dict(batch_size=4, nb_worker=0, seed=3, cache_setting={"prefix": str(tmp_path / "c")})
+    with CachedLoader(ArangeDataset, {"n": 20}, **settings) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        it.close()
+    return state, settings
+
+
+@pytest.mark.parametrize("field, value", [
+    ("batches_served", 10**6), ("batches_served", -1), ("batches_served", "2"), ("epoch", 1.5), ("seed", True),
+    ("cache", None), ("cache", {"base": -1, "off": False, "refresh_off": False}),
+    ("cache", {"base": 0, "off": "no", "refresh_off": False}),
+    ("rotation_fallback", {"medium": "tape", "rotation": 2, "size": 4, "prefix": None}),
+    ("rotation_window", 7),
+])
+def test_a_damaged_state_is_refused_naming_its_field(tmp_path, field, value):
+    state, settings = _state(tmp_path)
+    state[field] = value
+    with CachedLoader(ArangeDataset, {"n": 20}, **settings) as loader:
+        with pytest.raises(ValueError, match=field):
+            loader.load_state_dict(state)
+
+
+def test_a_sound_state_is_taken(tmp_path):
+    state, settings = _state(tmp_path)
+    with CachedLoader(ArangeDataset, {"n": 20}, **settings) as loader:
+        loader.load_state_dict(state)
+        assert sum(1 for _ in loader) == 5 - state["batches_served"]
+
+
+# ---------------------------------------------------------------------------- a read-only file system
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs this test mounts (root only), unmounted at the end."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_cache_on_a_read_only_file_system_is_served_and_nothing_written(tmpfs, caplog, backend, workers):
+    prefix = str(tmpfs / "c")
+    counter = tmpfs.parent / "calls"
+    counter.mkdir()
+    params = {"n": 24, "shape": [3], "counter_dir": str(counter)}
+    with CachedLoader(ArangeDataset, params, batch_size=8, nb_worker=workers,
+                      cache_setting={"prefix": prefix, "backend": backend}) as loader:
+        assert served(loader) == list(range(24))
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    caplog.set_level(logging.INFO, logger="loader")
+    with CachedLoader(ArangeDataset, params, batch_size=8, nb_worker=workers,
+                      cache_setting={"prefix": prefix, "backend": backend, "update_frequency": 2}) as loader:
+        for _ in range(3):  # epoch 2 would write generation 1: it reads generation 0
+            assert served(loader) == list(range(24))
+        assert {s.mode for s in loader.epoch_stats} == {"read"}
+    assert "read-only file system" in caplog.text and "nothing is written" in caplog.text
+    assert len(read_calls(str(counter))) == 24  # the first run's only
+
+
+def test_a_read_only_prefix_without_a_cache_says_so(tmpfs):
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    with pytest.raises(FileNotFoundError, match="read-only file system and holds no cache"):
+        CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0, cache_setting={"prefix": str(tmpfs / "c")})
+
+
+# ---------------------------------------------------------------------------- two Ctrl-C
+SIGINT_SCRIPT = """
+import sys
+from loader import CachedLoader
+from tests.loader.datasets import ArangeDataset
+
+with CachedLoader(ArangeDataset, {"n": 200, "delay": 0.01, "counter_dir": sys.argv[2]}, batch_size=8,
+                  nb_worker=2, cache_setting={"prefix": sys.argv[1]}) as loader:
+    for i, batch in enumerate(loader):
+        if i == 3:
+            print("ready", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("second", [None, 0.1])
+def test_ctrl_c_once_or_twice_keeps_the_partial_generation(tmp_path, second):
+    prefix, counter = str(tmp_path / "c"), tmp_path / "calls"
+    counter.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, prefix, str(counter)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        if second is not None:
+            try:
+                proc.wait(timeout=second)  # a timed wait, not a sleep: the process may be gone already
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err
+    staged = glob.glob(os.path.join(prefix, ".staging-*"))
+    assert len(staged) == 1 and kept_partial(staged[0]), staged
+    # The next run adopts it: the samples it holds are not computed again.
+    before = len(read_calls(str(counter)))
+    with CachedLoader(ArangeDataset, {"n": 200, "delay": 0.01, "counter_dir": str(counter)}, batch_size=8,
+                      nb_worker=0, cache_setting={"prefix": prefix}) as loader:
+        assert served(loader) == list(range(200))
+        adopted = loader.epoch_stats[0].extra.get("adopted", 0)
+    assert adopted >= 24
+    assert len(read_calls(str(counter))) - before == 200 - adopted
+
+
+# ---------------------------------------------------------------------------- the prefix removed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_removing_the_prefix_during_a_refreshed_epoch_writes_the_next_generation_in_its_epoch(no_leaks, caplog,
+                                                                                               backend):
+    prefix = str(no_leaks / "c")
+    with CachedLoader(ArangeDataset, {"n": 200, "shape": [64]}, batch_size=8, nb_worker=2, seed=0,
+                      cache_setting={"prefix": prefix, "backend": backend, "update_frequency": 2}) as loader:
+        assert served(loader) == list(range(200))
+        seen = []
+        for i, batch in enumerate(loader):  # a read epoch, generation 1 refreshed in the background
+            seen += batch["y"].tolist()
+            if i == 5:
+                for _ in range(5):  # workers writing the refresh race rm: run it again, as a user would
+                    subprocess.run(["rm", "-rf", prefix], capture_output=True)
+                    if not os.path.exists(prefix):
+                        break
+        assert sorted(seen) == list(range(200))
+        for _ in range(2):
+            assert served(loader) == list(range(200))
+        assert [s.mode for s in loader.epoch_stats] == ["generate", "read", "generate", "read"]
+    assert "gave up" in caplog.text or "stops" in caplog.text
+
+
+# ---------------------------------------------------------------------------- a pruned generation
+def test_a_pruned_generation_is_said_to_be_removed_not_being_written(tmp_path):
+    store = open_store(tmp_path / "s", "memmap")
+    for generation in range(2):
+        with store.writer(generation, 2) as w:
+            for i in range(2):
+                w.put(i, np.zeros(2))
+    store.prune(keep=1)
+    with pytest.raises(GenerationNotFoundError) as err:
+        store.reader(0)
+    assert "removed since" in str(err.value) and "being written" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------- "~" in a prefix
+def test_a_prefix_starting_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0, cache_setting={"prefix": "~/cache"}) as l:
+        assert served(l) == list(range(8))
+        assert l.store.path == str(tmp_path / "home" / "cache")
+    assert (tmp_path / "home" / "cache" / "store.json").exists() and not (tmp_path / "~").exists()
+    assert open_store("~/cache", readonly=True).path == str(tmp_path / "home" / "cache")
+
+
+# ---------------------------------------------------------------------------- an unreachable Ray cluster
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", ["127.0.0.1:6399", "no-such-host.invalid:6379", "ray://127.0.0.1:6399"])
+def test_an_unreachable_ray_address_fails_fast_naming_it(address):
+    pytest.importorskip("ray")
+    with pytest.raises(ClusterUnreachableError, match=address.replace(".", r"\.")):
+        CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, executor="ray",
+                     executor_options={"address": address, "start_timeout": 5})
+
+
+# ---------------------------------------------------------------------------- an iterator dropped unused
+def test_an_iterator_that_served_nothing_consumes_no_epoch(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0, seed=1,
+                      cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 2}) as loader:
+        for expected in range(4):
+            iter(loader)  # started and dropped before the loop, as Lightning's Trainer.fit does
+            it = iter(loader)
+            assert it.epoch == expected
+            assert sorted(y for b in it for y in b["y"].tolist()) == list(range(8))
+        assert [s.epoch for s in loader.epoch_stats] == [0, 1, 2, 3]
+        assert [s.generation for s in loader.epoch_stats] == [0, 0, 1, 1]
+
+
+def test_zip_of_one_loader_still_fails_loudly(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0) as loader:
+        with pytest.raises(RuntimeError, match="one epoch at a time"):
+            list(zip(loader, loader))
+
+
+# ---------------------------------------------------------------------------- a lambda in the parameters
+LAMBDA_SCRIPT = textwrap.dedent("""
+    from loader import CachedLoader
+    from tests.loader.datasets import TransformDataset
+
+    if __name__ == "__main__":
+        with CachedLoader(TransformDataset, {"n": 6, "transform": lambda x: x * 3}, batch_size=3,
+                          nb_worker=2, shuffle=False) as loader:
+            print(sorted(int(v) for batch in loader for v in batch))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_lambda_in_the_dataset_parameters_reaches_the_workers(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LAMBDA_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [0, 3, 6, 9, 12, 15]
