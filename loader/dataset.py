@@ -49,6 +49,8 @@ class DatasetSource:
     dataset_class: type[Dataset]
     params: dict[str, object] = field(default_factory=dict)
     instance: Dataset | None = None
+    # What was computed of it once (its fingerprint, at construction): an instance may change later.
+    memo: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, dataset: object, params: dict[str, object] | None) -> DatasetSource:

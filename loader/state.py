@@ -26,11 +26,11 @@ STATE_VERSION = 1
 def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, object]:
     """The arguments that decide which batches a run serves, as comparable plain values."""
     cache = settings.cache
-    fingerprint = dataset_fingerprint(settings.dataset.dataset_class, settings.dataset.params, num_samples,
+    fingerprint = dataset_fingerprint(settings.dataset, num_samples,
                                       (settings.consumer_index, settings.nb_consumer))
     return {
         "dataset_class": fingerprint.get("dataset"),
-        "dataset_params": {k: v for k, v in fingerprint.items() if "param" in k},
+        "dataset_params": {k: v for k, v in fingerprint.items() if k in ("params_sha256", "state_sha256")},
         "dataset length": num_samples,
         "batch_size": settings.batch_size,
         "drop_last": settings.drop_last,

@@ -83,7 +83,7 @@ class CacheController:
     def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource,
              batch_size: int) -> "CacheController":
         """Open (or create) this consumer's store, checking it was produced by this dataset."""
-        fingerprint = dataset_fingerprint(dataset.dataset_class, dataset.params, layout.num_samples,
+        fingerprint = dataset_fingerprint(dataset, layout.num_samples,
                                           (layout.consumer_index, layout.nb_consumer), settings.fingerprint)
         producer = {"dataset": class_path(dataset.dataset_class), "params": describe_params(dataset.params),
                     "update_frequency": settings.k_or_none, "batch_size": batch_size,

@@ -29,6 +29,8 @@ import numpy as np
 from cachestore import codec
 from cachestore.errors import FingerprintError
 
+from ..dataset import DatasetSource
+
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
 MAX_DEPTH = 200
@@ -110,9 +112,11 @@ class _ValueHasher:
         sub.feed(obj, where, depth)
         return sub.h.digest()
 
-    def feed(self, obj: Any, where: str, depth: int = 0) -> None:
+    def feed(self, obj: Any, where: str, depth: int = 0, attributes: bool = False) -> None:
+        """Hash `obj`; `where` names it in errors (``dataset.transform.fn``); `attributes`: a dict
+        of an object's attributes, whose keys read as ``.name`` there."""
         if depth > MAX_DEPTH:
-            raise FingerprintError(f"cannot fingerprint the dataset parameters: {where} is nested more than "
+            raise FingerprintError(f"cannot fingerprint the dataset: {where} is nested more than "
                                    f"{MAX_DEPTH} levels deep; {_HINT}")
         kind = type(obj)
         if obj is None or kind in (bool, int, str):
@@ -138,11 +142,11 @@ class _ValueHasher:
         else:
             self._active[id(obj)] = depth
             try:
-                self._compound(obj, where, depth)
+                self._compound(obj, where, depth, attributes)
             finally:
                 del self._active[id(obj)]
 
-    def _compound(self, obj: Any, where: str, depth: int) -> None:
+    def _compound(self, obj: Any, where: str, depth: int, attributes: bool = False) -> None:
         kind = type(obj)
         if kind in (list, tuple):
             self.tag(kind.__name__, len(obj))
@@ -150,8 +154,12 @@ class _ValueHasher:
                 self.feed(item, f"{where}[{i}]", depth + 1)
         elif isinstance(obj, dict):
             self.tag("dict", class_path(kind), len(obj))
+
+            def named(key: object) -> str:
+                return f"{where}.{key}" if attributes and isinstance(key, str) else f"{where}[{key!r}]"
+
             items = sorted((self.digest_of(k, f"{where} key {k!r}", depth + 1),
-                            self.digest_of(v, f"{where}[{k!r}]", depth + 1)) for k, v in obj.items())
+                            self.digest_of(v, named(k), depth + 1)) for k, v in obj.items())
             for key, value in items:
                 self.tag(key, value)
         elif kind in (set, frozenset):
@@ -202,8 +210,9 @@ class _ValueHasher:
         name = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', obj.__name__)}"
         self.tag("function", name)
         code = getattr(obj, "__code__", None)
-        if code is not None and ("<lambda>" in name or "<locals>" in name):
-            # Not importable by name, so its name says little: its code, defaults and closure do.
+        if code is not None:
+            # Its name says little (a lambda, a local function, or one edited since): its code,
+            # defaults and closure say what it does.
             self._code(code)
             self.feed(obj.__defaults__, f"{where}.__defaults__", depth + 1)
             cells = [c.cell_contents for c in obj.__closure__ or ()]
@@ -223,7 +232,7 @@ class _ValueHasher:
             reduced = obj.__reduce_ex__(4)
         except Exception as exc:  # objects refuse pickling with many exception types
             raise FingerprintError(
-                f"cannot fingerprint the dataset parameters by value: {where} is a {class_path(kind)}, "
+                f"cannot fingerprint the dataset by value: {where} is a {class_path(kind)}, "
                 f"which has no stable serialisation ({type(exc).__name__}: {exc}); {_HINT}") from exc
         self.tag("object", class_path(kind))
         if isinstance(reduced, str):  # a module-level singleton, pickled by name
@@ -233,7 +242,7 @@ class _ValueHasher:
         self.feed(func, f"{where} constructor", depth + 1)
         self.feed(args, f"{where} arguments", depth + 1)
         state, listitems, dictitems = rest[:3]
-        self.feed(state, f"{where}.__dict__", depth + 1)
+        self.feed(state, where, depth + 1, attributes=True)
         self.feed(list(listitems) if listitems is not None else None, f"{where} items", depth + 1)
         self.feed(dict(dictitems) if dictitems is not None else None, f"{where} items", depth + 1)
 
@@ -254,43 +263,69 @@ def params_hash(params: Any) -> str:
 
 # --------------------------------------------------------------------- the fingerprint
 
-def dataset_fingerprint(cls: type, params: dict, length: int, partition: tuple[int, int],
-                        fingerprint: str | None = None) -> dict:
+def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[int, int],
+                        fingerprint: str | None = None) -> dict[str, object]:
     """The fingerprint recorded in (and checked against) a store.
 
-    Covers the dataset class, a hash of its keyword arguments by value, its
-    length, its module source, and the consumer partition this loader serves.
+    Covers the dataset's class, its keyword arguments by value (the class
+    form) or its state by value (an instance: its attributes, recursively),
+    its length, its class's source, and the consumer partition this loader
+    serves.
 
     Parameters
     ----------
-    cls, params
-        The dataset class and the keyword arguments it is built with.
+    dataset
+        The class and its keyword arguments, or the instance.
     length
         Number of samples.
     partition
         ``(consumer_index, nb_consumer)``.
     fingerprint
         A user string that replaces the computed identity (class, parameters
-        and source), for datasets whose identity the user knows better, or
-        whose parameters cannot be hashed by value. Length and partition stay:
-        they shape the cache whatever the data is.
+        or state, source), for datasets whose identity the user knows better,
+        or that cannot be hashed by value. Length and partition stay: they
+        shape the cache whatever the data is.
 
     Raises
     ------
     FingerprintError
-        `params` cannot be hashed by value and no `fingerprint` was given.
+        Part of the dataset cannot be hashed by value (the message names it, e.g.
+        ``dataset.transform.transforms[2].fn``) and no `fingerprint` was given.
     """
     if fingerprint is not None:
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TypeError(f"an explicit fingerprint must be a non-empty string, got {fingerprint!r}")
         return {"fingerprint": fingerprint, "length": int(length), "partition": list(partition)}
-    return {
-        "dataset": class_path(cls),
-        "params_sha256": params_hash(params),
-        "length": int(length),
-        "source_sha256": _source_hash(cls),
-        "partition": list(partition),
-    }
+    identity = dataset.memo.get("identity")
+    if not isinstance(identity, dict):  # once per loader: hashing a large instance takes a while
+        identity = {"dataset": class_path(dataset.dataset_class)}
+        if dataset.instance is not None:
+            identity["state_sha256"] = state_hash(dataset.instance)
+        else:
+            identity["params_sha256"] = params_hash(dataset.params)
+        identity["source_sha256"] = _source_hash(dataset.dataset_class)
+        dataset.memo["identity"] = identity
+    return {"dataset": identity["dataset"], **{k: v for k, v in identity.items() if k.endswith("sha256")
+                                               and k != "source_sha256"},
+            "length": int(length), "source_sha256": identity["source_sha256"], "partition": list(partition)}
+
+
+def state_hash(instance: object) -> str:
+    """sha256 (16 hex digits) of a dataset instance's state by value (its attributes, recursively).
+
+    Raises
+    ------
+    FingerprintError
+        Naming the attribute that cannot be hashed (``dataset.transform.lock``).
+    """
+    hasher = _ValueHasher()
+    state = getattr(instance, "__dict__", None)
+    hasher.tag("instance", class_path(type(instance)))
+    if isinstance(state, dict) and not dataclasses.is_dataclass(instance):
+        hasher.feed(state, "dataset", attributes=True)  # named dataset.<attribute> in errors
+    else:
+        hasher.feed(instance, "dataset")
+    return hasher.h.hexdigest()[:16]
 
 
 #: What each fingerprint key means, for messages; values worth showing are shown.
@@ -298,6 +333,7 @@ _PARTS = {
     "fingerprint": ("the explicit fingerprint (cache_setting['fingerprint'])", True),
     "dataset": ("the dataset class", True),
     "params_sha256": ("the dataset parameters", False),
+    "state_sha256": ("the dataset's state (its attributes)", False),
     "length": ("the length", True),
     "source_sha256": ("the dataset source code", False),
     "partition": ("the partition [consumer_index, nb_consumer]", True),

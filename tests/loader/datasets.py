@@ -159,3 +159,38 @@ class TransformDataset:
 
     def __getitem__(self, index: int) -> int:
         return self.transform(index)
+
+
+class Compose:
+    """A torchvision-style chain of transforms (objects and functions alike)."""
+
+    def __init__(self, transforms: list) -> None:
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class Scale:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+class TableDataset:
+    """A dataset object as torch users build them: a table of data and a transform."""
+
+    def __init__(self, table, transform=None) -> None:
+        self.table = table
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int):
+        x = self.table[index]
+        return self.transform(x) if self.transform is not None else x

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from cachestore import CacheStoreError, FingerprintError
+from cachestore import CacheStoreError, FingerprintError, FingerprintMismatchError
+from loader.dataset import DatasetSource
 from loader.cache.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
 
 from ..datasets import ArangeDataset
@@ -32,7 +33,8 @@ class Config:
 
 
 def fp(params: dict, **kw) -> dict:
-    return dataset_fingerprint(ArangeDataset, params, kw.pop("length", 100), kw.pop("partition", (0, 1)), **kw)
+    return dataset_fingerprint(DatasetSource(ArangeDataset, params), kw.pop("length", 100),
+                               kw.pop("partition", (0, 1)), **kw)
 
 
 def test_one_changed_element_of_a_large_array_changes_the_fingerprint():
@@ -167,3 +169,66 @@ def test_a_class_without_a_source_file_is_fingerprinted_by_its_code(tmp_path):
     edited = run(3)
     assert edited.returncode != 0 and "FingerprintMismatchError" in edited.stderr, edited.stdout
     assert "source" in edited.stderr
+
+
+# ---------------------------------------------------------------------------- a dataset instance
+def _instance(table: np.ndarray, transform) -> DatasetSource:
+    from ..datasets import TableDataset
+
+    return DatasetSource.of(TableDataset(table, transform), None)
+
+
+def test_an_instance_is_fingerprinted_by_its_state():
+    from ..datasets import Compose, Scale
+
+    table = np.arange(1000, dtype=np.float32).reshape(100, 10)
+    first = dataset_fingerprint(_instance(table, Compose([Scale(2.0), lambda x: x + 1])), 100, (0, 1))
+    again = dataset_fingerprint(_instance(table.copy(), Compose([Scale(2.0), lambda x: x + 1])), 100, (0, 1))
+    assert first == again and "state_sha256" in first and "params_sha256" not in first
+    changed = table.copy()
+    changed[50, 5] += 1
+    for other in (_instance(changed, Compose([Scale(2.0), lambda x: x + 1])),  # one array element
+                  _instance(table, Compose([Scale(3.0), lambda x: x + 1])),  # a transform's state
+                  _instance(table, Compose([Scale(2.0), lambda x: x + 2]))):  # a lambda's code
+        theirs = dataset_fingerprint(other, 100, (0, 1))
+        assert theirs["state_sha256"] != first["state_sha256"]
+        assert describe_mismatch(first, theirs) == "the dataset's state (its attributes) changed"
+
+
+def test_an_attribute_that_cannot_be_hashed_is_named():
+    from ..datasets import Compose, Scale
+
+    lock = threading.Lock()
+    source = _instance(np.zeros(3), Compose([Scale(1.0), abs, functools.partial(lambda x, l: x, l=lock)]))
+    with pytest.raises(FingerprintError) as info:
+        dataset_fingerprint(source, 3, (0, 1))
+    message = str(info.value)
+    assert "dataset.transform.transforms[2]" in message and "cache_setting={'fingerprint'" in message
+
+
+def test_a_changed_instance_is_refused_by_its_cache(tmp_path):
+    from loader import CachedLoader
+
+    from ..datasets import Compose, Scale, TableDataset
+
+    table = np.arange(40, dtype=np.float32).reshape(20, 2)
+    setting = {"prefix": str(tmp_path / "c")}
+    with CachedLoader(TableDataset(table, Compose([Scale(2.0)])), batch_size=5, nb_worker=0,
+                      cache_setting=setting) as loader:
+        assert sum(len(b) for b in loader) == 20
+    with CachedLoader(TableDataset(table.copy(), Compose([Scale(2.0)])), batch_size=5, nb_worker=0,
+                      cache_setting=setting) as loader:
+        assert loader.epoch_stats == [] and next(iter(loader)).shape == (5, 2)
+        assert loader.epoch_stats[0].mode == "read"  # the same state: the cache is reused
+    table[3, 1] = -1
+    with pytest.raises(FingerprintMismatchError, match="state"):
+        CachedLoader(TableDataset(table, Compose([Scale(2.0)])), batch_size=5, nb_worker=0, cache_setting=setting)
+
+
+def test_dataset_params_with_an_instance_is_a_type_error():
+    from loader import CachedLoader
+
+    from ..datasets import TableDataset
+
+    with pytest.raises(TypeError, match="instance"):
+        CachedLoader(TableDataset(np.zeros(4)), {"table": np.zeros(4)}, batch_size=2, nb_worker=0)
