@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence
 
 from cachestore import Store
 
 from .arguments import parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes
-from .dataset import Batch, BatchFn, CollateFn, Dataset
+from .dataset import Batch, BatchFn, CollateFn, Dataset, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
-from .epochs.order import num_batches
+from .epochs.order import num_batches, sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
@@ -26,7 +26,7 @@ from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
-from .state import EpochIterator, EpochProgress, LoadedState, check_state, make_state
+from .state import EpochCursor, check_state, make_state
 
 class CachedLoader(LoaderAttributes):
     """Batches of an expensive dataset, computed by workers and cached between epochs.
@@ -44,12 +44,22 @@ class CachedLoader(LoaderAttributes):
     batch_size
         Samples per batch.
     nb_worker
-        Worker processes (alias ``worker_per_consumer``); 0 runs everything in
-        this process. Default ``min(4, os.cpu_count())``.
+        Worker processes (aliases ``num_workers``, ``worker_per_consumer``); 0
+        runs everything in this process. Default ``min(4, os.cpu_count())``.
     shuffle, seed, drop_last, nearby_shuffle
-        A fresh permutation every epoch, cached epochs included, deterministic
-        from `seed` and the epoch; with ``nearby_shuffle=W`` each sample stays
+        A fresh permutation every epoch (default: on, off with a sampler),
+        cached epochs included, deterministic from `seed` (or torch's
+        `generator`) and the epoch; with ``nearby_shuffle=W`` each sample stays
         within W positions of its index.
+    sampler, batch_sampler
+        As in torch: any iterable of indices, or of lists of indices, drawn anew
+        each epoch (``set_epoch(e)`` is called first when they have it). The
+        cache still holds every index: what a generate epoch's sampler does not
+        draw is computed by idle workers.
+    worker_init_fn, persistent_workers, prefetch_factor, multiprocessing_context
+        torch's: ``worker_init_fn(worker_id)`` runs once in each worker before
+        its first task; workers always persist; ``prefetch_factor`` batches per
+        worker in flight; the context's start method.
     collate_fn
         Turns a list of samples into a batch (default :func:`loader.default_collate`).
     max_queue_size, prefetch_time
@@ -90,7 +100,11 @@ class CachedLoader(LoaderAttributes):
     """
 
     def __init__(self, dataset: Dataset | type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
-                 batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool = True,
+                 batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool | None = None,
+                 sampler: Iterable[int] | None = None, batch_sampler: Iterable[Sequence[int]] | None = None,
+                 worker_init_fn: WorkerInitFn | None = None, generator: object = None,
+                 persistent_workers: bool = False, prefetch_factor: int | None = None,
+                 multiprocessing_context: object = None,
                  seed: int | None = None, drop_last: bool = False, nearby_shuffle: int = 0,
                  collate_fn: CollateFn | None = None, max_queue_size: int = 20, prefetch_time: float | None = None,
                  use_threading: bool = False, device: Device = None, pin_memory: bool = False,
@@ -99,7 +113,7 @@ class CachedLoader(LoaderAttributes):
                  rotation_setting: RotationSettings | dict[str, object] | None = None,
                  nb_consumer: int | None = None, consumer_index: int | None = None, partition: str = "equal",
                  to_device: BatchFn | None = None,
-                 start_method: str = "spawn", max_worker_restarts: int = 3, timeout: float | None = None,
+                 start_method: str | None = None, max_worker_restarts: int = 3, timeout: float | None = None,
                  progress: bool | None = None, executor: str = "process",
                  executor_options: dict[str, object] | None = None, **aliases: object) -> None:
         given = dict(locals())  # the signature is the one list of argument names
@@ -110,12 +124,7 @@ class CachedLoader(LoaderAttributes):
         self.settings = parse_arguments(resolve_aliases(given, aliases, type(self).__name__))
         s = self.settings
         self.epoch_stats: list[EpochStats] = []
-        self._next_epoch = 0  # the epoch the next iter() serves
-        self._current: int | None = None  # the epoch of the latest iter(), until set_epoch()
-        self._skip = 0  # batches of the next epoch served before a resume
-        self._restore: LoadedState | None = None  # a loaded state, applied at the next iter()
-        self._progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
-        self._active: weakref.ref[EpochIterator] | None = None
+        self._cursor = EpochCursor()
         self._runner: EpochRunner | None = None
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
@@ -159,8 +168,8 @@ class CachedLoader(LoaderAttributes):
     @property
     def seed(self) -> int:
         """The seed of every epoch's order: the given one, a drawn one, or a loaded state's."""
-        if self._restore is not None:
-            return self._restore.seed
+        if self._cursor.loaded is not None:
+            return self._cursor.loaded.seed
         return self._runner.state.seed if self._runner is not None else self.settings.seed
 
     @property
@@ -175,6 +184,8 @@ class CachedLoader(LoaderAttributes):
 
     def __len__(self) -> int:
         s, rotation = self.settings, self.rotation
+        if s.sampling is not None and rotation is None:
+            return sampled_length(s.sampling, s.batch_size, s.drop_last)
         if rotation is not None:
             return len(batch_sizes(self.samples_per_epoch, rotation.rotation, s.batch_size, s.drop_last))
         return num_batches(self.samples_per_epoch, s.batch_size, s.drop_last)
@@ -191,27 +202,17 @@ class CachedLoader(LoaderAttributes):
             raise RuntimeError("this loader is closed")
         if self._runner is None:
             raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
-        epoch, skip = self._next_epoch, self._skip
-        last = self._progress
-        if last is not None and not last.started and self._current == last.epoch:
-            # The previous iterator never served a batch (Lightning starts one it drops): it
-            # consumed no epoch, so this one serves that epoch.
-            epoch, skip = last.epoch, last.served
-        self._close_active(superseded_by=epoch)
-        if self._restore is not None:
-            r, self._restore = self._restore, None
+        epoch, skip = self._cursor.begin()
+        if self._cursor.loaded is not None:
+            r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip)
-        self._next_epoch, self._current, self._skip = epoch + 1, epoch, 0
-        self._progress = EpochProgress(epoch, skip)
-        it = EpochIterator(self._runner.run(epoch, skip), self._progress)
-        self._active = weakref.ref(it)
-        return it
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip))
 
     # ------------------------------------------------------------------ resuming
     @property
     def epoch(self) -> int:
         """The epoch being served (or, before its ``iter()``, the one the next ``iter()`` serves)."""
-        return self._current if self._current is not None else self._next_epoch
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter(loader)`` serve `epoch` (as ``DistributedSampler.set_epoch``).
@@ -220,10 +221,7 @@ class CachedLoader(LoaderAttributes):
         follow from the epoch number, so calling this with the loop's own
         counter keeps every rank, and a resumed run, in step.
         """
-        int_at_least("epoch", epoch, 0)
-        if epoch != self._next_epoch:
-            self._skip = 0
-        self._next_epoch, self._current, self._progress = epoch, None, None
+        self._cursor.set_epoch(int_at_least("epoch", epoch, 0))
 
     def state_dict(self) -> dict[str, object]:
         """Where the run is, as a small dict of plain values (picklable, JSON-able).
@@ -234,14 +232,9 @@ class CachedLoader(LoaderAttributes):
         Samples are not in it: a generation being written survives in the
         store's staging area.
         """
-        progress = self._progress
-        if progress is not None and not progress.exhausted:
-            # Also after a `break`: the rest of that epoch is what a resumed run serves first.
-            epoch, served = progress.epoch, progress.served
-        else:
-            epoch, served = self._next_epoch, self._skip
-        if self._restore is not None:  # loaded, not iterated yet: still the loaded plan
-            r = self._restore
+        epoch, served = self._cursor.position()
+        if self._cursor.loaded is not None:  # loaded, not iterated yet: still the loaded plan
+            r = self._cursor.loaded
             cache, fallback, window = r.cache, r.rotation_fallback, r.rotation_window
         elif self._runner is not None:
             (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
@@ -259,16 +252,7 @@ class CachedLoader(LoaderAttributes):
         RuntimeError
             This loader has already started an epoch.
         """
-        if self._current is not None or self._active is not None:
-            raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
-        self._restore = check_state(state, self.settings, self.num_samples, self.samples_per_epoch)
-        self._next_epoch, self._skip = self._restore.epoch, self._restore.batches_served
-
-    def _close_active(self, superseded_by: int | None = None) -> None:
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.end(superseded_by)
-        self._active = None
+        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch))
 
     # ------------------------------------------------------------------ info & shutdown
     @property
@@ -292,7 +276,7 @@ class CachedLoader(LoaderAttributes):
             return
         self._closed = True
         with interrupts_deferred():  # a second Ctrl-C must not cut the clean-up short
-            self._close_active()
+            self._cursor.close_active()
             self._producer.close()
             self._finalizer()
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from .dataset import DatasetSource
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
-from .settings import (CacheSettings, LoaderSettings, RotationSettings, check_int, int_at_least,
+from .settings import (CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least,
                        refresh_impossible)
 
 #: Another name of an argument -> the argument (``dataset_server``'s and ``swift_loader``'s names).
@@ -23,6 +23,7 @@ ALIASES: dict[str, str] = {
     "dataset_class": "dataset",
     "dataset_kwargs": "dataset_params",
     "worker_per_consumer": "nb_worker",
+    "num_workers": "nb_worker",  # torch.utils.data.DataLoader's
 }
 #: Start methods of worker processes. Not ``forkserver``: its children are the server's, not the
 #: training process's, so the parent-death signal that takes workers down with a killed training
@@ -71,6 +72,58 @@ def _callable(name: str, value: object) -> Callable[..., Any] | None:
     return value
 
 
+def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
+    """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
+    conflicting pairs, counting only what the caller passed), as our settings."""
+    sampler, batch_sampler, shuffle = a["sampler"], a["batch_sampler"], a["shuffle"]
+    if batch_sampler is not None and (a["batch_size"] != 1 or shuffle or sampler is not None or a["drop_last"]):
+        raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if given is None:
+            continue
+        if not hasattr(given, "__iter__"):
+            raise ValueError(f"{name} must be an iterable of indices{'' if name == 'sampler' else ' lists'}, "
+                             f"got {given!r}")
+        if any(klass.__name__ == "DistributedSampler" for klass in type(given).__mro__):
+            raise ValueError(
+                f"{name} is a DistributedSampler: give the loader nb_consumer (the world size) and "
+                "consumer_index (the rank) instead (they default to torch.distributed's). Each rank keeps a "
+                "fixed part of the data, so its cache holds what it serves, and shuffles it every epoch")
+    if a["prefetch_factor"] is not None:
+        if workers == 0:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
+                             "> 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+        int_at_least("prefetch_factor", a["prefetch_factor"], 1)
+    if a["persistent_workers"] and workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    out: dict[str, object] = {
+        "shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
+        "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
+                     if sampler is not None or batch_sampler is not None else None),
+        "worker_init_fn": _callable("worker_init_fn", a["worker_init_fn"]),
+    }
+    if isinstance(a["prefetch_factor"], int):
+        out["max_queue_size"] = a["prefetch_factor"] * max(workers, 1)
+    generator = a["generator"]
+    if generator is not None:
+        if a["seed"] is not None:
+            raise ValueError("give seed or generator, not both: the generator's seed is the loader's")
+        initial_seed = getattr(generator, "initial_seed", None)
+        if not callable(initial_seed):
+            raise ValueError(f"generator must be a torch.Generator, got {generator!r}")
+        out["seed"] = int(initial_seed()) % 2**63
+    context = a["multiprocessing_context"]
+    if context is not None:
+        method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+        if a["start_method"] is not None and a["start_method"] != method:
+            raise ValueError(f"start_method={a['start_method']!r} and multiprocessing_context ({method!r}) "
+                             "disagree; give one of them")
+        out["start_method"] = method
+    return out
+
+
 def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     """Validate the constructor's arguments (`a`: every argument by its own name, aliases resolved).
 
@@ -95,7 +148,8 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     progress = a["progress"]
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
-    start_method = a["start_method"]
+    torch = _torch_arguments(a, workers)
+    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "spawn")
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be 'spawn' (the default) or 'fork', got {start_method!r}")
     cache = CacheSettings.parse(a["cache_setting"]) if a["cache_setting"] is not None else None
@@ -117,18 +171,22 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     index = default_idx if consumer_index is None else consumer_index
     if index >= consumers:
         raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
-    seed = check_int("seed", a["seed"], 0, allow_none=True)
+    seed = check_int("seed", torch.get("seed", a["seed"]), 0, allow_none=True)
     seed_given = seed is not None
+    sampling = torch["sampling"]
+    if sampling is not None and consumers > 1:
+        raise ValueError("a sampler chooses the indices this process serves: with several consumers "
+                         f"(nb_consumer={consumers}) leave the split to the loader and drop the sampler")
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
         seed = secrets.randbits(63) if consumers == 1 else 0
     return LoaderSettings(
         dataset=source,
-        batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(a["shuffle"]),
+        batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(torch["shuffle"]),
         seed=seed, drop_last=bool(a["drop_last"]),
         nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
         collate_fn=_callable("collate_fn", a["collate_fn"]),
-        max_queue_size=int_at_least("max_queue_size", a["max_queue_size"], 1),
+        max_queue_size=int_at_least("max_queue_size", torch.get("max_queue_size", a["max_queue_size"]), 1),
         prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
         use_threading=use_threading, device=a["device"], pin_memory=bool(a["pin_memory"]),
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
@@ -138,4 +196,5 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         to_device=_callable("to_device", a["to_device"]), start_method=str(start_method),
         max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
         timeout=_seconds("timeout", a["timeout"], "None (wait as long as it takes) or seconds > 0", zero=False),
-        progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options)
+        progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options,
+        sampling=sampling, worker_init_fn=torch["worker_init_fn"])  # type: ignore[arg-type]

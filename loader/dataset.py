@@ -20,6 +20,8 @@ Batch: TypeAlias = Any
 CollateFn: TypeAlias = Callable[[Sequence[Sample]], Batch]
 #: Applied to every batch on its way out instead of the default device move.
 BatchFn: TypeAlias = Callable[[Batch], Batch]
+#: torch's ``worker_init_fn(worker_id)``, run once in each worker before its first task.
+WorkerInitFn: TypeAlias = Callable[[int], object]
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ import enum
 import math
 import os
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
 from cachestore.disk import parse_size
@@ -281,6 +281,22 @@ Device = Union[str, "torch.device", None]
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """torch's ``sampler`` or ``batch_sampler``: the user's own order, drawn anew every epoch."""
+
+    sampler: Iterable[int] | None = None
+    batch_sampler: Iterable[Sequence[int]] | None = None
+
+    @property
+    def source(self) -> object:
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
+    @property
+    def name(self) -> str:
+        return "batch_sampler" if self.batch_sampler is not None else "sampler"
+
+
+@dataclass(frozen=True)
 class RayOptions:
     """``executor_options`` of ``executor="ray"``, defaults filled in (see :mod:`loader.executors.ray_options`)."""
 
@@ -329,6 +345,8 @@ class LoaderSettings:
     seed_given: bool = True  # False: the seed was drawn at random (a resumed run takes the state's)
     executor: str = "process"
     ray_options: RayOptions | None = None
+    sampling: Sampling | None = None  # torch's sampler or batch_sampler
+    worker_init_fn: Callable[[int], object] | None = None
 
     @property
     def allow_pickle(self) -> bool:

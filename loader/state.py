@@ -11,6 +11,7 @@ survives in the store's staging area instead (see ``docs/ARCHITECTURE.md``,
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -186,3 +187,70 @@ class EpochIterator:
     def close(self) -> None:
         """End the epoch early, like a generator's ``close()``."""
         self.end()
+
+
+class EpochCursor:
+    """Where a loader is between its epochs: the epoch the next ``iter()`` serves, how far the latest
+    one got, a loaded state waiting for the first ``iter()``, and the live iterator."""
+
+    def __init__(self) -> None:
+        self.next_epoch = 0  # the epoch the next iter() serves
+        self.current: int | None = None  # the epoch of the latest iter(), until set_epoch()
+        self.skip = 0  # batches of the next epoch served before a resume
+        self.loaded: LoadedState | None = None  # a loaded state, applied at the next iter()
+        self.progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
+        self._active: weakref.ref[EpochIterator] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.current if self.current is not None else self.next_epoch
+
+    def begin(self) -> tuple[int, int]:
+        """The epoch a new ``iter()`` serves and the batches of it already served; ends the live iterator."""
+        epoch, skip = self.next_epoch, self.skip
+        last = self.progress
+        if last is not None and not last.started and self.current == last.epoch:
+            # The previous iterator never served a batch (Lightning starts one it drops): it
+            # consumed no epoch, so this one serves that epoch.
+            epoch, skip = last.epoch, last.served
+        self.close_active(superseded_by=epoch)
+        return epoch, skip
+
+    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch]) -> EpochIterator:
+        """The iterator of `epoch`, now the live one."""
+        self.next_epoch, self.current, self.skip = epoch + 1, epoch, 0
+        self.progress = EpochProgress(epoch, skip)
+        it = EpochIterator(batches, self.progress)
+        self._active = weakref.ref(it)
+        return it
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.next_epoch:
+            self.skip = 0
+        self.next_epoch, self.current, self.progress = epoch, None, None
+
+    def position(self) -> tuple[int, int]:
+        """``(epoch, batches served)`` a state records: the rest of a broken-off epoch comes first."""
+        progress = self.progress
+        if progress is not None and not progress.exhausted:
+            return progress.epoch, progress.served
+        return self.next_epoch, self.skip
+
+    def load(self, loaded: LoadedState) -> None:
+        """Continue from `loaded` (a new loader's, before any ``iter()``).
+
+        Raises
+        ------
+        RuntimeError
+            An epoch was started already.
+        """
+        if self.current is not None or self._active is not None:
+            raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
+        self.loaded = loaded
+        self.next_epoch, self.skip = loaded.epoch, loaded.batches_served
+
+    def close_active(self, superseded_by: int | None = None) -> None:
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.end(superseded_by)
+        self._active = None

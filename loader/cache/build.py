@@ -117,10 +117,11 @@ class GenerationBuild:
         """`positions` the generation does not hold yet."""
         return positions[~self.have[positions]] if self.adopted else positions
 
-    def task_fields(self, positions: np.ndarray | None = None) -> dict[str, Any]:
+    def task_fields(self, positions: np.ndarray | None = None, written: np.ndarray | None = None) -> dict[str, Any]:
         """The write part of a task computing samples of this generation (the one place it is built).
 
-        With `positions`, those already in the generation are marked ``present``.
+        With `positions`, those already in the generation (adopted, or `written` by an
+        earlier task of this epoch) are marked ``present``: read back, never written again.
         """
         if not self.active:
             return {"mode": EpochMode.COMPUTE}
@@ -129,8 +130,10 @@ class GenerationBuild:
             fields["shard"] = self.spec
         else:
             fields["send_records"] = True
-        if positions is not None and self.adopted:
-            present = self.have[positions]
+        if positions is not None and (self.adopted or written is not None):
+            present = self.have[positions] if self.adopted else np.zeros(len(positions), dtype=bool)
+            if written is not None:
+                present = present | written
             if present.any():
                 fields["present"] = present
         return fields

@@ -51,17 +51,23 @@ class BackgroundRefresh:
     its own epoch.
     """
 
-    def __init__(self, build: GenerationBuild, indices: np.ndarray, chunk: int, nb_worker: int) -> None:
+    def __init__(self, build: GenerationBuild, indices: np.ndarray, chunk: int, nb_worker: int,
+                 positions: np.ndarray | None = None, flush_when_done: bool = True) -> None:
         self.build = build
         self.generation = build.generation
         self.indices = indices
-        positions = build.missing(np.arange(len(indices), dtype=np.int64))  # an adopted refresh goes on
+        # Every position the generation lacks (an adopted refresh goes on), or those given: what a
+        # sampler's generate epoch never draws, computed beside its batches into the same build.
+        positions = build.missing(np.arange(len(indices), dtype=np.int64) if positions is None else positions)
         self.todo = collections.deque(positions[i:i + chunk] for i in range(0, len(positions), chunk))
         self.inflight: dict[int, m.Task] = {}
         self.max_inflight = CHUNKS_PER_WORKER * max(1, nb_worker)
         self.computed = 0
         self._seq = 0
         self.failed: str | None = None  # why a chunk could not be written (the refresh then stops)
+        # Its chunks all in, the workers close their shards at once (not when they fill in beside an
+        # epoch's own batches, which still write into the same shards).
+        self.flush_when_done = flush_when_done
         self.flushing = False  # the workers were asked to close their shards (all chunks done)
         self.flush_errors: list[str] = []
 
@@ -80,7 +86,8 @@ class BackgroundRefresh:
             executor.submit(task)
         if not self.build.active:
             self.todo.clear()
-        elif self.done and not self.flushing and self.build.in_workers and self.failed is None:
+        elif (self.done and self.flush_when_done and not self.flushing and self.build.in_workers
+              and self.failed is None):
             self.flushing = True
             executor.start_flush()
 
@@ -107,6 +114,25 @@ class BackgroundRefresh:
             self.computed += len(task.indices)
             self.build.accept(msg)
         return True
+
+    def drain(self, executor: Executor, timeout: float | None = None) -> None:
+        """Hand out no more chunks; wait for those in flight (their samples then are in the build).
+
+        Raises
+        ------
+        WorkerTimeoutError
+            No chunk finished within `timeout` seconds.
+        """
+        self.todo.clear()
+        while self.inflight:
+            msg = executor.next_message(timeout=timeout)
+            if msg is None:
+                late = {(BACKGROUND_EPOCH, seq, 0) for seq in self.inflight}
+                waited = timeout or 0.0
+                raise worker_timeout(executor, late, f"the last chunks of generation {self.generation}", waited,
+                                     waited)
+            if not self.handle(msg) and isinstance(msg, m.TaskFailed) and msg.kind == "init":
+                raise msg.exception()
 
     def finish(self, executor: Executor, timeout: float | None = None) -> None:
         """Compute what is left with every worker (the epoch that needs it waits for it).

@@ -59,7 +59,8 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
         else:
             fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
             if build is not None:
-                fields = build.task_fields(positions)
+                redraw = plan.repeats.get(number)
+                fields = build.task_fields(positions, redraw.earlier if redraw is not None else None)
                 fields.pop("send_records", None)  # this process writes its shard itself
                 if fields["mode"] == EpochMode.GENERATE:
                     fields["shard"] = build.spec

@@ -1,8 +1,13 @@
-"""Which indices an epoch visits, in which order, split into batches."""
+"""Which indices an epoch visits, in which order, split into batches: the loader's own order, or
+the user's sampler's."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from ..settings import Sampling
 
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool, nearby_shuffle: int = 0) -> np.ndarray:
@@ -29,3 +34,78 @@ def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[n
 
 def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def sampled_batches(sampling: Sampling, epoch: int, n: int, batch_size: int,
+                    drop_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The order a sampler (or batch sampler) draws for `epoch`, and its batches.
+
+    ``set_epoch(epoch)`` is called first when the sampler has it, as torch's
+    ``DistributedSampler`` expects. Indices may repeat and some may be missing.
+
+    Raises
+    ------
+    IndexError
+        The sampler drew an index outside ``0..n-1``.
+    """
+    source = sampling.source
+    set_epoch = getattr(source, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+    if sampling.batch_sampler is not None:
+        batches = [np.asarray([int(i) for i in batch], dtype=np.int64) for batch in sampling.batch_sampler]
+        order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+    else:
+        assert sampling.sampler is not None
+        order = np.fromiter((int(i) for i in sampling.sampler), dtype=np.int64)
+        batches = split_batches(order, batch_size, drop_last)
+    if len(order) and (order.min() < 0 or order.max() >= n):
+        bad = order[(order < 0) | (order >= n)][0]
+        raise IndexError(f"the {sampling.name} drew index {bad} in epoch {epoch}; the dataset has {n} samples")
+    return order, batches
+
+
+def sampled_length(sampling: Sampling, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch with a sampler, as torch counts them (``len`` of the sampler).
+
+    Raises
+    ------
+    TypeError
+        The sampler has no ``len()`` (as torch's ``len(DataLoader)`` says).
+    """
+    if sampling.batch_sampler is not None:
+        return len(sampling.batch_sampler)  # type: ignore[arg-type]
+    return num_batches(len(sampling.sampler), batch_size, drop_last)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Redraw:
+    """A batch of a sampler's generate epoch that draws indices again.
+
+    ``earlier``: the positions an earlier batch drew (read back from the
+    generation once batch ``after`` is in, never computed again); ``whole``:
+    the batch draws an index twice itself, so it runs as one task (which
+    computes it once).
+    """
+
+    earlier: np.ndarray
+    after: int
+    whole: bool
+
+
+def first_draws(batches: list[np.ndarray], n: int) -> tuple[dict[int, Redraw], np.ndarray]:
+    """Where a sampler's generate epoch draws an index again, and what it never draws.
+
+    Returns the batches (by number, in the order given) that draw indices again
+    (:class:`Redraw`), and the indices no batch draws.
+    """
+    first = np.full(n, -1, dtype=np.int64)
+    redraws: dict[int, Redraw] = {}
+    for seq, batch in enumerate(batches):
+        seen = first[batch]
+        earlier = (seen >= 0) & (seen < seq)
+        whole = len(np.unique(batch)) < len(batch)
+        if earlier.any() or whole:
+            redraws[seq] = Redraw(earlier, int(seen[earlier].max()) if earlier.any() else -1, whole)
+        first[batch[first[batch] < 0]] = seq
+    return redraws, np.flatnonzero(first < 0).astype(np.int64)

@@ -13,6 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from ..settings import EpochMode
+from .order import Redraw
 
 
 @dataclass
@@ -36,6 +37,10 @@ class EpochPlan:
     unserved: list[np.ndarray] = field(default_factory=list)
     skip: int = 0  # rotation: batches of the schedule already served before a resume
     notes: dict = field(default_factory=dict)  # why the plan is what it is (for EpochStats.extra)
+    # A sampler's generate epoch: the batches that draw indices again (loader.epochs.order.Redraw), and
+    # the positions it never draws (idle workers fill them in).
+    repeats: dict[int, Redraw] = field(default_factory=dict)
+    fill: np.ndarray | None = None
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
-from .order import epoch_order, split_batches
+from .order import epoch_order, first_draws, sampled_batches, split_batches
 from .plan import EpochPlan
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,14 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         and could commit it now (the epoch then reads it).
     """
     s = settings
-    order = epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
+    if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
+        order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
+    else:
+        order = epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
+        batches = split_batches(order, s.batch_size, s.drop_last)
     if rotates:
         # Generation order: the i-th generated sample is dataset index indices[order[i]].
         return EpochPlan(epoch, EpochMode.ROTATE, None, [], indices[order], skip=skip)
-    batches = split_batches(order, s.batch_size, s.drop_last)
     if cache is None or cache.off:
         return EpochPlan(epoch, EpochMode.COMPUTE, None, batches[skip:], indices)
     generation, mode, notes = cache.choose(epoch)
@@ -58,8 +61,17 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
             log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
                      "generation %d", locked_by, cache.store.path, epoch, newest, generation)
             generation, mode, notes = newest, EpochMode.READ, {"moved_to": newest}
-    unserved: list[np.ndarray] = []
-    if mode == EpochMode.GENERATE:
-        dropped = len(order) - sum(len(b) for b in batches)
-        unserved = batches[:skip] + ([order[len(order) - dropped:]] if dropped else [])
-    return EpochPlan(epoch, mode, generation, batches[skip:], indices, unserved, notes=notes)
+    if mode != EpochMode.GENERATE:
+        return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
+    dropped = len(order) - sum(len(b) for b in batches)
+    unserved = batches[:skip] + ([order[len(order) - dropped:]] if dropped else [])
+    plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, unserved, notes=notes)
+    if s.sampling is not None:
+        # A generation holds every index once: what the sampler draws again is read back, what it never
+        # draws is computed by idle workers (or after the served batches, without workers).
+        plan.repeats, fill = first_draws(plan.batches + plan.unserved, len(indices))  # type: ignore[operator]
+        if s.nb_worker == 0:
+            plan.unserved += split_batches(fill, s.batch_size, False)
+        else:
+            plan.fill = fill
+    return plan

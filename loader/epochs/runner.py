@@ -82,6 +82,7 @@ class EpochRunner:
         self.cache: CacheController | None = None
         self.refresh: BackgroundRefresh | None = None
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
+        self._filling: BackgroundRefresh | None = None  # a sampler's generate epoch: what it never draws
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
             res.store = self.cache.store
@@ -168,6 +169,8 @@ class EpochRunner:
         if plan.mode == EpochMode.GENERATE and build is not None and build.adopted:
             # Samples an interrupted attempt wrote: those this epoch does not serve need no work.
             plan.unserved = [b for b in map(build.missing, plan.unserved) if len(b)]
+            if plan.fill is not None:
+                plan.fill = build.missing(plan.fill)
             stats.extra["adopted"] = build.adopted
         finished = False
         t0 = start
@@ -183,7 +186,19 @@ class EpochRunner:
                 wait = time.perf_counter()
                 yield self.mover(batch) if self.mover is not None else batch
                 t0 += time.perf_counter() - wait  # time spent in the training loop is not ours
-            if build is not None:
+            if build is not None and self._filling is not None and not self._filling.done:
+                # What the sampler did not draw and idle workers have not computed yet: the epochs that
+                # follow complete the generation (and commit it); the loop waits only for the chunks in
+                # flight (then every sample written is accounted for, and the generation can be kept).
+                filling, self._filling = self._filling, None
+                stats.extra["fill_left"] = sum(len(chunk) for chunk in filling.todo)  # for the next epochs
+                try:
+                    filling.drain(self.host.ensure(), self.settings.timeout)
+                except BaseException:
+                    self.kill_executor()
+                    raise
+                self._break_off(build, epoch)
+            elif build is not None:
                 self.finish_generation(plan, build, stats)
             finished = True
             # Now, not at the next epoch's start: the loop may validate or checkpoint in between,
@@ -239,6 +254,12 @@ class EpochRunner:
                       collate_fn=s.collate_fn or stack_samples)
         if build is not None:
             build.attach(executor)
+        self._filling = None
+        if plan.fill is not None and len(plan.fill) and build is not None:
+            # Indices the sampler does not draw, computed by workers with nothing else to do.
+            self._filling = run.background = BackgroundRefresh(build, plan.indices, max(1, s.batch_size // 8),
+                                                               s.nb_worker, positions=plan.fill,
+                                                               flush_when_done=False)
         if plan.mode == EpochMode.READ:
             assert store is not None and self.cache is not None and plan.generation is not None
             if self.refresh is None:

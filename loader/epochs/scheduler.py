@@ -113,15 +113,19 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             parts_of[seq] = 1
             done[seq] = {0: []}
             return
+        redraw = plan.repeats.get(seq)
         step = run.minibatch or len(positions)
         if run.split_ends and (seq == 0 or last) and executor.nb_worker > 1:
             step = min(step, -(-len(positions) // executor.nb_worker))
+        if redraw is not None and redraw.whole:
+            step = len(positions)  # it draws an index twice: one task computes it once
         starts = range(0, len(positions), step)
         parts_of[seq] = len(starts)
         # A batch computed in parts comes back as its samples, collated here, whole: a collate
         # function sees the batch it is given in torch, and parts of collated batches cannot be
         # joined without knowing what the collate made of them (a list sample, a list of strings).
         whole = run.collate and len(starts) == 1
+        repeat = redraw.earlier if redraw is not None else None
         for part, s in enumerate(starts):
             chunk = positions[s:s + step]
             slot, name, size = slots.acquire()
@@ -129,11 +133,15 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             if plan.mode == EpochMode.READ:
                 fields = {"mode": EpochMode.READ, "reader": run.reader}
             elif plan.mode == EpochMode.GENERATE and build is not None:
-                fields = build.task_fields(chunk)
+                fields = build.task_fields(chunk, repeat[s:s + step] if repeat is not None else None)
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=whole, **fields)
             inflight[(seq, part)] = task
             executor.submit(task)
+
+    def received(seq: int) -> bool:
+        """Whether batch `seq` is in: its samples are on disk (a worker flushes before it answers)."""
+        return seq < delivered or (seq in done and len(done[seq]) == parts_of[seq])
 
     def receive(msg: Any) -> None:
         if msg is None:
@@ -173,6 +181,9 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
     try:
         while True:
             while not exhausted and submitted - delivered < depth:
+                redraw = plan.repeats.get(submitted)
+                if redraw is not None and not received(redraw.after):
+                    break  # it reads back samples an earlier batch still computes: once that one is in
                 positions, following = following, next(source, None)  # one ahead: is this the last?
                 if positions is None:
                     exhausted = True

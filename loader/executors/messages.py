@@ -17,7 +17,7 @@ import numpy as np
 from cachestore import ShardSpec, StoreSpec
 from cachestore.codec import LeafSpec, TreeDef
 
-from ..dataset import Batch, CollateFn, DatasetSource
+from ..dataset import Batch, CollateFn, DatasetSource, WorkerInitFn
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
            "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
@@ -43,6 +43,7 @@ class WorkerConfig:
     collate_fn: Portable[CollateFn] | None
     gpu_index: int | None
     allow_pickle: bool
+    worker_init_fn: Portable[WorkerInitFn] | None = None
 
 
 #: A committed generation to read: the store's address and the generation id.

@@ -137,18 +137,24 @@ class BatchProducer:
         budget_error: str | None = None
         records: list[m.Record] | None = [] if task.send_records else None
         present = task.present.tolist() if task.present is not None else None
+        done: dict[int, Sample] = {}  # a position drawn twice in this task (a sampler's): computed once
         for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions.tolist())):
+            if pos in done:
+                samples.append(done[pos])
+                staged += 1
+                continue
             if present is not None and present[k]:
-                # Already in the generation (written before an interruption): served, never rewritten.
+                # Already in the generation (written before an interruption, or by an earlier batch of
+                # this epoch): served, never rewritten.
                 sample = self._staged(task.shard, pos)
                 if sample is None:
                     sample = self._call(index)
                 else:
                     staged += 1
-                samples.append(sample)
+                samples.append(done.setdefault(pos, sample))
                 continue
             sample = self._call(index)
-            samples.append(sample)
+            samples.append(done.setdefault(pos, sample))
             if shard is not None:
                 try:
                     shard.put(pos, sample)

@@ -86,6 +86,8 @@ class RayWorker:
         try:
             dataset = config.dataset.load().build()
             collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
+            if config.worker_init_fn is not None:
+                config.worker_init_fn.load()(config.worker_id)
         except Exception as exc:
             # Reported by ready() and every run(), like a worker process's "init" failure.
             self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,

@@ -114,6 +114,8 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
         dataset = config.dataset.load().build()
+        if config.worker_init_fn is not None:
+            config.worker_init_fn.load()(config.worker_id)
     except BaseException as exc:
         conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                               index=None, kind="init"))

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
 
 from cachestore.errors import CacheStoreError, UnsupportedSampleError
@@ -37,7 +36,6 @@ def _run_main(code: str, how: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 MAIN_CODE = """
-import numpy as np
 from loader import CachedLoader
 
 class Squares:
