@@ -139,9 +139,10 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             inflight[(seq, part)] = task
             executor.submit(task)
 
-    def received(seq: int) -> bool:
-        """Whether batch `seq` is in: its samples are on disk (a worker flushes before it answers)."""
-        return seq < delivered or (seq in done and len(done[seq]) == parts_of[seq])
+    def received(upto: int) -> bool:
+        """Whether batches up to `upto` are in: their samples are on disk (a worker flushes before it answers)."""
+        return all(seq < delivered or (seq in done and len(done[seq]) == parts_of[seq])
+                   for seq in range(delivered, upto + 1))
 
     def receive(msg: Any) -> None:
         if msg is None:

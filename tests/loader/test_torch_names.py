@@ -1,0 +1,181 @@
+"""torch's DataLoader arguments: the same names, the same meaning, the same errors for conflicts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, SubsetRandomSampler
+
+from loader import CachedLoader
+
+from .datasets import ArangeDataset, read_calls
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def ys(loader) -> list[int]:
+    return [int(y) for batch in loader for y in batch["y"]]
+
+
+# ---------------------------------------------------------------------------- conflicts, as torch says them
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "batch_size": 4}, "batch_sampler"),
+    ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "shuffle": True}, "batch_sampler"),
+    ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "drop_last": True}, "batch_sampler"),
+    ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "sampler": range(8)}, "batch_sampler"),
+    ({"sampler": SequentialSampler(range(8)), "shuffle": True}, "sampler option is mutually exclusive with shuffle"),
+    ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor option could only be specified in multiprocessing"),
+    ({"num_workers": 0, "persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
+])
+def test_conflicting_arguments_raise_torchs_errors(kwargs, message):
+    # What torch says for the same pair.
+    with pytest.raises(ValueError, match=message) as theirs:
+        torch.utils.data.DataLoader(ArangeDataset(8), **kwargs)
+    with pytest.raises(ValueError, match=message) as ours:
+        CachedLoader(ArangeDataset(8), **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_defaults_do_not_conflict():
+    # shuffle defaults to off with a sampler, batch_size to 1 with a batch sampler: nothing passed, no conflict.
+    with CachedLoader(ArangeDataset(8), sampler=SequentialSampler(range(8)), nb_worker=0) as loader:
+        assert loader.shuffle is False and ys(loader) == list(range(8))
+    with CachedLoader(ArangeDataset(8), batch_sampler=BatchSampler(SequentialSampler(range(8)), 3, False),
+                      nb_worker=0) as loader:
+        assert [b["y"].tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7]] and len(loader) == 3
+
+
+def test_a_distributed_sampler_says_how_ranks_are_given():
+    sampler = DistributedSampler(ArangeDataset(8), num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="nb_consumer.*consumer_index"):
+        CachedLoader(ArangeDataset(8), batch_size=2, sampler=sampler)
+
+
+def test_torch_names_map_onto_the_loader(tmp_path):
+    generator = torch.Generator().manual_seed(1234)
+    context = multiprocessing.get_context("spawn")
+    with CachedLoader(ArangeDataset(16), batch_size=4, num_workers=2, generator=generator, persistent_workers=True,
+                      prefetch_factor=3, multiprocessing_context=context) as loader:
+        assert loader.nb_worker == 2 and loader.seed == 1234 and loader.start_method == "spawn"
+        assert loader.max_queue_size == 6  # prefetch_factor batches per worker in flight
+        assert sorted(ys(loader)) == list(range(16))
+    with pytest.raises(ValueError, match="seed or generator"):
+        CachedLoader(ArangeDataset(4), generator=generator, seed=3)
+    with pytest.raises(ValueError, match="disagree"):
+        CachedLoader(ArangeDataset(4), multiprocessing_context="fork", start_method="spawn")
+
+
+def test_the_same_generator_seed_gives_the_same_order():
+    orders = []
+    for _ in range(2):
+        with CachedLoader(ArangeDataset(16), batch_size=4, nb_worker=0,
+                          generator=torch.Generator().manual_seed(7)) as loader:
+            orders.append(ys(loader))
+    assert orders[0] == orders[1] and orders[0] != list(range(16))
+
+
+# ---------------------------------------------------------------------------- worker_init_fn
+def record_worker(worker_id: int) -> None:
+    import os
+
+    with open(os.environ["CACHESTORE_TEST_INIT_DIR"] + f"/init-{worker_id}-{os.getpid()}", "w"):
+        pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_init_fn_runs_once_in_each_worker_before_its_first_task(tmp_path, monkeypatch, workers):
+    monkeypatch.setenv("CACHESTORE_TEST_INIT_DIR", str(tmp_path))
+    with CachedLoader(ArangeDataset(12), batch_size=3, num_workers=workers, worker_init_fn=record_worker) as loader:
+        for _ in range(2):
+            assert sorted(ys(loader)) == list(range(12))
+        pids = set(loader.worker_pids())
+    made = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("init-"))
+    if workers == 0:
+        assert made == []  # as in torch: no worker, no worker_init_fn
+    else:
+        assert [name.split("-")[1] for name in made] == ["0", "1"]
+        assert {int(name.split("-")[2]) for name in made} == pids
+
+
+# ---------------------------------------------------------------------------- samplers
+class EpochSampler(torch.utils.data.Sampler):
+    """Draws a different subset every epoch through set_epoch, as DistributedSampler does."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.epoch % 2, self.n, 2))
+
+    def __len__(self) -> int:
+        return self.n // 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_is_asked_for_each_epoch_and_the_cache_completes(tmp_path, workers):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    with CachedLoader(ArangeDataset(20, counter_dir=str(calls)), batch_size=4, num_workers=workers,
+                      sampler=EpochSampler(20), cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        assert len(loader) == 3
+        served = [ys(loader) for _ in range(8)]
+        assert served[0] == list(range(0, 20, 2)) and served[1] == list(range(1, 20, 2))
+        modes = [s.mode for s in loader.epoch_stats]
+    # The generation holds every index once: what the sampler did not draw was computed beside it,
+    # and nothing twice.
+    assert sorted(read_calls(str(calls))) == list(range(20))
+    assert "read" in modes and modes[:modes.index("read")] == ["generate"] * modes.index("read")
+    assert modes[modes.index("read"):] == ["read"] * (8 - modes.index("read"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_index_drawn_twice_is_computed_once(tmp_path, workers):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    sampler = RandomSampler(range(30), replacement=True, num_samples=60, generator=torch.Generator().manual_seed(0))
+    with CachedLoader(ArangeDataset(30, counter_dir=str(calls)), batch_size=5, num_workers=workers, sampler=sampler,
+                      cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        first = ys(loader)
+        assert len(first) == 60 and len(set(first)) < 60  # it did draw some twice
+        for _ in range(6):
+            ys(loader)
+        assert loader.epoch_stats[-1].mode == "read"
+    counted = read_calls(str(calls))
+    assert sorted(counted) == list(range(30)), "each index computed exactly once"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_serves_its_batches(tmp_path, workers):
+    batch_sampler = BatchSampler(SubsetRandomSampler(list(range(0, 24, 3)),
+                                                     generator=torch.Generator().manual_seed(3)), 3, False)
+    with CachedLoader(ArangeDataset(24), batch_sampler=batch_sampler, num_workers=workers,
+                      cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        for _ in range(3):
+            batches = [b["y"].tolist() for b in loader]
+            assert [len(b) for b in batches] == [3, 3, 2]
+            assert sorted(sum(batches, [])) == list(range(0, 24, 3))
+
+
+def test_a_sampler_index_out_of_range_is_named():
+    with CachedLoader(ArangeDataset(4), batch_size=2, nb_worker=0, sampler=[0, 1, 9]) as loader:
+        with pytest.raises(IndexError, match="sampler drew index 9"):
+            ys(loader)
+
+
+def test_a_lock_in_a_sampler_stays_here():
+    # The sampler runs in the training process: it is never sent to the workers.
+    class Locked(SequentialSampler):
+        def __init__(self, data):
+            super().__init__(data)
+            self.lock = threading.Lock()
+
+    with CachedLoader(ArangeDataset(6), batch_size=3, num_workers=2, sampler=Locked(range(6))) as loader:
+        assert ys(loader) == list(range(6))
+        assert isinstance(np.asarray(next(iter(loader))["y"]), np.ndarray)
