@@ -15,7 +15,7 @@ from cachestore import Store
 
 from .arguments import parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes
-from .dataset import Batch, BatchFn, CollateFn, Dataset, WorkerInitFn
+from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
 from .epochs.order import num_batches, sampled_length
@@ -95,6 +95,13 @@ class CachedLoader(LoaderAttributes):
     executor, executor_options
         ``"process"`` (default) or ``"ray"``: Ray actors anywhere in a Ray
         cluster, with ``executor_options`` (:mod:`loader.executors.ray_options`).
+    read_transform
+        ``fn(sample, rng) -> sample``, applied to every sample served, after the
+        store (which keeps untransformed samples; not part of the cache
+        fingerprint): the cheap random augmentation on top of the cached
+        expensive part. `rng` is a ``numpy.random.Generator`` seeded from
+        ``(seed, epoch, index)``; torch's and Python's global generators are
+        seeded from it too before each call.
     **aliases
         The other names of these arguments (:data:`loader.arguments.ALIASES`).
     """
@@ -115,7 +122,8 @@ class CachedLoader(LoaderAttributes):
                  to_device: BatchFn | None = None,
                  start_method: str | None = None, max_worker_restarts: int = 3, timeout: float | None = None,
                  progress: bool | None = None, executor: str = "process",
-                 executor_options: dict[str, object] | None = None, **aliases: object) -> None:
+                 executor_options: dict[str, object] | None = None, read_transform: ReadTransform | None = None,
+                 **aliases: object) -> None:
         given = dict(locals())  # the signature is the one list of argument names
         del given["self"], given["aliases"]
         self._res = Resources()
@@ -130,7 +138,8 @@ class CachedLoader(LoaderAttributes):
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
-        self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True)
+        self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
+                                       read_transform=s.read_transform)
         sweep_dead_segments()
         if not s.deferred_start:
             self._start()

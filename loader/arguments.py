@@ -197,4 +197,5 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
         timeout=_seconds("timeout", a["timeout"], "None (wait as long as it takes) or seconds > 0", zero=False),
         progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options,
-        sampling=sampling, worker_init_fn=torch["worker_init_fn"])  # type: ignore[arg-type]
+        sampling=sampling, worker_init_fn=torch["worker_init_fn"],  # type: ignore[arg-type]
+        read_transform=_callable("read_transform", a["read_transform"]))

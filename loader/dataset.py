@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TypeAlias, runtime_checkable
 
+import numpy as np
+
 #: One sample: what ``dataset[i]`` returns.
 Sample: TypeAlias = Any
 #: One batch: what ``collate_fn`` returns for a list of samples (default: :func:`loader.default_collate`).
@@ -22,6 +24,8 @@ CollateFn: TypeAlias = Callable[[Sequence[Sample]], Batch]
 BatchFn: TypeAlias = Callable[[Batch], Batch]
 #: torch's ``worker_init_fn(worker_id)``, run once in each worker before its first task.
 WorkerInitFn: TypeAlias = Callable[[int], object]
+#: ``read_transform(sample, rng) -> sample``: the cheap random part, applied to every sample served.
+ReadTransform: TypeAlias = Callable[[Sample, np.random.Generator], Sample]
 
 
 @runtime_checkable

@@ -39,18 +39,27 @@ class NotImportableError(CacheStoreError, ValueError):
 
 
 class SampleError(CacheStoreError):
-    """Wraps an exception from ``dataset[index]`` with the index, on its way to the training process.
+    """Wraps an exception from ``dataset[index]`` (or ``read_transform``) with the index, on its way to
+    the training process.
 
-    Never reaches the user: the training process re-raises the dataset's own
+    Never reaches the user: the training process re-raises the user's own
     exception (:attr:`cause`), which gets ``sample_index`` too, with or
-    without workers.
+    without workers. `stage` says which of the user's functions raised it.
     """
 
-    def __init__(self, index: int, cause: BaseException) -> None:
+    def __init__(self, index: int, cause: BaseException, stage: str = "dataset") -> None:
         super().__init__(index)
         self.index = index
         self.cause = cause
+        self.stage = stage
         tag_sample_index(cause, index)
+
+    @property
+    def doing(self) -> str:
+        """What was happening, in words (for the notes of the re-raised exception)."""
+        if self.stage == "read_transform":
+            return f"while applying read_transform to sample {self.index}"
+        return f"while computing sample {self.index}"
 
 
 def tag_sample_index(exc: BaseException, index: int) -> None:

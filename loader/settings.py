@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 from cachestore.backends import available_backends
 from cachestore.disk import parse_size
 
-from .dataset import BatchFn, CollateFn, DatasetSource
+from .dataset import BatchFn, CollateFn, DatasetSource, ReadTransform
 
 if TYPE_CHECKING:
     import torch
@@ -347,6 +347,7 @@ class LoaderSettings:
     ray_options: RayOptions | None = None
     sampling: Sampling | None = None  # torch's sampler or batch_sampler
     worker_init_fn: Callable[[int], object] | None = None
+    read_transform: ReadTransform | None = None
 
     @property
     def allow_pickle(self) -> bool:

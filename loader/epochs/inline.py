@@ -38,14 +38,15 @@ def dataset_error(exc: SampleError, epoch: int) -> BaseException:
 
     In-process, the dataset's own exception is the clearest error: it is re-raised as it is.
     """
-    exc.cause.add_note(f"raised by the dataset while computing sample {exc.index} of epoch {epoch}")
+    who = "read_transform" if exc.stage == "read_transform" else "the dataset"
+    exc.cause.add_note(f"raised by {who} {exc.doing} of epoch {epoch}")
     return exc.cause
 
 
 def read_task(plan: EpochPlan, positions: np.ndarray) -> m.Task:
     """The task that reads `positions` of read epoch `plan` in this process."""
     return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
-                  positions=positions)
+                  positions=positions, transform_seed=plan.transform_seed)
 
 
 def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
@@ -65,7 +66,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
                 if fields["mode"] == EpochMode.GENERATE:
                     fields["shard"] = build.spec
             task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
-                          **fields)
+                          transform_seed=plan.transform_seed if served else None, **fields)
             out = producer.produce(task)
             batch = out.batch
             stats.computed += len(positions) - out.staged

@@ -41,6 +41,7 @@ class EpochPlan:
     # the positions it never draws (idle workers fill them in).
     repeats: dict[int, Redraw] = field(default_factory=dict)
     fill: np.ndarray | None = None
+    transform_seed: int | None = None  # the run's seed when served samples go through read_transform
 
 
 @dataclass

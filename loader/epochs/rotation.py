@@ -37,7 +37,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..dataset import Batch, CollateFn, Sample
+from ..dataset import Batch, CollateFn, ReadTransform, Sample
+from ..errors import SampleError
+from ..executors.producer import transform as _transform_sample
 from .plan import EpochPlan, EpochStats
 from .windows import RotationWindow
 
@@ -147,7 +149,8 @@ def _serve(t: int, done: np.ndarray, current: np.ndarray, rotation: int, next_sa
 
 def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, window: RotationWindow,
                  fresh_batches: FreshSamples, collate: CollateFn, stats: EpochStats, rng: np.random.Generator,
-                 skip: int = 0, epoch: int = 0, adopted: bool = False) -> Iterator[Batch]:
+                 skip: int = 0, epoch: int = 0, adopted: bool = False, transform: ReadTransform | None = None,
+                 seed: int = 0) -> Iterator[Batch]:
     """Serve one rotation epoch `epoch` (from batch `skip` on, after a resume).
 
     ``fresh_batches(iterator of dataset-index arrays)`` returns an iterator of
@@ -159,10 +162,14 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
     counted (it already holds what they left), otherwise they are replayed -
     the window is rebuilt, its fresh samples computed again. Either way the
     same random numbers are drawn. The window records its position around
-    every batch (:meth:`RotationWindow.mark`).
+    every batch (:meth:`RotationWindow.mark`). The window keeps samples as
+    computed; each serve goes through `transform` (``read_transform``) on
+    its way out, the sample's first serve seeded by ``(seed, epoch, index)``,
+    its later ones by ``(seed, epoch, index, serve)``.
     """
     batches = iter(schedule)
     pending: list[list[Serve]] = []
+    serves: dict[int, int] = {}  # generated sample -> its serves so far (each draws its own augmentation)
 
     def upcoming() -> Iterator[np.ndarray]:
         for number, batch in enumerate(batches):
@@ -174,6 +181,9 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
 
     for number, samples in enumerate(fresh_batches(upcoming())):
         batch = pending.pop(0)
+        ordinals = [serves.get(s.sample, 0) for s in batch]
+        for s in batch:
+            serves[s.sample] = serves.get(s.sample, 0) + 1
         if adopted and number < skip:
             rng.permutation(len(batch))  # the draws of the stopped run, to stay in step with it
             continue
@@ -198,11 +208,24 @@ def run_rotation(schedule: Iterator[list[Serve]], dataset_index: np.ndarray, win
         stats.batches += 1
         stats.samples += len(batch)
         stats.extra["window_peak"] = max(stats.extra.get("window_peak", 0), window.held())
+        if transform is not None:
+            served = [_transform(transform, sample, seed, epoch, int(dataset_index[s.sample]), r)
+                      for sample, s, r in zip(served, batch, ordinals)]
         yield collate([served[i] for i in order])
 
 
+def _transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int) -> Sample:
+    """One serve through ``read_transform``; its error is raised as the user's own, with where."""
+    try:
+        return _transform_sample(fn, sample, seed, epoch, index, serve)
+    except SampleError as exc:
+        exc.cause.add_note(f"raised by read_transform {exc.doing} of epoch {epoch}")
+        raise exc.cause from None
+
+
 def rotation_epoch(plan: EpochPlan, stats: EpochStats, rotation: int, window: RotationWindow, batch_size: int,
-                   drop_last: bool, seed: int, fresh: FreshSamples, collate: CollateFn) -> Iterator[Batch]:
+                   drop_last: bool, seed: int, fresh: FreshSamples, collate: CollateFn,
+                   transform: ReadTransform | None = None) -> Iterator[Batch]:
     """The batches of rotation epoch `plan` (from batch ``plan.skip`` on) through `window`.
 
     The schedule and the order within each batch come from generators of
@@ -217,4 +240,4 @@ def rotation_epoch(plan: EpochPlan, stats: EpochStats, rotation: int, window: Ro
         window.reset()
     shuffle = np.random.default_rng([seed, plan.epoch, 3])
     return run_rotation(schedule, plan.indices, window, fresh, collate, stats, shuffle, skip=plan.skip,
-                        epoch=plan.epoch, adopted=adopted)
+                        epoch=plan.epoch, adopted=adopted, transform=transform, seed=seed)

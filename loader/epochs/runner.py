@@ -119,8 +119,11 @@ class EpochRunner:
         """What epoch `epoch` does; the first `skip` batches were served before a resume."""
         if self.cache is None and self.layout.changes_per_epoch:
             self.indices = self.layout.partition(epoch)
-        return plan_epoch(epoch, skip, self.settings, self.indices, self.state.seed, self.state.rotation is not None,
-                          self.cache, self._refreshed)
+        plan = plan_epoch(epoch, skip, self.settings, self.indices, self.state.seed,
+                          self.state.rotation is not None, self.cache, self._refreshed)
+        if self.settings.read_transform is not None:
+            plan.transform_seed = self.state.seed
+        return plan
 
     def _refreshed(self, generation: int, epoch: int) -> bool:
         refresh = self.refresh
@@ -287,7 +290,7 @@ class EpochRunner:
                               s.max_minibatch_length, collate=False, timeout=s.timeout)
                 return run_pool(compute, run, stats)
         return rotation_epoch(plan, stats, rotation.rotation, window, s.batch_size, s.drop_last, self.state.seed,
-                              fresh, s.collate_fn or stack_samples)
+                              fresh, s.collate_fn or stack_samples, s.read_transform)
 
     def finish_generation(self, plan: EpochPlan, build: GenerationBuild, stats: EpochStats) -> None:
         """End of a generate epoch: commit, or give up caching as the budget policy says."""

@@ -134,8 +134,10 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
                 fields = {"mode": EpochMode.READ, "reader": run.reader}
             elif plan.mode == EpochMode.GENERATE and build is not None:
                 fields = build.task_fields(chunk, repeat[s:s + step] if repeat is not None else None)
+            served = first_unserved is None or seq < first_unserved
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
-                          slot=slot, slot_name=name, slot_size=size, collate=whole, **fields)
+                          slot=slot, slot_name=name, slot_size=size, collate=whole,
+                          transform_seed=plan.transform_seed if served and run.collate else None, **fields)
             inflight[(seq, part)] = task
             executor.submit(task)
 

@@ -204,5 +204,5 @@ def usable_cpus() -> int:
 
 def usable(reader: Reader, producer: BatchProducer) -> bool:
     """Whether `reader`'s batches can be gathered by threads (see the module docstring)."""
-    return not producer.custom_collate and reader.parallel_batches()
+    return not producer.custom_collate and producer.read_transform is None and reader.parallel_batches()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from ..dataset import CollateFn, DatasetSource, WorkerInitFn
+from ..dataset import CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 from ..errors import WorkerTimeoutError
 from .messages import Message, Task, WorkerConfig
 from .transport import Portable
@@ -115,11 +115,13 @@ class WorkerConfigFactory:
     """
 
     def __init__(self, dataset: DatasetSource, collate_fn: CollateFn | None, gpu_indices: Sequence[int] | None,
-                 allow_pickle: bool, worker_init_fn: WorkerInitFn | None = None) -> None:
+                 allow_pickle: bool, worker_init_fn: WorkerInitFn | None = None,
+                 read_transform: ReadTransform | None = None) -> None:
         # Serialised once for every worker incarnation (see loader.executors.transport).
         self.dataset = Portable(dataset, "dataset")
         self.collate_fn = Portable(collate_fn, "collate_fn") if collate_fn is not None else None
         self.worker_init_fn = Portable(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
+        self.read_transform = Portable(read_transform, "read_transform") if read_transform is not None else None
         self.gpu_indices = gpu_indices
         self.allow_pickle = allow_pickle
         self.incarnations = 0
@@ -132,7 +134,7 @@ class WorkerConfigFactory:
         NotImportableError
             Something cannot be sent; the message names it.
         """
-        for portable in (self.dataset, self.collate_fn, self.worker_init_fn):
+        for portable in (self.dataset, self.collate_fn, self.worker_init_fn, self.read_transform):
             if portable is not None:
                 portable.payload()
 
@@ -141,7 +143,8 @@ class WorkerConfigFactory:
         return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset=self.dataset,
                             collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
-                            allow_pickle=self.allow_pickle, worker_init_fn=self.worker_init_fn)
+                            allow_pickle=self.allow_pickle, worker_init_fn=self.worker_init_fn,
+                            read_transform=self.read_transform)
 
 
 def late_work_report(executor: Executor, tasks: set[tuple[int, int, int]], what: str,

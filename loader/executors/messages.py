@@ -17,7 +17,7 @@ import numpy as np
 from cachestore import ShardSpec, StoreSpec
 from cachestore.codec import LeafSpec, TreeDef
 
-from ..dataset import Batch, CollateFn, DatasetSource, WorkerInitFn
+from ..dataset import Batch, CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
            "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
@@ -26,8 +26,9 @@ from ..settings import BudgetPolicy, EpochMode
 from .transport import Portable
 
 
-#: Where a task failed: in the dataset, building the worker's dataset, over the budget, in the store.
-FailureKind = Literal["dataset", "init", "budget", "store"]
+#: Where a task failed: in the dataset, in read_transform, building the worker's dataset, over the
+#: budget, in the store.
+FailureKind = Literal["dataset", "read_transform", "init", "budget", "store"]
 
 #: Epoch number carried by background-refresh tasks (never a real epoch).
 BACKGROUND_EPOCH = -2
@@ -44,6 +45,7 @@ class WorkerConfig:
     gpu_index: int | None
     allow_pickle: bool
     worker_init_fn: Portable[WorkerInitFn] | None = None
+    read_transform: Portable[ReadTransform] | None = None
 
 
 #: A committed generation to read: the store's address and the generation id.
@@ -95,6 +97,9 @@ class Task:
     positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
     present: np.ndarray | None = None  # GENERATE: per sample, already in the generation: read it back, never rewrite
+    # The run's seed when the samples are served and go through read_transform (None: they are not:
+    # a background chunk, rotation's fresh samples, which the training process transforms per serve).
+    transform_seed: int | None = None
 
     @property
     def stored_at(self) -> np.ndarray:
@@ -191,7 +196,12 @@ class TaskFailed:
         who = f"loader worker {self.worker_id}" + (f" (pid {pid})" if pid else "")
         if self.kind == "init":
             return f"Raised in {who} while building its dataset."
-        what = f"while computing sample {self.index}" if self.index is not None else "while producing a batch"
+        if self.index is None:
+            what = "while producing a batch"
+        elif self.kind == "read_transform":
+            what = f"while applying read_transform to sample {self.index}"
+        else:
+            what = f"while computing sample {self.index}"
         if epoch is not None:
             what += f" of epoch {epoch}"
         return f"Raised in {who} {what}."

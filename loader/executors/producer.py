@@ -9,6 +9,9 @@ thread (:mod:`loader.executors.process.worker`), in a Ray actor
 from __future__ import annotations
 
 import logging
+import random
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -19,7 +22,7 @@ from cachestore.backends.base import ShardWriter, StagingData
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
-from ..dataset import Batch, CollateFn, Dataset, Sample
+from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample
 from ..errors import SampleError, tag_sample_index
 from ..settings import BudgetPolicy, EpochMode
 from . import messages as m
@@ -36,6 +39,39 @@ class Produced:
     records: list[m.Record] | None = None  # encoded samples for the training process to write
     budget_error: str | None = None  # why writing stopped, when the budget ran out
     staged: int = 0  # samples read back from the staging area instead of computed
+
+
+_GLOBAL_RANDOM = threading.Lock()
+
+
+def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0) -> Sample:
+    """``fn(sample, rng)``, every random stream seeded by ``(seed, epoch, index)``.
+
+    `rng` is a ``numpy.random.Generator`` of that triple; Python's and torch's
+    global generators in this process are seeded from it too, so torchvision's
+    random transforms draw the same numbers in any worker, thread or process,
+    and after a resume. `serve` numbers the later serves of one sample in a
+    rotation epoch (each draws anew).
+
+    Raises
+    ------
+    SampleError
+        `fn` raised (the cause is the user's own exception).
+    """
+    key = [seed, epoch, index] if serve == 0 else [seed, epoch, index, serve]
+    sequence = np.random.SeedSequence(key)
+    state = int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
+    torch = sys.modules.get("torch")
+    # The global generators are the process's: worker threads take turns, or one would reseed them
+    # under another's draws. (Worker processes never wait here.)
+    with _GLOBAL_RANDOM:
+        random.seed(state)
+        if torch is not None:
+            torch.manual_seed(state & 0x7FFF_FFFF_FFFF_FFFF)
+        try:
+            return fn(sample, np.random.default_rng(sequence))
+        except Exception as exc:
+            raise SampleError(index, exc, "read_transform") from exc
 
 
 def _write_failed(task: m.Task, exc: OSError) -> CacheStoreError:
@@ -58,7 +94,7 @@ class BatchProducer:
     """Turns tasks into batches: call the dataset, write the generation, read the store."""
 
     def __init__(self, dataset: Dataset, collate_fn: CollateFn | None, shard_id: str, allow_pickle: bool,
-                 hands_out: bool = False) -> None:
+                 hands_out: bool = False, read_transform: ReadTransform | None = None) -> None:
         self.dataset = dataset
         self.collate = collate_fn or stack_samples
         self.custom_collate = collate_fn is not None
@@ -67,6 +103,7 @@ class BatchProducer:
         # Its batches go to the caller as they are (the training process's producer); a worker's
         # are copied into a shared-memory slot anyway.
         self.hands_out = hands_out
+        self.read_transform = read_transform
         self._shard: ShardWriter | None = None
         self._shard_token: object = None
         self._staging: StagingData | None = None  # reads back samples a partial generation already holds
@@ -174,6 +211,7 @@ class BatchProducer:
                 budget_error = self._stop_writing(task, exc)
             except OSError as exc:
                 raise _write_failed(task, exc) from exc
+        samples = self.transformed(task, samples)
         return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
 
     def _call(self, index: int) -> Sample:
@@ -222,10 +260,11 @@ class BatchProducer:
             A record failed its checksum.
         """
         own = self.hands_out
-        if not task.collate:
-            return [reader.get(int(i), copy=own) for i in task.stored_at]
-        if self.custom_collate:
-            return self.collate([reader.get(int(i), copy=own) for i in task.stored_at])
+        if not task.collate or self.custom_collate or self.transforms(task):
+            # A transform may change a sample in place: it gets the caller's own copy, never the store's.
+            samples = self.transformed(task, [reader.get(int(i), copy=own or self.transforms(task))
+                                              for i in task.stored_at])
+            return self.collate(samples) if task.collate else samples
         batch = reader.get_batch(task.stored_at)
         return owned(batch) if own else batch
 
@@ -237,7 +276,20 @@ class BatchProducer:
                 samples.append(self.dataset[index])
             except Exception as err:
                 raise SampleError(index, err) from err
+        samples = self.transformed(task, samples)
         return self.collate(samples) if task.collate else samples
+
+    def transforms(self, task: m.Task) -> bool:
+        """Whether the samples of `task` go through ``read_transform``."""
+        return self.read_transform is not None and task.transform_seed is not None
+
+    def transformed(self, task: m.Task, samples: list[Sample]) -> list[Sample]:
+        """`samples` through ``read_transform``, each with its own random streams (see :func:`transform`)."""
+        if not self.transforms(task):
+            return samples
+        assert self.read_transform is not None and task.transform_seed is not None
+        return [transform(self.read_transform, sample, task.transform_seed, task.epoch, int(index))
+                for sample, index in zip(samples, task.indices.tolist())]
 
     def produce(self, task: m.Task) -> Produced:
         """Run `task` in this process (read, or compute and maybe write)."""
@@ -258,7 +310,8 @@ def task_failure(exc: BaseException, task: m.Task | None, worker_id: int) -> m.T
     epoch, seq, part = (task.epoch, task.seq, task.part) if task is not None else (-1, -1, -1)
     if isinstance(exc, SampleError):
         return m.TaskFailed.from_exception(exc.cause, epoch=epoch, seq=seq, part=part, worker_id=worker_id,
-                                           index=exc.index, kind="dataset")
+                                           index=exc.index, kind="read_transform" if exc.stage == "read_transform"
+                                           else "dataset")
     kind: m.FailureKind = "budget" if isinstance(exc, BudgetExceededError) else (
         "store" if isinstance(exc, CacheStoreError) else "dataset")
     failed = m.TaskFailed.from_exception(exc, epoch=epoch, seq=seq, part=part, worker_id=worker_id,

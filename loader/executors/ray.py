@@ -86,6 +86,7 @@ class RayWorker:
         try:
             dataset = config.dataset.load().build()
             collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
+            read_transform = config.read_transform.load() if config.read_transform is not None else None
             if config.worker_init_fn is not None:
                 config.worker_init_fn.load()(config.worker_id)
         except Exception as exc:
@@ -93,7 +94,8 @@ class RayWorker:
             self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                                        index=None, kind="init")
         else:
-            self.producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle)
+            self.producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle,
+                                          read_transform=read_transform)
 
     def ready(self) -> tuple[int, str, m.TaskFailed | None]:
         """Pid and Ray node id of this actor, and why its dataset could not be built (if so)."""

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
     """Run one task and put its batch into the task's slot."""
-    if task.mode == EpochMode.READ and not producer.custom_collate and task.collate:
+    if task.mode == EpochMode.READ and not producer.custom_collate and task.collate and not producer.transforms(task):
         try:
             meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
                                 producer.reader(task.reader), task.stored_at)
@@ -121,7 +121,9 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
                                               index=None, kind="init"))
         return
     collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
-    producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle)
+    read_transform = config.read_transform.load() if config.read_transform is not None else None
+    producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle,
+                             read_transform=read_transform)
     segments = WorkerSegments()
     conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
     waiting: collections.deque[m.Command] = collections.deque()
