@@ -56,7 +56,7 @@ def _meta(argv: list[str], quick: bool) -> dict:
     import psutil
     import torch
 
-    from cachestore.backends.base import native_gather
+    from cachestore.native import native_gather
 
     from .common import llc_bytes
 

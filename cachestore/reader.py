@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .backends.base import BatchLayout, GenerationData
+from .backends.reading import BatchLayout, GenerationData
 from .backends.batch import Indices
 from .codec import Batch, Leaf, Sample
 from .errors import CorruptSampleError

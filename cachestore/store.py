@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeAlias
 
-import psutil
 import xxhash
 
 from . import safefs
@@ -21,6 +20,7 @@ from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchErr
                      NotAStoreError, StoreLockedError)
 from .locking import LOCK_NAME, WriterLease, WriterLock, lock_holder
 from .reader import Reader
+from .room import memory_room
 from .scratch import is_window_name
 from .spec import StoreSpec
 from .writer import GenerationWriter
@@ -204,8 +204,8 @@ class Store:
         if self.backend.persistent:
             free, unit = free_bytes(self.path) + reclaim, "disk"
         else:
-            vm = psutil.virtual_memory()
-            free, unit = max(0, int(vm.available - vm.total * RAM_RESERVE_FRACTION)), "memory"
+            # What this process may still take: a container's memory limit, not the host's free memory.
+            free, unit = max(0, int(memory_room() * (1 - RAM_RESERVE_FRACTION))), "memory"
         available = free if self.disk_budget is None else min(free, max(0, self.disk_budget - used))
         return Budget(available=available, limit=self.disk_budget, used=used, where=f"store {self.path}", unit=unit)
 

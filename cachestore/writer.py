@@ -10,7 +10,8 @@ from typing import Callable, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingData, StagingToken
+from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
+from .backends.reading import StagingData
 from .budget import Budget
 from .codec import Sample
 from .disk import allocated_bytes

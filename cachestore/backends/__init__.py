@@ -11,7 +11,8 @@ import importlib
 from typing import Union
 
 from ..budget import Budget
-from .base import Backend, GenerationData, GenerationInfo, ShardWriter
+from .base import Backend, GenerationInfo, ShardWriter
+from .reading import GenerationData
 
 _REGISTRY: dict[str, Union[str, type[Backend]]] = {
     "memmap": "cachestore.backends.memmap:MemmapBackend",

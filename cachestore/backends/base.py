@@ -31,16 +31,10 @@ import numpy.typing as npt
 
 from .. import codec
 from ..budget import Budget
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
-from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-# Kept importable from here for the benchmarks (`cachestore.backends.base.native_gather`); it lives
-# in cachestore.native.
-from ..native import native_gather as native_gather
-from .batch import Indices
+from ..codec import Leaf, Sample, TreeDef
+from ..errors import BudgetExceededError, CacheStoreError
+from .reading import GenerationData, StagingData
 
-#: ``(treedef, [(dtype, shape) per leaf])`` of a generation whose batches gather column-wise.
-BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
 #: A store's metadata document (``store.json``): plain JSON values.
 StoreMeta: TypeAlias = dict[str, object]
 #: What a staging area records of its producer (``Store.staging_record``): the generation, the
@@ -211,87 +205,6 @@ class ShardWriter(ABC):
     def usage(self) -> int:
         """Bytes the whole staging area takes now (all shards)."""
         return self.stored_bytes
-
-
-class GenerationData(ABC):
-    """Read access to one committed generation."""
-
-    #: Whether ``read_batch`` may run in several threads at once (see ``Reader.parallel_batches``).
-    threadsafe_batches = False
-
-    def __init__(self, generation: int, num_samples: int, where: str, verify: bool) -> None:
-        self.generation = generation
-        self.num_samples = num_samples
-        self.where = where
-        self.verify = verify
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def check_index(self, index: int | np.integer) -> int:
-        """`index` as an int in ``0..n-1`` (negative ones count from the end)."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"sample indices are ints, got {type(index).__name__}")
-        i = int(index)
-        if i < 0:
-            i += self.num_samples
-        if not 0 <= i < self.num_samples:
-            raise IndexError(f"index {index} out of range for generation {self.generation} "
-                             f"of {self.num_samples} samples")
-        return i
-
-    def corrupt(self, index: int, why: str) -> CorruptSampleError:
-        """The error for sample `index` found corrupt (`why`), naming it and this generation."""
-        exc = CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
-        exc.generation, exc.index = self.generation, index
-        return exc
-
-    @abstractmethod
-    def read(self, index: int, copy: bool = True) -> Sample:
-        """One sample; with ``copy=False`` arrays may be read-only views of storage."""
-
-    def batch_layout(self) -> BatchLayout | None:
-        """``(treedef, leaf specs)`` when a batch can be gathered column-wise into
-        caller-provided arrays (see :meth:`read_batch`), else ``None``."""
-        return None
-
-    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
-        """The samples at `indices`, stacked (see :func:`cachestore.collate.stack_samples`).
-
-        `out` - only when :meth:`batch_layout` is not ``None`` - gives one
-        array of shape ``(len(indices), *shape)`` per leaf to gather into.
-        """
-        return stack_samples([self.read(self.check_index(i), copy=False) for i in indices])
-
-    def verify_all(self) -> list[CorruptSampleError]:
-        """Check every record; return one error per bad sample."""
-        bad = []
-        for i in range(self.num_samples):
-            try:
-                self.read(i, copy=False)
-            except CorruptSampleError as exc:
-                bad.append(exc)
-        return bad
-
-    def close(self) -> None:
-        """Release maps and handles."""
-
-
-class StagingData(ABC):
-    """Read access to samples already written into a staging area (a partial generation).
-
-    Only indices reported by ``present()`` (or written and flushed since) can
-    be read; a staging area is never served as a generation, but a generate
-    epoch serves the samples it already holds from here instead of computing
-    them again.
-    """
-
-    @abstractmethod
-    def read(self, index: int) -> Sample:
-        """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
-
-    def close(self) -> None:
-        """Release files and handles."""
 
 
 def missing_generation(generation: int, where: str, staging: bool) -> str:

@@ -71,8 +71,9 @@ from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from ..scratch import dead_windows, pid_alive
-from .base import (Backend, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
+from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
+from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
 from .staging import STAGING_META, mark_committing, matches, parse_staging, staging_dirname, staging_record
 

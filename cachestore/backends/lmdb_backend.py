@@ -38,7 +38,8 @@ from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from ..safefs import fsync_dir, write_json_atomic
 from . import lmdb_columns
-from .base import GenerationData, ShardWriter, StagingData, StagingToken
+from .base import ShardWriter, StagingToken
+from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
 from .manifest import Manifest

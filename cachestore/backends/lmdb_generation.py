@@ -26,7 +26,7 @@ from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from ..native import native_gather
 from . import lmdb_columns
-from .base import BatchLayout, GenerationData
+from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices
 from .manifest import Manifest
 

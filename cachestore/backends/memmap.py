@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import codec, safefs
 from ..safefs import fsync_dir
-from .base import GenerationData, ShardWriter, StagingData, StagingToken
+from .base import ShardWriter, StagingToken
+from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .manifest import Manifest
 from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema, read_rows, truncate

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import psutil
 
 from .. import codec
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
@@ -15,7 +15,8 @@ from ..codec import Batch, Leaf, LeafSpec, Sample
 from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from ..native import native_gather
-from .base import BatchLayout, GenerationData
+from ..room import fits
+from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices, gather_columns
 from .manifest import Manifest
 from .memmap_files import COLUMN, IndexRows, col_name, load_schema
@@ -34,6 +35,18 @@ def _map(path: Path, dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> Lea
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def _pread_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
+    """Fill `dest` from `offset` of `fd` (``pread`` releases the GIL), then drop those pages from the cache."""
+    done = 0
+    while done < len(dest):
+        got = os.preadv(fd, [dest[done:]], offset + done)
+        if got == 0:
+            raise CorruptSampleError(f"data file {path} is truncated: no bytes at offset {offset + done}")
+        done += got
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, len(dest), os.POSIX_FADV_DONTNEED)
 
 
 class MemmapGeneration(GenerationData):
@@ -58,8 +71,11 @@ class MemmapGeneration(GenerationData):
         # Opening checked that a fixed generation has its schema (else it is damaged).
         self._fixed: BatchLayout | None = (
             (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
-        self.columns = [_map(gen_dir / col_name(k), dtype, (self.num_samples, *shape))
-                        for k, (dtype, shape) in enumerate(self.specs)]
+        self._col_paths = [gen_dir / col_name(k) for k in range(len(self.specs))]
+        self.columns = [_map(path, dtype, (self.num_samples, *shape))
+                        for path, (dtype, shape) in zip(self._col_paths, self.specs)]
+        self._fds: dict[int, int] = {}  # columns opened for explicit reads (read_range)
+        self._explicit: bool | None = None  # see reads_explicitly
         # The columns as rows of bytes, for the compiled gather.
         self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
         self._widths = tuple(r.shape[1] for r in self._byte_rows)
@@ -98,6 +114,42 @@ class MemmapGeneration(GenerationData):
     def batch_layout(self) -> BatchLayout | None:
         return self._fixed
 
+    def data_bytes(self) -> int:
+        return sum(c.nbytes for c in self._byte_rows) + sum(s.nbytes for s in self.segments if s is not None)
+
+    def reads_explicitly(self) -> bool:
+        if self._explicit is None:
+            self._explicit = self._fixed is not None and not fits(self.data_bytes())
+        return self._explicit
+
+    def read_range(self, start: int, stop: int, out: list[Leaf]) -> None:
+        """One ``pread`` per column, into `out`, then every row verified (see the base class).
+
+        Why not the mapping: a page that is not in memory costs a fault per 4 KiB touched, and the
+        kernel reads ahead little for a fault; a large ``pread`` goes to the disk at its speed.
+        The pages read are dropped from the page cache at once (``POSIX_FADV_DONTNEED``): a
+        generation that does not fit memory would only push out what the process needs.
+        """
+        if self._fixed is None:
+            raise ValueError("read_range needs a fixed-layout generation")
+        if not 0 <= start <= stop <= self.num_samples:
+            raise IndexError(f"range {start}..{stop} out of generation {self.generation} of {self.num_samples} samples")
+        n = stop - start
+        rows = flat_rows(out, n)
+        for k, (dest, width) in enumerate(zip(rows, self._widths)):
+            if width and n:
+                _pread_into(self._fd(k), dest.reshape(-1).data, start * width, self._col_paths[k])
+        if self.verify and n:
+            first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][start:stop].tolist())
+            if first is not None:
+                raise self.corrupt(start + first, "checksum mismatch")
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is None:
+            fd = self._fds[k] = os.open(self._col_paths[k], os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
     def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         if self._fixed is None:
             if out is not None:
@@ -118,12 +170,12 @@ class MemmapGeneration(GenerationData):
         Batch reads go over the whole generation, and a page touched for the first time in a
         process costs a fault there (each worker's, the training process's), which slowed the
         first read epoch; mapped in one call (``MADV_POPULATE_READ``), it reads at full speed
-        from the start. Not for a generation above a quarter of the available memory: that
-        would read it from disk up front, and its epochs are bound by the disk anyway.
+        from the start. Only for a generation that fits the memory room (:mod:`cachestore.room`):
+        a larger one would be read from disk up front, and thrash.
         """
         self._mapped_in = True
         native = native_gather()
-        if native is None or sum(c.nbytes for c in self._byte_rows) > psutil.virtual_memory().available // 4:
+        if native is None or not fits(sum(c.nbytes for c in self._byte_rows)):
             return
         for col in self._byte_rows:
             if col.size:
@@ -159,6 +211,9 @@ class MemmapGeneration(GenerationData):
         return out
 
     def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
         self.columns = []
         self._byte_rows = ()
         self.segments = []

@@ -15,7 +15,7 @@ from .. import codec, safefs
 from ..checksums import checksum
 from ..codec import Leaf, LeafSpec, Sample, TreeDef
 from ..errors import CacheStoreError, CorruptSampleError
-from .base import StagingData
+from .reading import StagingData
 from .memmap_files import COLUMN, col_name, load_schema, read_rows
 
 

@@ -26,8 +26,9 @@ from ..budget import Budget
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationNotFoundError
-from .base import (Backend, missing_generation, BatchLayout, GenerationData, GenerationInfo, ProducerRecord, ShardWriter, StagingData,
-                   StagingToken, StoreMeta)
+from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
+                   missing_generation)
+from .reading import BatchLayout, GenerationData, StagingData
 from .batch import Indices, batch_indices, gather_columns
 from .staging import check_complete
 

@@ -18,7 +18,8 @@ from typing import Iterable
 import numpy as np
 
 from cachestore import Reader, ShardSpec, codec
-from cachestore.backends.base import ShardWriter, StagingData
+from cachestore.backends.base import ShardWriter
+from cachestore.backends.reading import StagingData
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 

@@ -118,7 +118,9 @@ def test_keep_leaves_it_for_the_next_writer_and_prune_keeps_it(store_path, backe
     assert [r.kind for r in store.prune(dry_run=True)] == []
     if backend != "memory":
         assert main(["prune", store_path, "--dry-run"]) == 0
-        assert ".staging-" not in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "would remove" not in out  # kept, and said so
+        assert "kept" in out and "partial" in out and "--partial removes it" in out
     writer = store.writer(0, N, resume=True)
     assert writer.present().tolist() == list(range(8))
     writer.keep()

@@ -1,0 +1,119 @@
+"""Read access to stored samples: a committed generation (:class:`GenerationData`) and the samples a
+staging area already holds (:class:`StagingData`). Each backend implements both beside its writer
+(:mod:`cachestore.backends.base`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TypeAlias
+
+import numpy as np
+
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..collate import stack_samples
+from ..errors import CorruptSampleError
+from .batch import Indices
+
+#: ``(treedef, leaf specs)`` of a generation whose batches are gathered column-wise.
+BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
+
+class GenerationData(ABC):
+    """Read access to one committed generation."""
+
+    #: Whether ``read_batch`` may run in several threads at once (see ``Reader.parallel_batches``).
+    threadsafe_batches = False
+
+    def __init__(self, generation: int, num_samples: int, where: str, verify: bool) -> None:
+        self.generation = generation
+        self.num_samples = num_samples
+        self.where = where
+        self.verify = verify
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def check_index(self, index: int | np.integer) -> int:
+        """`index` as an int in ``0..n-1`` (negative ones count from the end)."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"sample indices are ints, got {type(index).__name__}")
+        i = int(index)
+        if i < 0:
+            i += self.num_samples
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"index {index} out of range for generation {self.generation} "
+                             f"of {self.num_samples} samples")
+        return i
+
+    def corrupt(self, index: int, why: str) -> CorruptSampleError:
+        """The error for sample `index` found corrupt (`why`), naming it and this generation."""
+        exc = CorruptSampleError(f"sample {index} of generation {self.generation} in {self.where} is corrupt: {why}")
+        exc.generation, exc.index = self.generation, index
+        return exc
+
+    @abstractmethod
+    def read(self, index: int, copy: bool = True) -> Sample:
+        """One sample; with ``copy=False`` arrays may be read-only views of storage."""
+
+    def batch_layout(self) -> BatchLayout | None:
+        """``(treedef, leaf specs)`` when a batch can be gathered column-wise into
+        caller-provided arrays (see :meth:`read_batch`), else ``None``."""
+        return None
+
+    def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
+        """The samples at `indices`, stacked (see :func:`cachestore.collate.stack_samples`).
+
+        `out` - only when :meth:`batch_layout` is not ``None`` - gives one
+        array of shape ``(len(indices), *shape)`` per leaf to gather into.
+        """
+        return stack_samples([self.read(self.check_index(i), copy=False) for i in indices])
+
+    def data_bytes(self) -> int:
+        """Bytes of the generation's data (what reading all of it brings into memory)."""
+        return 0
+
+    def reads_explicitly(self) -> bool:
+        """Whether this generation is read with explicit I/O (:meth:`read_range`), not page faults:
+        it does not fit the memory room (:mod:`cachestore.room`)."""
+        return False
+
+    def read_range(self, start: int, stop: int, out: list[Leaf]) -> None:
+        """Samples ``start..stop-1`` of a fixed-layout generation into `out` (one array per leaf, of
+        ``stop - start`` rows), every record verified. One large read per leaf where the backend
+        stores them contiguously; the default gathers them.
+
+        Raises
+        ------
+        CorruptSampleError
+            Naming the first sample that failed its checksum.
+        """
+        self.read_batch(np.arange(start, stop, dtype=np.int64), out=out)
+
+    def verify_all(self) -> list[CorruptSampleError]:
+        """Check every record; return one error per bad sample."""
+        bad = []
+        for i in range(self.num_samples):
+            try:
+                self.read(i, copy=False)
+            except CorruptSampleError as exc:
+                bad.append(exc)
+        return bad
+
+    def close(self) -> None:
+        """Release maps and handles."""
+
+
+class StagingData(ABC):
+    """Read access to samples already written into a staging area (a partial generation).
+
+    Only indices reported by ``present()`` (or written and flushed since) can
+    be read; a staging area is never served as a generation, but a generate
+    epoch serves the samples it already holds from here instead of computing
+    them again.
+    """
+
+    @abstractmethod
+    def read(self, index: int) -> Sample:
+        """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
+
+    def close(self) -> None:
+        """Release files and handles."""
