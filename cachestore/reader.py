@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
-from .backends.reading import BatchLayout, GenerationData
+import numpy as np
+
 from .backends.batch import Indices
+from .backends.reading import BatchLayout, GenerationData
 from .codec import Batch, Leaf, Sample
 from .errors import CorruptSampleError
 from .spec import StoreSpec
@@ -92,6 +94,25 @@ class Reader:
         fixed-layout generation of a backend whose batch reads release the GIL (the compiled
         gather, or the numpy copies and xxh3 hashes of the pure-Python one)."""
         return self.data.threadsafe_batches and self.batch_layout() is not None
+
+    def data_bytes(self) -> int:
+        """Bytes of the generation's data: what reading all of it brings into memory."""
+        return self.data.data_bytes()
+
+    def reads_explicitly(self) -> bool:
+        """Whether the generation does not fit the memory room, and is best read with
+        :meth:`read_range` and :meth:`read_rows` (explicit I/O), not through page faults."""
+        return self.data.reads_explicitly()
+
+    def read_range(self, start: int, stop: int, out: list[Leaf]) -> None:
+        """Samples ``start..stop-1`` into `out` (fixed layout), with one large read per leaf where
+        the backend can, every record verified (``CorruptSampleError`` names the first bad one)."""
+        self.data.read_range(start, stop, out)
+
+    def read_rows(self, indices: np.ndarray, out: list[Leaf]) -> None:
+        """Samples `indices` into `out` (fixed layout), with explicit reads where the backend reads
+        that way, every record verified."""
+        self.data.read_rows(indices, out)
 
     def verify(self) -> list[CorruptSampleError]:
         """Check every checksum of this generation; one error per bad sample."""

@@ -37,7 +37,13 @@ def _map(path: Path, dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> Lea
     return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
 
-def _pread_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
+#: A column of at most this many bytes is gathered from its mapping even when the generation is read
+#: explicitly: it stays in memory (a label, a few floats per sample), and a pread per row would cost more.
+SMALL_COLUMN_BYTES = 64 << 20
+IOV_MAX = 1024
+
+
+def _pread_into(fd: int, dest: memoryview, offset: int, path: Path, drop: bool = True) -> None:
     """Fill `dest` from `offset` of `fd` (``pread`` releases the GIL), then drop those pages from the cache."""
     done = 0
     while done < len(dest):
@@ -45,8 +51,24 @@ def _pread_into(fd: int, dest: memoryview, offset: int, path: Path) -> None:
         if got == 0:
             raise CorruptSampleError(f"data file {path} is truncated: no bytes at offset {offset + done}")
         done += got
-    if hasattr(os, "posix_fadvise"):
+    if drop and hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, offset, len(dest), os.POSIX_FADV_DONTNEED)
+
+
+def _preadv_all(fd: int, buffers: list[memoryview], offset: int, path: Path) -> None:
+    """Fill `buffers`, one after the other, from `offset` of `fd` (``preadv``, at most ``IOV_MAX`` at a time)."""
+    for lo in range(0, len(buffers), IOV_MAX):
+        chunk = buffers[lo:lo + IOV_MAX]
+        want = sum(len(b) for b in chunk)
+        got = os.preadv(fd, chunk, offset)
+        if got < want:  # a short read: finish each buffer it did not fill
+            done = 0
+            for buf in chunk:
+                filled = min(max(got - done, 0), len(buf))
+                if filled < len(buf):
+                    _pread_into(fd, buf[filled:], offset + done + filled, path, drop=False)
+                done += len(buf)
+        offset += want
 
 
 class MemmapGeneration(GenerationData):
@@ -143,6 +165,34 @@ class MemmapGeneration(GenerationData):
             first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][start:stop].tolist())
             if first is not None:
                 raise self.corrupt(start + first, "checksum mismatch")
+
+    def read_rows(self, indices: np.ndarray, out: list[Leaf]) -> None:
+        """Rows `indices` into `out` with ``pread`` s of runs of consecutive rows (a column small
+        enough to stay in memory is gathered from its mapping), every row verified."""
+        if self._fixed is None:
+            raise ValueError("read_rows needs a fixed-layout generation")
+        idx = batch_indices(indices, self.num_samples, self.generation)
+        n = idx.size
+        rows = flat_rows(out, n)
+        sort = np.argsort(idx, kind="stable")
+        ordered = idx[sort]
+        # Runs of consecutive rows: [starts[r], ends[r]) of `ordered`.
+        breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
+        starts, ends = np.r_[0, breaks], np.r_[breaks, n]
+        for k, (dest, width) in enumerate(zip(rows, self._widths)):
+            if not width or not n:
+                continue
+            if self._byte_rows[k].nbytes <= SMALL_COLUMN_BYTES:
+                np.take(self._byte_rows[k], idx, axis=0, out=dest)
+                continue
+            fd = self._fd(k)
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                buffers = [dest[j].data for j in sort[a:b].tolist()]
+                _preadv_all(fd, buffers, int(ordered[a]) * width, self._col_paths[k])
+        if self.verify and n:
+            first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][idx].tolist())
+            if first is not None:
+                raise self.corrupt(int(idx[first]), "checksum mismatch")
 
     def _fd(self, k: int) -> int:
         fd = self._fds.get(k)

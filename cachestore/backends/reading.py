@@ -88,6 +88,17 @@ class GenerationData(ABC):
         """
         self.read_batch(np.arange(start, stop, dtype=np.int64), out=out)
 
+    def read_rows(self, indices: np.ndarray, out: list[Leaf]) -> None:
+        """Samples `indices` of a fixed-layout generation into `out` (one array per leaf, a row per
+        index), every record verified; with explicit reads where the backend reads that way.
+
+        Raises
+        ------
+        CorruptSampleError
+            Naming the first sample that failed its checksum.
+        """
+        self.read_batch(indices, out=out)
+
     def verify_all(self) -> list[CorruptSampleError]:
         """Check every record; return one error per bad sample."""
         bad = []

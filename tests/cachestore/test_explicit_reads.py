@@ -1,0 +1,74 @@
+"""Explicit reads: a range of samples in one read per leaf, rows by runs of preads, every record verified.
+
+A memmap generation that does not fit the memory room reads that way instead of faulting pages in;
+every backend answers the same calls (the others gather).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachestore import CorruptSampleError, open_store
+from cachestore.backends import memmap_generation
+
+from .helpers import fixed_sample, pattern_sample, write_generation
+
+
+@pytest.fixture(params=[False, True], ids=["fits", "too-big"])
+def too_big(request, monkeypatch):
+    """Make memmap generations look larger than the memory room (or not), and every column large."""
+    if request.param:
+        monkeypatch.setattr(memmap_generation, "fits", lambda nbytes, fraction=0.5: False)
+        monkeypatch.setattr(memmap_generation, "SMALL_COLUMN_BYTES", 0)
+    return request.param
+
+
+def _out(reader, n):
+    _, specs = reader.batch_layout()
+    return [np.zeros((n, *shape), dtype=dtype) for dtype, shape in specs]
+
+
+def test_ranges_and_rows_read_what_was_written(store_path, backend, too_big):
+    store = open_store(store_path, backend)
+    write_generation(store, 0, 50)
+    with store.reader(0) as reader:
+        assert reader.reads_explicitly() == (too_big and backend == "memmap")
+        out = _out(reader, 13)
+        reader.read_range(20, 33, out)
+        expected = reader.get_batch(np.arange(20, 33))
+        assert np.array_equal(out[0], expected["image"]) and out[1].tolist() == list(range(20, 33))
+        rows = np.array([49, 3, 4, 5, 17, 16, 0, 4], dtype=np.int64)  # runs, a repeat, out of order
+        out = _out(reader, len(rows))
+        reader.read_rows(rows, out)
+        assert np.array_equal(out[0], reader.get_batch(rows)["image"]) and out[1].tolist() == rows.tolist()
+        reader.read_range(7, 7, _out(reader, 0))
+    store.close()
+
+
+def test_a_corrupt_record_is_named_by_an_explicit_read(store_path, too_big):
+    store = open_store(store_path, "memmap")
+    write_generation(store, 0, 40, make=lambda g, i: pattern_sample(g, i, nbytes=512))
+    col = next((store.backend.path / "gen-000000").glob("col-*"))
+    data = bytearray(col.read_bytes())
+    data[512 * 25 + 7] ^= 0xFF  # a byte of sample 25
+    col.write_bytes(bytes(data))
+    with store.reader(0) as reader:
+        with pytest.raises(CorruptSampleError, match="sample 25 ") as info:
+            reader.read_range(0, 40, _out(reader, 40))
+        assert info.value.index == 25
+        with pytest.raises(CorruptSampleError, match="sample 25 "):
+            reader.read_rows(np.array([3, 25, 30]), _out(reader, 3))
+        reader.read_rows(np.array([3, 24, 26]), _out(reader, 3))  # the others are sound
+    store.close()
+
+
+def test_bad_ranges_are_refused(store_path, too_big):
+    store = open_store(store_path, "memmap")
+    write_generation(store, 0, 10, make=fixed_sample)
+    with store.reader(0) as reader:
+        with pytest.raises(IndexError):
+            reader.read_range(5, 11, _out(reader, 6))
+        with pytest.raises(IndexError):
+            reader.read_rows(np.array([10]), _out(reader, 1))
+    store.close()
