@@ -65,6 +65,8 @@ class EpochMode(_StrEnum):
 #: are refused rather than read as true, which is what ``bool()`` would make of them.
 BOOL_VALUES: dict[str, tuple[object, ...]] = {"verify": (True, False), "allow_pickle": (True, False),
                                               "background_refresh": ("auto", True, False)}
+#: ``cache_setting["read_order"]``: a full shuffle, blocks of consecutive records, or the one that fits.
+READ_ORDERS: tuple[object, ...] = ("auto", "random", "block")
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
 
@@ -137,7 +139,11 @@ class CacheSettings:
     ``fingerprint`` a string that replaces the computed identity of the
     dataset for datasets whose identity the user knows better; ``on_mismatch``
     ``"error"`` (default) or ``"regenerate"`` (a store written by another
-    dataset is emptied and written anew).
+    dataset is emptied and written anew); ``read_order`` the order of cached
+    epochs: ``"random"`` (a full shuffle), ``"block"`` (a shuffle of blocks of
+    consecutive records, each read whole, mixed within windows of blocks: see
+    :func:`loader.epochs.order.block_order`) or ``"auto"`` (default: random when
+    the generation fits the memory room, block otherwise).
 
     Examples
     --------
@@ -156,6 +162,7 @@ class CacheSettings:
     background_refresh: bool | str = "auto"
     fingerprint: str | None = None
     on_mismatch: MismatchPolicy | str = MismatchPolicy.ERROR
+    read_order: str = "auto"
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -185,6 +192,7 @@ class CacheSettings:
         _set(self, "on_mismatch", MismatchPolicy(self.on_mismatch))
         for key, allowed in BOOL_VALUES.items():
             check_choice("cache_setting", key, getattr(self, key), allowed)
+        check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

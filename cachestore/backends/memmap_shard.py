@@ -7,11 +7,12 @@ segment for the others, and an index row per sample, appended after the data at 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..checksums import checksum
 from ..codec import Leaf, TreeDef
 from ..disk import allocated_bytes
 from ..errors import BudgetExceededError
+from ..room import fits
 from .base import ShardWriter, StagingToken
 from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema
 
@@ -29,6 +31,38 @@ if TYPE_CHECKING:
     from ..native import Bytes
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: A shard of a generation larger than the memory room writes its pages back after this many bytes.
+WRITEBACK_BYTES = 64 << 20
+_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), or ``None``."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return cast(Callable[[int, int, int, int], int], function)
+
+
+_SYNC = _sync_file_range()
+
+
+def write_back(fd: int) -> None:
+    """Write the dirty pages of `fd` to disk now and drop them from the page cache.
+
+    Why: a generation larger than memory filled the page cache with dirty pages faster than the
+    kernel wrote them back, and writing became a crawl of reclaim and writeback stalls (worse in
+    a memory-limited container). Written back in chunks as it goes, its pages stay few.
+    """
+    if _SYNC is not None:
+        _SYNC(fd, 0, 0, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
+    else:
+        os.fdatasync(fd)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _write_all(fd: int, data: Bytes, offset: int | None = None) -> None:
@@ -56,6 +90,10 @@ class MemmapShard(ShardWriter):
         self._seg_fd: int | None = None
         self._seg_end = 0
         self._idx_fd = safefs.open_nofollow(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        # Whether the generation outgrows the memory room (decided at the first sample), and the
+        # bytes written since the last write-back.
+        self._streaming: bool | None = None
+        self._unsynced = 0
         self._rows: list[tuple[int, int, int, int, int, int, int]] = []
 
     def _claim_schema(self, treedef: TreeDef) -> None:
@@ -88,6 +126,7 @@ class MemmapShard(ShardWriter):
                         _write_all(fd, codec.leaf_bytes(leaf), index * rowbytes)
                 nbytes = sum(r for _, r in self._cols)
                 self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
+                self._written(nbytes)
                 return nbytes
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
@@ -98,12 +137,26 @@ class MemmapShard(ShardWriter):
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
                                sum(leaf.nbytes for leaf in leaves)))
             self._seg_end += len(record)
+            self._written(len(record))
             return len(record)
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise BudgetExceededError(f"disk full while writing generation {self.generation} "
                                           f"into {self.dir}: {exc}") from exc
             raise
+
+    def _written(self, nbytes: int) -> None:
+        """Count `nbytes` written; past :data:`WRITEBACK_BYTES`, a generation that outgrows the memory
+        room has its pages written back and dropped (:func:`write_back`)."""
+        if self._streaming is None:
+            self._streaming = self.num_samples is not None and not fits(nbytes * self.num_samples)
+        if not self._streaming:
+            return
+        self._unsynced += nbytes
+        if self._unsynced >= WRITEBACK_BYTES:
+            self._unsynced = 0
+            for fd in [fd for fd, _ in self._cols] + ([self._seg_fd] if self._seg_fd is not None else []):
+                write_back(fd)
 
     def _flush(self) -> None:
         if not self._rows:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 from cachestore import GenerationInfo, Store, open_store
-from cachestore.disk import read_only
+from cachestore.disk import format_size, read_only
+from cachestore.room import fits, memory_room
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
                                FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
 
@@ -31,6 +33,25 @@ log = logging.getLogger(__name__)
 
 #: Times each sample is served when ``on_budget_exceeded="rotate"`` falls back with K = inf.
 FALLBACK_ROTATION = 4
+
+
+#: The block order's unit of reading: a block holds at least this many bytes of consecutive records.
+BLOCK_BYTES = 1 << 20
+
+
+def block_size(record_bytes: int) -> int:
+    """Records per block: enough consecutive records for one read of at least :data:`BLOCK_BYTES`."""
+    return max(1, -(-BLOCK_BYTES // max(1, record_bytes)))
+
+
+@dataclass(frozen=True)
+class ReadChoice:
+    """How the read epochs of one generation go: ``order`` ``"random"`` or ``"block"`` (``block``
+    records per block), and whether they read with explicit I/O (``stream``: it does not fit memory)."""
+
+    order: str
+    block: int
+    stream: bool
 
 
 class CacheController:
@@ -60,6 +81,7 @@ class CacheController:
         self.refresh_off = False  # background refresh gave up for this run
         self.mine: set[int] = set()  # generations this run committed
         self.readonly = False  # the store is on a read-only file system: nothing is written
+        self._choices: dict[int, ReadChoice] = {}  # how each generation's read epochs go
 
     def disable(self) -> None:
         """Stop caching for the rest of this run (the budget ran out: policies ``"stream"``, ``"rotate"``)."""
@@ -205,6 +227,32 @@ class CacheController:
             log.info("epoch %d would write generation %d, but %s is read-only: it reads generation %d", epoch,
                      generation, self.store.path, newest)
         return newest, EpochMode.READ, {"read_only": newest}
+
+    def read_choice(self, generation: int) -> ReadChoice:
+        """How the read epochs of `generation` go: their order, and whether they read with explicit I/O.
+
+        ``read_order="auto"``: random when the generation fits the memory room
+        (:mod:`cachestore.room`), block otherwise, said in one log line per
+        generation. A generation that does not fit is read with explicit I/O
+        where the backend can (memmap, fixed layout).
+        """
+        choice = self._choices.get(generation)
+        if choice is not None:
+            return choice
+        info = self.committed().get(generation)
+        nbytes = info.nbytes if info is not None else 0
+        record = (info.stored_bytes or info.nbytes) // max(1, info.num_samples) if info is not None else 0
+        fitting = not self.store.backend.persistent or fits(nbytes)
+        kind = self.settings.read_order
+        if kind == "auto":
+            kind = "random" if fitting else "block"
+            log.info("generation %d of %s (%s) %s the memory room (%s): read in %s order", generation,
+                     self.store.path, format_size(nbytes), "fits" if fitting else "does not fit",
+                     format_size(memory_room()), kind)
+        stream = (not fitting and self.store.backend_name == "memmap" and info is not None
+                  and info.layout == "fixed")
+        choice = self._choices[generation] = ReadChoice(kind, block_size(record), stream)
+        return choice
 
     def _unreadable(self, generation: int) -> str | None:
         """Why `generation` cannot be opened (damage found only on open), or ``None``."""

@@ -109,3 +109,37 @@ def first_draws(batches: list[np.ndarray], n: int) -> tuple[dict[int, Redraw], n
             redraws[seq] = Redraw(earlier, int(seen[earlier].max()) if earlier.any() else -1, whole)
         first[batch[first[batch] < 0]] = seq
     return redraws, np.flatnonzero(first < 0).astype(np.int64)
+
+
+#: Blocks read together and shuffled together: each batch mixes samples of up to this many blocks.
+WINDOW_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    """A block order's shape: ``block`` consecutive records per block, read as a whole, and the
+    windows of blocks whose records are shuffled together (block ids, in reading order)."""
+
+    block: int
+    windows: list[np.ndarray]
+
+
+def block_order(n: int, epoch: int, seed: int, block: int, window: int = WINDOW_BLOCKS) -> tuple[np.ndarray, BlockOrder]:
+    """The order of ``0..n-1`` for `epoch` in blocks of `block` consecutive records.
+
+    The blocks come in a random permutation; every `window` blocks in a row
+    form a window whose records are shuffled together, so a batch drawn from
+    a window mixes samples of up to `window` blocks while every read stays a
+    block long. Deterministic in ``(seed, epoch)``, a new one every epoch, and
+    each index exactly once.
+    """
+    rng = np.random.default_rng([seed, epoch, 5])
+    blocks = -(-n // block)
+    permutation = rng.permutation(blocks)
+    windows = [permutation[w:w + window] for w in range(0, blocks, window)]
+    parts = []
+    for ids in windows:
+        records = np.concatenate([np.arange(b * block, min((b + 1) * block, n), dtype=np.int64) for b in ids])
+        parts.append(rng.permutation(records))
+    order = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return order, BlockOrder(block, windows)

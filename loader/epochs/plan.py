@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from ..settings import EpochMode
-from .order import Redraw
+from .order import BlockOrder, Redraw
 
 
 @dataclass
@@ -42,6 +42,11 @@ class EpochPlan:
     repeats: dict[int, Redraw] = field(default_factory=dict)
     fill: np.ndarray | None = None
     transform_seed: int | None = None  # the run's seed when served samples go through read_transform
+    # A read epoch: its order ("random" or "block", with the blocks' shape), and whether it reads with
+    # explicit I/O (the generation does not fit the memory room: loader.epochs.streaming).
+    read_order: str | None = None
+    blocks: BlockOrder | None = None
+    stream: bool = False
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
-from .order import epoch_order, first_draws, sampled_batches, split_batches
+from .order import block_order, epoch_order, first_draws, sampled_batches, split_batches
 from .plan import EpochPlan
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,15 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
             log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
                      "generation %d", locked_by, cache.store.path, epoch, newest, generation)
             generation, mode, notes = newest, EpochMode.READ, {"moved_to": newest}
+    if mode == EpochMode.READ:
+        choice = cache.read_choice(generation)
+        blocks = None
+        if choice.order == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
+            order, blocks = block_order(len(indices), epoch, seed, choice.block)
+            batches = split_batches(order, s.batch_size, s.drop_last)
+        plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
+        plan.read_order, plan.blocks, plan.stream = choice.order, blocks, choice.stream
+        return plan
     if mode != EpochMode.GENERATE:
         return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
     dropped = len(order) - sum(len(b) for b in batches)

@@ -44,6 +44,7 @@ from .plan import EpochPlan, EpochStats
 from .reads import ReadPlaces
 from .rotation import batch_sizes, rotation_epoch
 from .scheduler import PoolRun, run_pool
+from .streaming import stream_batches
 from .windows import DiskWindow, MemoryWindow
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class EpochRunner:
                 self.apply_policy(give_up_caching(self.cache, exc))
                 plan = self.plan(epoch, skip)
         stats = EpochStats(epoch, plan.mode, plan.generation, extra=dict(plan.notes))
+        if plan.read_order is not None:
+            stats.extra["read_order"] = plan.read_order
         stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.stats.append(stats)
         if self.res.executor is not None:
@@ -245,7 +248,9 @@ class EpochRunner:
         if plan.mode == EpochMode.ROTATE:
             return self.rotation_batches(plan, stats)
         if plan.mode == EpochMode.READ:
-            assert store is not None
+            assert store is not None and plan.generation is not None
+            if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
+                return stream_batches(plan, stats, self.reads.reader(store, plan.generation), self.producer)
             if s.nb_worker == 0 or not store.backend.persistent:
                 return self.reads.in_process(plan, stats, store)
         elif s.nb_worker == 0:

@@ -72,3 +72,20 @@ def test_bad_ranges_are_refused(store_path, too_big):
         with pytest.raises(IndexError):
             reader.read_rows(np.array([10]), _out(reader, 1))
     store.close()
+
+
+def test_a_generation_larger_than_memory_is_written_back_as_it_goes(store_path, monkeypatch):
+    from cachestore.backends import memmap_shard
+
+    monkeypatch.setattr(memmap_shard, "fits", lambda nbytes, fraction=0.5: False)
+    monkeypatch.setattr(memmap_shard, "WRITEBACK_BYTES", 4096)
+    synced: list[int] = []
+    real = memmap_shard.write_back
+    monkeypatch.setattr(memmap_shard, "write_back", lambda fd: (synced.append(fd), real(fd)))
+    store = open_store(store_path, "memmap")
+    write_generation(store, 0, 40, make=lambda g, i: pattern_sample(g, i, nbytes=1024))
+    assert len(synced) >= 5  # every 4 KiB written
+    with store.reader(0) as reader:
+        assert not reader.verify()
+        assert reader[17]["data"][0] == 10**12 + 18 * 10**6
+    store.close()
