@@ -282,6 +282,10 @@ def _leaf_value(node: TreeDef, leaf: Leaf | None) -> object:
 
 def _batch_value(node: TreeDef, arr: Leaf | None) -> object:
     tag = node[0]
+    if arr is not None and not arr.dtype.isnative:
+        # Stacked as np.stack stacks (the default collate): in this machine's byte order, whichever
+        # order the samples had, so a batch read back has the dtype of the batch first computed.
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     if tag in ("a", "g", "i", "f", "b"):
         return arr
     if tag == "t":

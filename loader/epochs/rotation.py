@@ -80,6 +80,8 @@ def rotation_schedule(n: int, rotation: int, size: int, batch_size: int, drop_la
     per_slot = np.full(slots, n // slots, dtype=np.int64)
     per_slot[rng.permutation(slots)[: n % slots]] += 1
     sizes = batch_sizes(n, rotation, batch_size, drop_last)
+    if not sizes:
+        return  # fewer serves than a batch, and drop_last drops them
     demand = per_slot * rotation
     # Batches each slot still appears in; the serves beyond that (rem - appear) are doubles.
     # At most `sizes[-1]` slots fit in a short last batch: the others appear at most nb - 1 times.

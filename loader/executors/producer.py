@@ -83,12 +83,16 @@ def _write_failed(task: m.Task, exc: OSError) -> CacheStoreError:
 
 
 def owned(batch: Batch) -> Batch:
-    """`batch` with every numpy array that is not its own, writable memory copied (views of a store)."""
+    """`batch` with every numpy array that is not its own, writable memory copied (views of a store,
+    and ``np.memmap`` s), as plain ``ndarray`` s."""
     treedef, leaves = codec.flatten(batch, allow_pickle=True)
-    if all(leaf.flags.owndata and leaf.flags.writeable for leaf in leaves):
+
+    def own(leaf: np.ndarray) -> bool:
+        return type(leaf) is np.ndarray and leaf.flags.owndata and leaf.flags.writeable
+
+    if all(own(leaf) for leaf in leaves):
         return batch
-    return codec.unflatten(treedef, [leaf if leaf.flags.owndata and leaf.flags.writeable else leaf.copy()
-                                     for leaf in leaves])
+    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves])
 
 
 class BatchProducer:
