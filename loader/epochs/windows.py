@@ -21,8 +21,9 @@ import numpy as np
 
 from cachestore import codec, safefs
 from cachestore.codec import TreeDef
-from cachestore.disk import is_out_of_space, out_of_space, remove_paths
-from cachestore.errors import CacheStoreError
+from cachestore.disk import format_size, is_out_of_space, out_of_space, remove_paths
+from cachestore.errors import BudgetExceededError, CacheStoreError
+from cachestore.room import fits, memory_room
 from cachestore.scratch import dead_windows, new_window_dir
 
 from ..dataset import Sample
@@ -69,18 +70,37 @@ class RotationWindow(Protocol):
 
 
 class MemoryWindow:
-    """The window in this process's RAM: one sample (own copy) per slot."""
+    """The window in this process's RAM: one sample (own copy) per slot.
+
+    Its first sample tells what the whole window will take; a window that would
+    not fit in half of :func:`cachestore.room.memory_room` (a container's limit
+    included) is refused then, rather than swapped or killed later.
+    """
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self._samples: list[tuple[TreeDef, list[np.ndarray]] | None] = [None] * slots
+        self._checked = False
 
     def reset(self) -> None:
         self._samples = [None] * self.slots
 
     def put(self, slot: int, sample: Sample) -> None:
         treedef, leaves = codec.flatten(sample, allow_pickle=True)
+        if not self._checked:
+            self._check_room(sum(leaf.nbytes for leaf in leaves))
         self._samples[slot] = (treedef, [np.array(leaf) for leaf in leaves])
+
+    def _check_room(self, sample_bytes: int) -> None:
+        self._checked = True
+        need = sample_bytes * self.slots
+        if not fits(need):
+            room = memory_room()
+            raise BudgetExceededError(
+                f"the memory rotation window of {self.slots} samples of {format_size(sample_bytes)} needs "
+                f"{format_size(need)}, more than half of this process's memory room ({format_size(room)}, "
+                f"a container's limit included): set rotation_setting['size'] to at most "
+                f"{max(1, room // 2 // max(1, sample_bytes))}, or use rotation_setting['medium'] = 'disk'")
 
     def get(self, slot: int) -> Sample:
         held = self._samples[slot]

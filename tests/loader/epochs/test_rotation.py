@@ -13,6 +13,7 @@ import pytest
 
 from cachestore.cli import main as cli
 from cachestore.disk import allocated_bytes
+from cachestore.errors import BudgetExceededError
 from loader import CachedLoader
 from loader.epochs.rotation import rotation_schedule
 
@@ -190,3 +191,19 @@ def test_budget_rotate_switches_to_a_disk_window_that_fits(no_leaks, caplog):
             assert Counter(ys) == {i: 3 for i in range(120)}
             assert 0 < peak <= 256 * 1024
     assert any("switching to disk rotation" in r.getMessage() for r in caplog.records)
+
+
+def test_memory_window_larger_than_the_memory_room_is_refused(tmp_path, monkeypatch):
+    import cachestore.room
+    import loader.epochs.windows as windows
+
+    room = (64 * 64 * 4 + 8) * 30  # room for 30 samples (x float32, y int64); half of it for 15
+    monkeypatch.setattr(cachestore.room, "memory_room", lambda *a, **k: room)
+    monkeypatch.setattr(windows, "memory_room", lambda *a, **k: room)
+    with CachedLoader(ArangeDataset, {"n": 100, "shape": (64, 64)}, batch_size=4, nb_worker=0,
+                      rotation_setting={"medium": "memory", "rotation": 2, "size": 20}) as loader:
+        with pytest.raises(BudgetExceededError, match=r"rotation_setting\['size'\] to at most 15"):
+            next(iter(loader))
+    with CachedLoader(ArangeDataset, {"n": 100, "shape": (64, 64)}, batch_size=4, nb_worker=0,
+                      rotation_setting={"medium": "memory", "rotation": 2, "size": 15}) as loader:
+        assert Counter(y for b in loader for y in b["y"].tolist()) == {i: 2 for i in range(100)}
