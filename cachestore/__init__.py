@@ -8,7 +8,7 @@ from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
-                     FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                     FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, NotAStoreError, StoreLockedError,
                      SymlinkError, UnsupportedSampleError)
 from .reader import Reader
 from .spec import StoreSpec
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
-    "FingerprintMismatchError", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError",
+    "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError",
     "Reader", "Removed", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
     "UnsupportedSampleError", "available_backends", "open_store", "register_backend", "stack_samples",
 ]

@@ -61,3 +61,7 @@ class GenerationNotFoundError(CacheStoreError, LookupError):
 class NotAStoreError(CacheStoreError, FileNotFoundError):
     """A path that should hold a store does not."""
 
+
+class GenerationCommitted(CacheStoreError, FileExistsError):
+    """A process asked to write a generation that the processes writing it together committed meanwhile:
+    read it instead (:meth:`cachestore.Store.join`)."""

@@ -28,12 +28,18 @@ from .disk import is_out_of_space, out_of_space
 from .safefs import is_link_error, unlink_name
 
 LOCK_NAME = "writer.lock"
-#: Seconds a writer waits out a momentary shared lock taken by `lock_holder`.
+#: Seconds a writer waits out a momentary lock taken by `lock_holder`.
 PROBE_GRACE = 0.2
+#: What :func:`lock_holder` says when the writers are processes writing together (:mod:`cachestore.shared`).
+SHARED_WRITERS = -2
 
 
 def lock_holder(root: str | os.PathLike[str]) -> int | None:
-    """Pid of the live process holding the writer lock of `root`, or ``None``."""
+    """Pid of the live process holding the writer lock of `root`, or ``None``.
+
+    -1: a writer that has not written its pid yet; :data:`SHARED_WRITERS`:
+    processes that write one generation together hold it shared.
+    """
     path = Path(root) / LOCK_NAME
     try:
         # flock needs no write access: inspect works on a read-only store
@@ -49,6 +55,10 @@ def lock_holder(root: str | os.PathLike[str]) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _read_pid(fd) or -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return SHARED_WRITERS
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -154,6 +164,75 @@ class WriterLock:
         os.close(fd)
 
 
+class SharedWriterLock:
+    """The writer lock taken shared, by each of the processes that write one generation together.
+
+    It keeps out what must run alone (an exclusive :class:`WriterLock`: a
+    writer that does not share, a prune removing debris) and lets any number
+    of sharing writers in. The last one out unlinks the file.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.path = Path(root) / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock shared, or raise :class:`StoreLockedError` naming the exclusive holder."""
+        if self._fd is not None:
+            return
+        deadline = time.monotonic() + PROBE_GRACE
+        for _ in range(1000):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if is_out_of_space(exc):
+                    raise out_of_space(exc, "creating the writer lock", self.path.parent) from exc
+                if not is_link_error(exc):
+                    raise
+                if os.path.islink(self.path):
+                    unlink_name(self.path)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _read_pid(fd)
+                os.close(fd)
+                if pid is None and time.monotonic() < deadline:
+                    time.sleep(0.005)  # most likely `lock_holder` probing for a moment
+                    continue
+                who = f"process {pid}" if pid else "another process"
+                raise StoreLockedError(f"store {self.path.parent} is being written by {who}, which does not share "
+                                       "its generation (wait for it to finish, or stop it)") from None
+            try:
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return
+            os.close(fd)  # unlinked by a releasing holder under us: retry
+        raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
+
+    def release(self) -> None:
+        """Drop the lock; the last holder unlinks the file (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.lstat(self.path).st_ino:
+                os.unlink(self.path)
+        except (BlockingIOError, FileNotFoundError):
+            pass  # other holders remain (or someone unlinked it already)
+        finally:
+            os.close(fd)
+
+
 class WriterLease:
     """The right to write one store, held by one writer and given back once.
 
@@ -163,7 +242,8 @@ class WriterLease:
     store itself, and the lock cannot be released twice or by someone else.
     """
 
-    def __init__(self, lock: WriterLock | None, on_release: Callable[[], None] | None = None) -> None:
+    def __init__(self, lock: WriterLock | SharedWriterLock | None,
+                 on_release: Callable[[], None] | None = None) -> None:
         self._lock = lock
         self._on_release = on_release
         self.released = False

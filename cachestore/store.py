@@ -18,7 +18,8 @@ from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      NotAStoreError, StoreLockedError)
-from .locking import LOCK_NAME, WriterLease, WriterLock, lock_holder
+from .locking import LOCK_NAME, SharedWriterLock, WriterLease, WriterLock, lock_holder
+from .shared import SharedWriter
 from .reader import Reader
 from .room import memory_room
 from .scratch import is_window_name
@@ -96,8 +97,9 @@ class Store:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
             stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)
-            if stale and not readonly and not any(g.committed for g in self.backend.generations()):
-                stale = False  # nothing committed: nothing stale to serve, the new producer takes over
+            if (stale and not readonly and not any(g.committed for g in self.backend.generations())
+                    and lock_holder(self.path) is None):
+                stale = False  # nothing committed, nobody writing: the new producer takes over
                 meta = {**meta, "fingerprint": None}
             if stale:
                 raise FingerprintMismatchError(
@@ -156,6 +158,46 @@ class Store:
         except BaseException:
             lease.release()
             raise
+
+    def join(self, generation: int, num_samples: int) -> SharedWriter:
+        """Write generation `generation` together with every other process that writes it.
+
+        The processes (ranks of a node, concurrent jobs) share one staging area
+        and claim each sample before computing it, so each is written once;
+        the last one out commits (see :mod:`cachestore.shared`). Needs a
+        fingerprint (what makes the other writers' samples this producer's)
+        and a backend that supports it (memmap).
+
+        Raises
+        ------
+        GenerationCommitted
+            The generation was committed meanwhile: read it.
+        StoreLockedError
+            A writer that does not share (:meth:`writer`) holds the store.
+        """
+        if self.readonly:
+            raise CacheStoreError(f"{self.path} was opened readonly=True; it cannot be written")
+        record = self.staging_record(num_samples)
+        if record["fingerprint"] is None or not self.backend.supports_shared_write:
+            raise CacheStoreError(f"{self.path}: generations are written together only by a {self.backend_name} "
+                                  "store with a fingerprint; use writer()" if record["fingerprint"] is None else
+                                  f"the {self.backend_name} backend cannot be written by several processes "
+                                  "together; use writer()")
+        if self._writing:
+            raise StoreLockedError(f"store {self.path} already has an open writer in this process")
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        lock = SharedWriterLock(self.path)
+        lock.acquire()
+        self._lease = lease = WriterLease(lock)
+        return SharedWriter(self.spec, self.backend, generation, num_samples, lease, self.budget, record,
+                            lambda: self.staging_record(None)["fingerprint"] if self._reload_meta() else None)
+
+    def _reload_meta(self) -> bool:
+        """Read ``store.json`` again (another process may have rewritten it); whether there is one."""
+        meta = self.backend.read_meta()
+        if meta is not None:
+            self.meta = meta
+        return meta is not None
 
     def staging_record(self, num_samples: int | None) -> ProducerRecord:
         """What a staging area records of its producer, so only the same producer adopts it."""

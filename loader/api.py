@@ -18,7 +18,7 @@ from .attributes import LoaderAttributes
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
-from .epochs.order import num_batches, sampled_length
+from .epochs.order import num_batches, rank_batch_count, sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
@@ -167,7 +167,11 @@ class CachedLoader(LoaderAttributes):
         s = self.settings
         return ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
                               pinned=s.cache is not None or not s.shuffle, scheme=s.partition,
-                              workers=s.nb_worker, shuffled=s.shuffle)
+                              workers=s.nb_worker, shuffled=s.shuffle,
+                              node_scope=s.cache is not None and s.cache.scope == "node")
+
+    def _current_layout(self) -> ConsumerLayout:
+        return self._runner.layout if self._runner is not None else self._layout()
 
     def _start(self) -> None:
         s = self.settings
@@ -189,7 +193,7 @@ class CachedLoader(LoaderAttributes):
     @property
     def samples_per_epoch(self) -> int:
         """Samples this consumer serves per epoch (before rotation repeats them)."""
-        return self._runner.layout.per_consumer if self._runner is not None else self._layout().per_consumer
+        return self._current_layout().per_consumer
 
     def __len__(self) -> int:
         s, rotation = self.settings, self.rotation
@@ -197,6 +201,9 @@ class CachedLoader(LoaderAttributes):
             return sampled_length(s.sampling, s.batch_size, s.drop_last)
         if rotation is not None:
             return len(batch_sizes(self.samples_per_epoch, rotation.rotation, s.batch_size, s.drop_last))
+        layout = self._current_layout()
+        if layout.node_scope:
+            return rank_batch_count(layout.per_store, layout.local_ranks, s.batch_size, s.drop_last)
         return num_batches(self.samples_per_epoch, s.batch_size, s.drop_last)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -214,7 +221,7 @@ class CachedLoader(LoaderAttributes):
         epoch, skip = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
-            self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip)
+            self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip))
 
     # ------------------------------------------------------------------ resuming
@@ -249,7 +256,8 @@ class CachedLoader(LoaderAttributes):
             (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
         else:
             cache, fallback, window = None, None, None
-        return make_state(self.settings, self.seed, self.num_samples, epoch, served, cache, fallback, window)
+        return make_state(self.settings, self._current_layout(), self.seed, self.num_samples, epoch, served, cache,
+                          fallback, window)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue the run `state` was taken from (call before iterating).
@@ -261,7 +269,8 @@ class CachedLoader(LoaderAttributes):
         RuntimeError
             This loader has already started an epoch.
         """
-        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch))
+        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch,
+                                      self._current_layout()))
 
     # ------------------------------------------------------------------ info & shutdown
     @property

@@ -72,6 +72,12 @@ def _callable(name: str, value: object) -> Callable[..., Any] | None:
     return value
 
 
+def _distributed_sampler(sampler: object) -> bool:
+    """Whether `sampler` is torch's ``DistributedSampler`` (or a subclass), without importing torch."""
+    return sampler is not None and any(klass.__name__ == "DistributedSampler" and klass.__module__.startswith(
+        "torch.utils.data") for klass in type(sampler).__mro__)
+
+
 def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
     """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
     conflicting pairs, counting only what the caller passed), as our settings."""
@@ -86,11 +92,9 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         if not hasattr(given, "__iter__"):
             raise ValueError(f"{name} must be an iterable of indices{'' if name == 'sampler' else ' lists'}, "
                              f"got {given!r}")
-        if any(klass.__name__ == "DistributedSampler" for klass in type(given).__mro__):
-            raise ValueError(
-                f"{name} is a DistributedSampler: give the loader nb_consumer (the world size) and "
-                "consumer_index (the rank) instead (they default to torch.distributed's). Each rank keeps a "
-                "fixed part of the data, so its cache holds what it serves, and shuffles it every epoch")
+        if name == "batch_sampler" and _distributed_sampler(given):
+            raise ValueError("batch_sampler is a DistributedSampler, which draws indices, not batches: pass it "
+                             "as sampler=")
     if a["prefetch_factor"] is not None:
         if workers == 0:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
@@ -98,12 +102,20 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         int_at_least("prefetch_factor", a["prefetch_factor"], 1)
     if a["persistent_workers"] and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
-    out: dict[str, object] = {
-        "shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
-        "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
-                     if sampler is not None or batch_sampler is not None else None),
+    if _distributed_sampler(sampler):
+        # Its ranks, its seed, its shuffle become the loader's own: the node's ranks split a new
+        # permutation of the data every epoch, as the sampler would (loader.distributed).
+        out: dict[str, object] = {"shuffle": bool(getattr(sampler, "shuffle", True)), "sampling": None,
+                                  "nb_consumer": int(getattr(sampler, "num_replicas")),
+                                  "consumer_index": int(getattr(sampler, "rank")),
+                                  "seed": int(getattr(sampler, "seed", 0))}
+    else:
+        out = {"shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
+               "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
+                            if sampler is not None or batch_sampler is not None else None)}
+    out.update({
         "worker_init_fn": _callable("worker_init_fn", a["worker_init_fn"]),
-    }
+    })
     if isinstance(a["prefetch_factor"], int):
         out["max_queue_size"] = a["prefetch_factor"] * max(workers, 1)
     generator = a["generator"]
@@ -166,6 +178,11 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     default_nb, default_idx = distributed_defaults()
     nb_consumer = check_int("nb_consumer", a["nb_consumer"], 1, allow_none=True)
     consumer_index = check_int("consumer_index", a["consumer_index"], 0, allow_none=True)
+    for name, given in (("nb_consumer", nb_consumer), ("consumer_index", consumer_index)):
+        if name in torch and given is not None and given != torch[name]:
+            raise ValueError(f"{name}={given} disagrees with the DistributedSampler's ({torch[name]}); give one")
+    if "nb_consumer" in torch:
+        nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
     consumers = default_nb if nb_consumer is None else nb_consumer
     deferred = consumer_index is None and nb_consumer is not None and consumers > 1
     index = default_idx if consumer_index is None else consumer_index

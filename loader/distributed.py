@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,15 @@ def distributed_defaults() -> tuple[int, int]:
 
 #: How the data is split between consumers (the ``partition`` argument).
 PARTITIONS = ("equal", "contiguous")
+
+
+def ranks_per_node(nb_consumer: int) -> int:
+    """How many of the `nb_consumer` consumers run on each machine: torchrun's ``LOCAL_WORLD_SIZE``
+    when it names an even split of them, else all of them (one node)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and 0 < int(local) <= nb_consumer and nb_consumer % int(local) == 0:
+        return int(local)
+    return nb_consumer
 
 
 class ConsumerLayout:
@@ -63,7 +73,8 @@ class ConsumerLayout:
     """
 
     def __init__(self, num_samples: int, nb_consumer: int, consumer_index: int, seed: int, pinned: bool,
-                 scheme: str = "equal", workers: int = 1, shuffled: bool = False) -> None:
+                 scheme: str = "equal", workers: int = 1, shuffled: bool = False, node_scope: bool = False,
+                 local_ranks: int | None = None) -> None:
         if scheme not in PARTITIONS:
             raise ValueError(f"partition must be one of {PARTITIONS}, got {scheme!r}")
         self.num_samples = num_samples
@@ -74,6 +85,14 @@ class ConsumerLayout:
         self.scheme = scheme
         self.workers = max(1, workers)
         self.shuffled = shuffled
+        # One store per node, its ranks splitting a new permutation of it every epoch (a cache's "node"
+        # scope); else each consumer keeps its own part (and store).
+        self.node_scope = node_scope and scheme == "equal" and pinned and nb_consumer > 1
+        local = local_ranks if local_ranks is not None else ranks_per_node(nb_consumer)
+        self.local_ranks = local if self.node_scope else 1
+        self.local_rank = consumer_index % local if self.node_scope else 0
+        self.nodes = nb_consumer // local if self.node_scope else nb_consumer
+        self.node = consumer_index // local if self.node_scope else consumer_index
         if scheme == "contiguous" and nb_consumer > 1 and self.per_consumer == 0:
             raise ValueError(f"partition='contiguous' leaves consumer {consumer_index} of {nb_consumer} without "
                              f"samples: {num_samples} samples in runs of {self._run_length()} per consumer. Use "
@@ -88,8 +107,16 @@ class ConsumerLayout:
         return self.scheme == "contiguous" and self.shuffled and not self.pinned
 
     @property
+    def per_store(self) -> int:
+        """Samples a generation of this consumer's store holds (its node's part with the node scope)."""
+        return len(self.partition(0)) if self.node_scope else self.per_consumer
+
+    @property
     def per_consumer(self) -> int:
-        """Samples this consumer serves per epoch."""
+        """Samples this consumer serves per epoch (with the node scope: the most any rank of its node serves)."""
+        if self.node_scope:
+            node_part = len(range(self.node, self.num_samples, self.nodes))
+            return -(-node_part // self.local_ranks)
         n, k, c = self.num_samples, self.nb_consumer, self.consumer_index
         if self.scheme == "equal" or k == 1:
             return -(-n // k)
@@ -99,6 +126,8 @@ class ConsumerLayout:
     def partition(self, epoch: int) -> np.ndarray:
         """Dataset indices this consumer serves in `epoch`."""
         n, k, i = self.num_samples, self.nb_consumer, self.consumer_index
+        if self.node_scope:  # the node's part, pinned: every nodes-th index
+            return np.arange(self.node, n, self.nodes, dtype=np.int64)
         if k == 1:
             return np.arange(n, dtype=np.int64)
         if self.scheme == "contiguous":
@@ -115,7 +144,16 @@ class ConsumerLayout:
         return self.nb_consumer > 1 and not self.pinned
 
     def store_path(self, prefix: str) -> str:
-        """This consumer's store under `prefix`: the prefix itself, or ``consumer-<i>-of-<n>/`` in it."""
+        """This consumer's store under `prefix`: the prefix itself (one node, or one consumer),
+        ``node-<k>-of-<m>/`` (the node scope on several nodes), or ``consumer-<i>-of-<n>/`` in it."""
+        if self.node_scope:
+            return str(Path(prefix) / f"node-{self.node}-of-{self.nodes}") if self.nodes > 1 else str(prefix)
         if self.nb_consumer > 1:
             return str(Path(prefix) / f"consumer-{self.consumer_index}-of-{self.nb_consumer}")
         return str(prefix)
+
+    @property
+    def store_owner(self) -> tuple[int, int]:
+        """Whose store it is, for its fingerprint: ``(node, nodes)`` with the node scope (every rank of a
+        node, whatever their number), else ``(consumer_index, nb_consumer)``."""
+        return (self.node, self.nodes) if self.node_scope else (self.consumer_index, self.nb_consumer)

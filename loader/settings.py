@@ -64,7 +64,10 @@ class EpochMode(_StrEnum):
 #: (e.g. ``background_refresh`` taking ``"auto"``). Strings like ``"no"`` or ``"False"``
 #: are refused rather than read as true, which is what ``bool()`` would make of them.
 BOOL_VALUES: dict[str, tuple[object, ...]] = {"verify": (True, False), "allow_pickle": (True, False),
-                                              "background_refresh": ("auto", True, False)}
+                                              "background_refresh": ("auto", True, False),
+                                              "shared": (True, False)}
+#: ``cache_setting["scope"]``: one store per node, shared by its ranks, or one per rank.
+SCOPES: tuple[object, ...] = ("node", "rank")
 #: ``cache_setting["read_order"]``: a full shuffle, blocks of consecutive records, or the one that fits.
 READ_ORDERS: tuple[object, ...] = ("auto", "random", "block")
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
@@ -143,7 +146,15 @@ class CacheSettings:
     epochs: ``"random"`` (a full shuffle), ``"block"`` (a shuffle of blocks of
     consecutive records, each read whole, mixed within windows of blocks: see
     :func:`loader.epochs.order.block_order`) or ``"auto"`` (default: random when
-    the generation fits the memory room, block otherwise).
+    the generation fits the memory room, block otherwise); ``shared``
+    (default ``True``) has every process that writes a generation of the
+    store (the ranks of a node, concurrent jobs with the same fingerprint)
+    write it together, each sample computed once (``False``: one writer at a
+    time, as a plain :meth:`cachestore.Store.writer`); ``scope`` ``"node"``
+    (default: one store per node, ``prefix`` itself on one node, shared by its
+    ranks, which split a new permutation of it every epoch) or ``"rank"``
+    (a store per rank under ``prefix/consumer-<i>-of-<n>``, each rank keeping
+    its own part of the data).
 
     Examples
     --------
@@ -163,6 +174,8 @@ class CacheSettings:
     fingerprint: str | None = None
     on_mismatch: MismatchPolicy | str = MismatchPolicy.ERROR
     read_order: str = "auto"
+    shared: bool = True
+    scope: str = "node"
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -193,6 +206,7 @@ class CacheSettings:
         for key, allowed in BOOL_VALUES.items():
             check_choice("cache_setting", key, getattr(self, key), allowed)
         check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
+        check_choice("cache_setting", "scope", self.scope, SCOPES)
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

@@ -17,19 +17,23 @@ from typing import Iterator
 
 from .cache.fingerprint import dataset_fingerprint
 from .dataset import Batch
-from .epochs.order import num_batches
+from .distributed import ConsumerLayout
+from .epochs.order import num_batches, rank_batch_count
 from .epochs.rotation import batch_sizes
 from .settings import LoaderSettings, RotationSettings
 
 STATE_VERSION = 1
 
 
-def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, object]:
-    """The arguments that decide which batches a run serves, as comparable plain values."""
+def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout) -> dict[str, object]:
+    """The arguments that decide which batches a run serves, as comparable plain values.
+
+    With a store shared by a node's ranks, the node (its index, how many) stands for the rank and
+    the world size: a state resumes on another number of ranks of the same node (elastic).
+    """
     cache = settings.cache
-    fingerprint = dataset_fingerprint(settings.dataset, num_samples,
-                                      (settings.consumer_index, settings.nb_consumer))
-    return {
+    fingerprint = dataset_fingerprint(settings.dataset, num_samples, layout.store_owner)
+    identity: dict[str, object] = {
         "dataset_class": fingerprint.get("dataset"),
         "dataset_params": {k: v for k, v in fingerprint.items() if k in ("params_sha256", "state_sha256")},
         "dataset length": num_samples,
@@ -44,24 +48,31 @@ def _identity(settings: LoaderSettings, num_samples: int) -> dict[str, object]:
         "cache_setting": cache is not None,
         "rotation_setting": asdict(settings.rotation) if settings.rotation is not None else None,
     }
+    if layout.node_scope:
+        del identity["nb_consumer"], identity["consumer_index"]
+        identity["node"] = [layout.node, layout.nodes]
+    return identity
 
 
-def make_state(settings: LoaderSettings, seed: int, num_samples: int, epoch: int, served: int,
-               cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
+def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
+               served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
                window: str | None = None) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
     rotation window ``on_budget_exceeded="rotate"`` switched to (as a dict);
     `window` the directory of a disk rotation window, which a resumed run
-    adopts when this run stopped right there.
+    adopts when this run stopped right there. With a store shared by a node's
+    ranks, ``ranks`` says how many split the epoch: resumed on another number of
+    ranks, the epoch goes on after the first ``batches_served x batch_size x
+    ranks`` samples of its order, which the new ranks split between them.
     """
-    identity = _identity(settings, num_samples)
+    identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
-            "rotation_window": window}
+            "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None}
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class LoadedState:
     cache: dict[str, object] | None
     rotation_fallback: dict[str, object] | None
     rotation_window: str | None
+    ranks: int | None = None  # ranks of the node that split the epoch (a store shared by a node's ranks)
 
 
 def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
@@ -85,7 +97,8 @@ def _natural(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_state(state: object, settings: LoaderSettings, num_samples: int, samples_per_epoch: int) -> LoadedState:
+def check_state(state: object, settings: LoaderSettings, num_samples: int, samples_per_epoch: int,
+                layout: ConsumerLayout) -> LoadedState:
     """The state, checked field by field; refuse one taken from a loader with other arguments.
 
     Raises
@@ -101,7 +114,7 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     epoch, served, seed = state.get("epoch"), state.get("batches_served"), state.get("seed")
     _field(state, "epoch", _natural(epoch), "an int >= 0")
     _field(state, "seed", _natural(seed), "an int >= 0")
-    mine = _identity(settings, num_samples)
+    mine = _identity(settings, num_samples, layout)
     theirs = dict(state["arguments"])
     theirs.setdefault("partition", "equal")  # states taken before the argument existed
     fallback = state.get("rotation_fallback")
@@ -131,13 +144,21 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                              f"({exc})") from None
     window = state.get("rotation_window")
     _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
-    batches = (len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
-               if rotation is not None else num_batches(samples_per_epoch, settings.batch_size, settings.drop_last))
+    ranks = state.get("ranks")
+    if layout.node_scope:
+        _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
+               "the number of ranks of the node (an int >= 1)")
+        assert isinstance(ranks, int)
+        batches = rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last)
+    else:
+        batches = (len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
+                   if rotation is not None else num_batches(samples_per_epoch, settings.batch_size, settings.drop_last))
     _field(state, "batches_served", _natural(served) and served <= batches,  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
-                       fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None)
+                       fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
+                       ranks if layout.node_scope and isinstance(ranks, int) else None)
 
 
 @dataclass

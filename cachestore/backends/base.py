@@ -88,6 +88,8 @@ class StagingToken:
     num_samples: int | None
     compress: bool
     allow_pickle: bool
+    #: A shared staging area (:mod:`cachestore.shared`): its writers claim each sample first.
+    shared: bool = False
 
     def write_budget(self) -> Budget:
         """The budget shard writers check (an adopted token gets it from :meth:`Backend.with_budget`)."""
@@ -245,6 +247,8 @@ class Backend(ABC):
     supports_zero_copy: ClassVar[bool] = False
     #: Data lives in files under the store path (so other processes can read it).
     persistent: ClassVar[bool] = True
+    #: Several processes can write one staging area together, claiming samples (:mod:`cachestore.shared`).
+    supports_shared_write: ClassVar[bool] = False
 
     def __init__(self, root: str, *, compression: str | None, allow_pickle: bool, verify: bool) -> None:
         self.root = root
@@ -341,6 +345,11 @@ class Backend(ABC):
     def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         """Sorted indices already written into the staging area `token` (a numpy int64 array)."""
         return np.zeros(0, dtype=np.int64)
+
+    def keep_logged(self, token: StagingToken, tags: npt.NDArray[np.uint32]) -> None:
+        """Before a shared area's commit: keep, of every index, only the copy its shard's tag names
+        (``tags[i] == claims.shard_tag(shard id)``)."""
+        raise CacheStoreError(f"the {self.name} backend cannot be written by several processes together")
 
     def open_staging(self, token: StagingToken) -> StagingData | None:
         """Read access to the samples written so far into `token` (``None`` when not supported here)."""

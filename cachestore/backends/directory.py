@@ -75,7 +75,8 @@ from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, Staging
                    missing_generation)
 from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
-from .staging import STAGING_META, mark_committing, matches, parse_staging, staging_dirname, staging_record
+from .staging import (MEMBERS_SUFFIX, SHARED_PREFIX, STAGING_META, has_members, mark_committing, matches,
+                      members_path, parse_shared, parse_staging, staging_dirname, staging_record, tmp_owner)
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,15 @@ class DirectoryBackend(Backend):
                 infos.append(GenerationInfo(
                     id=parsed[0], num_samples=0, nbytes=allocated_bytes(entry), committed=False,
                     created=created, path=str(entry), owner_pid=parsed[1],
+                ))
+            elif (shared := parse_shared(entry.name)) is not None:
+                try:
+                    created = entry.lstat().st_mtime
+                except FileNotFoundError:
+                    continue
+                infos.append(GenerationInfo(
+                    id=shared, num_samples=0, nbytes=allocated_bytes(entry), committed=False, created=created,
+                    path=str(entry), extra={"shared": True, "members": has_members(entry)},
                 ))
         infos.sort(key=lambda g: (g.id, g.committed))
         return infos
@@ -325,6 +335,9 @@ class DirectoryBackend(Backend):
         if not self.path.is_dir():
             return found
         for entry in self.path.iterdir():
+            if entry.name.startswith(SHARED_PREFIX):
+                found += self._shared_debris(entry, keep_record)
+                continue
             parsed = parse_staging(entry.name)
             if parsed is not None and parsed[1] != keep_pid and str(entry) not in keep_paths:
                 if keep_record is not None and safefs.is_real_dir(entry) and matches(
@@ -336,6 +349,25 @@ class DirectoryBackend(Backend):
                 found.append((str(entry), allocated_bytes(entry)))
         found += dead_windows(self.path)
         return sorted(found)
+
+    def _shared_debris(self, entry: Path, keep_record: ProducerRecord | None) -> list[tuple[str, int]]:
+        """`entry` (a name of the shared namespace) when it is debris: an area (or its lock file) nobody is a
+        member of, whose commit was cut short or whose producer is not `keep_record`; a dead creator's temp."""
+        owner = tmp_owner(entry.name)
+        if owner is not None:
+            return [] if pid_alive(owner) else [(str(entry), allocated_bytes(entry))]
+        area = entry.with_name(entry.name[:-len(MEMBERS_SUFFIX)]) if entry.name.endswith(MEMBERS_SUFFIX) else entry
+        if parse_shared(area.name) is None or has_members(area):
+            return []
+        if entry != area:  # a lock file: debris with its area, or alone
+            return [] if os.path.lexists(area) else [(str(entry), allocated_bytes(entry))]
+        record = staging_record(area) if safefs.is_real_dir(area) else None
+        if keep_record is not None and matches(record, keep_record):
+            return []  # a partial generation of this producer: the next process to write it joins it
+        out = [(str(area), allocated_bytes(area))]
+        if os.path.lexists(members_path(area)):
+            out.append((str(members_path(area)), allocated_bytes(members_path(area))))
+        return out
 
     def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:

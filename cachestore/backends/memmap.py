@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 from pathlib import Path
 
 import numpy as np
 
 from .. import codec, safefs
+from ..claims import shard_tag
 from ..safefs import fsync_dir
 from .base import ShardWriter, StagingToken
 from .reading import GenerationData, StagingData
@@ -34,6 +36,7 @@ class MemmapBackend(DirectoryBackend):
 
     name = "memmap"
     supports_zero_copy = True
+    supports_shared_write = True
 
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         return MemmapShard(token, shard_id)
@@ -95,6 +98,21 @@ class MemmapBackend(DirectoryBackend):
         records.close()
         fsync_dir(staging)
         return int(seen.sum())
+
+    def keep_logged(self, token: StagingToken, tags: np.ndarray) -> None:
+        staging = Path(token.path)
+        for path in sorted(staging.glob("*.idx")):
+            rows = read_rows(path)
+            index = rows["index"].astype(np.int64)
+            inside = (index >= 0) & (index < len(tags))
+            keep = np.zeros(len(rows), dtype=bool)
+            keep[inside] = tags[index[inside]] == shard_tag(path.name[:-4])
+            if keep.all():
+                continue
+            tmp = staging / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            safefs.write_new(tmp, rows[keep].tobytes())
+            os.replace(tmp, path)
+        fsync_dir(staging)
 
     def open_staging(self, token: StagingToken) -> StagingData:
         return StagingRecords(Path(token.path), self.verify)

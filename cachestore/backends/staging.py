@@ -6,7 +6,9 @@ in ``staging.json`` (generation, sample count, compression and the hash of the
 store's fingerprint): the next writer of the same generation whose record matches
 adopts it (:meth:`~.base.Backend.adopt`); any other is debris. A commit first marks
 the record ``committing`` (:func:`mark_committing`), since from then on the area is
-no partial generation any more.
+no partial generation any more. Processes that write one generation together share
+``.shared-<generation>-<fingerprint hash>`` instead (:mod:`cachestore.shared`); one
+with no member left is a partial generation too, or debris when its producer differs.
 
 :func:`check_complete` is the rule every backend's commit applies (the in-RAM one
 included): each index ``0..n-1`` exactly once.
@@ -14,6 +16,7 @@ included): each index ``0..n-1`` exactly once.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 from pathlib import Path
@@ -77,6 +80,55 @@ def matches(found: ProducerRecord | None, wanted: ProducerRecord) -> bool:
     if found is None or wanted.get("fingerprint") is None or found.get("committing"):
         return False
     return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
+
+
+#: Shared staging areas (:mod:`cachestore.shared`): ``.shared-<generation>-<fingerprint hash>``, made under
+#: ``.shared-tmp-<pid>-<hex>``; their members hold the lock file beside it (``<area>.members``) shared.
+SHARED_PREFIX = ".shared-"
+SHARED_TMP_PREFIX = ".shared-tmp-"
+MEMBERS_SUFFIX = ".members"
+
+
+def members_path(area: str | os.PathLike[str]) -> Path:
+    """The lock file the members of the shared area `area` hold (beside it: it outlives a commit's rename)."""
+    area = Path(area)
+    return area.with_name(area.name + MEMBERS_SUFFIX)
+
+
+def shared_dirname(generation: int, fingerprint: object) -> str:
+    """The shared staging area of `generation` for the producer whose fingerprint hash is `fingerprint`."""
+    return f"{SHARED_PREFIX}{generation:06d}-{str(fingerprint)[:16]}"
+
+
+def parse_shared(name: str) -> int | None:
+    """The generation of a shared staging area's name, ``None`` when `name` is not one."""
+    if not name.startswith(SHARED_PREFIX) or name.startswith(SHARED_TMP_PREFIX) or name.endswith(MEMBERS_SUFFIX):
+        return None
+    head = name[len(SHARED_PREFIX):].split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def tmp_owner(name: str) -> int | None:
+    """The pid that was creating a shared area under the temp name `name`, ``None`` when it is not one."""
+    if not name.startswith(SHARED_TMP_PREFIX):
+        return None
+    head = name[len(SHARED_TMP_PREFIX):].split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def has_members(area: str | os.PathLike[str]) -> bool:
+    """Whether a live process is a member of the shared area `area` (writes into it now)."""
+    try:
+        fd = safefs.open_nofollow(members_path(area), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def check_complete(indices: Sequence[int] | npt.NDArray[np.integer], num_samples: int | None, where: str) -> int:

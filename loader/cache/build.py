@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from cachestore import GenerationInfo, GenerationWriter, codec
+from cachestore.shared import SharedWriter
 from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
@@ -65,8 +66,9 @@ class GenerationBuild:
         Workers write their shards themselves (:func:`workers_can_write`).
     """
 
-    def __init__(self, writer: GenerationWriter, policy: BudgetPolicy, in_workers: bool) -> None:
+    def __init__(self, writer: GenerationWriter | SharedWriter, policy: BudgetPolicy, in_workers: bool) -> None:
         self.writer = writer
+        self.shared = isinstance(writer, SharedWriter)
         self.generation = writer.generation
         self.policy = BudgetPolicy(policy)
         self.in_workers = in_workers
@@ -78,8 +80,9 @@ class GenerationBuild:
         self.have[writer.present()] = True
         self.adopted = int(self.have.sum())
         if self.adopted:
-            log.info("generation %d: %d of %d samples were written by an interrupted attempt; completing it",
-                     self.generation, self.adopted, len(self.have))
+            log.info("generation %d: %d of %d samples were written by %s; completing it", self.generation,
+                     self.adopted, len(self.have),
+                     "the processes writing it together" if self.shared else "an interrupted attempt")
         self._main_shard: ShardWriter | None = None
         self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
         self._executor: Executor | None = None
@@ -191,15 +194,16 @@ class GenerationBuild:
             return self.failed
         return "; ".join(errors) or None
 
-    def commit(self, extra: dict) -> GenerationInfo:
-        """Publish the generation (after :meth:`finish`)."""
+    def commit(self, extra: dict) -> GenerationInfo | None:
+        """Publish the generation (after :meth:`finish`); ``None`` when it is written together with
+        other processes, and left to them (:class:`cachestore.shared.SharedWriter`)."""
         self.detach()
         return self.writer.commit(extra=extra)
 
     def abort(self) -> None:
         """Discard everything written, kept or not (idempotent)."""
         self.detach()
-        if self.writer.state == "kept":
+        if self.writer.state == "kept" and not self.shared:
             # Kept a moment ago (the workers were stopped first), then found not worth keeping.
             self.writer.backend.discard(self.writer.token)
         self.writer.abort()

@@ -15,7 +15,8 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from cachestore import GenerationInfo, Store, open_store
+from cachestore import GenerationInfo, GenerationWriter, Store, open_store
+from cachestore.shared import SharedWriter
 from cachestore.disk import format_size, read_only
 from cachestore.room import fits, memory_room
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
@@ -105,11 +106,10 @@ class CacheController:
     def open(cls, settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource,
              batch_size: int) -> "CacheController":
         """Open (or create) this consumer's store, checking it was produced by this dataset."""
-        fingerprint = dataset_fingerprint(dataset, layout.num_samples,
-                                          (layout.consumer_index, layout.nb_consumer), settings.fingerprint)
+        fingerprint = dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
         producer = {"dataset": class_path(dataset.dataset_class), "params": describe_params(dataset.params),
                     "update_frequency": settings.k_or_none, "batch_size": batch_size,
-                    "consumer": [layout.consumer_index, layout.nb_consumer]}
+                    "consumer": list(layout.store_owner)}
         path = layout.store_path(settings.prefix)
 
         def open_it(fingerprint: dict | None) -> Store:
@@ -118,7 +118,7 @@ class CacheController:
                               fingerprint=fingerprint, producer=producer, verify=settings.verify)
 
         if settings.backend != "memory" and read_only(path):
-            return cls.open_read_only(settings, path, fingerprint, layout.per_consumer)
+            return cls.open_read_only(settings, path, fingerprint, layout.per_store)
         try:
             store = open_it(fingerprint)
         except FingerprintMismatchError:
@@ -140,7 +140,7 @@ class CacheController:
         # dataset's partial generations stay; a live writer's things are never touched.
         damaged = {g.id: g.damaged for g in store.generations() if g.damaged}
         swept = {r.generation for r in store.prune(keep=sys.maxsize) if r.kind == "damaged"}
-        controller = cls(settings, store, layout.per_consumer)
+        controller = cls(settings, store, layout.per_store)
         for generation in sorted(g for g in swept & set(damaged) if g is not None):
             log.warning("generation %d of %s was damaged (%s): removed; it is written again when an epoch "
                         "needs it", generation, store.path, damaged[generation])
@@ -296,20 +296,39 @@ class CacheController:
         # workers that open the store. Workers that send records (Ray, an in-RAM store) would compute
         # them again to serve them, and serve other values than the generation then holds.
         resume = executor is None or in_workers
+        writer: GenerationWriter | SharedWriter
         try:
-            writer = store.writer(generation, num_samples=self.num_samples, resume=resume)
+            if self.shares(resume):
+                # GenerationCommitted: another process committed it meanwhile (the caller reads it).
+                writer = store.join(generation, self.num_samples)
+            else:
+                writer = store.writer(generation, num_samples=self.num_samples, resume=resume)
         except StoreLockedError as exc:
-            raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it; "
+            raise StoreLockedError(f"{exc}. Another loader with the same cache prefix is writing it"
+                                   f"{'' if self.settings.shared else ' (cache_setting shared=False)'}; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.policy
         return GenerationBuild(writer, policy, in_workers)
 
-    def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo:
-        """Commit a finished build, then prune older generations."""
+    def shares(self, readable_staging: bool = True) -> bool:
+        """Whether generations are written together with the other processes that write them (ranks of a
+        node, concurrent jobs: :mod:`cachestore.shared`): ``cache_setting["shared"]``, a backend that can
+        (memmap), and writers that read back what others wrote (`readable_staging`: not Ray's actors)."""
+        return (self.settings.shared and self.store.backend.supports_shared_write and readable_staging
+                and self.store.fingerprint is not None)
+
+    def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo | None:
+        """Commit a finished build, then prune older generations; ``None`` when other processes writing
+        it together are still in (the last one commits it), or it is incomplete."""
         extra: dict = {"epochs": [epoch], "update_frequency": self.settings.k_or_none}
         if background:
             extra["background"] = True
         info = build.commit(extra)
+        if info is None:
+            log.info("generation %d of %s: this process's part is written; %s", build.generation, self.store.path,
+                     "the processes still writing it commit it" if build.complete()
+                     else "incomplete, kept for the next process that writes it")
+            return None
         self.mine.add(info.id)
         removed = self.store.prune(keep=1)
         log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,

@@ -25,7 +25,7 @@ import logging
 
 import numpy as np
 
-from cachestore.errors import BudgetExceededError, CacheStoreError
+from cachestore.errors import BudgetExceededError, CacheStoreError, GenerationCommitted
 
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
@@ -174,7 +174,11 @@ def start_refresh(cache: CacheController, host: ExecutorHost, indices: np.ndarra
     if target is None:
         return None
     executor = host.ensure()
-    build = cache.open_build(target, host.settings.use_threading, background=True, executor=executor)
+    try:
+        build = cache.open_build(target, host.settings.use_threading, background=True, executor=executor)
+    except GenerationCommitted:
+        return None  # other processes wrote it meanwhile: its epoch reads it
+
     host.res.background = build
     build.attach(executor)
     return BackgroundRefresh(build, indices, max(1, batch_size // CHUNK_DIVISOR), executor.nb_worker)
@@ -195,8 +199,10 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
         problem = refresh.failed or build.finish(executor) or "; ".join(refresh.flush_errors) or None
         if problem is None:
             try:
-                cache.commit(build, epoch, background=True)
-                return True
+                if cache.commit(build, epoch, background=True) is not None:
+                    return True
+                # Written together with other processes still in: the epoch joins them and reads it back.
+                return False
             except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
                 problem = f"it could not commit: {exc}"
             except (CacheStoreError, OSError) as exc:  # its staging area went away (the prefix removed)

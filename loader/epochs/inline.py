@@ -71,6 +71,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | N
             batch = out.batch
             stats.computed += len(positions) - out.staged
             stats.read += out.staged
+            stats.waited += out.waited
             stats.written += out.written
             if build is not None:
                 build.count_inline(out.written)

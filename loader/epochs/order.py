@@ -36,6 +36,43 @@ def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
+    """Batches each of `ranks` ranks serves when they split an order of `n` samples (:func:`rank_batches`)."""
+    if drop_last:
+        return (n // ranks) // batch_size
+    return -(-(-(-n // ranks)) // batch_size)
+
+
+def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int,
+                 drop_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Rank `rank`'s share of an order the node's `ranks` ranks split, and its batches.
+
+    Every `ranks`-th sample from `rank` on, as ``DistributedSampler`` deals
+    them, so each index goes to one rank; every rank serves the same number of
+    batches (:func:`rank_batch_count`), so collective operations in a training
+    step never wait on a rank that ran out. Batches hold `batch_size` samples
+    except the last ones of a rank with fewer samples, which shrink (at least one
+    sample each). Only when a rank has fewer samples than batches (``batch_size``
+    1, ``n`` not a multiple of `ranks`) does its last batch take the order's first
+    sample again. With `drop_last`, every rank serves full batches and the
+    samples past them are not served (returned in neither).
+    """
+    mine = order[rank::ranks]
+    count = rank_batch_count(len(order), ranks, batch_size, drop_last)
+    if drop_last:
+        return mine, [mine[i * batch_size:(i + 1) * batch_size] for i in range(count)]
+    if len(mine) < count:
+        mine = np.concatenate([mine, order[:count - len(mine)]])
+    sizes = np.full(count, batch_size, dtype=np.int64)
+    excess = count * batch_size - len(mine)
+    for b in range(count - 1, -1, -1):  # shrink from the end, each batch keeping at least one sample
+        cut = min(excess, int(sizes[b]) - 1)
+        sizes[b] -= cut
+        excess -= cut
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return mine, [mine[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+
 def sampled_batches(sampling: Sampling, epoch: int, n: int, batch_size: int,
                     drop_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
     """The order a sampler (or batch sampler) draws for `epoch`, and its batches.

@@ -59,7 +59,8 @@ class EpochStats:
     batches: int = 0
     samples: int = 0
     computed: int = 0  # dataset calls
-    read: int = 0  # samples served from the store
+    read: int = 0  # samples served from the store (or read back from the generation being written)
+    waited: int = 0  # of those, samples another process was computing when this one needed them
     written: int = 0  # samples written into the store
     seconds: float = 0.0
     wait_seconds: float = 0.0  # time the training loop waited for data

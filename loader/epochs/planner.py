@@ -13,16 +13,34 @@ from typing import Callable
 
 import numpy as np
 
+from cachestore.locking import SHARED_WRITERS
+
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
-from .order import block_order, epoch_order, first_draws, sampled_batches, split_batches
+from .order import block_order, epoch_order, first_draws, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan
 
 log = logging.getLogger(__name__)
 
 
+def _split(order: np.ndarray, skip: int, settings: LoaderSettings,
+           ranks: tuple[int, int, int] | None) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
+    """This process's part of an epoch `order`: ``(its order, its batches, batches skipped, positions
+    served before a resume)``. `ranks` ``(ranks of the node, this rank, ranks before the resume)``: the
+    node's ranks split the order (:func:`~loader.epochs.order.rank_batches`), and a resume starts after
+    the first ``skip x batch_size x`` ranks-before positions, whatever the number of ranks now."""
+    s = settings
+    if ranks is None:
+        return order, split_batches(order, s.batch_size, s.drop_last), skip, np.zeros(0, dtype=np.int64)
+    count, rank, before = ranks
+    start = min(len(order), skip * s.batch_size * before)
+    mine, batches = rank_batches(order[start:], count, rank, s.batch_size, s.drop_last)
+    return mine, batches, 0, order[:start][rank::count]
+
+
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
-               cache: CacheController | None, refreshed: Callable[[int, int], bool]) -> EpochPlan:
+               cache: CacheController | None, refreshed: Callable[[int, int], bool],
+               ranks: tuple[int, int, int] | None = None) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -38,13 +56,17 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     refreshed
         ``refreshed(generation, epoch)``: whether a background refresh had computed `generation`
         and could commit it now (the epoch then reads it).
+    ranks
+        With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
+        this is, and how many there were when `skip` batches were served (see :func:`_split`).
     """
     s = settings
+    before, resumed_at = np.zeros(0, dtype=np.int64), skip
     if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
     else:
-        order = epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
-        batches = split_batches(order, s.batch_size, s.drop_last)
+        order, batches, skip, before = _split(epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle),
+                                              skip, s, ranks)
     if rotates:
         # Generation order: the i-th generated sample is dataset index indices[order[i]].
         return EpochPlan(epoch, EpochMode.ROTATE, None, [], indices[order], skip=skip)
@@ -56,7 +78,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.GENERATE and not notes.get("damaged"):
         locked_by = cache.store.lock_holder()
         newest = cache.newest_committed()
-        if locked_by not in (None, os.getpid()) and newest is not None:
+        joins = locked_by == SHARED_WRITERS and cache.shares()  # it writes the generation with them
+        if locked_by not in (None, os.getpid()) and newest is not None and not joins:
             # Another run writes this prefix: serve what it committed rather than wait or fail.
             log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
                      "generation %d", locked_by, cache.store.path, epoch, newest, generation)
@@ -65,15 +88,16 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         choice = cache.read_choice(generation)
         blocks = None
         if choice.order == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
-            order, blocks = block_order(len(indices), epoch, seed, choice.block)
-            batches = split_batches(order, s.batch_size, s.drop_last)
+            whole, blocks = block_order(len(indices), epoch, seed, choice.block)
+            order, batches, skip, before = _split(whole, resumed_at, s, ranks)
         plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
         plan.read_order, plan.blocks, plan.stream = choice.order, blocks, choice.stream
         return plan
     if mode != EpochMode.GENERATE:
         return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
     dropped = len(order) - sum(len(b) for b in batches)
-    unserved = batches[:skip] + ([order[len(order) - dropped:]] if dropped else [])
+    unserved = (batches[:skip] + ([before] if len(before) else [])
+                + ([order[len(order) - dropped:]] if dropped > 0 else []))
     plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, unserved, notes=notes)
     if s.sampling is not None:
         # A generation holds every index once: what the sampler draws again is read back, what it never

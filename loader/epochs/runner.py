@@ -23,7 +23,7 @@ import numpy as np
 
 from cachestore import codec
 from cachestore.collate import stack_samples
-from cachestore.errors import BudgetExceededError, GenerationNotFoundError
+from cachestore.errors import BudgetExceededError, GenerationCommitted, GenerationNotFoundError
 
 from ..cache.build import GenerationBuild
 from ..cache.controller import CacheController
@@ -38,7 +38,7 @@ from ..resources import Resources
 from ..settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
 from .inline import run_inline
 from ..distributed import ConsumerLayout
-from .order import num_batches
+from .order import num_batches, rank_batch_count
 from .planner import plan_epoch
 from .plan import EpochPlan, EpochStats
 from .reads import ReadPlaces
@@ -84,6 +84,7 @@ class EpochRunner:
         self.refresh: BackgroundRefresh | None = None
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
         self._filling: BackgroundRefresh | None = None  # a sampler's generate epoch: what it never draws
+        self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
         if settings.cache is not None:
             self.cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
             res.store = self.cache.store
@@ -114,14 +115,21 @@ class EpochRunner:
         s, rotation = self.settings, self.state.rotation
         if rotation is not None:
             return len(batch_sizes(len(self.indices), rotation.rotation, s.batch_size, s.drop_last))
+        if self.layout.node_scope:
+            return rank_batch_count(len(self.indices), self.layout.local_ranks, s.batch_size, s.drop_last)
         return num_batches(len(self.indices), s.batch_size, s.drop_last)
 
     def plan(self, epoch: int, skip: int = 0) -> EpochPlan:
         """What epoch `epoch` does; the first `skip` batches were served before a resume."""
         if self.cache is None and self.layout.changes_per_epoch:
             self.indices = self.layout.partition(epoch)
+        ranks = None
+        if self.layout.node_scope:
+            before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
+            ranks = (self.layout.local_ranks, self.layout.local_rank,
+                     before[1] if before is not None else self.layout.local_ranks)
         plan = plan_epoch(epoch, skip, self.settings, self.indices, self.state.seed,
-                          self.state.rotation is not None, self.cache, self._refreshed)
+                          self.state.rotation is not None, self.cache, self._refreshed, ranks)
         if self.settings.read_transform is not None:
             plan.transform_seed = self.state.seed
         return plan
@@ -164,6 +172,8 @@ class EpochRunner:
             except BudgetExceededError as exc:
                 self.apply_policy(give_up_caching(self.cache, exc))
                 plan = self.plan(epoch, skip)
+            except GenerationCommitted:
+                plan = self.plan(epoch, skip)  # the other processes writing it committed it: read it
         stats = EpochStats(epoch, plan.mode, plan.generation, extra=dict(plan.notes))
         if plan.read_order is not None:
             stats.extra["read_order"] = plan.read_order
@@ -305,7 +315,8 @@ class EpochRunner:
         policy = close_generation(build, self.cache, executor, plan.epoch)
         if policy is None:
             self.reads.drop_reader()
-            stats.committed = True
+            # Written together with other processes, the last one out commits (maybe not this one).
+            stats.committed = build.writer.state == "committed"
         else:
             self.apply_policy(policy)
 
@@ -341,9 +352,12 @@ class EpochRunner:
         return str(window.path) if isinstance(window, DiskWindow) else None
 
     def restore(self, seed: int, cache: dict[str, object] | None, fallback: dict[str, object] | None,
-                window: str | None, epoch: int, applied: int) -> None:
-        """Continue the run a state was taken from: its seed, its cache plan, its rotation window."""
+                window: str | None, epoch: int, applied: int, ranks: int | None = None) -> None:
+        """Continue the run a state was taken from: its seed, its cache plan, its rotation window, and
+        (a store shared by a node's ranks) how many ranks split the epoch it stopped in."""
         self.state.seed = self.layout.seed = seed
+        if ranks is not None:
+            self._ranks_before = (epoch, ranks)
         if cache is not None and self.cache is not None:
             self.cache.restore(cache)
         if fallback is not None and self.state.fallback is None and self.cache is not None:

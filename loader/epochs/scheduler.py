@@ -178,6 +178,7 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
         elif run.collate:
             stats.computed += len(task.indices) - msg.staged
             stats.read += msg.staged
+            stats.waited += msg.waited
             if build is not None:
                 stats.written += build.accept(msg)
 

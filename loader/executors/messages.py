@@ -152,6 +152,7 @@ class BatchDone:
     shard_id: str = ""  # the worker incarnation's shard, which `written` counts into
     written: int = 0
     staged: int = 0  # samples read back from the generation being written instead of computed
+    waited: int = 0  # of those, samples another process was computing when the task needed them
     records: list[Record] | None = None
     budget_error: str | None = None
 

@@ -9,7 +9,9 @@ thread (:mod:`loader.executors.process.worker`), in a Ray actor
 from __future__ import annotations
 
 import logging
+import os
 import random
+import secrets
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import numpy as np
 from cachestore import Reader, ShardSpec, codec
 from cachestore.backends.base import ShardWriter
 from cachestore.backends.reading import StagingData
+from cachestore.claims import Claims
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
@@ -40,6 +43,7 @@ class Produced:
     records: list[m.Record] | None = None  # encoded samples for the training process to write
     budget_error: str | None = None  # why writing stopped, when the budget ran out
     staged: int = 0  # samples read back from the staging area instead of computed
+    waited: int = 0  # of those, samples another process was computing when this task needed them
 
 
 _GLOBAL_RANDOM = threading.Lock()
@@ -111,6 +115,8 @@ class BatchProducer:
         self.read_transform = read_transform
         self._shard: ShardWriter | None = None
         self._shard_token: object = None
+        self._shard_name = shard_id  # the shard's name in its staging area (unique per process when shared)
+        self._claims: Claims | None = None  # a shared staging area's claims (cachestore.claims)
         self._staging: StagingData | None = None  # reads back samples a partial generation already holds
         self._staging_token: object = None
         self._writing = True
@@ -121,13 +127,21 @@ class BatchProducer:
     def _shard_for(self, spec: ShardSpec) -> ShardWriter | None:
         if self._shard_token != spec.token:
             self.close_shard()
-            self._shard = spec.open(self.shard_id)
+            # Other processes write a shared area too, with workers of the same numbers: a name of its own.
+            self._shard_name = (f"{self.shard_id}-p{os.getpid()}-{secrets.token_hex(3)}" if spec.token.shared
+                                else self.shard_id)
+            self._shard = spec.open(self._shard_name)
             self._shard_token = spec.token
             self._writing = True
+            if spec.token.shared and spec.token.num_samples is not None:
+                self._claims = Claims(spec.token.path, spec.token.num_samples)
         return self._shard if self._writing else None
 
     def close_shard(self) -> None:
         shard, self._shard, self._shard_token = self._shard, None, None
+        claims, self._claims = self._claims, None
+        if claims is not None:
+            claims.close()
         self._writing = True
         staging, self._staging, self._staging_token = self._staging, None, None
         if staging is not None:
@@ -171,53 +185,105 @@ class BatchProducer:
 
     # tasks -----------------------------------------------------------------
     def compute(self, task: m.Task) -> Produced:
-        """Samples of `task` from the dataset, written to the shard if asked, collated."""
+        """Samples of `task` from the dataset, written to the shard if asked, collated.
+
+        In a shared staging area (several processes write the generation) each
+        sample is claimed before it is computed: one another process holds is
+        waited for and read back once written, after this task's own samples
+        (nothing is held while waiting), one it finished is read back.
+        """
         shard = self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None else None
-        positions = task.stored_at
+        claims = self._claims if shard is not None else None
+        positions = task.stored_at.tolist()
         samples: list[Sample] = []
-        written = staged = 0
-        budget_error: str | None = None
+        out = Produced(None)
         records: list[m.Record] | None = [] if task.send_records else None
         present = task.present.tolist() if task.present is not None else None
         done: dict[int, Sample] = {}  # a position drawn twice in this task (a sampler's): computed once
-        for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions.tolist())):
-            if pos in done:
-                samples.append(done[pos])
-                staged += 1
-                continue
-            if present is not None and present[k]:
-                # Already in the generation (written before an interruption, or by an earlier batch of
-                # this epoch): served, never rewritten.
-                sample = self._staged(task.shard, pos)
-                if sample is None:
-                    sample = self._call(index)
+        later: list[int] = []  # positions another process computes now
+        try:
+            for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions)):
+                if pos in done:
+                    samples.append(done[pos])
+                    out.staged += 1
+                    continue
+                if (present is not None and present[k]) or (claims is not None and not claims.try_claim(pos)
+                                                            and claims.done(pos)):
+                    # Already in the generation (written before an interruption, by an earlier batch of this
+                    # epoch, or by another process): served, never rewritten.
+                    samples.append(done.setdefault(pos, self._served_staged(task, index, pos, out)))
+                    continue
+                if claims is not None and pos not in claims.held:
+                    later.append(k)
+                    samples.append(None)
+                    continue
+                shard = self._put(task, index, pos, shard, samples, done, out, records)
+            shard = self._flush(task, shard, out, claims)
+            for k in later:  # nothing is held now: waiting cannot deadlock with another waiter
+                index, pos = int(task.indices[k]), positions[k]
+                assert claims is not None
+                if claims.wait_claim(pos):  # its holder died before writing it: ours to compute
+                    shard = self._put(task, index, pos, shard, samples, done, out, records, at=k)
+                    shard = self._flush(task, shard, out, claims)
                 else:
-                    staged += 1
-                samples.append(done.setdefault(pos, sample))
-                continue
-            sample = self._call(index)
+                    samples[k] = done.setdefault(pos, self._served_staged(task, index, pos, out))
+                    out.waited += 1
+        finally:
+            if claims is not None:
+                claims.release()  # claims of samples not written (an error): someone else computes them
+        samples = self.transformed(task, samples)
+        out.batch = self.collate(samples) if task.collate else samples
+        out.records = records
+        return out
+
+    def _served_staged(self, task: m.Task, index: int, pos: int, out: Produced) -> Sample:
+        """Sample `pos` read back from the generation being written (computed when it cannot be read)."""
+        sample = self._staged(task.shard, pos)
+        if sample is None:
+            return self._call(index)
+        out.staged += 1
+        return sample
+
+    def _put(self, task: m.Task, index: int, pos: int, shard: ShardWriter | None, samples: list[Sample],
+             done: dict[int, Sample], out: Produced, records: list[m.Record] | None,
+             at: int | None = None) -> ShardWriter | None:
+        """Compute sample `index`, serve it (append, or at `at`), write it at `pos`; the shard, ``None``
+        once writing stopped (the budget)."""
+        sample = self._call(index)
+        if at is None:
             samples.append(done.setdefault(pos, sample))
-            if shard is not None:
-                try:
-                    shard.put(pos, sample)
-                    written += 1
-                except BudgetExceededError as exc:
-                    budget_error = self._stop_writing(task, exc)
-                    shard = None
-                except OSError as exc:
-                    raise _write_failed(task, exc) from exc
-            if records is not None:
-                records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+        else:
+            samples[at] = done.setdefault(pos, sample)
         if shard is not None:
             try:
-                shard.flush()  # before the result is sent: what was delivered is on disk
+                shard.put(pos, sample)
+                out.written += 1
             except BudgetExceededError as exc:
-                # A buffering backend (lmdb) meets the full disk here, not in put().
-                budget_error = self._stop_writing(task, exc)
+                out.budget_error = self._stop_writing(task, exc)
+                shard = None
             except OSError as exc:
                 raise _write_failed(task, exc) from exc
-        samples = self.transformed(task, samples)
-        return Produced(self.collate(samples) if task.collate else samples, written, records, budget_error, staged)
+        if records is not None:
+            records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+        return shard
+
+    def _flush(self, task: m.Task, shard: ShardWriter | None, out: Produced,
+               claims: Claims | None) -> ShardWriter | None:
+        """Flush the shard (before the result is sent: what was delivered is on disk), then mark the
+        claimed samples done; the shard, ``None`` once writing stopped."""
+        if shard is None:
+            return None
+        try:
+            shard.flush()
+        except BudgetExceededError as exc:
+            # A buffering backend (lmdb) meets the full disk here, not in put().
+            out.budget_error = self._stop_writing(task, exc)
+            return None
+        except OSError as exc:
+            raise _write_failed(task, exc) from exc
+        if claims is not None:
+            claims.finish(list(claims.held), self._shard_name)
+        return shard
 
     def _call(self, index: int) -> Sample:
         try:

@@ -7,7 +7,7 @@ import pytest
 
 import cachestore
 from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
-                        FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError,
+                        FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, NotAStoreError, StoreLockedError,
                         SymlinkError, UnsupportedSampleError, open_store)
 
 from .helpers import write_generation
@@ -20,6 +20,7 @@ HIERARCHY = {
     FingerprintError: TypeError,
     FingerprintMismatchError: ValueError,
     GenerationNotFoundError: LookupError,
+    GenerationCommitted: FileExistsError,
     NotAStoreError: FileNotFoundError,
     SymlinkError: OSError,
 }

@@ -67,7 +67,8 @@ def leftovers(root: str) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not kept_partial(os.path.join(dirpath, d))]
         for name in dirnames + filenames:
-            if name.startswith(".staging-") or name.endswith(".tmp") or name in ("writer.lock", "lock.mdb"):
+            if (name.startswith((".staging-", ".shared-tmp-")) or name.endswith(".tmp")
+                    or name in ("writer.lock", "lock.mdb")):
                 found.append(os.path.join(dirpath, name))
     return found
 

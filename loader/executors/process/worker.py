@@ -42,7 +42,7 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
     meta = write_batch(segments, task.slot, task.slot_name, task.slot_size, out.batch) if task.slot >= 0 else None
     return m.BatchDone(task.epoch, task.seq, task.part, worker_id, meta, shard_id=producer.shard_id,
                        written=out.written, records=out.records, budget_error=out.budget_error,
-                       staged=out.staged)
+                       staged=out.staged, waited=out.waited)
 
 
 def _next(waiting: collections.deque[m.Command]) -> m.Command:

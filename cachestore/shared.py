@@ -1,0 +1,315 @@
+"""One generation written by several processes together: the ranks of a node, concurrent jobs.
+
+Every process that writes generation ``g`` of a store with the same producer
+(fingerprint, sample count, compression) *joins* one shared staging area,
+``.shared-<g>-<fingerprint hash>/``, instead of making its own:
+
+* Each process writes its own shards into it (as a loader's workers always
+  did), and claims every sample before computing it (:mod:`cachestore.claims`):
+  a sample is computed once, whoever needs it first; a process that needs a
+  sample another one is computing waits for it, then reads it back.
+* Membership is a shared ``flock`` on ``<area>.members``, held from joining to
+  leaving (commit, keep, abort, or death: the kernel drops it). The kernel
+  also drops a dead member's claims, so what it left unfinished goes to the
+  others.
+* The last member out commits: a member that finds every sample done gives
+  its shared lock back and asks for an exclusive one; only the last gets it.
+  Joining blocks meanwhile (a shared lock waits for the exclusive one), and a
+  joiner that then finds the area gone opens the committed generation
+  (:class:`GenerationCommitted`).
+* An area whose members all left before it was complete is the partial
+  generation: the next process to join it computes only what is missing.
+
+Created whole or not at all: the area is made under a temp name, with its
+files, and renamed into place; two processes creating it at once see one win.
+The store's writer lock is taken *shared* by every member (:class:`SharedWriterLock`),
+so no exclusive writer, and no prune that removes debris, runs beside them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import weakref
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from . import safefs
+from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
+from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
+                               staging_record)
+from .claims import CLAIMS_NAME, DONE_NAME, Claims, create_claim_files, done_map
+from .codec import Sample
+from .disk import allocated_bytes, remove_paths
+from .errors import CacheStoreError, FingerprintMismatchError, GenerationCommitted
+from .locking import WriterLease
+from .spec import StoreSpec
+from .writer import BudgetSource, ShardSpec
+
+#: Tries to join before giving up (each one saw the area committed, or removed, under it).
+_JOIN_TRIES = 50
+
+
+def _create(root: Path, name: str, generation: int, num_samples: int, record: ProducerRecord) -> None:
+    """Make the shared area `name` whole (record, claim files) or not at all."""
+    tmp = root / f"{SHARED_TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        safefs.write_json_atomic(tmp / STAGING_META, {**record, "generation": generation, "shared": True})
+        create_claim_files(tmp, num_samples)
+        try:
+            os.rename(tmp, root / name)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            # Another process made it first: join theirs.
+    finally:
+        if tmp.exists():
+            remove_paths([str(tmp)])
+
+
+class SharedWriter:
+    """This process's membership of a shared staging area (see the module docstring).
+
+    The same surface as :class:`~cachestore.GenerationWriter` (``present``,
+    ``shard_spec``, ``commit``, ``keep``, ``abort``), with two differences:
+    :meth:`commit` returns ``None`` when the generation is not complete or
+    other members are still in (the last one commits it), and nothing a
+    member wrote is ever dropped by another (:meth:`discard_shard_tail` is a
+    no-op: the done map says which copy of a sample counts).
+
+    Raises
+    ------
+    GenerationCommitted
+        The generation is committed already (joining found it so).
+    """
+
+    shared = True
+
+    def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int,
+                 lease: WriterLease, budget: BudgetSource, record: ProducerRecord,
+                 current_fingerprint: Callable[[], object]) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.generation = generation
+        self.num_samples = num_samples
+        self.record = record
+        self._current_fingerprint = current_fingerprint
+        self._lease = lease
+        root = Path(spec.path)
+        self.path = root / shared_dirname(generation, record.get("fingerprint"))
+        try:
+            self._fd = self._join(root)
+        except BaseException:
+            lease.release()
+            raise
+        self.token = StagingToken(str(self.path), generation, budget(reclaim=allocated_bytes(self.path)),
+                                  num_samples, backend.compression == "zstd", backend.allow_pickle, shared=True)
+        self.adopted = bool(len(self.present()))
+        self._shard: ShardWriter | None = None
+        self._shard_id = ""
+        self._claims: Claims | None = None
+        self._finalizer = weakref.finalize(self, _leave, self._fd, lease)
+        self.state = "open"
+
+    # joining ---------------------------------------------------------------
+    def _committed(self) -> bool:
+        return any(g.id == self.generation and g.committed for g in self.backend.generations())
+
+    def _join(self, root: Path) -> int:
+        lock_path = members_path(self.path)
+        for _ in range(_JOIN_TRIES):
+            if self._committed():
+                raise GenerationCommitted(f"generation {self.generation} of {root} was committed meanwhile")
+            fd = safefs.open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a member commits (or removes) the area
+                if os.fstat(fd).st_ino != os.lstat(lock_path).st_ino or self._committed():
+                    raise FileNotFoundError  # committed (and its lock file unlinked) while we waited
+                if not os.path.lexists(self.path):
+                    _create(root, self.path.name, self.generation, self.num_samples, self.record)
+                found = staging_record(self.path)
+                if found is None or found.get("committing"):
+                    self._drop_broken(fd)
+                    raise FileNotFoundError
+                if found.get("num_samples") != self.num_samples or found.get("compression") != self.record.get(
+                        "compression"):
+                    raise CacheStoreError(
+                        f"{self.path} is written by processes with {found.get('num_samples')} samples and "
+                        f"compression {found.get('compression')!r}, this one has {self.num_samples} and "
+                        f"{self.record.get('compression')!r}: the same fingerprint must describe the same samples")
+                return fd
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+        raise CacheStoreError(f"could not join the writers of generation {self.generation} of {root}: the "
+                              "area kept being committed or removed under this process")
+
+    def _drop_broken(self, fd: int) -> None:
+        """An area whose commit was cut short (its logs no longer describe its samples): remove it, if
+        nobody else is in; the next try makes a new one."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        remove_paths([str(self.path)])
+
+    # writing ---------------------------------------------------------------
+    def shard_spec(self) -> ShardSpec:
+        """A picklable spec other processes (the loader's workers) use to write into this area."""
+        self._check_open()
+        return ShardSpec(self.spec, self.token, self.backend)
+
+    def put(self, index: int, sample: Sample) -> bool:
+        """Write `sample` at `index` unless another member has (or is writing) it; ``True`` when written here."""
+        self._check_open()
+        if self._claims is None:
+            self._claims = Claims(self.path, self.num_samples)
+        if not self._claims.try_claim(index) and not self._claims.wait_claim(index):
+            return False
+        if self._shard is None:
+            self._shard_id = f"owner-{os.getpid()}-{secrets.token_hex(3)}"
+            self._shard = self.backend.shard_writer(self.token, self._shard_id)
+        try:
+            self._shard.put(index, sample)
+            self._shard.flush()
+        except BaseException:
+            self._claims.release([index])
+            raise
+        self._claims.finish([index], self._shard_id)
+        return True
+
+    def present(self) -> npt.NDArray[np.int64]:
+        """Sorted indices every member together has written so far."""
+        return np.flatnonzero(done_map(self.path, self.num_samples)).astype(np.int64)
+
+    def complete(self) -> bool:
+        return len(self.present()) == self.num_samples
+
+    def discard_shard_tail(self, shard_id: str, keep: int) -> None:
+        """Nothing: what a dead worker wrote and marked done is part of the generation (others may have
+        served it already); what it did not mark done is not, whatever its shard holds."""
+
+    # leaving ---------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.state != "open":
+            raise CacheStoreError(f"this writer of generation {self.generation} is {self.state}")
+
+    def _close_own(self) -> None:
+        shard, self._shard = self._shard, None
+        claims, self._claims = self._claims, None
+        try:
+            if shard is not None:
+                shard.close()
+        finally:
+            if claims is not None:
+                claims.close()
+
+    def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo | None:
+        """Leave; the last member out, when every sample is in, publishes the generation.
+
+        Returns the committed generation, or ``None`` when it is left to the
+        members still writing (or incomplete: a partial generation).
+        """
+        self._check_open()
+        self._close_own()
+        if not self.complete() or not self._alone():
+            self._end("left")
+            return None
+        try:
+            if self._current_fingerprint() != self.record.get("fingerprint"):
+                raise FingerprintMismatchError(
+                    f"{self.spec.path} now belongs to another producer: generation {self.generation}, written "
+                    "for the old one, is not committed")
+            # Marked first: a commit killed from here on leaves an area the next joiner removes.
+            mark_committing(self.path)
+            self._keep_canonical()
+            for name in (CLAIMS_NAME, DONE_NAME):
+                safefs.unlink_name(self.path / name)
+            info = self.backend.commit(self.token, self.num_samples, dict(extra or {}))
+            safefs.unlink_name(members_path(self.path))  # joiners waiting on it find the generation committed
+        except BaseException:
+            self.backend.discard(self.token)  # a commit cut short: its logs no longer describe the samples
+            self._end("aborted")
+            raise
+        self._end("committed")
+        return info
+
+    def _alone(self) -> bool:
+        """Give the shared lock back and take it exclusively: only the last member gets it."""
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            return os.fstat(self._fd).st_ino == os.lstat(members_path(self.path)).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _keep_canonical(self) -> None:
+        """Drop every logged copy of a sample but the one the done map names (see :mod:`cachestore.claims`)."""
+        tags = done_map(self.path, self.num_samples)
+        self.backend.keep_logged(self.token, tags)
+
+    def keep(self) -> None:
+        """Leave what was written for the other members, or the next process to join (idempotent)."""
+        if self.state == "open":
+            self._close_own()
+            self._end("kept")
+
+    def abort(self) -> None:
+        """Leave; the last member out removes the area, one this writer kept a moment ago included
+        (idempotent)."""
+        if self.state == "kept":
+            self._remove_if_alone()
+            self.state = "aborted"
+        if self.state != "open":
+            return
+        try:
+            self._close_own()
+        except Exception:  # what it could not flush must not mask the cause
+            pass
+        if self._alone():
+            self._remove()
+        self._end("aborted")
+
+    def _remove(self) -> None:
+        self.backend.discard(self.token)
+        safefs.unlink_name(members_path(self.path))
+
+    def _remove_if_alone(self) -> None:
+        """Remove the area this writer left, unless another process is a member now."""
+        try:
+            fd = safefs.open_nofollow(members_path(self.path), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._remove()
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _end(self, state: str) -> None:
+        self.state = state
+        self._finalizer()
+
+
+def _leave(fd: int, lease: WriterLease) -> None:
+    """Give the membership and the lease back (closing the lock file drops the flock)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    finally:
+        lease.release()
