@@ -87,7 +87,9 @@ class ConsumerLayout:
         self.shuffled = shuffled
         # One store per node, its ranks splitting a new permutation of it every epoch (a cache's "node"
         # scope); else each consumer keeps its own part (and store).
-        self.node_scope = node_scope and scheme == "equal" and pinned and nb_consumer > 1
+        # A single consumer is the one rank of its node: the same batches, and a state it takes resumes on
+        # several ranks of the node (and back).
+        self.node_scope = node_scope and scheme == "equal" and pinned
         local = local_ranks if local_ranks is not None else ranks_per_node(nb_consumer)
         self.local_ranks = local if self.node_scope else 1
         self.local_rank = consumer_index % local if self.node_scope else 0

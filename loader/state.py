@@ -169,6 +169,7 @@ class EpochProgress:
     served: int = 0  # batches delivered so far (those before a resume included)
     exhausted: bool = False
     started: bool = False  # next() was called: the epoch ran (even if it served nothing)
+    total: int | None = None  # batches the epoch serves, when known: served them all is done
 
 
 class EpochIterator:
@@ -237,10 +238,10 @@ class EpochCursor:
         self.close_active(superseded_by=epoch)
         return epoch, skip
 
-    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch]) -> EpochIterator:
-        """The iterator of `epoch`, now the live one."""
+    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None) -> EpochIterator:
+        """The iterator of `epoch` (`total` batches, when known), now the live one."""
         self.next_epoch, self.current, self.skip = epoch + 1, epoch, 0
-        self.progress = EpochProgress(epoch, skip)
+        self.progress = EpochProgress(epoch, skip, total=total)
         it = EpochIterator(batches, self.progress)
         self._active = weakref.ref(it)
         return it
@@ -253,7 +254,10 @@ class EpochCursor:
     def position(self) -> tuple[int, int]:
         """``(epoch, batches served)`` a state records: the rest of a broken-off epoch comes first."""
         progress = self.progress
-        if progress is not None and not progress.exhausted:
+        # An epoch whose last batch was served is done, even before its iterator said so (a loop that
+        # stops on len(), as Lightning's does, never asks past it).
+        if progress is not None and not progress.exhausted and not (
+                progress.total is not None and progress.served >= progress.total):
             return progress.epoch, progress.served
         return self.next_epoch, self.skip
 
@@ -265,8 +269,14 @@ class EpochCursor:
         RuntimeError
             An epoch was started already.
         """
-        if self.current is not None or self._active is not None:
+        progress = self.progress
+        if progress is not None and (progress.started or progress.served) or (
+                progress is None and self.current is not None):
             raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
+        # An iterator that served nothing consumed nothing (Lightning starts one and drops it before
+        # restoring a checkpoint): dropped, the state applies to the next iter().
+        self.close_active()
+        self.current, self.progress = None, None
         self.loaded = loaded
         self.next_epoch, self.skip = loaded.epoch, loaded.batches_served
 

@@ -67,6 +67,7 @@ import numpy.typing as npt
 
 from .. import safefs
 from ..budget import Budget
+from ..claims import CLAIMS_NAME, DONE_NAME, done_map
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
@@ -274,12 +275,17 @@ class DirectoryBackend(Backend):
             return None  # without them nothing says the samples are this producer's
         if os.path.lexists(self.path / gen_dirname(generation)):
             return None  # committed (or damaged): begin() decides
+        wanted = {**record, "generation": generation}
         found = [entry for entry, parsed in self._staging_entries() if parsed[0] == generation
-                 and safefs.is_real_dir(entry) and matches(staging_record(entry), {**record, "generation": generation})]
+                 and safefs.is_real_dir(entry) and matches(staging_record(entry), wanted)]
+        found += [entry for entry in self._shared_areas(generation)
+                  if matches({k: v for k, v in (staging_record(entry) or {}).items() if k != "shared"}, wanted)]
         if not found:
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
         old = max(found, key=allocated_bytes)
+        if parse_shared(old.name) is not None:
+            self._unshare(old, num_samples)
         staging = self.path / staging_dirname(generation)
         os.rename(old, staging)
         fsync_dir(self.path)
@@ -292,6 +298,24 @@ class DirectoryBackend(Backend):
                  kept, num_samples)
         return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",
                             self.allow_pickle)
+
+    def _shared_areas(self, generation: int) -> list[Path]:
+        """Shared staging areas of `generation` nobody writes now (the caller holds the writer lock
+        exclusively: no process can be a member)."""
+        if not self.path.is_dir():
+            return []
+        return [entry for entry in sorted(self.path.iterdir()) if parse_shared(entry.name) == generation
+                and safefs.is_real_dir(entry) and not has_members(entry)]
+
+    def _unshare(self, area: Path, num_samples: int) -> None:
+        """Make a shared area an ordinary staging area: only the copies its done map names stay."""
+        token = StagingToken(str(area), -1, None, num_samples, self.compression == "zstd", self.allow_pickle)
+        self.keep_logged(token, done_map(area, num_samples))
+        for name in (CLAIMS_NAME, DONE_NAME):
+            if os.path.lexists(area / name):
+                safefs.unlink_name(area / name)
+        if os.path.lexists(members_path(area)):
+            safefs.unlink_name(members_path(area))
 
     def present(self, token: StagingToken) -> npt.NDArray[np.int64]:
         return np.unique(self._logged(Path(token.path)))

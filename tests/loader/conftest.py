@@ -53,12 +53,18 @@ def my_segments() -> list[str]:
 
 
 def kept_partial(path: str) -> bool:
-    """Whether `path` is a staging area kept on purpose: a partial generation for the next run to adopt."""
+    """Whether `path` is a staging area kept on purpose: a partial generation for the next run to adopt
+    (a writer's kept staging area, or a shared one nobody writes now)."""
     try:
         with open(os.path.join(path, "staging.json")) as f:
-            return json.load(f).get("kept") is True
+            record = json.load(f)
     except (OSError, ValueError):
         return False
+    if record.get("shared"):
+        from cachestore.backends.staging import has_members
+
+        return not has_members(path)
+    return record.get("kept") is True
 
 
 def leftovers(root: str) -> list[str]:

@@ -153,16 +153,8 @@ def interrupted_then_resumed(tmp, checkpoint, stop_step, ckpt_name, with_callbac
     return first[:ckpt["global_step"]] + second, ckpt, stats
 
 
-LOADER_REFUSES_THE_STATE_AFTER_A_PROBE = (
-    "loader bug: Trainer.fit(ckpt_path=...) first calls iter(loader) and drops it "
-    "(lightning/pytorch/trainer/connectors/data_connector.py, _check_dataloader_iterable), then "
-    "loader.load_state_dict(state) (loops/fit_loop.py, _load_combined_loader_states), which raises "
-    "RuntimeError('load_state_dict() is called on a new loader, before iterating it')")
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-@pytest.mark.xfail(raises=RuntimeError, strict=True, reason=LOADER_REFUSES_THE_STATE_AFTER_A_PROBE)
 @pytest.mark.parametrize("step", [4, 8])  # mid epoch 0 (generate), mid epoch 1 (read)
 def test_a_mid_epoch_checkpoint_resumes_the_uninterrupted_stream(no_leaks, uninterrupted, step):
     """Lightning saves ``loader.state_dict()`` in the checkpoint and loads it into the new loader."""
@@ -178,10 +170,6 @@ def test_a_mid_epoch_checkpoint_resumes_the_uninterrupted_stream(no_leaks, unint
 
 @pytest.mark.timeout(90)
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-@pytest.mark.xfail(raises=AssertionError, strict=True, reason=(
-    "loader bug: a state taken after an epoch's last batch, before its iterator raised StopIteration "
-    "(Lightning stops on len() and never asks past the last batch), is (epoch, batches_served=len); "
-    "a resumed loader then serves that epoch's empty rest where the live one would serve the next epoch"))
 def test_an_epoch_end_checkpoint_resumes_the_uninterrupted_stream_with_a_callback(no_leaks, uninterrupted):
     """Lightning does not give an epoch-end checkpoint's loader state back: the LoaderState callback does."""
     golden, golden_stats = uninterrupted

@@ -169,7 +169,7 @@ def test_between_epochs_the_state_points_at_the_next_epoch(tmp_path):
     ({"batch_size": 3}, "batch_size"),
     ({"dataset_params": {"n": 21}}, "dataset"),
     ({"cache_setting": {"update_frequency": 4}}, "update_frequency"),
-    ({"nb_consumer": 2, "consumer_index": 1}, "nb_consumer"),
+    ({"nb_consumer": 2, "consumer_index": 1, "cache_setting": {"scope": "rank"}}, "nb_consumer"),
     ({"seed": 99}, "seed"),
 ])
 def test_a_state_from_other_arguments_is_refused(tmp_path, change, name):

@@ -34,7 +34,9 @@ CASES = [("memmap", 0), ("memmap", 2), ("lmdb", 0), ("lmdb", 2), ("memory", 0)]
 
 
 def _staging(prefix: str) -> list[Path]:
-    return sorted(Path(prefix).glob(".staging-*"))
+    """The partial generations under `prefix`: shared areas (the default) or a writer's staging areas."""
+    return sorted(p for p in Path(prefix).glob(".s*") if p.name.startswith((".staging-", ".shared-"))
+                  and p.is_dir())
 
 
 @pytest.mark.parametrize("backend,nb_worker", CASES)
@@ -91,7 +93,7 @@ def test_a_failed_epoch_keeps_what_it_wrote(no_leaks, nb_worker):
     # What it kept, seen through the store: at least every sample it delivered (with workers, also
     # what they finished before they were stopped).
     with open_store(prefix) as store:
-        writer = store.writer(0, 24, resume=True)
+        writer = store.join(0, 24)
         written = writer.present().tolist()
         writer.keep()
     assert served and set(served) <= set(written) and 13 not in written
@@ -182,10 +184,10 @@ def test_background_refresh_keeps_what_it_computed(no_leaks):
             first._runner.refresh.handle(msg)
         del it
     (staging,) = _staging(prefix)
-    assert kept_partial(str(staging)) and staging.name.startswith(".staging-000001-")
+    assert kept_partial(str(staging)) and staging.name.startswith((".staging-000001-", ".shared-000001-"))
     before = collections.Counter(read_calls(str(calls_dir)))
     with open_store(prefix) as store:
-        writer = store.writer(1, 48, resume=True)
+        writer = store.join(1, 48)
         kept = len(writer.present())
         writer.keep()
     assert kept >= 8
