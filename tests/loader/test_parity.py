@@ -16,6 +16,10 @@ collate function C:
   into its samples, each batch compared with torch's collate of those samples, and each epoch
   checked to be R copies of the dataset.
 
+The collates: the default (our loader left at its default, or given ``loader.default_collate``
+by name, a drawn choice; torch's gets ``loader.default_collate``, as ours returns numpy arrays),
+one that returns the list of samples, and a batch-level one (``{"n": len, "samples": ...}``).
+
 ``make test`` runs the explicit examples and a bounded number of generated ones per test case,
 derandomized and without shrinking (about a minute on 2 cores). ``make parity`` is the long
 run: ``PARITY_EXAMPLES`` generated examples per test case (default 200), seeded by
@@ -36,7 +40,7 @@ import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -57,7 +61,7 @@ SEED = os.environ.get("PARITY_SEED")
 BATCH_TIMEOUT = 30.0
 
 BACKENDS = ["memmap", "lmdb", "memory"]
-COLLATES: dict[str, Callable[[list[Any]], Any]] = {
+COLLATES: dict[str, Callable[[Sequence[Any]], Any]] = {
     "default": default_collate, "list": collate_list, "batch_level": collate_batch_level}
 
 
@@ -286,7 +290,8 @@ def scribble(batch: Any) -> None:
 # ----------------------------------------------------------------------------- running
 def torch_batches(case: Case, collate: str, batch_sampler: list[list[int]] | None = None) -> list[Any]:
     """What torch's DataLoader serves: in order, or the batches of `batch_sampler`."""
-    dataset = ParityDataset(spec=case.spec, n=case.n)
+    dataset: Any = ParityDataset(spec=case.spec, n=case.n)  # a map-style dataset, as torch takes any
+    loader: torch.utils.data.DataLoader[Any]
     if batch_sampler is not None:
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=COLLATES[collate])
     else:
@@ -541,8 +546,10 @@ def check_rotation_epoch(loader: CachedLoader, epoch: int, case: Case, collate: 
     lengths = [_batch_len(b, collate, s) for b, s in zip(batches, sizes)]
     if len(batches) != len(sizes) or lengths != sizes:
         raise Mismatch(f"{where}: {len(batches)} batches of {lengths} samples where {sizes} are due")
-    picked = [[_index_of(row, by_key, f"{where}, batch {j}") for row in _split(b, collate, case, s, f"{where}, batch {j}")]
-              for j, (b, s) in enumerate(zip(batches, sizes))]
+    picked = []  # the dataset index of each served sample, batch by batch
+    for j, (batch, size) in enumerate(zip(batches, sizes)):
+        rows = _split(batch, collate, case, size, f"{where}, batch {j}")
+        picked.append([_index_of(row, by_key, f"{where}, batch {j}") for row in rows])
     expected = torch_batches(case, collate, batch_sampler=picked) if picked else []
     for j, (ours, theirs) in enumerate(zip(batches, expected)):
         _compare(ours, theirs, f"{where}, batch {j} (dataset indices {picked[j]})")
