@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test typecheck chaos bench clean
+.PHONY: demo test typecheck chaos parity bench clean
 
 # setup.py and the C source: an install rebuilds the compiled gather (cachestore/_gather.c).
 $(STAMP): pyproject.toml setup.py cachestore/_gather.c
@@ -31,6 +31,14 @@ typecheck: $(STAMP)
 # CHAOS_N reproduce and size a run (default 200 scenarios); a 20-scenario subset runs in `make test`.
 chaos: $(STAMP)
 	$(PY) -m tests.chaos
+
+# The parity suite at length (tests/loader/test_parity.py): every epoch kind, backend and collate
+# against torch's DataLoader, PARITY_EXAMPLES generated examples per test case (shrunk when one
+# fails), PARITY_SEED to reproduce a run; a bounded run of it is part of `make test`.
+PARITY_EXAMPLES ?= 200
+PARITY_SEED ?= 0
+parity: $(STAMP)
+	PARITY_EXAMPLES=$(PARITY_EXAMPLES) PARITY_SEED=$(PARITY_SEED) $(PY) -m pytest -q -o faulthandler_timeout=0 tests/loader/test_parity.py
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
