@@ -3,7 +3,8 @@
 How much faster than torch's ``DataLoader`` is CachedLoader, and how close to
 the machine's limits (memcpy bandwidth) does it get? Each scenario lives in its
 own module; this one picks the sizes (a full run takes about 5-8 minutes on 2
-cores, ``--quick`` about 2), runs them and hands the results to
+cores before ``read_transform``, which adds about 4 on a shared machine;
+``--quick`` about 2), runs them and hands the results to
 :mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
 
 Only light imports at module level: loader workers start with spawn and import
@@ -25,18 +26,19 @@ from typing import Any, Callable
 RESULTS = Path(__file__).resolve().parent / "results"
 # memory first: its baseline is then a training process with torch loaded and little else (the memory
 # backend's throughput case leaves the heap fragmented: freed memory glibc does not hand back)
-SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "training_step", "setup_time", "throughput", "latency"]
+SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
+             "latency"]
 
 #: Sizes of a full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"expensive": {"n": 1000, "repeats": 3}, "big_n": 10000, "small_n": 100000, "tp_repeats": 3,
-             "rotation": {"n": 1000, "repeats": 3},
+             "rotation": {"n": 1000, "repeats": 3}, "read_transform": {"n": 1000, "repeats": 3},
              "memory": {"n": 1000, "epochs": 4, "k": 2, "cached_n": 4000, "repeats": 3},
              "training_step": {"n": 640, "epochs": 10, "k": 5, "repeats": 3},
              "setup_time": {"n": 640, "repeats": 5},
              "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1}},
     "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
-              "rotation": {"n": 300, "repeats": 2},
+              "rotation": {"n": 300, "repeats": 2}, "read_transform": {"n": 300, "repeats": 1},
               "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
               "training_step": {"n": 320, "epochs": 5, "k": 4, "repeats": 1},
               "setup_time": {"n": 384, "repeats": 3},
@@ -114,6 +116,13 @@ def _rotation(results: dict, sizes: dict) -> None:
                                             **sizes["rotation"])
 
 
+def _read_transform(results: dict, sizes: dict) -> None:
+    from .read_transform import read_transform_scenario
+
+    results["read_transform"] = read_transform_scenario(cost=COST, epochs=10, k=5, workers=WORKERS, batch_size=BATCH,
+                                                        **sizes["read_transform"])
+
+
 def _memory(results: dict, sizes: dict) -> None:
     from .datasets import ExpensiveDataset, StoredSamples
     from .memory import memory_scenario
@@ -151,6 +160,7 @@ def _latency(results: dict, sizes: dict) -> None:
 
 RUNNERS: dict[str, Callable[[dict, dict], None]] = {
     "memcpy": _memcpy, "throughput": _throughput, "expensive": _expensive, "rotation": _rotation,
+    "read_transform": _read_transform,
     "memory": _memory, "training_step": _training_step, "setup_time": _setup_time, "latency": _latency}
 
 _T0 = [time.perf_counter()]  # reset by main()

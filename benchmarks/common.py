@@ -36,6 +36,13 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
             "values": values}
 
 
+def per_epoch(runs: list[list[float]]) -> dict[str, list[float]]:
+    """Median, min and max of each epoch over repeated runs (one list of per-epoch figures per run)."""
+    columns = list(zip(*runs))
+    return {"median": [statistics.median(c) for c in columns], "min": [min(c) for c in columns],
+            "max": [max(c) for c in columns]}
+
+
 def llc_bytes() -> int | None:
     """Size of the last-level (L3) cache of cpu0 in bytes, or ``None`` when the kernel does not say."""
     try:

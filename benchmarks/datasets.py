@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -73,3 +74,70 @@ class SleepyDataset:
     def __getitem__(self, index: int) -> tuple:
         time.sleep(self.delay)
         return np.full(self.shape, index, dtype=np.float32), index
+
+
+#: Side of the "decoded" images, and of the random crop taken from them each epoch.
+IMAGE_SIDE, CROP_SIDE = 256, 224
+
+
+@functools.lru_cache(maxsize=1)
+def _pattern() -> np.ndarray:
+    """A fixed 256x256x3 uint8 gradient (read-only), computed once per process."""
+    rows = np.arange(IMAGE_SIDE, dtype=np.uint8)[:, None, None] * np.uint8(3)
+    cols = np.arange(IMAGE_SIDE, dtype=np.uint8)[None, :, None]
+    channels = np.arange(3, dtype=np.uint8)[None, None, :] * np.uint8(85)
+    pattern = rows + cols + channels
+    pattern.setflags(write=False)
+    return pattern
+
+
+def decoded_image(index: int) -> np.ndarray:
+    """The image of sample `index`: 256x256x3 uint8, the same on every call (a decoded file)."""
+    return _pattern() + np.uint8(index % 251)
+
+
+def random_crop_flip(sample: dict, rng: np.random.Generator) -> dict:
+    """A random 224x224 crop and a random horizontal flip of ``sample["image"]``: a read transform.
+
+    Returns a new dict: the crop (contiguous), the sample's index, and ``"crop"``,
+    ``[top, left, flip]``, which identifies the augmentation drawn.
+    """
+    top, left = (int(v) for v in rng.integers(0, IMAGE_SIDE - CROP_SIDE + 1, size=2))
+    flip = int(rng.integers(0, 2))
+    image = sample["image"][top:top + CROP_SIDE, left:left + CROP_SIDE]
+    if flip:
+        # Copying a reversed view moves 3 bytes at a time, most of this transform's time; written
+        # as a user would write it, since the transform's limit is measured with this same code.
+        image = image[:, ::-1]
+    return {"image": np.ascontiguousarray(image), "index": sample["index"],
+            "crop": np.array([top, left, flip], dtype=np.int64)}
+
+
+class DecodedImages:
+    """Each sample costs `cost` seconds of CPU (decoding a file) and is the same on every call.
+
+    Sample ``i``: ``{"image": 256x256x3 uint8, "index": i}``; the random crop is left to a read
+    transform (:func:`random_crop_flip`).
+    """
+
+    def __init__(self, n: int = 1000, cost: float = 0.005) -> None:
+        self.n = n
+        self.cost = cost
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        burn_cpu(self.cost)
+        return {"image": decoded_image(index), "index": index}
+
+
+class DecodedCroppedImages(DecodedImages):
+    """:class:`DecodedImages` plus the random crop and flip in ``__getitem__``, as a dataset must do
+    it for torch's DataLoader (which has no read transform): drawn afresh on every call.
+
+    Sample ``i``: ``{"image": 224x224x3 uint8, "index": i, "crop": [top, left, flip]}``.
+    """
+
+    def __getitem__(self, index: int) -> dict:
+        return random_crop_flip(super().__getitem__(index), np.random.default_rng())

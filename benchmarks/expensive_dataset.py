@@ -29,7 +29,7 @@ from typing import Any
 
 from loader import CachedLoader
 
-from .common import summarize, table, verdict
+from .common import per_epoch, summarize, table, verdict
 from .datasets import ExpensiveDataset
 
 
@@ -71,13 +71,6 @@ def cached_epochs(dataset_kwargs: dict, epochs: int, batch_size: int, workers: i
     return times, stats
 
 
-def _per_epoch(runs: list[list[float]]) -> dict[str, list[float]]:
-    """Median, min and max of each epoch over repeated runs."""
-    columns = list(zip(*runs))
-    return {"median": [statistics.median(c) for c in columns], "min": [min(c) for c in columns],
-            "max": [max(c) for c in columns]}
-
-
 def expensive_scenario(n: int, cost: float, epochs: int, k: int, workers: int, batch_size: int,
                        repeats: int = 1) -> dict:
     """Scenario 1: `epochs` epochs of CachedLoader (``update_frequency=k``) vs torch's DataLoader.
@@ -114,7 +107,7 @@ def expensive_scenario(n: int, cost: float, epochs: int, k: int, workers: int, b
         "n": n, "cost_ms": cost * 1e3, "epochs": epochs, "update_frequency": k, "workers": workers,
         "batch_size": batch_size, "repeats": repeats, "modes": modes,
         "ours_runs": ours_runs, "torch_runs": torch_runs,
-        "ours_epoch": _per_epoch(ours_runs), "torch_epoch": _per_epoch(torch_runs),
+        "ours_epoch": per_epoch(ours_runs), "torch_epoch": per_epoch(torch_runs),
         "ours_total": summarize([sum(t) for t in ours_runs]),
         "torch_total": summarize([sum(t) for t in torch_runs]),
         "total_ratio": summarize([sum(o) / sum(t) for o, t in zip(ours_runs, torch_runs)]),

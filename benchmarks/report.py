@@ -125,6 +125,53 @@ def _rotation_section(rot: dict) -> list[str]:
                  pm(rot["fresh_samples_per_s"], 1, "{:.0f}"), f"{rot['dataset_calls_per_served_sample']:.3f}"]])]
 
 
+def _gather_note(epoch: dict) -> str:
+    """Where a read epoch gathered, and what each place cost per batch when the loader timed them."""
+    place = epoch.get("gather", "-")
+    if epoch.get("gather_split"):
+        place = " then ".join(epoch["gather_split"])
+    costs = epoch.get("gather_costs")
+    if costs:
+        place += " (" + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(costs.items())) + " ms/batch)"
+    return place
+
+
+def _read_transform_section(rt: dict) -> list[str]:
+    stats = rt["ours_stats"][-1]
+    rows = []
+    for e, epoch in enumerate(stats):
+        o, p, t = (rt[f"{name}_epoch"]["median"][e] for name in ("ours", "ours_plain", "torch"))
+        mode = epoch["mode"] + (" (steady)" if e in rt["steady_epochs"] else "")
+        rows.append([e, mode, f"{o:.2f}", _gather_note(epoch) if epoch["mode"] == "read" else "-",
+                     epoch.get("background_computed", "-"), f"{p:.2f}", f"{t:.2f}", f"{o / t:.2f}x"])
+    rows.append(["total", "", pm(rt["ours_total"]), "", "", pm(rt["ours_plain_total"]), pm(rt["torch_total"]),
+                 f"{rt['total_ratio']['median']:.2f}x"])
+    distinct, epochs = rt["distinct"], rt["epochs"]
+    side, crop = rt["image_side"], rt["crop_side"]
+    return [f"### 7. Read transform: {rt['n']} samples, {rt['cost_ms']:g} ms CPU decode each ({side}x{side}x3 "
+            f"uint8), random {crop}x{crop} crop and flip, {epochs} epochs, "
+            f"update_frequency={rt['update_frequency']}, {rt['workers']} workers, batch {rt['batch_size']}", "",
+            f"Seconds per epoch, median of {_runs(rt['repeats'])} of each (taking turns). *ours*: "
+            "`read_transform=random_crop_flip` over the cached decode (*gather*: where its last run gathered each "
+            "read epoch, and the cost per batch of each place it timed; *refresh*: samples of the next generation "
+            "its workers computed beside the epoch's batches, `background_refresh='auto'`); *ours, crop cached*: "
+            "the crop in `__getitem__`, no read transform; torch: `DataLoader(shuffle=True)`, decode and crop "
+            "in `__getitem__` every epoch (benchmarks/datasets.py). *steady*: read epochs other than the first "
+            "read epoch of each generation.", "",
+            md_table(["epoch", "ours mode", "ours s", "ours gather", "ours refresh", "ours, crop cached s",
+                      "torch s", "ours / torch"], rows, "llrlrrrr"), "",
+            f"Steady cached epochs: {pm(rt['ours_steady_samples_per_s'], 1, '{:.0f}')} samples/s; the transform's "
+            f"limit, the transform alone in {rt['workers']} processes over images already in their memory, "
+            f"stacked into batches of {rt['batch_size']}: {pm(rt['limit_samples_per_s'], 1, '{:.0f}')} samples/s "
+            f"(ours / limit {rt['steady_ratio']['median']:.2f}x).", "",
+            md_table(["distinct crops per sample", f"of {epochs} epochs"], [
+                ["ours, read_transform", f"{distinct['ours']['median']:.3f}"],
+                ["ours, crop cached (no read_transform)", f"{distinct['ours_plain']['median']:.3f}"],
+                ["torch DataLoader", f"{distinct['torch']['median']:.3f}"],
+                [f"independent uniform draws among {rt['crop_choices']} crops (expected)",
+                 f"{rt['expected_distinct_uniform']:.3f}"]], "lr")]
+
+
 def _memory_section(cases: list[dict]) -> list[str]:
     def mib(s: dict) -> str:
         return pm(s, 1 / MIB, "{:.0f}")
@@ -238,7 +285,7 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     memcpy = results.get("memcpy", {}).get("memory_bound", {}).get("median")
     sections = [("expensive", _expensive_section), ("throughput", lambda cases: _throughput_section(cases, memcpy)),
                 ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section),
-                ("setup_time", _setup_section)]
+                ("setup_time", _setup_section), ("read_transform", _read_transform_section)]
     for key, section in sections:
         if results.get(key):
             out += section(results[key]) + [""]
