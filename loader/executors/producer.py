@@ -337,11 +337,25 @@ class BatchProducer:
         own = self.hands_out
         if not task.collate or self.custom_collate or self.transforms(task):
             # A transform may change a sample in place: it gets the caller's own copy, never the store's.
-            samples = self.transformed(task, [reader.get(int(i), copy=own or self.transforms(task))
-                                              for i in task.stored_at])
+            samples = self.transformed(task, self.rows(task, reader) if self.transforms(task) else
+                                       [reader.get(int(i), copy=own) for i in task.stored_at])
             return self.collate(samples) if task.collate else samples
         batch = reader.get_batch(task.stored_at)
         return owned(batch) if own else batch
+
+    @staticmethod
+    def rows(task: m.Task, reader: Reader) -> list[Sample]:
+        """The samples of `task`, each in memory of its own: one verified gather of the batch into new
+        arrays, split into rows, where the generation has a fixed layout (a copy and a checksum call
+        per sample cost twice as much), else one own copy per sample."""
+        layout = reader.batch_layout()
+        if layout is None:
+            return [reader.get(int(i), copy=True) for i in task.stored_at]
+        treedef, specs = layout
+        count = len(task.stored_at)
+        leaves = [np.empty((count, *shape), dtype=dtype) for dtype, shape in specs]
+        reader.get_batch(task.stored_at, out=leaves)
+        return [codec.unflatten(treedef, [leaf[r] for leaf in leaves]) for r in range(count)]
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
         log.warning("%s; computing this batch from the dataset instead", str(exc))
