@@ -190,14 +190,17 @@ class Store:
         lock.acquire()
         self._lease = lease = WriterLease(lock)
         return SharedWriter(self.spec, self.backend, generation, num_samples, lease, self.budget, record,
-                            lambda: self.staging_record(None)["fingerprint"] if self._reload_meta() else None)
+                            self._current_fingerprint)
 
-    def _reload_meta(self) -> bool:
-        """Read ``store.json`` again (another process may have rewritten it); whether there is one."""
+    def _current_fingerprint(self) -> object:
+        """The hash of the fingerprint ``store.json`` holds now (another process may have rewritten it);
+        one removed with the rest of the store (``rm -rf``) is written again, as this store's."""
         meta = self.backend.read_meta()
-        if meta is not None:
+        if meta is None:
+            self.backend.write_meta(self.meta)
+        else:
             self.meta = meta
-        return meta is not None
+        return self.staging_record(None)["fingerprint"]
 
     def staging_record(self, num_samples: int | None) -> ProducerRecord:
         """What a staging area records of its producer, so only the same producer adopts it."""

@@ -87,11 +87,14 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.READ:
         choice = cache.read_choice(generation)
         blocks = None
-        if choice.order == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
+        # Ranks splitting one order must draw the same one, whether each reads the generation or (started
+        # before its commit) reads it back from the area being written: several ranks read in random order.
+        kind = choice.order if ranks is None or ranks[0] == 1 else "random"
+        if kind == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(whole, resumed_at, s, ranks)
         plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
-        plan.read_order, plan.blocks, plan.stream = choice.order, blocks, choice.stream
+        plan.read_order, plan.blocks, plan.stream = kind, blocks, choice.stream
         return plan
     if mode != EpochMode.GENERATE:
         return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)

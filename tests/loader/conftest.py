@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -65,6 +66,13 @@ def kept_partial(path: str) -> bool:
 
         return not has_members(path)
     return record.get("kept") is True
+
+
+def partials(prefix: str | os.PathLike, generation: int | None = None) -> list[str]:
+    """The staging areas under `prefix` (of `generation`): shared areas, the default, or a writer's own."""
+    gen = "" if generation is None else f"{generation:06d}-"
+    return sorted(str(p) for p in Path(prefix).glob(f".s*") if p.is_dir()
+                  and p.name.startswith((f".staging-{gen}", f".shared-{gen}")) and not p.name.startswith(".shared-tmp-"))
 
 
 def leftovers(root: str) -> list[str]:

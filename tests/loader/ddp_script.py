@@ -1,6 +1,8 @@
-"""Run under ``torchrun --nproc_per_node=2``: one CachedLoader per rank, results to JSON.
+"""Run under ``torchrun --nproc_per_node=N``: one CachedLoader per rank, results to JSON.
 
-Usage: ``torchrun ... ddp_script.py OUT_DIR [--fail-rank R] [--cache]``.
+Usage: ``torchrun ... ddp_script.py OUT_DIR [--fail-rank R] [--cache] [--scope node|rank] [--workers W]
+[--epochs E]``. Every rank gives the dataset the same parameters (as in a real job: a store shared
+by the node's ranks needs one fingerprint); dataset calls are logged per process into one directory.
 """
 
 from __future__ import annotations
@@ -24,26 +26,32 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--cache", action="store_true")
+    parser.add_argument("--scope", default="node")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    calls = os.path.join(args.out, f"calls-rank{rank}")
+    calls = os.path.join(args.out, "calls")
     os.makedirs(calls, exist_ok=True)
     params = {"n": 45, "counter_dir": calls}
     # Write-through: the test counts dataset calls per epoch (a background refresh moves them earlier).
-    cache = ({"prefix": os.path.join(args.out, "cache"), "update_frequency": 2, "background_refresh": False}
-             if args.cache else None)
+    cache = ({"prefix": os.path.join(args.out, "cache"), "update_frequency": 2, "background_refresh": False,
+              "scope": args.scope} if args.cache else None)
     dataset = AlwaysFails if rank == args.fail_rank else ArangeDataset
-    loader = CachedLoader(dataset, params, batch_size=4, nb_worker=2, seed=7, cache_setting=cache)
-    result = {"rank": rank, "world": dist.get_world_size(), "len": len(loader), "epochs": [], "calls": []}
+    loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=7, cache_setting=cache)
+    result = {"rank": rank, "world": dist.get_world_size(), "len": len(loader), "epochs": [], "computed": [],
+              "calls": []}
     with loader:
-        for _ in range(3):
+        for _ in range(args.epochs):
             served = []
             for batch in loader:
                 served += batch["y"].tolist()
                 total = torch.tensor([len(batch["y"])])
                 dist.all_reduce(total)  # lockstep, as a DDP step would be
             result["epochs"].append(served)
+            result["computed"].append(loader.epoch_stats[-1].computed)
+            dist.barrier()  # every rank's epoch done: the call log holds the node's calls so far
             result["calls"].append(len(read_calls(calls)))
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -24,7 +24,7 @@ from cachestore import GenerationNotFoundError, open_store
 from loader import CachedLoader
 from loader.errors import ClusterUnreachableError
 
-from .conftest import kept_partial
+from .conftest import kept_partial, partials
 from .datasets import ArangeDataset, read_calls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_ctrl_c_once_or_twice_keeps_the_partial_generation(tmp_path, second):
     finally:
         proc.kill()
     assert "KeyboardInterrupt" in err
-    staged = glob.glob(os.path.join(prefix, ".staging-*"))
+    staged = partials(prefix)
     assert len(staged) == 1 and kept_partial(staged[0]), staged
     # The next run adopts it: the samples it holds are not computed again.
     before = len(read_calls(str(counter)))

@@ -46,7 +46,7 @@ def test_consumers_are_disjoint_cover_everything_and_have_equal_lengths(n, k):
 
 def test_cached_consumers_keep_their_partition_and_own_stores(tmp_path, capsys):
     prefix = str(tmp_path / "cache")
-    per = consumer_epochs(30, 2, 3, cache_setting={"prefix": prefix, "update_frequency": 2})
+    per = consumer_epochs(30, 2, 3, cache_setting={"prefix": prefix, "update_frequency": 2, "scope": "rank"})
     for consumer in per:
         assert len({frozenset(e) for e in consumer}) == 1, "a cache pins the consumer's partition"
         assert consumer[0] != consumer[1], "but the order still changes"
@@ -70,27 +70,45 @@ def test_deferred_start():
         CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, nb_consumer=2, consumer_index=0).start(1)
 
 
-def _torchrun(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _torchrun(out: Path, *extra: str, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(SCRIPT), str(out), *extra],
-                          capture_output=True, text=True, timeout=150, env=env)
+    return subprocess.run([str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", str(SCRIPT), str(out),
+                           *extra], capture_output=True, text=True, timeout=170, env=env)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-def test_torchrun_two_ranks_cover_disjoint_and_cache_per_rank(tmp_path):
-    run = _torchrun(tmp_path, "--cache")
+@pytest.mark.parametrize("ranks,workers", [(2, 2), (4, 0)])
+def test_torchrun_ranks_share_the_node_store_and_split_it_anew_every_epoch(tmp_path, ranks, workers):
+    run = _torchrun(tmp_path, "--cache", "--workers", str(workers), "--epochs", "4", ranks=ranks)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
+    assert {r["world"] for r in results} == {ranks}
+    assert len({r["len"] for r in results}) == 1, "every rank serves as many batches"
+    for e in range(4):
+        counts = Counter(y for r in results for y in r["epochs"][e])
+        assert counts == Counter(range(45)), f"epoch {e}: every index once across the ranks"
+    assert any(set(results[0]["epochs"][1]) != set(results[0]["epochs"][e]) for e in (2, 3)), \
+        "a rank serves another part of the data from epoch to epoch"
+    # update_frequency=2: generations 0 (epochs 0-1) and 1 (epochs 2-3), each computed once by the node.
+    assert results[0]["calls"][1] == 45 and results[0]["calls"][3] == 90
+    assert sum(r["computed"][0] + r["computed"][1] for r in results) == 45
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000001", "store.json"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_torchrun_rank_scope_keeps_a_store_per_rank(tmp_path):
+    run = _torchrun(tmp_path, "--cache", "--scope", "rank")
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert {r["world"] for r in ranks} == {2}
     assert ranks[0]["len"] == ranks[1]["len"] == -(-23 // 4)
     for e in range(3):
         served = [set(r["epochs"][e]) for r in ranks]
         assert served[0] | served[1] == set(range(45))
         assert len(served[0] & served[1]) <= 1  # 45 = 2 x 23 - 1: one padded index
     # update_frequency=2: epochs 0 and 2 call the dataset (23 samples per rank), epoch 1 reads the cache.
-    for r in ranks:
-        assert r["calls"] == [23, 23, 46]
+    assert [r["computed"] for r in ranks] == [[23, 0, 23], [23, 0, 23]]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["consumer-0-of-2", "consumer-1-of-2"]
 
 

@@ -223,7 +223,8 @@ def test_every_rank_resumes_its_own_part(tmp_path):
     """Two consumers (ranks), each with its own state: resumed together, they continue in step."""
     def build(rank, prefix):
         return CachedLoader(ArangeDataset, {"n": 30}, batch_size=4, nb_worker=0, seed=9, nb_consumer=2,
-                            consumer_index=rank, cache_setting={"prefix": str(prefix), "update_frequency": 2})
+                            consumer_index=rank, cache_setting={"prefix": str(prefix), "update_frequency": 2,
+                                                                "scope": "rank"})
 
     def stream(loader, epochs, stop=None):
         out = []

@@ -49,11 +49,6 @@ def test_defaults_do_not_conflict():
         assert [b["y"].tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7]] and len(loader) == 3
 
 
-def test_a_distributed_sampler_says_how_ranks_are_given():
-    sampler = DistributedSampler(ArangeDataset(8), num_replicas=2, rank=0)
-    with pytest.raises(ValueError, match="nb_consumer.*consumer_index"):
-        CachedLoader(ArangeDataset(8), batch_size=2, sampler=sampler)
-
 
 def test_torch_names_map_onto_the_loader(tmp_path):
     generator = torch.Generator().manual_seed(1234)

@@ -77,16 +77,22 @@ def test_block_order_resumes_through_the_state(tmp_path, larger):
     assert head + rest[0] == whole[1] and rest[1] == whole[2]
 
 
-def test_block_order_per_consumer(tmp_path, larger):
-    halves = []
+@pytest.mark.parametrize("scope", ["node", "rank"])
+def test_block_order_per_consumer(tmp_path, larger, scope):
+    per_rank = []
     for rank in range(2):
         with CachedLoader(ArangeDataset(200, shape=(3, 64, 64)), batch_size=10, nb_worker=0, seed=2, nb_consumer=2,
-                          consumer_index=rank,
-                          cache_setting={"prefix": str(tmp_path / "c"), "read_order": "block"}) as loader:
+                          consumer_index=rank, cache_setting={"prefix": str(tmp_path / "c"), "read_order": "block",
+                                                              "scope": scope}) as loader:
             served = epochs(loader, 3)
-            assert all(sorted(e) == sorted(served[0]) for e in served) and served[1] != served[2]
-            halves.append(set(served[1]))
-    assert halves[0] | halves[1] == set(range(200)) and not halves[0] & halves[1]
+            assert served[1] != served[2]
+            if scope == "rank":  # each rank keeps its part; the node's ranks split a new one every epoch
+                assert all(sorted(e) == sorted(served[0]) for e in served)
+            per_rank.append(served)
+    for epoch in range(3):
+        halves = [set(per_rank[r][epoch]) for r in range(2)]
+        assert halves[0] | halves[1] == set(range(200)) and not halves[0] & halves[1]
+    assert (set(per_rank[0][1]) != set(per_rank[0][2])) == (scope == "node")
 
 
 @pytest.mark.parametrize("workers", [0, 2])

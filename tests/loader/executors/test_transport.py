@@ -36,6 +36,8 @@ def _run_main(code: str, how: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 MAIN_CODE = """
+import numpy as np
+
 from loader import CachedLoader
 
 class Squares:

@@ -17,7 +17,7 @@ from cachestore import open_store
 from loader.errors import WorkerError
 from loader import CachedLoader
 
-from ...conftest import kept_partial, leftovers, live_children, my_segments
+from ...conftest import kept_partial, leftovers, live_children, my_segments, partials
 from ...datasets import ArangeDataset, FailingInit, KillSelfDataset, read_calls
 
 pytestmark = pytest.mark.timeout(90)
@@ -97,7 +97,7 @@ def test_break_close_twice_and_gc_leave_nothing(no_leaks):
     loader.close()
     # What the epoch wrote is kept as a partial generation for the next run (not debris), nothing else.
     assert not leftovers(prefix)
-    assert [kept_partial(str(p)) for p in Path(prefix).glob(".staging-*")] == [True]
+    assert [kept_partial(p) for p in partials(prefix)] == [True]
     # Garbage collection without close().
     loader = CachedLoader(ArangeDataset, {"n": 50}, batch_size=4, nb_worker=2,
                           cache_setting={"prefix": prefix + "2", "update_frequency": 2})
@@ -151,7 +151,7 @@ def test_process_killed_during_refresh_leaves_previous_generation(no_leaks):
     # Staging left by the crash is this producer's partial generation 1: prune keeps it for the next
     # writer of generation 1 to adopt; prune(partial=True) (or a writer of another generation) removes it.
     open_store(prefix).prune()
-    assert len(list(Path(prefix).glob(".staging-000001-*"))) == 1
+    assert len(partials(prefix, 1)) == 1
     open_store(prefix).prune(partial=True)
     assert not leftovers(prefix)
 
