@@ -48,6 +48,7 @@ ROOMS = [
     ("cachestore.reader", "cachestore (store)"),
     ("cachestore.writer", "cachestore (store)"),
     ("cachestore.spec", "cachestore (store)"),
+    ("cachestore.shared", "cachestore (store)"),
     ("cachestore.backends", "cachestore/backends"),
     ("cachestore", "cachestore (core)"),
 ]
