@@ -43,7 +43,7 @@ from . import safefs
 CLAIMS_NAME = "claims"
 DONE_NAME = "done"
 #: ``struct flock`` for ``F_OFD_*``: l_type, l_whence, l_start, l_len, l_pid (0), padded as the kernel lays it out.
-_FLOCK = struct.Struct("hhqqi4x")
+FLOCK = struct.Struct("hhqqi4x")
 
 
 def shard_tag(shard_id: str) -> int:
@@ -96,7 +96,7 @@ class Claims:
     def _lock(self, index: int, kind: int, wait: bool) -> bool:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} is outside 0..{self.num_samples - 1}")
-        arg = _FLOCK.pack(kind, os.SEEK_SET, index, 1, 0)
+        arg = FLOCK.pack(kind, os.SEEK_SET, index, 1, 0)
         try:
             fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
         except (BlockingIOError, PermissionError):
@@ -158,7 +158,7 @@ class Claims:
                 self.held.discard(index)
 
     def _unlock(self, index: int) -> None:
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, index, 1, 0))
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, index, 1, 0))
 
     def close(self) -> None:
         """Give every claim back (closing the file does) and unmap the done map."""

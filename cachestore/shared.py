@@ -12,11 +12,13 @@ Every process that writes generation ``g`` of a store with the same producer
   leaving (commit, keep, abort, or death: the kernel drops it). The kernel
   also drops a dead member's claims, so what it left unfinished goes to the
   others.
-* The last member out commits: a member that finds every sample done gives
-  its shared lock back and asks for an exclusive one; only the last gets it.
-  Joining blocks meanwhile (a shared lock waits for the exclusive one), and a
-  joiner that then finds the area gone opens the committed generation
-  (:class:`GenerationCommitted`).
+* The first member to leave with every sample done commits, under the commit
+  lock (an open-file-description lock on the members file's first byte: one
+  committer, and a dead one's lock goes with it). Nothing is written into a
+  complete area, so the members still in (ranks that went on to their next
+  epoch) need not leave first: what they read back from the area they read
+  from the committed generation once it is renamed. A joiner that finds the
+  area gone opens the committed generation (:class:`GenerationCommitted`).
 * An area whose members all left before it was complete is the partial
   generation: the next process to join it computes only what is missing.
 
@@ -43,7 +45,7 @@ from . import safefs
 from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
 from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
                                staging_record)
-from .claims import CLAIMS_NAME, DONE_NAME, Claims, create_claim_files, done_map
+from .claims import CLAIMS_NAME, DONE_NAME, FLOCK, Claims, create_claim_files, done_map
 from .codec import Sample
 from .disk import allocated_bytes, remove_paths
 from .errors import CacheStoreError, FingerprintMismatchError, GenerationCommitted
@@ -135,7 +137,7 @@ class SharedWriter:
                     _create(root, self.path.name, self.generation, self.num_samples, self.record)
                 found = staging_record(self.path)
                 if found is None or found.get("committing"):
-                    self._drop_broken(fd)
+                    self._drop_broken(fd)  # or wait for the live committer
                     raise FileNotFoundError
                 if found.get("num_samples") != self.num_samples or found.get("compression") != self.record.get(
                         "compression"):
@@ -154,13 +156,13 @@ class SharedWriter:
                               "area kept being committed or removed under this process")
 
     def _drop_broken(self, fd: int) -> None:
-        """An area whose commit was cut short (its logs no longer describe its samples): remove it, if
-        nobody else is in; the next try makes a new one."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
-        remove_paths([str(self.path)])
+        """An area being committed, or whose commit was cut short (its logs no longer describe its
+        samples): wait for a live committer; remove what a dead one left (the next try makes a new area)."""
+        if not _commit_lock(fd, wait=False):
+            _commit_lock(fd, wait=True)  # a live committer: when it is done, the area is gone
+        elif os.path.lexists(self.path) and ((found := staging_record(self.path)) is None or found.get("committing")):
+            remove_paths([str(self.path)])
+        _commit_unlock(fd)
 
     # writing ---------------------------------------------------------------
     def shard_spec(self) -> ShardSpec:
@@ -188,8 +190,12 @@ class SharedWriter:
         return True
 
     def present(self) -> npt.NDArray[np.int64]:
-        """Sorted indices every member together has written so far."""
-        return np.flatnonzero(done_map(self.path, self.num_samples)).astype(np.int64)
+        """Sorted indices every member together has written so far (all of them once it is committed)."""
+        try:
+            return np.flatnonzero(done_map(self.path, self.num_samples)).astype(np.int64)
+        except FileNotFoundError:  # committed by another member (or removed)
+            return (np.arange(self.num_samples, dtype=np.int64) if self._committed()
+                    else np.zeros(0, dtype=np.int64))
 
     def complete(self) -> bool:
         return len(self.present()) == self.num_samples
@@ -214,15 +220,20 @@ class SharedWriter:
                 claims.close()
 
     def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo | None:
-        """Leave; the last member out, when every sample is in, publishes the generation.
+        """Leave; when every sample is in, publish the generation (unless another member does now).
 
-        Returns the committed generation, or ``None`` when it is left to the
-        members still writing (or incomplete: a partial generation).
+        Returns the committed generation, or ``None`` when it is incomplete
+        (left to the members still writing, or a partial generation), or
+        committed by another member.
         """
         self._check_open()
         self._close_own()
-        if not self.complete() or not self._alone():
+        if not os.path.lexists(self.path) or not self.complete() or not _commit_lock(self._fd, wait=False):
             self._end("left")
+            return None
+        found = staging_record(self.path)
+        if found is None or found.get("committing"):
+            self._end("left")  # committed by the member that held the lock before us, or a commit cut short
             return None
         try:
             if self._current_fingerprint() != self.record.get("fingerprint"):
@@ -244,7 +255,7 @@ class SharedWriter:
         return info
 
     def _alone(self) -> bool:
-        """Give the shared lock back and take it exclusively: only the last member gets it."""
+        """Give the shared lock back and take it exclusively: only the last member out gets it."""
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -303,6 +314,21 @@ class SharedWriter:
     def _end(self, state: str) -> None:
         self.state = state
         self._finalizer()
+
+
+def _commit_lock(fd: int, wait: bool) -> bool:
+    """Take the commit lock of the area whose members file `fd` is open on: a write lock on its first
+    byte, held by one open file description (flock's shared locks on the same file are apart)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
+                    FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
+
+
+def _commit_unlock(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
 
 
 def _leave(fd: int, lease: WriterLease) -> None:

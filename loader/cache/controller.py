@@ -323,11 +323,12 @@ class CacheController:
         extra: dict = {"epochs": [epoch], "update_frequency": self.settings.k_or_none}
         if background:
             extra["background"] = True
+        complete = build.shared and build.complete()  # before leaving: the area may go with the commit
         info = build.commit(extra)
         if info is None:
             log.info("generation %d of %s: this process's part is written; %s", build.generation, self.store.path,
-                     "the processes still writing it commit it" if build.complete()
-                     else "incomplete, kept for the next process that writes it")
+                     "another process writing it commits it" if complete
+                     else "the rest is left to the processes still writing it (or the next one)")
             return None
         self.mine.add(info.id)
         removed = self.store.prune(keep=1)

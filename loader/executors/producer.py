@@ -167,6 +167,9 @@ class BatchProducer:
             sample = self._staging.read(pos)
             return owned(sample) if self.hands_out else sample
         except CacheStoreError as exc:
+            if spec.token.shared and not os.path.lexists(spec.token.path):
+                # Committed by another process writing it together (its files moved into the generation).
+                return self.reader((spec.spec, spec.token.generation)).get(pos, copy=True)
             # Adoption checked every record: this is damage since. Serve a computed sample; the
             # stored one stays (it must not be written twice) and a cached read recomputes it.
             log.warning("%s; computing it from the dataset instead", exc)
