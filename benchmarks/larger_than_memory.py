@@ -480,7 +480,9 @@ def _how(figures: dict | None) -> str:
 
 
 def _times(value: float | None, of: str) -> str:
-    return f"; {value:.2f}x {of}" if value is not None else ""
+    if value is None:
+        return ""
+    return f"; {value:.2f}x {of}" if value >= 0.1 else f"; {value:.2g}x {of}"
 
 
 def _case_column(c: dict, limit: int) -> list[str]:
@@ -494,7 +496,7 @@ def _case_column(c: dict, limit: int) -> list[str]:
     compressed = (f"{zgen['disk_bytes'] / 1e9:.2f} GB ({zgen['disk_bytes'] / c['store_disk_bytes']:.2f}x the "
                   "uncompressed store)" if "disk_bytes" in zgen else _rate(zgen))
     pays = r["zstd_vs_uncompressed"]
-    verdict = ("" if pays is None else f"; {pays:.2f}x the uncompressed {_zstd_order(c)}-order epoch: "
+    verdict = ("" if pays is None else _times(pays, f"the uncompressed {_zstd_order(c)}-order epoch: ")
                + ("pays" if pays > 1 else "does not pay"))
     best = max((x for x in (r["random_vs_torch"], r["block_vs_torch"]) if x is not None), default=None)
     generate = (f"{gen['seconds']:.1f} s / {free['seconds']:.1f} s = {r['generate_limited_vs_unlimited']:.2f}x"
