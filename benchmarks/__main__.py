@@ -3,9 +3,9 @@
 How much faster than torch's ``DataLoader`` is CachedLoader, and how close to
 the machine's limits (memcpy bandwidth) does it get? Each scenario lives in its
 own module; this one picks the sizes (a full run takes about 5-8 minutes on 2
-cores before ``read_transform``, which adds about 4 on a shared machine;
-``--quick`` about 2), runs them and hands the results to
-:mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
+cores before ``read_transform``, which adds about 4 on a shared machine, and
+``larger_than_memory`` about 6; ``--quick`` about 2, plus 3), runs them and hands the
+results to :mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
 
 Only light imports at module level: loader workers start with spawn and import
 this module again.
@@ -27,7 +27,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # memory first: its baseline is then a training process with torch loaded and little else (the memory
 # backend's throughput case leaves the heap fragmented: freed memory glibc does not hand back)
 SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
-             "latency"]
+             "latency", "larger_than_memory"]
 
 #: Sizes of a full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
@@ -36,13 +36,16 @@ SIZES: dict[str, dict[str, Any]] = {
              "memory": {"n": 1000, "epochs": 4, "k": 2, "cached_n": 4000, "repeats": 3},
              "training_step": {"n": 640, "epochs": 10, "k": 5, "repeats": 3},
              "setup_time": {"n": 640, "repeats": 5},
-             "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1}},
+             "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1},
+             # stores of 2 GB read under a 512 MiB limit (why these: benchmarks/larger_than_memory.py)
+             "larger_than_memory": {"limit_mib": 512, "store_mb": 2000, "budget_s": 15}},
     "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
               "rotation": {"n": 300, "repeats": 2}, "read_transform": {"n": 300, "repeats": 1},
               "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
               "training_step": {"n": 320, "epochs": 5, "k": 4, "repeats": 1},
               "setup_time": {"n": 384, "repeats": 3},
-              "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1}},
+              "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1},
+              "larger_than_memory": {"limit_mib": 384, "store_mb": 1250, "budget_s": 4}},
 }
 COST, WORKERS, BATCH, TP_BATCH, STEP = 0.005, 2, 64, 256, 0.08
 #: CPU seconds the set-up scenario's training process spends building its "model" (issue 14: >= 1 s).
@@ -158,10 +161,19 @@ def _latency(results: dict, sizes: dict) -> None:
     results["idle_cpu"] = idle_cpu_scenario(workers=WORKERS, **sizes["idle"])
 
 
+def _larger_than_memory(results: dict, sizes: dict) -> None:
+    from .larger_than_memory import larger_than_memory_scenario
+
+    s = sizes["larger_than_memory"]
+    results["larger_than_memory"] = larger_than_memory_scenario(s["limit_mib"] << 20, s["store_mb"] * 10**6,
+                                                                s["budget_s"], log=_log)
+
+
 RUNNERS: dict[str, Callable[[dict, dict], None]] = {
     "memcpy": _memcpy, "throughput": _throughput, "expensive": _expensive, "rotation": _rotation,
     "read_transform": _read_transform,
-    "memory": _memory, "training_step": _training_step, "setup_time": _setup_time, "latency": _latency}
+    "memory": _memory, "training_step": _training_step, "setup_time": _setup_time, "latency": _latency,
+    "larger_than_memory": _larger_than_memory}
 
 _T0 = [time.perf_counter()]  # reset by main()
 

@@ -291,6 +291,10 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
             out += section(results[key]) + [""]
     if results.get("first_batch") or results.get("idle_cpu"):
         out += _latency_section(results) + [""]
+    if results.get("larger_than_memory"):
+        from .larger_than_memory import markdown_section
+
+        out += markdown_section(results["larger_than_memory"]) + [""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

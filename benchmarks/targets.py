@@ -247,9 +247,47 @@ def _setup_rows(results: dict) -> list[TargetRow]:
                  f"the batch itself is {st['batch_size'] * st['cost_ms'] / 1e3:.2f} s of dataset CPU")]
 
 
+def _larger_than_memory_rows(results: dict) -> list[TargetRow]:
+    ltm = results.get("larger_than_memory")
+    if not ltm:
+        return []
+    from .larger_than_memory import ratios
+
+    rows = []
+    for c in ltm["cases"]:
+        r = ratios(c)
+        where = (f"{c['sample']} samples, store {c['store_disk_bytes'] / ltm['limit_bytes']:.1f}x the limit "
+                 f"({ltm['mode']})" if "store_disk_bytes" in c else c["sample"])
+
+        def gbps(key: str, sub: str | None = None) -> str:
+            figures = c[key][sub] if sub else c[key]
+            return f"{figures['gbps']:.3g} GB/s" if "gbps" in figures else "failed"
+
+        for key, target, measured, goal, ok, note in (
+                ("block_vs_sequential", "larger than memory: block order >= 0.8x a sequential read",
+                 lambda: f"{gbps('block')} vs {gbps('sequential')}", ">= 0.8x", lambda x: x >= 0.8, ""),
+                ("random_vs_pread", "larger than memory: random order >= 0.8x parallel random pread",
+                 lambda: f"{gbps('random')} vs {gbps('pread')}", ">= 0.8x", lambda x: x >= 0.8, ""),
+                ("random_vs_torch", "larger than memory: random order >= 10x torch over the reader",
+                 lambda: f"{gbps('random')} vs {gbps('torch')}", ">= 10x", lambda x: x >= 10,
+                 "torch timed for a budget, extrapolated"),
+                ("block_vs_torch", "larger than memory: block order >= 10x torch over the reader",
+                 lambda: f"{gbps('block')} vs {gbps('torch')}", ">= 10x", lambda x: x >= 10,
+                 "torch timed for a budget, extrapolated"),
+                ("generate_limited_vs_unlimited", "larger than memory: generate epoch <= 1.2x without the limit",
+                 lambda: f"{c['generate']['seconds']:.1f} s vs {c['generate_unlimited']['seconds']:.1f} s",
+                 "<= 1.2x", lambda x: x <= 1.2, ""),
+                ("lmdb_vs_sequential", "larger than memory: lmdb cached epoch >= 0.3x a sequential read",
+                 lambda: f"{gbps('lmdb', 'epoch')} vs {gbps('sequential')}", ">= 0.3x", lambda x: x >= 0.3,
+                 "else the README says memmap is the backend for caches larger than memory")):
+            if r[key] is not None:
+                rows.append(_row(target, where, measured(), times(r[key]), goal, ok, note))
+    return rows
+
+
 ROW_BUILDERS: list[Callable[[dict], list[TargetRow]]] = [
     _throughput_rows, _expensive_rows, _read_transform_rows, _training_rows, _setup_rows, _rotation_rows,
-    _memory_rows, _latency_rows]
+    _memory_rows, _latency_rows, _larger_than_memory_rows]
 
 
 def target_rows(results: dict) -> list[TargetRow]:
