@@ -175,6 +175,27 @@ RUNNERS: dict[str, Callable[[dict, dict], None]] = {
     "memory": _memory, "training_step": _training_step, "setup_time": _setup_time, "latency": _latency,
     "larger_than_memory": _larger_than_memory}
 
+
+def _sweep(results: dict, sizes: dict) -> None:
+    from .sweep import sweep_scenario
+
+    results["sweep"] = sweep_scenario(cost=COST, jobs=4, workers=1, batch_size=BATCH, **sizes["sweep"])
+
+
+def _torchrun(results: dict, sizes: dict) -> None:
+    from .torchrun_node import torchrun_scenario
+
+    results["torchrun"] = torchrun_scenario(cost=COST, ranks=4, workers=0, batch_size=16, read_epochs=5,
+                                            **sizes["torchrun"])
+
+
+# Several processes on one store (benchmarks/sweep.py, benchmarks/torchrun_node.py), about 2.5 minutes
+# of a full run (1 of --quick): added as one block so the lists above stay as they were.
+SCENARIOS += ["sweep", "torchrun"]
+SIZES["full"].update(sweep={"n": 600, "repeats": 2}, torchrun={"n": 800, "repeats": 2})
+SIZES["quick"].update(sweep={"n": 200, "repeats": 1}, torchrun={"n": 400, "repeats": 1})
+RUNNERS.update(sweep=_sweep, torchrun=_torchrun)
+
 _T0 = [time.perf_counter()]  # reset by main()
 
 

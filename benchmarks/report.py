@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .sweep import sweep_section
 from .targets import MIB, TargetRow, pm, target_rows
+from .torchrun_node import torchrun_section
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -286,6 +288,7 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     sections = [("expensive", _expensive_section), ("throughput", lambda cases: _throughput_section(cases, memcpy)),
                 ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section),
                 ("setup_time", _setup_section), ("read_transform", _read_transform_section)]
+    sections += [("sweep", sweep_section), ("torchrun", torchrun_section)]
     for key, section in sections:
         if results.get(key):
             out += section(results[key]) + [""]

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from .sweep import sweep_rows
+from .torchrun_node import torchrun_rows
+
 MIB = 1 << 20
 
 Figure = float | dict  # a single number, or a summary (median, min, max, ...) of repetitions
@@ -288,6 +291,7 @@ def _larger_than_memory_rows(results: dict) -> list[TargetRow]:
 ROW_BUILDERS: list[Callable[[dict], list[TargetRow]]] = [
     _throughput_rows, _expensive_rows, _read_transform_rows, _training_rows, _setup_rows, _rotation_rows,
     _memory_rows, _latency_rows, _larger_than_memory_rows]
+ROW_BUILDERS += [sweep_rows, torchrun_rows]
 
 
 def target_rows(results: dict) -> list[TargetRow]:
