@@ -36,6 +36,30 @@ def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+def node_deck(n: int, epoch: int, seed: int, ranks: int, shuffle: bool) -> np.ndarray:
+    """The order of a node's `n` samples in `epoch`, which its `ranks` ranks deal between them (rank
+    ``r`` serves ``deck[r::ranks]``, :func:`rank_batches`).
+
+    A new permutation every epoch, like ``DistributedSampler`` with ``set_epoch``, but one whose deal
+    moves each rank through the whole node: every ``2 x ranks`` epochs a permutation is drawn and
+    laid out in `ranks` columns; every epoch its rows are shuffled anew (a new order and new batches
+    inside each column) and rank ``r`` takes column ``(r + epoch) % ranks``. Every ``ranks``
+    consecutive epochs of a cycle then show each rank all of the node's samples (independent
+    quarters would show 4 ranks 76% of it in 5 epochs), and every epoch each index goes to one rank.
+    The ``n % ranks`` samples past the last full row go to the first ranks, in a new order each epoch.
+    One rank (or no shuffling) is :func:`epoch_order`.
+    """
+    if ranks == 1 or not shuffle:
+        return epoch_order(n, epoch, seed, shuffle)
+    cycle, turn = divmod(epoch, 2 * ranks)
+    base = np.random.default_rng([seed, cycle, 11]).permutation(n).astype(np.int64)
+    rows = n // ranks
+    rng = np.random.default_rng([seed, epoch, 12])
+    grid = base[:rows * ranks].reshape(rows, ranks)[rng.permutation(rows)]
+    grid = np.roll(grid, -(turn % ranks), axis=1)  # column (r + turn) % ranks lands where rank r deals
+    return np.concatenate([grid.ravel(), rng.permutation(base[rows * ranks:])])
+
+
 def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
     """Batches each of `ranks` ranks serves when they split an order of `n` samples (:func:`rank_batches`)."""
     if drop_last:

@@ -17,25 +17,36 @@ from cachestore.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
-from .order import block_order, epoch_order, first_draws, rank_batches, sampled_batches, split_batches
+from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan
 
 log = logging.getLogger(__name__)
 
 
-def _split(order: np.ndarray, skip: int, settings: LoaderSettings,
+def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSettings,
            ranks: tuple[int, int, int] | None) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
-    """This process's part of an epoch `order`: ``(its order, its batches, batches skipped, positions
-    served before a resume)``. `ranks` ``(ranks of the node, this rank, ranks before the resume)``: the
-    node's ranks split the order (:func:`~loader.epochs.order.rank_batches`), and a resume starts after
-    the first ``skip x batch_size x`` ranks-before positions, whatever the number of ranks now."""
+    """This process's part of an epoch's order (``order_for(ranks)``): ``(its order, its batches,
+    batches skipped, positions served before a resume)``.
+
+    `ranks` ``(ranks of the node, this rank, ranks before the resume)``: the node's ranks deal the
+    order (:func:`~loader.epochs.order.rank_batches`), and a resume goes on after the first
+    ``skip x batch_size x ranks-before`` samples of the order those ranks dealt: the rest of the
+    order of the ranks there are now, what was served taken out.
+    """
     s = settings
     if ranks is None:
+        order = order_for(1)
         return order, split_batches(order, s.batch_size, s.drop_last), skip, np.zeros(0, dtype=np.int64)
     count, rank, before = ranks
-    start = min(len(order), skip * s.batch_size * before)
-    mine, batches = rank_batches(order[start:], count, rank, s.batch_size, s.drop_last)
-    return mine, batches, 0, order[:start][rank::count]
+    order = order_for(count)
+    if not skip:
+        served, rest = np.zeros(0, dtype=np.int64), order
+    else:
+        dealt = order if before == count else order_for(before)
+        served = dealt[:min(len(dealt), skip * s.batch_size * before)]
+        rest = order[~np.isin(order, served)]
+    mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last)
+    return mine, batches, 0, served[rank::count]
 
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
@@ -65,8 +76,12 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
     else:
-        order, batches, skip, before = _split(epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle),
-                                              skip, s, ranks)
+        def deck(count: int) -> np.ndarray:
+            if count == 1:
+                return epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
+            return node_deck(len(indices), epoch, seed, count, s.shuffle)
+
+        order, batches, skip, before = _split(deck, skip, s, ranks)
     if rotates:
         # Generation order: the i-th generated sample is dataset index indices[order[i]].
         return EpochPlan(epoch, EpochMode.ROTATE, None, [], indices[order], skip=skip)
@@ -92,7 +107,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         kind = choice.order if ranks is None or ranks[0] == 1 else "random"
         if kind == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
-            order, batches, skip, before = _split(whole, resumed_at, s, ranks)
+            order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
         plan.read_order, plan.blocks, plan.stream = kind, blocks, choice.stream
         return plan
