@@ -25,6 +25,7 @@ from ..codec import Batch, Leaf, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from ..native import native_gather
+from ..room import fits
 from . import lmdb_columns
 from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices
@@ -146,7 +147,9 @@ class LmdbGeneration(GenerationData):
     def _open(self) -> lmdb.Environment:
         data = self.dir / "data.mdb"
         try:
-            env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=True,
+            # Read-ahead only while the generation fits the memory room: past it, the read-ahead of a
+            # page fault (megabytes on some disks) is evicted before it is used.
+            env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=fits(os.path.getsize(data)),
                             max_readers=1024, subdir=True)
         except lmdb.Error as exc:
             raise CorruptSampleError(f"{data} of generation {self.generation} cannot be opened: {exc}") from exc

@@ -173,9 +173,14 @@ def _gather(positions: np.ndarray, block: int, blocks: dict[int, list[Leaf]], sp
     """The rows `positions` copied out of the blocks that hold them."""
     out = _empty(specs, len(positions))
     owner = positions // block
-    for b, leaves in blocks.items():
-        rows = np.flatnonzero(owner == b)
+    # Grouped by block in one sort: only the blocks this batch draws from (up to a window's), not every
+    # resident one, and slices instead of a scan of the batch per block.
+    by_block = np.argsort(owner, kind="stable")
+    present, starts = np.unique(owner[by_block], return_index=True)
+    bounds = [*starts.tolist(), len(positions)]
+    for k, b in enumerate(present.tolist()):
+        rows = by_block[bounds[k]:bounds[k + 1]]
         within = positions[rows] - b * block
-        for dest, src in zip(out, leaves):
+        for dest, src in zip(out, blocks[b]):
             dest[rows] = src[within]
     return out
