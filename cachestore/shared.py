@@ -118,6 +118,15 @@ class SharedWriter:
         self._claims: Claims | None = None
         self._finalizer = weakref.finalize(self, _leave, self._fd, lease)
         self.state = "open"
+        if len(self.present()) == num_samples:
+            # Complete, its writers gone or about to go (ranks that went on to their next epoch): publish
+            # it now, or wait for the member publishing it, rather than read it back sample by sample.
+            _commit_lock(self._fd, wait=True)
+            if self._publishable():
+                self._publish({"committed_by": "a process that joined it complete"})
+            else:
+                self._end("left")
+            raise GenerationCommitted(f"generation {self.generation} of {root} is committed")
 
     # joining ---------------------------------------------------------------
     def _committed(self) -> bool:
@@ -228,13 +237,20 @@ class SharedWriter:
         """
         self._check_open()
         self._close_own()
-        if not os.path.lexists(self.path) or not self.complete() or not _commit_lock(self._fd, wait=False):
+        if (not os.path.lexists(self.path) or not self.complete() or not _commit_lock(self._fd, wait=False)
+                or not self._publishable()):
             self._end("left")
             return None
-        found = staging_record(self.path)
-        if found is None or found.get("committing"):
-            self._end("left")  # committed by the member that held the lock before us, or a commit cut short
-            return None
+        return self._publish(dict(extra or {}))
+
+    def _publishable(self) -> bool:
+        """Whether the area (its commit lock held) is still there to publish: not committed by the member
+        that held the lock before, nor left half committed by one that died."""
+        found = staging_record(self.path) if os.path.lexists(self.path) else None
+        return found is not None and not found.get("committing")
+
+    def _publish(self, extra: dict[str, object]) -> GenerationInfo:
+        """Commit the area (its commit lock held, every sample in)."""
         try:
             if self._current_fingerprint() != self.record.get("fingerprint"):
                 raise FingerprintMismatchError(
@@ -245,7 +261,7 @@ class SharedWriter:
             self._keep_canonical()
             for name in (CLAIMS_NAME, DONE_NAME):
                 safefs.unlink_name(self.path / name)
-            info = self.backend.commit(self.token, self.num_samples, dict(extra or {}))
+            info = self.backend.commit(self.token, self.num_samples, extra)
             safefs.unlink_name(members_path(self.path))  # joiners waiting on it find the generation committed
         except BaseException:
             self.backend.discard(self.token)  # a commit cut short: its logs no longer describe the samples
