@@ -12,7 +12,8 @@ from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, F
                      SymlinkError, UnsupportedSampleError)
 from .reader import Reader
 from .spec import StoreSpec
-from .store import Removed, Store, open_store
+from .pruning import Removed
+from .store import Store, open_store
 from .writer import GenerationWriter, ShardSpec
 
 __version__ = "0.1.0"

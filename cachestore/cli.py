@@ -37,7 +37,8 @@ from .disk import format_size, parse_size, remove_paths
 from .errors import CacheStoreError, NotAStoreError
 from .locking import LOCK_NAME, lock_holder
 from .scratch import dead_windows, list_windows, pid_alive
-from .store import Removed, Store, open_store
+from .pruning import Removed
+from .store import Store, open_store
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 

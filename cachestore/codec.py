@@ -301,9 +301,6 @@ def is_stackable(treedef: TreeDef) -> bool:
     return tag in ("a", "t", "g", "i", "f", "b")
 
 
-# --------------------------------------------------------------------- treedef <-> JSON
-
-
 def treedef_to_json(node: TreeDef) -> list[object]:
     """A JSON-serialisable form of `node` (tuples become lists)."""
     tag = node[0]
@@ -328,8 +325,6 @@ def treedef_from_json(data: object) -> TreeDef:
         return (tag, obj[1], tuple(obj[2]))
     return tuple(obj)
 
-
-# --------------------------------------------------------------------- records
 
 _local = threading.local()
 

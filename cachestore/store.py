@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeAlias
 
@@ -18,11 +17,11 @@ from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      NotAStoreError, StoreLockedError)
-from .locking import LOCK_NAME, SharedWriterLock, WriterLease, WriterLock, lock_holder
-from .shared import SharedWriter
+from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
+from .pruning import Removed, prune_store
 from .reader import Reader
 from .room import memory_room
-from .scratch import is_window_name
+from .shared import SharedWriter
 from .spec import StoreSpec
 from .writer import GenerationWriter
 
@@ -34,16 +33,6 @@ COMPRESSIONS = (None, "zstd")
 RAM_RESERVE_FRACTION = 0.10
 #: What identifies the producer of a store's samples (the loader's dataset fingerprint): JSON values.
 Fingerprint: TypeAlias = dict[str, object]
-
-
-@dataclass(frozen=True)
-class Removed:
-    """One thing :meth:`Store.prune` removed (or would remove with ``dry_run``)."""
-
-    kind: str  # "generation", "damaged" (generation), "staging", "temp", "rotation", "lock"
-    path: str
-    nbytes: int
-    generation: int | None = None
 
 
 def _read_existing_backend(path: str) -> str | None:
@@ -340,68 +329,7 @@ class Store:
             them). Staging areas of a live writer and rotation windows of live
             processes are never touched.
         """
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise ValueError(f"keep must be a non-negative int, got {keep!r}")
-        max_bytes = parse_size(max_bytes)
-        persistent = self.backend.persistent
-        lock_file = Path(self.path) / LOCK_NAME
-        had_lock = persistent and os.path.lexists(lock_file)  # looked at before our guard creates one
-        lock_bytes = allocated_bytes(lock_file) if had_lock else 0
-        guard: WriterLock | None = None
-        mine = None if partial else self.partial_record()
-        if self._writing:
-            holder: int | None = os.getpid()
-        elif persistent and not dry_run:
-            guard, holder = self._prune_guard()
-        else:
-            holder = lock_holder(self.path) if persistent else None
-        try:
-            # Under `guard` no writer can start, so no staging area listed here can become live
-            # before it is removed (without it a writer starting mid-prune lost its staging).
-            if holder is not None and holder < 0:
-                found = []  # a live writer whose pid is not written yet: whose staging is whose is unknown
-            elif dry_run:
-                found = self.backend.debris(keep_pid=holder, keep_record=mine)
-            else:
-                found = self.backend.remove_debris(keep_pid=holder, keep_record=mine)
-            # Only without a live writer (or as it): one may be replacing a damaged generation right now.
-            damaged = [g for g in self.generations() if g.damaged] if holder in (None, os.getpid()) else []
-            if not dry_run:
-                for g in damaged:
-                    self.backend.remove_generation(g.id)
-        finally:
-            if guard is not None:
-                guard.release()  # unlinks writer.lock: a stale one goes with it
-        removed = [Removed(_debris_kind(path), path, nbytes) for path, nbytes in found]
-        removed += [Removed("damaged", g.path or "", g.nbytes, g.id) for g in damaged]
-        committed = [g for g in self.generations() if g.committed]
-        doomed = committed[:max(0, len(committed) - keep)]
-        kept = committed[len(doomed):]
-        if max_bytes is not None:
-            total = sum(g.nbytes for g in kept)
-            while kept and total > max_bytes:
-                total -= kept[0].nbytes
-                doomed.append(kept.pop(0))
-        removed += [Removed("generation", g.path or f"memory:{g.id}", g.nbytes, g.id) for g in doomed]
-        if had_lock and holder is None:  # a lock file nobody held: a dead writer's
-            removed.append(Removed("lock", str(lock_file), lock_bytes))
-        if not dry_run:
-            for g in doomed:
-                self.backend.remove_generation(g.id)
-        return removed
-
-    def _prune_guard(self) -> tuple[WriterLock | None, int | None]:
-        """Take the writer lock for a prune: ``(lock, None)``, or ``(None, pid)`` of the live writer."""
-        for _ in range(100):
-            lock = WriterLock(self.path)
-            try:
-                lock.acquire()
-                return lock, None
-            except StoreLockedError:
-                holder = lock_holder(self.path)
-                if holder is not None:
-                    return None, holder
-        raise StoreLockedError(f"store {self.path} is busy: writers keep starting; prune later")  # pragma: no cover
+        return prune_store(self, keep, dry_run, max_bytes, partial)
 
     def close(self) -> None:
         """Release the store (a memory store frees its arrays)."""
@@ -418,11 +346,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.path!r}, backend={self.backend_name!r})"
-
-
-def _debris_kind(path: str) -> str:
-    name = os.path.basename(path)
-    return "temp" if name.endswith(".tmp") else "rotation" if is_window_name(name) else "staging"
 
 
 def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:

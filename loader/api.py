@@ -18,7 +18,7 @@ from .attributes import LoaderAttributes
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
-from .epochs.order import num_batches, rank_batch_count, sampled_length
+from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
@@ -26,7 +26,7 @@ from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
-from .state import EpochCursor, check_state, make_state
+from .state import EpochCursor, check_state, known_length, make_state
 
 class CachedLoader(LoaderAttributes):
     """Batches of an expensive dataset, computed by workers and cached between epochs.
@@ -164,14 +164,14 @@ class CachedLoader(LoaderAttributes):
         self._start()
 
     def _layout(self) -> ConsumerLayout:
+        """This consumer's layout (the runner's, once started)."""
+        if self._runner is not None:
+            return self._runner.layout
         s = self.settings
         return ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
                               pinned=s.cache is not None or not s.shuffle, scheme=s.partition,
                               workers=s.nb_worker, shuffled=s.shuffle,
                               node_scope=s.cache is not None and s.cache.scope == "node")
-
-    def _current_layout(self) -> ConsumerLayout:
-        return self._runner.layout if self._runner is not None else self._layout()
 
     def _start(self) -> None:
         s = self.settings
@@ -193,7 +193,7 @@ class CachedLoader(LoaderAttributes):
     @property
     def samples_per_epoch(self) -> int:
         """Samples this consumer serves per epoch (before rotation repeats them)."""
-        return self._current_layout().per_consumer
+        return self._layout().per_consumer
 
     def __len__(self) -> int:
         s, rotation = self.settings, self.rotation
@@ -201,10 +201,7 @@ class CachedLoader(LoaderAttributes):
             return sampled_length(s.sampling, s.batch_size, s.drop_last)
         if rotation is not None:
             return len(batch_sizes(self.samples_per_epoch, rotation.rotation, s.batch_size, s.drop_last))
-        layout = self._current_layout()
-        if layout.node_scope:
-            return rank_batch_count(layout.per_store, layout.local_ranks, s.batch_size, s.drop_last)
-        return num_batches(self.samples_per_epoch, s.batch_size, s.drop_last)
+        return self._layout().batches(s.batch_size, s.drop_last)
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches of the next epoch.
@@ -222,11 +219,7 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        try:
-            total: int | None = len(self)
-        except TypeError:  # a sampler without len()
-            total = None
-        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), total)
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self))
 
     # ------------------------------------------------------------------ resuming
     @property
@@ -260,7 +253,7 @@ class CachedLoader(LoaderAttributes):
             (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
         else:
             cache, fallback, window = None, None, None
-        return make_state(self.settings, self._current_layout(), self.seed, self.num_samples, epoch, served, cache,
+        return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
                           fallback, window)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -273,8 +266,7 @@ class CachedLoader(LoaderAttributes):
         RuntimeError
             This loader has already started an epoch.
         """
-        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch,
-                                      self._current_layout()))
+        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))
 
     # ------------------------------------------------------------------ info & shutdown
     @property
@@ -288,12 +280,8 @@ class CachedLoader(LoaderAttributes):
         return [] if executor is None else executor.pids()
 
     def close(self) -> None:
-        """Stop workers, release shared memory, keep an unfinished generation as a partial one (idempotent).
-
-        The partial generation (the staging area of the generation being
-        written) is adopted and completed by the next run with the same
-        fingerprint; ``cachestore prune --partial`` removes it.
-        """
+        """Stop workers, release shared memory, keep an unfinished generation as a partial one, which the
+        next run with the same fingerprint completes (``cachestore prune --partial`` removes it); idempotent."""
         if self._closed:
             return
         self._closed = True

@@ -23,6 +23,13 @@ def distributed_defaults() -> tuple[int, int]:
 PARTITIONS = ("equal", "contiguous")
 
 
+def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
+    """Batches each of `ranks` ranks serves when they split an order of `n` samples (:func:`rank_batches`)."""
+    if drop_last:
+        return (n // ranks) // batch_size
+    return -(-(-(-n // ranks)) // batch_size)
+
+
 def ranks_per_node(nb_consumer: int) -> int:
     """How many of the `nb_consumer` consumers run on each machine: torchrun's ``LOCAL_WORLD_SIZE``
     when it names an even split of them, else all of them (one node)."""
@@ -153,6 +160,13 @@ class ConsumerLayout:
         if self.nb_consumer > 1:
             return str(Path(prefix) / f"consumer-{self.consumer_index}-of-{self.nb_consumer}")
         return str(prefix)
+
+    def batches(self, batch_size: int, drop_last: bool) -> int:
+        """Batches this consumer serves per epoch (with the node scope: every rank of the node as many)."""
+        if self.node_scope:
+            return rank_batch_count(self.per_store, self.local_ranks, batch_size, drop_last)
+        n = self.per_consumer
+        return n // batch_size if drop_last else -(-n // batch_size)
 
     @property
     def store_owner(self) -> tuple[int, int]:

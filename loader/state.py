@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Iterator, Sized
 
 from .cache.fingerprint import dataset_fingerprint
 from .dataset import Batch
-from .distributed import ConsumerLayout
-from .epochs.order import num_batches, rank_batch_count
+from .distributed import ConsumerLayout, rank_batch_count
+from .epochs.order import num_batches
 from .epochs.rotation import batch_sizes
 from .settings import LoaderSettings, RotationSettings
 
@@ -159,6 +159,14 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
                        ranks if layout.node_scope and isinstance(ranks, int) else None)
+
+
+def known_length(loader: Sized) -> int | None:
+    """``len(loader)``, ``None`` when it has none (a sampler without ``len()``)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 @dataclass

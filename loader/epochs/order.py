@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..distributed import rank_batch_count
 from ..settings import Sampling
 
 
@@ -58,13 +59,6 @@ def node_deck(n: int, epoch: int, seed: int, ranks: int, shuffle: bool) -> np.nd
     grid = base[:rows * ranks].reshape(rows, ranks)[rng.permutation(rows)]
     grid = np.roll(grid, -(turn % ranks), axis=1)  # column (r + turn) % ranks lands where rank r deals
     return np.concatenate([grid.ravel(), rng.permutation(base[rows * ranks:])])
-
-
-def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
-    """Batches each of `ranks` ranks serves when they split an order of `n` samples (:func:`rank_batches`)."""
-    if drop_last:
-        return (n // ranks) // batch_size
-    return -(-(-(-n // ranks)) // batch_size)
 
 
 def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int,

@@ -38,7 +38,7 @@ from ..resources import Resources
 from ..settings import BudgetPolicy, EpochMode, LoaderSettings, RotationSettings
 from .inline import run_inline
 from ..distributed import ConsumerLayout
-from .order import num_batches, rank_batch_count
+
 from .planner import plan_epoch
 from .plan import EpochPlan, EpochStats
 from .reads import ReadPlaces
@@ -115,9 +115,7 @@ class EpochRunner:
         s, rotation = self.settings, self.state.rotation
         if rotation is not None:
             return len(batch_sizes(len(self.indices), rotation.rotation, s.batch_size, s.drop_last))
-        if self.layout.node_scope:
-            return rank_batch_count(len(self.indices), self.layout.local_ranks, s.batch_size, s.drop_last)
-        return num_batches(len(self.indices), s.batch_size, s.drop_last)
+        return self.layout.batches(s.batch_size, s.drop_last)
 
     def plan(self, epoch: int, skip: int = 0) -> EpochPlan:
         """What epoch `epoch` does; the first `skip` batches were served before a resume."""

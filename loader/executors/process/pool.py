@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import faulthandler
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -37,10 +36,8 @@ import multiprocessing.process
 import functools
 import os
 import queue
-import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -50,7 +47,7 @@ from typing import Callable, Iterator, Sequence, Union
 from ...errors import WorkerError
 from .. import messages as m
 from ..base import DeathListeners, StuckWorker
-from .worker import worker_main
+from .worker import thread_stack, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +161,7 @@ class WorkerPool(DeathListeners):
     def _stack(worker: WorkerHandle) -> str:
         """The worker's Python stack now (a thread's frames, or a process's faulthandler dump)."""
         if worker.is_thread:
-            return _thread_stack(worker.process.ident)
+            return thread_stack(worker.process.ident)
         if worker.pid is None or worker.stack_fd < 0:
             return "(not available: the worker had not finished starting)"
         try:
@@ -397,20 +394,6 @@ def _main_file_hidden() -> Iterator[None]:
             yield
         finally:
             main.__file__ = path
-
-
-def _thread_stack(ident: int | None) -> str:
-    """The Python stack of thread `ident` of this process, from faulthandler's dump of every thread."""
-    with tempfile.TemporaryFile(mode="w+") as dump:
-        faulthandler.dump_traceback(dump, all_threads=True)
-        dump.seek(0)
-        text = dump.read()
-    # Blocks start with "Thread 0x..." or "Current thread 0x..." and end at a blank line.
-    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
-        match = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)
-        if match and ident is not None and int(match.group(1), 16) == ident:
-            return block.strip()
-    return "(the thread has ended)"
 
 
 def _done(value: WorkerHandle) -> concurrent.futures.Future[WorkerHandle]:

@@ -12,6 +12,7 @@ import faulthandler
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -164,3 +165,17 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
             producer.close()
         finally:
             segments.close()
+
+
+def thread_stack(ident: int | None) -> str:
+    """The Python stack of thread `ident` of this process, from faulthandler's dump of every thread."""
+    with tempfile.TemporaryFile(mode="w+") as dump:
+        faulthandler.dump_traceback(dump, all_threads=True)
+        dump.seek(0)
+        text = dump.read()
+    # Blocks start with "Thread 0x..." or "Current thread 0x..." and end at a blank line.
+    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
+        match = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)
+        if match and ident is not None and int(match.group(1), 16) == ident:
+            return block.strip()
+    return "(the thread has ended)"
