@@ -3,7 +3,8 @@
  * gather_verified: rows of a memmap generation's columns into a batch, each checked against its
  * checksum; gather_records: the same for lmdb's wide records, one buffer each; row_checksums: the
  * checksums of rows already in memory (lmdb's column chunks); populate: map a generation's pages
- * into this process before its first batch (docs/ARCHITECTURE.md, "Verified reads").
+ * into this process before its first batch (docs/ARCHITECTURE.md, "Verified reads"); pread_rows:
+ * explicit reads of scattered rows of a generation larger than memory ("Larger than memory").
  *
  * Why compiled: the pure-Python gather (cachestore/backends/base.py) makes ~500 calls into numpy
  * and xxhash for a 256-sample batch of 48 KiB records; each call is cheap, but together they cost a
@@ -21,7 +22,10 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -480,8 +484,97 @@ static PyObject *populate(PyObject *self, PyObject *arg)
     return PyBool_FromLong(done);
 }
 
+PyDoc_STRVAR(pread_rows_doc,
+"pread_rows(fd, dest, width, rows, slots)\n--\n\n"
+"Read rows `rows` (sorted file row numbers, int64) of `width` bytes from `fd` into rows `slots`\n"
+"(int64) of the writable `dest` (n x width bytes), the GIL released: one preadv per run of\n"
+"consecutive file rows (at most IOV_MAX rows), a short read finished row by row.\n\n"
+"Returns 0, an errno, or -1 when the file ends before a row (truncated).");
+
+/* Fill `len` bytes at `buf` from `offset` of `fd`: 0, an errno, or -1 at the end of the file. */
+static int pread_full(int fd, char *buf, size_t len, off_t offset)
+{
+    while (len > 0) {
+        ssize_t got = pread(fd, buf, len, offset);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (got == 0)
+            return -1;
+        buf += got;
+        len -= (size_t)got;
+        offset += got;
+    }
+    return 0;
+}
+
+static PyObject *pread_rows(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_ssize_t width;
+    Py_buffer dest, rows, slots;
+    if (!PyArg_ParseTuple(args, "iw*ny*y*", &fd, &dest, &width, &rows, &slots))
+        return NULL;
+    int status = 0;
+    Py_ssize_t m = rows.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n = width > 0 ? dest.len / width : 0;
+    if (width <= 0 || slots.len != rows.len) {
+        PyErr_SetString(PyExc_ValueError, "pread_rows: width must be > 0 and rows, slots of one length");
+        goto done;
+    }
+    const int64_t *row = (const int64_t *)rows.buf, *slot = (const int64_t *)slots.buf;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (slot[i] < 0 || slot[i] >= n || row[i] < 0) {
+            PyErr_SetString(PyExc_IndexError, "pread_rows: a row or slot is out of range");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    struct iovec iov[IOV_MAX];
+    Py_ssize_t a = 0;
+    while (a < m && status == 0) {
+        Py_ssize_t b = a + 1;
+        while (b < m && b - a < IOV_MAX && row[b] == row[b - 1] + 1)
+            b++;
+        for (Py_ssize_t j = a; j < b; j++) {
+            iov[j - a].iov_base = (char *)dest.buf + slot[j] * width;
+            iov[j - a].iov_len = (size_t)width;
+        }
+        off_t offset = (off_t)row[a] * width;
+        ssize_t got;
+        do {
+            got = preadv(fd, iov, (int)(b - a), offset);
+        } while (got < 0 && errno == EINTR);
+        if (got < 0) {
+            status = errno;
+            break;
+        }
+        /* A short read: finish each row it did not fill. */
+        for (Py_ssize_t j = a; j < b && status == 0; j++) {
+            ssize_t before = (ssize_t)((j - a) * width), filled = got - before;
+            if (filled < width) {
+                filled = filled < 0 ? 0 : filled;
+                status = pread_full(fd, (char *)iov[j - a].iov_base + filled, (size_t)(width - filled),
+                                    offset + before + filled);
+            }
+        }
+        a = b;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&dest);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&slots);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(status);
+}
+
 static PyMethodDef methods[] = {
     {"populate", populate, METH_O, populate_doc},
+    {"pread_rows", pread_rows, METH_VARARGS, pread_rows_doc},
     {"gather_records", (PyCFunction)(void (*)(void))gather_records, METH_VARARGS | METH_KEYWORDS,
      gather_records_doc},
     {"row_checksums", row_checksums, METH_VARARGS, row_checksums_doc},
