@@ -80,15 +80,17 @@ class SharedWriter:
 
     The same surface as :class:`~cachestore.GenerationWriter` (``present``,
     ``shard_spec``, ``commit``, ``keep``, ``abort``), with two differences:
-    :meth:`commit` returns ``None`` when the generation is not complete or
-    other members are still in (the last one commits it), and nothing a
-    member wrote is ever dropped by another (:meth:`discard_shard_tail` is a
-    no-op: the done map says which copy of a sample counts).
+    :meth:`commit` returns ``None`` when the generation is not complete (the
+    members still writing, or the next joiner, finish it) or another member
+    commits it, and nothing a member wrote is ever dropped by another
+    (:meth:`discard_shard_tail` is a no-op: the done map says which copy of a
+    sample counts).
 
     Raises
     ------
     GenerationCommitted
-        The generation is committed already (joining found it so).
+        The generation is committed already: joining found it so, or found the
+        area complete and published it (or waited for the member publishing it).
     """
 
     shared = True
@@ -139,7 +141,7 @@ class SharedWriter:
                 raise GenerationCommitted(f"generation {self.generation} of {root} was committed meanwhile")
             fd = safefs.open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)  # waits while a member commits (or removes) the area
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the last member out removes the area (abort)
                 if os.fstat(fd).st_ino != os.lstat(lock_path).st_ino or self._committed():
                     raise FileNotFoundError  # committed (and its lock file unlinked) while we waited
                 if not os.path.lexists(self.path):

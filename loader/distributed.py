@@ -47,8 +47,11 @@ class ConsumerLayout:
     * ``"equal"`` (default): every consumer gets ``ceil(N / n)`` samples, every
       n-th index of a permutation padded by wrapping around, so every rank sees as
       many batches (what ``DistributedSampler`` does). With shuffling and no cache
-      the permutation changes every epoch; a cache pins it (each consumer's store
-      holds the samples of its own part).
+      the permutation changes every epoch. With a cache and `node_scope` (the
+      cache's ``scope="node"``), the store holds the node's part (every m-th index
+      on node k of m, all of it on one node), which its ranks deal anew every epoch
+      (:func:`loader.epochs.order.node_deck`); with ``scope="rank"`` a cache pins
+      each consumer's part (its own store holds it).
     * ``"contiguous"`` (``swift_loader``'s): consumer ``c`` gets a contiguous run.
       Without shuffling it is ``[c*S, min((c+1)*S, N))`` with ``S = ceil(N / n)``,
       the last consumers shorter, never padded. With shuffling each consumer's run
@@ -72,6 +75,10 @@ class ConsumerLayout:
         Workers per consumer (``"contiguous"`` with shuffling splits a run in that many windows).
     shuffled
         The loader shuffles (``"contiguous"`` then cuts runs in windows).
+    node_scope
+        One store per node, shared by its ranks (see above).
+    local_ranks
+        Ranks per node (default: torchrun's ``LOCAL_WORLD_SIZE``, else all on one node).
 
     Raises
     ------
@@ -147,6 +154,7 @@ class ConsumerLayout:
         base = (np.arange(n, dtype=np.int64) if self.pinned
                 else np.random.default_rng([self.seed, epoch, 1]).permutation(n))
         return np.resize(base, self.per_consumer * k)[i::k]
+
     @property
     def changes_per_epoch(self) -> bool:
         """Whether :meth:`partition` differs between epochs."""
@@ -162,9 +170,11 @@ class ConsumerLayout:
         return str(prefix)
 
     def batches(self, batch_size: int, drop_last: bool) -> int:
-        """Batches this consumer serves per epoch (with the node scope: every rank of the node as many)."""
+        """Batches this consumer serves per epoch (with the node scope: every rank of every node as many,
+        the nodes' parts differing by a sample: those of the largest, or with `drop_last` the smallest)."""
         if self.node_scope:
-            return rank_batch_count(self.per_store, self.local_ranks, batch_size, drop_last)
+            n, m = self.num_samples, self.nodes
+            return rank_batch_count(n // m if drop_last else -(-n // m), self.local_ranks, batch_size, drop_last)
         n = self.per_consumer
         return n // batch_size if drop_last else -(-n // batch_size)
 

@@ -61,8 +61,8 @@ def node_deck(n: int, epoch: int, seed: int, ranks: int, shuffle: bool) -> np.nd
     return np.concatenate([grid.ravel(), rng.permutation(base[rows * ranks:])])
 
 
-def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int,
-                 drop_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int, drop_last: bool,
+                 count: int | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Rank `rank`'s share of an order the node's `ranks` ranks split, and its batches.
 
     Every `ranks`-th sample from `rank` on, as ``DistributedSampler`` deals
@@ -73,10 +73,13 @@ def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int,
     sample each). Only when a rank has fewer samples than batches (``batch_size``
     1, ``n`` not a multiple of `ranks`) does its last batch take the order's first
     sample again. With `drop_last`, every rank serves full batches and the
-    samples past them are not served (returned in neither).
+    samples past them are not served (returned in neither). `count`: the
+    batches every rank of every node serves (nodes' parts differ by a sample),
+    by default those of this order.
     """
     mine = order[rank::ranks]
-    count = rank_batch_count(len(order), ranks, batch_size, drop_last)
+    if count is None:
+        count = rank_batch_count(len(order), ranks, batch_size, drop_last)
     if drop_last:
         return mine, [mine[i * batch_size:(i + 1) * batch_size] for i in range(count)]
     if len(mine) < count:

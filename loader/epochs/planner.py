@@ -24,34 +24,37 @@ log = logging.getLogger(__name__)
 
 
 def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSettings,
-           ranks: tuple[int, int, int] | None) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
+           ranks: tuple[int, int, int, int] | None) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
     """This process's part of an epoch's order (``order_for(ranks)``): ``(its order, its batches,
     batches skipped, positions served before a resume)``.
 
-    `ranks` ``(ranks of the node, this rank, ranks before the resume)``: the node's ranks deal the
-    order (:func:`~loader.epochs.order.rank_batches`), and a resume goes on after the first
-    ``skip x batch_size x ranks-before`` samples of the order those ranks dealt: the rest of the
-    order of the ranks there are now, what was served taken out.
+    `ranks` ``(ranks of the node, this rank, ranks before the resume, batches per rank)``: the node's
+    ranks deal the order (:func:`~loader.epochs.order.rank_batches`, as many batches each as every
+    rank of every node), and a resume goes on after the first ``skip x batch_size x ranks-before``
+    samples of the order those ranks dealt: the rest of the order of the ranks there are now, what
+    was served taken out (as many batches as that rest makes).
     """
     s = settings
     if ranks is None:
         order = order_for(1)
         return order, split_batches(order, s.batch_size, s.drop_last), skip, np.zeros(0, dtype=np.int64)
-    count, rank, before = ranks
+    count, rank, before, per_rank = ranks
     order = order_for(count)
+    left: int | None = per_rank
     if not skip:
         served, rest = np.zeros(0, dtype=np.int64), order
     else:
         dealt = order if before == count else order_for(before)
         served = dealt[:min(len(dealt), skip * s.batch_size * before)]
         rest = order[~np.isin(order, served)]
-    mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last)
+        left = per_rank - skip if before == count else None
+    mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last, left)
     return mine, batches, 0, served[rank::count]
 
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int] | None = None) -> EpochPlan:
+               ranks: tuple[int, int, int, int] | None = None) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters

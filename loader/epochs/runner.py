@@ -125,7 +125,8 @@ class EpochRunner:
         if self.layout.node_scope:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
             ranks = (self.layout.local_ranks, self.layout.local_rank,
-                     before[1] if before is not None else self.layout.local_ranks)
+                     before[1] if before is not None else self.layout.local_ranks,
+                     self.layout.batches(self.settings.batch_size, self.settings.drop_last))
         plan = plan_epoch(epoch, skip, self.settings, self.indices, self.state.seed,
                           self.state.rotation is not None, self.cache, self._refreshed, ranks)
         if self.settings.read_transform is not None:
