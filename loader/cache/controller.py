@@ -16,11 +16,11 @@ import sys
 from dataclasses import dataclass
 
 from cachestore import GenerationInfo, GenerationWriter, Store, open_store
-from cachestore.shared import SharedWriter
 from cachestore.disk import format_size, read_only
-from cachestore.room import fits, memory_room
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
                                FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
+from cachestore.room import fits, memory_room
+from cachestore.shared import SharedWriter
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout
@@ -318,8 +318,8 @@ class CacheController:
                 and self.store.fingerprint is not None)
 
     def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo | None:
-        """Commit a finished build, then prune older generations; ``None`` when other processes writing
-        it together are still in (the last one commits it), or it is incomplete."""
+        """Commit a finished build, then prune older generations; ``None`` when it is written together with
+        other processes and is incomplete (they, or the next to join, finish it) or another commits it."""
         extra: dict = {"epochs": [epoch], "update_frequency": self.settings.k_or_none}
         if background:
             extra["background"] = True

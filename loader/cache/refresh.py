@@ -201,7 +201,8 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
             try:
                 if cache.commit(build, epoch, background=True) is not None:
                     return True
-                # Written together with other processes still in: the epoch joins them and reads it back.
+                # Written together with other processes (incomplete, or one of them commits it): the epoch
+                # joins them, or reads it committed.
                 return False
             except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
                 problem = f"it could not commit: {exc}"

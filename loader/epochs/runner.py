@@ -314,7 +314,7 @@ class EpochRunner:
         policy = close_generation(build, self.cache, executor, plan.epoch)
         if policy is None:
             self.reads.drop_reader()
-            # Written together with other processes, the last one out commits (maybe not this one).
+            # Written together with other processes, one of them commits it (maybe not this one).
             stats.committed = build.writer.state == "committed"
         else:
             self.apply_policy(policy)
