@@ -201,9 +201,10 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
             try:
                 if cache.commit(build, epoch, background=True) is not None:
                     return True
-                # Written together with other processes (incomplete, or one of them commits it): the epoch
-                # joins them, or reads it committed.
-                return False
+                if len(build.writer.present()) == len(build.have):
+                    # Written together with other processes, one of which commits it: the epoch reads it.
+                    return False
+                problem = "its samples went away (was the cache directory removed?)"
             except BudgetExceededError as exc:  # every sample fit, the index or manifest did not
                 problem = f"it could not commit: {exc}"
             except (CacheStoreError, OSError) as exc:  # its staging area went away (the prefix removed)

@@ -165,7 +165,11 @@ def test_a_mid_epoch_checkpoint_resumes_the_uninterrupted_stream(no_leaks, unint
     saved = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (saved["epoch"], saved["batches_served"]) == divmod(step, 6)
     assert resumed == golden
-    assert stats == golden_stats[step // 6:]
+    # The epoch resumed in reads its generation as the uninterrupted run did; it reads it committed
+    # when the interrupted run's workers had computed all of it before they stopped.
+    expected = golden_stats[step // 6:]
+    assert [(e, g) for e, _, g in stats] == [(e, g) for e, _, g in expected]
+    assert stats[1:] == expected[1:] and stats[0][1] in (expected[0][1], "read")
 
 
 @pytest.mark.timeout(90)
