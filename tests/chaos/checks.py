@@ -31,7 +31,7 @@ After the scenario (:func:`after_scenario`):
   committed could be read - and every exception the dataset raised reaches the training loop;
 * no wait for a batch longer than the bound (``timeout`` + slack, or :data:`WAIT_BOUND`);
 * processes writing one memmap generation together commit it once (again only after it was
-  removed); a run on a file system remounted read-only before it started serves committed
+  removed), and every run serves the same computation of a sample under it, whichever run computed it; a run on a file system remounted read-only before it started serves committed
   generations and calls the dataset for nothing (but records flipped on purpose);
 * ``Store.verify()`` finds nothing but the records flipped on purpose, and
   ``cachestore inspect --verify`` agrees; after a commit killed half-way, the next run still ends
@@ -472,6 +472,7 @@ def after_scenario(s: dict, runs: list, paths: Paths) -> list[str]:
     problems += check_stats(s, runs)
     if s["mode"] == "cache" and s["backend"] != "memory":
         problems += check_commits(s, runs)
+        problems += check_shared_content(s, runs, paths)
         problems += check_read_only_runs(s, runs, paths)
         problems += check_after_killed_commit(s, runs, paths)
         problems += check_store(runs, paths)
@@ -856,6 +857,42 @@ def calls_by_run(runs: list, paths: Paths) -> dict[str, int]:
         if run is not None:
             out[run.name] += len(path.read_text().splitlines())
     return out
+
+
+def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
+    """Runs that wrote a memmap generation together serve the same computation of each sample under it, in
+    every epoch of every run, whichever run computed it (``docs/ARCHITECTURE.md``, "Writing together").
+
+    Only a break makes another computation legitimate: a prune or ``rm -rf`` (the generation is written
+    again), a commit cut short (a member killed or interrupted inside it: the area is discarded), a
+    generation found damaged. Scenarios whose disk fills (a failed commit discards the area; "stream"
+    serves samples it could not write) or whose records are flipped on purpose (misses are recomputed)
+    are left to :func:`check_generations`."""
+    if s["backend"] != "memmap" or any(f in s["faults"] for f in ("disk-full", "coop-disk-full", "bitflip")):
+        return []
+    breaks = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
+    breaks += [f["time"] for f in read_fired(paths.ctl) if f["kind"] == "killcommit"]
+    breaks += [run.ended for run in runs if ctrl_c_inside(run) == "a commit"]
+    breaks += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "damaged" in e.stats["extra"]]
+    served = []  # (time, version, generation, index, nonce, run, epoch)
+    for run in runs:
+        epochs = {e.epoch: e for e in epochs_of(run)}
+        for ev in run.events:
+            e = epochs.get(ev.get("epoch")) if ev["ev"] == "batch" else None
+            if e is not None and e.mode in ("read", "generate"):
+                served += [(ev["t"], e.version, e.generation, i, nonce, run.name, e.epoch)
+                           for i, nonce in zip(ev["y"], ev["nonce"])]
+    first: dict[tuple, tuple] = {}
+    differ: dict[tuple, list] = defaultdict(list)
+    for t, version, generation, index, nonce, name, epoch in sorted(served):
+        key = (version, generation, index)
+        seen = first.get(key)
+        if seen is None or any(seen[0] < b <= t for b in breaks):
+            first[key] = (t, nonce, name, epoch)
+        elif seen[1] != nonce:
+            differ[(version, generation)].append(f"{index} ({seen[2]} epoch {seen[3]}, then {name} epoch {epoch})")
+    return [f"generation {g} (version {v}) served other computations of samples it had served, with nothing "
+            f"removing it in between: {where[:4]}" for (v, g), where in differ.items()]
 
 
 def check_after_killed_commit(s: dict, runs: list, paths: Paths) -> list[str]:

@@ -50,8 +50,8 @@ FAULTS = ("worker-kill", "hang", "raise", "train-sigkill", "train-sigterm", "dis
 #: Relative weights of the faults when a scenario draws them.
 WEIGHTS = {"worker-kill": 3, "hang": 2, "raise": 2, "train-sigkill": 2, "train-sigterm": 1, "disk-full": 2,
            "bitflip": 2, "second-run": 1, "concurrent-run": 2, "new-version": 1, "double-sigint": 2,
-           "rm-prefix": 2, "readonly-remount": 2, "prune-live": 2, "coop-kill-claim": 3, "coop-kill-commit": 3,
-           "coop-disk-full": 2}
+           "rm-prefix": 2, "readonly-remount": 2, "prune-live": 2, "coop-kill-claim": 5, "coop-kill-commit": 5,
+           "coop-disk-full": 4}
 
 #: Faults that end the first run with a signal (one per scenario), each followed by a new run.
 KILLS = ("train-sigkill", "train-sigterm", "double-sigint")
