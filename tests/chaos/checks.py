@@ -3,12 +3,15 @@
 After every group of runs (:func:`after_group`):
 
 * a run ends by itself (exit 0, loader closed), or by the signal the scenario sent it;
-  never by the runner's deadline (a hang);
+  never by the runner's deadline (a hang); a Ctrl-C that reached the run ends it (KeyboardInterrupt);
 * no process of the run is left (workers included, found by the environment variable they
   inherit), no shared-memory slot of it (``/dev/shm`` file or memfd held anywhere);
 * no lock, staging directory, temp file or rotation window is left under the prefix once the
-  runs have closed; after a killed run, once the next run on the prefix has closed;
-* after a killed run, the generation committed before it is still there and verifies.
+  runs have closed (a run ended by Ctrl-C closed too, and runs that outlived a member killed
+  holding claims wrote on without it); after another killed run, once the next run on the
+  prefix has closed; a shared staging area nobody is a member of is a partial generation
+  (not debris) only when it names the store's producer and no commit of it began;
+* after a killed or interrupted run, the generation committed before it is still there and verifies.
 
 After the scenario (:func:`after_scenario`):
 
@@ -21,10 +24,18 @@ After the scenario (:func:`after_scenario`):
 * each exception is one the faults explain - the dataset's own type with its index, a
   ``WorkerTimeoutError`` naming the stuck worker and index, a ``BudgetExceededError`` on a
   full disk under ``on_budget_exceeded="error"``, a ``StoreLockedError`` beside a concurrent
-  run - and every exception the dataset raised reaches the training loop;
+  run that cannot write with it (lmdb; a memmap run joins the writers instead), a
+  ``GenerationNotFoundError`` in a read epoch whose generation was removed meanwhile (a prune,
+  ``rm -rf``, another run's newer commit) with the loader's note saying so, the
+  ``CacheStoreError`` of a write into a prefix removed meanwhile, a read-only error where nothing
+  committed could be read - and every exception the dataset raised reaches the training loop;
 * no wait for a batch longer than the bound (``timeout`` + slack, or :data:`WAIT_BOUND`);
+* processes writing one memmap generation together commit it once (again only after it was
+  removed), and every run serves the same computation of a sample under it, whichever run computed it; a run on a file system remounted read-only before it started serves committed
+  generations and calls the dataset for nothing (but records flipped on purpose);
 * ``Store.verify()`` finds nothing but the records flipped on purpose, and
-  ``cachestore inspect --verify`` agrees.
+  ``cachestore inspect --verify`` agrees; after a commit killed half-way, the next run still ends
+  with a committed generation.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import io
 import json
 import os
 import re
+import signal
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -53,6 +65,17 @@ CHAOS_ERROR = "tests.chaos.dataset.ChaosError"
 TIMEOUT_ERROR = "loader.errors.WorkerTimeoutError"
 BUDGET_ERROR = "cachestore.errors.BudgetExceededError"
 LOCKED_ERROR = "cachestore.errors.StoreLockedError"
+NOT_FOUND_ERROR = "cachestore.errors.GenerationNotFoundError"
+STORE_ERROR = "cachestore.errors.CacheStoreError"
+#: What the store and the loader say of a write into a generation whose files went away (a worker's write:
+#: loader/executors/producer.py; a commit: cachestore/safefs.py, lmdb_backend.py).
+WRITE_REMOVED = r"was the cache directory removed while it was written|staging area \S+ is gone"
+#: The note the loader adds to a GenerationNotFoundError of a read epoch (loader/epochs/runner.py).
+READ_REMOVED = "was removed while epoch"
+#: How an OSError of a read-only file system reads (EROFS).
+EROFS_TEXT = "Read-only file system"
+#: What a loader opened on a read-only file system says when it holds nothing committed (controller.py).
+READ_ONLY_EMPTY = ("read-only file system and holds no cache", "its file system is read-only")
 #: What a debris problem adds when no run of its group wrote the store (the debris is a killed run's).
 READ_ONLY = "no run of this group wrote the store"
 
@@ -63,7 +86,42 @@ STAGING_META = "staging.json"
 
 #: Bugs the suite found, each a strict xfail in test_regressions.py: id -> (what a problem it causes
 #: says, the bug in a line). A failing scenario whose problems all match is reported as a known bug.
-KNOWN_BUGS: dict[str, tuple[str, str]] = {}  # all found so far are fixed (see test_regressions.py)
+KNOWN_BUGS: dict[str, tuple[str, str]] = {
+    # First met: CHAOS_SEED=138 (memmap, 4 runs, rm -rf in run1's generate epoch 1).
+    "rm-shared-commit": (
+        r"FileNotFoundError after the prefix was removed during the epoch.*\.shared-\d+-",
+        "rm -rf of the prefix while a memmap generation is written together: the epoch ends in a bare "
+        "FileNotFoundError (SharedWriter.commit -> complete() -> done_map() opens '.shared-<g>-<fp>/done') instead "
+        "of the CacheStoreError that says the cache directory was removed (the exclusive writer's 'staging area ... "
+        "is gone')"),
+    # First met: CHAOS_SEED=266 (memmap, 3 runs, the disk fills while run1 - the last member out - commits).
+    "shared-commit-members": (
+        r"\.shared-\d+-[0-9a-f]+\.members \(the lock file of no area\).*\(the disk filled during these runs\)",
+        "a shared commit that fails (a full disk) removes its area (backend.discard) but leaves "
+        "'.shared-<g>-<fp>.members' behind (SharedWriter.commit's except path does not unlink it, as _remove() "
+        "does): a lock file outlives the runs"),
+    # First met: CHAOS_SEED=221 (memmap, 3 workers, one Ctrl-C while run1 closed its loader: lost), 414 (rotation
+    # on disk, Ctrl-C in executor.shutdown(): the window was never removed).
+    "sigint-in-close": (
+        r"Ctrl-C did not end the run \(the KeyboardInterrupt was raised inside .*during close\(\)\)"
+        r"|a Ctrl-C cut \S+ close\(\) short",
+        "Ctrl-C during close(): interrupts_deferred() blocks SIGINT in the main thread only, but Python raises "
+        "KeyboardInterrupt in the main thread whichever thread the kernel gave the signal to (any other thread: "
+        "torch's, a timer, the user's); the clean-up is cut short, and a KeyboardInterrupt raised inside a finalizer "
+        "it runs (multiprocessing's Finalize: close_fds) is ignored - the Ctrl-C is lost, the program goes on"),
+    # First met: CHAOS_SEED=16 (lmdb, K=3, background refresh, remounted read-only before epoch 1).
+    "readonly-refresh": (
+        r"its background refresh could not start\) after the file system was remounted read-only",
+        "a prefix remounted read-only during a run: a read epoch of a committed generation fails, because "
+        "start_refresh() lets the OSError (EROFS, opening writer.lock) of the refresh's open_build() out, although a "
+        "refresh 'never raises' and gives up instead"),
+    # First met: CHAOS_SEED=132 (lmdb, K=2, remounted read-only before epoch 2).
+    "readonly-midrun": (
+        r"\) after the file system was remounted read-only between epochs, although generation",
+        "a prefix remounted read-only during a run: every later epoch that would write a generation fails with a "
+        "bare OSError (EROFS, opening writer.lock) instead of reading the newest committed one, as a loader opened "
+        "on a read-only file system does (CacheController.readonly is decided once, in open())"),
+}
 
 
 def known_bug(problem: str) -> str | None:
@@ -150,6 +208,25 @@ def actions_of(runs, kind: str) -> list[tuple[Any, dict]]:
             if ev["ev"] == "action" and ev["kind"] == kind and not ev.get("skipped")]
 
 
+def windows_of(runs, kind: str) -> list[tuple[float, float]]:
+    """(start, end) of each fault `kind` the runs began: from its ``acting`` event to its ``action`` event,
+    or to the end of its run when a kill landed in between."""
+    out = []
+    for run in runs:
+        start = None
+        for ev in run.events:
+            if ev.get("kind") != kind:
+                continue
+            if ev["ev"] == "acting":
+                start = ev["t"]
+            elif ev["ev"] == "action" and not ev.get("skipped"):
+                out.append((ev["t"] if start is None else start, ev["t"]))
+                start = None
+        if start is not None:
+            out.append((start, run.ended or time.time()))
+    return out
+
+
 def read_calls(ctl: str) -> dict[int, dict[int, int]]:
     """index -> {nonce: version} of every dataset call."""
     calls: dict[int, dict[int, int]] = defaultdict(dict)
@@ -221,7 +298,46 @@ def debris(paths: Paths) -> list[str]:
             found += [path for path in leftovers(root) if not _in_partial_generation(path)]
             for dirpath, dirnames, _ in os.walk(root):
                 found += [os.path.join(dirpath, d) for d in dirnames if d.startswith("rotation-")]
+    found += shared_debris(paths.prefix)
     return sorted(found)
+
+
+def shared_debris(prefix: str) -> list[str]:
+    """Shared staging areas (``.shared-<g>-<hash>``, see ``docs/ARCHITECTURE.md``, "Writing together") that
+    are no partial generation, and their members' lock files without an area.
+
+    With no member left, an area is a partial generation of the store's producer when its record
+    names the store's fingerprint and no commit of it began (``committing``); one of another
+    producer, or of a commit cut short, is debris. (:func:`tests.loader.conftest.leftovers` lists
+    the ``.shared-tmp-*`` names.)"""
+    from cachestore import open_store
+    from cachestore.backends.staging import MEMBERS_SUFFIX, has_members, parse_shared, staging_record
+    from cachestore.errors import CacheStoreError
+
+    if not os.path.isdir(prefix):
+        return []
+    try:
+        with open_store(prefix, readonly=True) as store:
+            mine = (store.partial_record() or {}).get("fingerprint")
+    except CacheStoreError:
+        mine = None  # no store.json (a prefix removed and not written since): any area is debris
+    found = []
+    for name in sorted(os.listdir(prefix)):
+        path = os.path.join(prefix, name)
+        if name.endswith(MEMBERS_SUFFIX) and parse_shared(name[:-len(MEMBERS_SUFFIX)]) is not None:
+            if not os.path.isdir(path[:-len(MEMBERS_SUFFIX)]) and not has_members(path[:-len(MEMBERS_SUFFIX)]):
+                found.append(f"{path} (the lock file of no area)")
+            continue
+        if parse_shared(name) is None or has_members(path):
+            continue
+        record = staging_record(Path(path))
+        if record is None or not record.get("shared"):
+            found.append(f"{path} (no producer record)")
+        elif record.get("committing"):
+            found.append(f"{path} (a commit cut short)")
+        elif mine is None or record.get("fingerprint") != mine:
+            found.append(f"{path} (of another producer)")
+    return found
 
 
 def after_group(s: dict, runs: list, before: list, paths: Paths) -> list[str]:
@@ -236,18 +352,33 @@ def after_group(s: dict, runs: list, before: list, paths: Paths) -> list[str]:
         elif run.killed_by is not None and run.killed_by != planned:
             problems.append(f"{run.name}: died of signal {run.killed_by} (the scenario sent {planned}); "
                             f"stderr:\n    {tail}")
+        elif run.killed_by is None and planned == signal.SIGINT and actions_of([run], "kill-self"):
+            ignored = re.search(r"Exception ignored in: (.*)\n(?:.*\n)*?KeyboardInterrupt", run.stderr)
+            why = (f" (the KeyboardInterrupt was raised inside {ignored.group(1).strip()}, which ignored it; "
+                   f"{'during close()' if _in_close(run) else 'outside close()'})" if ignored else "")
+            problems.append(f"{run.name}: Ctrl-C did not end the run{why}; stderr:\n    {tail}")
         elif run.killed_by is None and run.returncode != 0:
             problems.append(f"{run.name}: exited with status {run.returncode}; stderr:\n    {tail}")
         elif run.killed_by is None and not any(ev["ev"] == "closed" for ev in run.events):
             problems.append(f"{run.name}: ended without closing its loader")
+        elif run.interrupted and "KeyboardInterrupt" not in run.stderr:
+            problems.append(f"{run.name}: died of SIGINT without a KeyboardInterrupt; stderr:\n    {tail}")
         left = wait_until(lambda: tagged_processes(run.tag) == [] or None, REAP_DEADLINE)
         if left is None:
             problems.append(f"{run.name}: processes left {REAP_DEADLINE:.0f} s after the run ended: "
                             f"{tagged_processes(run.tag)}")
         if wait_until(lambda: not segments_of(run.pid), REAP_DEADLINE) is False:
             problems.append(f"{run.name}: shared-memory slots of pid {run.pid} left: {segments_of(run.pid)}")
-    killed = [run for run in runs if run.killed_by is not None]
-    if not killed:
+    # A run ended by Ctrl-C closed its loader (KeyboardInterrupt unwinds through close()): no excuse, unless
+    # the Ctrl-C cut a commit short (like a kill inside a commit: the next run removes what it left).
+    killed = [run for run in runs if run.killed_by is not None and (not run.interrupted
+                                                                    or ctrl_c_inside(run) == "a commit")]
+    # Runs that wrote with a member killed holding claims, and closed after it, leave nothing either: the
+    # kernel dropped its claims and membership, and the last member out committed or kept the area.
+    survivors = [run for run in runs if run not in killed]
+    outlived = (killed and survivors and all((r.spec.get("kill") or {}).get("how") == "claim" for r in killed)
+                and min(r.ended for r in survivors) > max(r.ended for r in killed))
+    if (not killed or outlived) and not read_only_now(paths):
         left = debris(paths)
         in_generations = [path for path in left if re.search(r"/gen-\d+/[^/]*\.tmp$", path)]
         left = [path for path in left if path not in in_generations]
@@ -260,11 +391,43 @@ def after_group(s: dict, runs: list, before: list, paths: Paths) -> list[str]:
             problems.append(f"after {who} closed: {OWN_STAGING}: {own}")
         if left:
             wrote = any(e.mode == "generate" for run in runs for e in epochs_of(run))
+            full = " (the disk filled during these runs)" if actions_of(runs, "fill-disk") else ""
+            cut = "".join(f" (a Ctrl-C cut {r.name}'s close() short)" for r in runs if ctrl_c_inside(r) == "close()")
             problems.append(f"after {who} closed: left under the prefix: {left}"
-                            + ("" if wrote else f" ({READ_ONLY})"))
-    elif s["mode"] == "cache" and s["backend"] != "memory":
+                            + ("" if wrote else f" ({READ_ONLY})") + full + cut)
+    if (killed or any(run.interrupted for run in runs)) and s["mode"] == "cache" and s["backend"] != "memory":
         problems += intact_after_kill(s, before + runs, paths)
     return problems
+
+
+def ctrl_c_inside(run) -> str | None:
+    """Where the KeyboardInterrupt that ended `run` was raised, when it matters: inside the loader's
+    ``close()`` (whose clean-up holds Ctrl-C back until it is done), or inside a commit."""
+    if not run.interrupted:
+        return None
+    last = run.stderr[run.stderr.rfind("Traceback (most recent call last)"):]
+    if re.search(r'loader/(api|resources)\.py", line \d+, in (close|release)\n', last):
+        return "close()"
+    if re.search(r'cachestore/[\w/]+\.py", line \d+, in commit\n', run.stderr):
+        return "a commit"
+    return None
+
+
+def _in_close(run) -> bool:
+    """Whether the run's Ctrl-C was sent while it closed its loader (after its last epoch's stats)."""
+    sent = [ev["t"] for ev in run.events if ev["ev"] == "ctrl-c"]
+    last = max((ev["t"] for ev in run.events if ev["ev"] == "stats"), default=0.0)
+    closed = [ev["t"] for ev in run.events if ev["ev"] == "closed"]
+    return bool(sent and closed and any(last <= t <= closed[0] for t in sent))
+
+
+def read_only_now(paths: Paths) -> bool:
+    """Whether the prefix's file system is mounted read-only now (nothing can be cleaned up there)."""
+    probe = paths.prefix if os.path.exists(paths.prefix) else paths.mount
+    try:
+        return bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def intact_after_kill(s: dict, runs: list, paths: Paths) -> list[str]:
@@ -276,6 +439,8 @@ def intact_after_kill(s: dict, runs: list, paths: Paths) -> list[str]:
                  if e.stats and e.stats["committed"] and e.mode == "generate"]
     if not committed:
         return []
+    if windows_of(runs, "rm-prefix") and not os.path.exists(os.path.join(paths.prefix, "store.json")):
+        return []  # removed on purpose
     try:
         with open_store(paths.prefix, readonly=True) as store:
             latest = store.latest()
@@ -283,7 +448,8 @@ def intact_after_kill(s: dict, runs: list, paths: Paths) -> list[str]:
     except CacheStoreError as exc:
         return [f"after the kill the store cannot be opened: {exc}"]
     problems = []
-    if "disk-full" not in s["faults"] and (latest is None or latest < max(committed)):
+    removing = ("disk-full", "coop-disk-full", "prune-live", "rm-prefix")
+    if not any(f in s["faults"] for f in removing) and (latest is None or latest < max(committed)):
         problems.append(f"after the kill the newest committed generation is {latest}, but generation "
                         f"{max(committed)} had been committed before")
     allowed = live_flips(runs, paths)
@@ -305,6 +471,10 @@ def after_scenario(s: dict, runs: list, paths: Paths) -> list[str]:
     problems += check_waits(s, runs)
     problems += check_stats(s, runs)
     if s["mode"] == "cache" and s["backend"] != "memory":
+        problems += check_commits(s, runs)
+        problems += check_shared_content(s, runs, paths)
+        problems += check_read_only_runs(s, runs, paths)
+        problems += check_after_killed_commit(s, runs, paths)
         problems += check_store(runs, paths)
     return problems
 
@@ -470,8 +640,15 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
             elif TIMEOUT_ERROR in mro:
                 match = [k for k, f in enumerate(fired) if f["kind"] == "hang" and f["time"] <= err["t"]
                          and owner_run(f["pid"], runs, paths.ctl) is run]
+                # Writing together, a worker that needs a sample another run's hung worker claimed waits for
+                # that claim (Claims.wait_claim) until the other run's timeout kills its worker.
+                theirs = [f for f in fired if f["kind"] == "hang" and f["time"] <= err["t"]
+                          and s["backend"] == "memmap" and f["index"] in (err["indices"] or [])
+                          and owner_run(f["pid"], runs, paths.ctl) not in (run, None)]
                 if not match and STARTING in err["message"]:
                     pass  # the loaded machine started workers slower than `timeout`: see notes()
+                elif not match and theirs:
+                    pass
                 elif not match:
                     problems.append(f"{where} but no worker of this run hung: {err['message'][:300]}")
                 else:
@@ -491,11 +668,85 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 others = [r for r in runs if r is not run and r.started <= err["t"] <= r.ended]
                 if not others:
                     problems.append(f"{where} with no other run alive: {err['message'][:300]}")
+                elif s["backend"] == "memmap":
+                    problems.append(f"{where}: runs on a memmap store write a generation together (a concurrent "
+                                    f"run joins the writers), none is locked out: {err['message'][:300]}")
+            elif NOT_FOUND_ERROR in mro:
+                why = removed_during(s, runs, run, t0, err["t"])
+                if why is None:
+                    problems.append(f"{where}, but nothing removed a generation during the epoch: "
+                                    f"{err['message'][:300]}\n    {err['traceback'][-1200:]}")
+                elif e is not None and e.mode == "read" and not any(READ_REMOVED in n for n in err["notes"]):
+                    problems.append(f"{where} after {why}, without the note that says the generation was removed "
+                                    f"while the epoch read it: {err['message'][:300]}")
+            elif STORE_ERROR in mro and re.search(WRITE_REMOVED, err["message"]):
+                if not [w for w in windows_of(runs, "rm-prefix") if w[0] <= err["t"] and w[1] >= t0]:
+                    problems.append(f"{where} of a write into a removed directory, but nothing removed the prefix "
+                                    f"during the epoch: {err['message'][:300]}")
+            elif [w for w in windows_of(runs, "rm-prefix") if w[0] <= err["t"] and w[1] >= t0]:
+                # The loader's promise (tests/loader/test_accidents.py): a read epoch keeps its open files, a
+                # write says the cache directory was removed (a CacheStoreError), the next epoch writes again.
+                problems.append(f"{where} after the prefix was removed during the epoch, instead of the "
+                                f"CacheStoreError that says the cache directory was removed while it was written: "
+                                f"{err['message'][:300]}\n    {err['traceback'][-1500:]}")
+            elif any(text in err["message"] or text in err["traceback"] for text in (EROFS_TEXT,) + READ_ONLY_EMPTY):
+                problems += _read_only_error(s, runs, run, e, err, where, paths)
             else:
                 problems.append(f"{where}, which no fault explains: {err['message'][:500]}\n"
                                 f"    {err['traceback'][-1500:]}")
     problems += _lost(s, runs, paths, fired, explained)
     return problems
+
+
+def removed_during(s: dict, runs: list, run, t0: float, t1: float) -> str | None:
+    """What may have removed a committed generation between `t0` and `t1` (a run's epoch): a prune or
+    ``rm -rf`` of the prefix, another run on it that wrote (its commit prunes older generations; a full
+    disk makes it remove them first) or took the prefix over for a new dataset version; ``None``."""
+    for kind in ("prune", "rm-prefix"):
+        for start, end in windows_of(runs, kind):
+            if start <= t1 and end >= t0:
+                return f"the {kind} at {start:.3f}"
+    if s["backend"] == "memory":
+        return None
+    for other in runs:
+        if other is run:
+            continue
+        if other.started <= t1 and other.ended >= t0 and other.spec["version"] != run.spec["version"]:
+            return f"{other.name} (another dataset version)"
+        for e in epochs_of(other):
+            if e.mode == "generate" and e.t_start <= t1 and e.t_end >= t0:
+                return f"{other.name} epoch {e.epoch}, which wrote generation {e.generation}"
+    return None
+
+
+def committed_now(paths: Paths) -> list[int]:
+    """The committed generations of the store at the prefix."""
+    from cachestore import open_store
+    from cachestore.errors import CacheStoreError
+
+    try:
+        with open_store(paths.prefix, readonly=True) as store:
+            return [g.id for g in store.generations() if g.committed]
+    except CacheStoreError:
+        return []
+
+
+def _read_only_error(s: dict, runs: list, run, e: Epoch | None, err: dict, where: str, paths: Paths) -> list[str]:
+    """An error of a read-only file system: explained only when the prefix was made read-only before it and
+    nothing committed could be read instead (the loader serves a committed generation and writes nothing;
+    the file system stayed read-only to the end, so what is committed now was committed then)."""
+    remounts = [ev for _, ev in actions_of(runs, "remount-ro") if ev.get("ok") and ev["t"] <= err["t"]]
+    if not remounts:
+        return [f"{where}: a read-only file system, but nothing made it read-only: {err['message'][:300]}"]
+    committed = committed_now(paths)
+    if not committed:
+        return []
+    what = ("its background refresh could not start" if "start_refresh" in err["traceback"]
+            else f"{e.mode} epoch" if e is not None and e.mode else "the epoch's plan")
+    between = "between runs" if any(ev.get("by") == "runner" for ev in remounts) else "between epochs"
+    return [f"{where} ({what}) after the file system was remounted read-only {between}, although generation(s) "
+            f"{committed} are committed (the loader should read the newest and write nothing): "
+            f"{err['message'][:300]}\n    {err['traceback'][-1500:]}"]
 
 
 def _lost(s: dict, runs: list, paths: Paths, fired: list[dict], explained: set[int]) -> list[str]:
@@ -543,10 +794,116 @@ def check_stats(s: dict, runs: list) -> list[str]:
             if e.stats["samples"] != len(e.served):
                 problems.append(f"{run.name} epoch {e.epoch}: epoch_stats says {e.stats['samples']} samples, "
                                 f"{len(e.served)} were served")
-            if (e.mode == "generate" and not e.stats["committed"] and "disk-full" not in s["faults"]):
+            if e.mode == "generate" and not e.stats["committed"] and not _may_leave_uncommitted(s, runs, run, e):
                 problems.append(f"{run.name} epoch {e.epoch}: a generate epoch ran to its end but committed "
                                 f"nothing ({e.stats})")
     return problems
+
+
+def _may_leave_uncommitted(s: dict, runs: list, run, e: Epoch) -> bool:
+    """Whether a completed generate epoch may end without committing: its disk filled, its prefix was
+    removed or made read-only, or another run writing the same memmap generation was still in (the
+    last member out commits)."""
+    if any(f in s["faults"] for f in ("disk-full", "coop-disk-full")):
+        return True
+    if any(start <= e.t_end for kind in ("rm-prefix", "remount-ro") for start, _ in windows_of(runs, kind)):
+        return True
+    return s["backend"] == "memmap" and any(other is not run and other.started <= e.t_end and other.ended >= e.t_start
+                                            for other in runs)
+
+
+def check_commits(s: dict, runs: list) -> list[str]:
+    """A generation is committed once - by one of the processes that wrote it together - unless it was
+    removed (a prune, ``rm -rf``) or found damaged before it was written again."""
+    commits = sorted((e.t_end, e.t_start, e.version, e.generation, run.name, e.epoch, e.stats["extra"])
+                     for run in runs for e in epochs_of(run) if e.stats and e.stats["committed"])
+    removals = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
+    problems = []
+    last: dict[tuple, tuple] = {}
+    for commit in commits:
+        t_end, t_start, version, generation, name, epoch, extra = commit
+        before = last.get((version, generation))
+        last[(version, generation)] = commit
+        if before is None or "damaged" in extra or any(before[1] <= t <= t_end for t in removals):
+            continue
+        problems.append(f"generation {generation} was committed twice: by {before[4]} epoch {before[5]} and by "
+                        f"{name} epoch {epoch}, with nothing removing it in between")
+    return problems
+
+
+def check_read_only_runs(s: dict, runs: list, paths: Paths) -> list[str]:
+    """A run started on a prefix remounted read-only reads committed generations and calls the dataset for
+    nothing (but records flipped on purpose, which are misses)."""
+    problems = []
+    calls = calls_by_run(runs, paths)
+    flips = bool(actions_of(runs, "flip"))
+    for run in runs:
+        if not any(ev.get("by") == "runner" and ev.get("ok") for _, ev in actions_of([run], "remount-ro")):
+            continue
+        wrote = [e.epoch for e in epochs_of(run) if e.mode not in (None, "read")]
+        if wrote:
+            problems.append(f"{run.name} on a read-only file system: epochs {wrote} did not read a committed "
+                            f"generation ({[e.mode for e in epochs_of(run)]})")
+        if calls.get(run.name) and not flips:
+            problems.append(f"{run.name} on a read-only file system called the dataset {calls[run.name]} times")
+    return problems
+
+
+def calls_by_run(runs: list, paths: Paths) -> dict[str, int]:
+    """Dataset calls made by each run's processes."""
+    out: dict[str, int] = Counter()
+    for path in Path(paths.ctl, "calls").glob("*.log"):
+        run = owner_run(int(path.stem), runs, paths.ctl)
+        if run is not None:
+            out[run.name] += len(path.read_text().splitlines())
+    return out
+
+
+def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
+    """Runs that wrote a memmap generation together serve the same computation of each sample under it, in
+    every epoch of every run, whichever run computed it (``docs/ARCHITECTURE.md``, "Writing together").
+
+    Only a break makes another computation legitimate: a prune or ``rm -rf`` (the generation is written
+    again), a commit cut short (a member killed or interrupted inside it: the area is discarded), a
+    generation found damaged. Scenarios whose disk fills (a failed commit discards the area; "stream"
+    serves samples it could not write) or whose records are flipped on purpose (misses are recomputed)
+    are left to :func:`check_generations`."""
+    if s["backend"] != "memmap" or any(f in s["faults"] for f in ("disk-full", "coop-disk-full", "bitflip")):
+        return []
+    breaks = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
+    breaks += [f["time"] for f in read_fired(paths.ctl) if f["kind"] == "killcommit"]
+    breaks += [run.ended for run in runs if ctrl_c_inside(run) == "a commit"]
+    breaks += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "damaged" in e.stats["extra"]]
+    served = []  # (time, version, generation, index, nonce, run, epoch)
+    for run in runs:
+        epochs = {e.epoch: e for e in epochs_of(run)}
+        for ev in run.events:
+            e = epochs.get(ev.get("epoch")) if ev["ev"] == "batch" else None
+            if e is not None and e.mode in ("read", "generate"):
+                served += [(ev["t"], e.version, e.generation, i, nonce, run.name, e.epoch)
+                           for i, nonce in zip(ev["y"], ev["nonce"])]
+    first: dict[tuple, tuple] = {}
+    differ: dict[tuple, list] = defaultdict(list)
+    for t, version, generation, index, nonce, name, epoch in sorted(served):
+        key = (version, generation, index)
+        seen = first.get(key)
+        if seen is None or any(seen[0] < b <= t for b in breaks):
+            first[key] = (t, nonce, name, epoch)
+        elif seen[1] != nonce:
+            differ[(version, generation)].append(f"{index} ({seen[2]} epoch {seen[3]}, then {name} epoch {epoch})")
+    return [f"generation {g} (version {v}) served other computations of samples it had served, with nothing "
+            f"removing it in between: {where[:4]}" for (v, g), where in differ.items()]
+
+
+def check_after_killed_commit(s: dict, runs: list, paths: Paths) -> list[str]:
+    """After a member was killed inside its commit, the next run on the prefix ends with a committed
+    generation (``check_store`` verifies it)."""
+    if "coop-kill-commit" not in s["faults"] or not runs or runs[-1].spec["after"] is None:
+        return []
+    follow = runs[-1]
+    if not any(e.completed for e in epochs_of(follow)) or committed_now(paths):
+        return []
+    return [f"{follow.name} completed epochs after a commit was killed, but no generation is committed at the end"]
 
 
 def check_store(runs: list, paths: Paths) -> list[str]:
@@ -589,10 +946,22 @@ def fired_faults(s: dict, runs: list, paths: Paths) -> set[str]:
             took = fault in kinds
         elif fault.startswith("train-"):
             took = any(run.killed_by is not None for run in runs)
-        elif fault == "disk-full":
+        elif fault in ("disk-full", "coop-disk-full"):
             took = bool(actions_of(runs, "fill-disk"))
         elif fault == "bitflip":
             took = any(ev.get("indices") for _, ev in actions_of(runs, "flip"))
+        elif fault == "double-sigint":
+            took = any(run.interrupted for run in runs)
+        elif fault == "rm-prefix":
+            took = bool(windows_of(runs, "rm-prefix"))
+        elif fault == "readonly-remount":
+            took = any(ev.get("ok") for _, ev in actions_of(runs, "remount-ro"))
+        elif fault == "prune-live":
+            took = any(ev.get("removed") for _, ev in actions_of(runs, "prune"))
+        elif fault == "coop-kill-claim":
+            took = "killrun" in kinds
+        elif fault == "coop-kill-commit":
+            took = "killcommit" in kinds
         else:
             took = len(runs) > 1
         if took:
@@ -615,4 +984,25 @@ def notes(s: dict, runs: list, paths: Paths) -> list[str]:
         for ev in run.events:
             if ev["ev"] == "action" and ev.get("skipped"):
                 out.append(f"{run.name}: {ev['kind']} not reached")
+            elif ev["ev"] == "action" and ev["kind"] == "remount-ro" and not ev.get("ok"):
+                out.append(f"{run.name}: the remount read-only was refused: {ev.get('refused')}")
+            elif ev["ev"] == "action" and ev["kind"] == "prune" and not ev.get("removed"):
+                out.append(f"{run.name}: the prune (epoch {ev['epoch']}) removed no generation: "
+                           f"{ev.get('output', '')[-200:]}")
+            elif ev["ev"] == "action" and ev["kind"] == "rm-prefix" and not ev.get("gone"):
+                out.append(f"{run.name}: rm -rf left the prefix after {ev.get('tries')} tries: {ev.get('stderr')}")
+            elif ev["ev"] == "action" and ev["kind"] == "kill-in-commit":
+                out.append(f"{run.name}: killed in the commit of generation {ev['generation']} ({ev['stage']})")
+    kinds = {f["kind"] for f in read_fired(paths.ctl)}
+    if "coop-kill-claim" in s["faults"] and "killrun" not in kinds:
+        target = next(r for r in s["runs"] if (r.get("kill") or {}).get("how") == "claim")
+        out.append(f"coop-kill-claim did not fire: {target['name']} made fewer than {target['kill']['calls']} "
+                   "dataset calls (the others computed the rest)")
+    if "coop-kill-commit" in s["faults"] and "killcommit" not in kinds:
+        stage = next(r["kill"]["stage"] for r in s["runs"] if r.get("kill"))
+        out.append(f"coop-kill-commit did not fire: no member reached the commit step {stage!r}")
+    if any(f.startswith("coop-") for f in s["faults"]):
+        barriers = [ev for run in runs for ev in run.events if ev["ev"] == "barrier"]
+        if any(ev["ready"] < ev["of"] for ev in barriers):
+            out.append("the cooperating runs did not all reach their barrier within 60 s")
     return out

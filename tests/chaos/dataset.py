@@ -12,7 +12,14 @@ hash of ``(i, version, nonce, k)``. So a served sample tells
 Faults are armed by creating a file in ``ctl/arm``: ``raise-<i>`` (``dataset[i]`` raises
 :class:`ChaosError`) or ``hang-<i>`` (``dataset[i]`` never returns; in worker processes only,
 where the loader's ``timeout`` can end it). Each fires once: the process that computes ``i``
-first renames the file into ``ctl/fired`` and writes there where and when.
+first renames the file into ``ctl/fired`` and writes there where and when. ``killrun.<run>``
+(holding a number k) kills run ``<run>`` (its whole process group, SIGKILL) inside the k-th
+dataset call its processes make (counted in ``ctl/count.<run>``, a byte a call), whatever the
+index: a call the loader makes holding the sample's claim (see ``docs/ARCHITECTURE.md``,
+"Writing together"); it fires as ``killrun-<i>-<pid>``. ``together`` (the names of runs started
+together) makes each of those runs' first dataset calls wait, at most :data:`TOGETHER_TIMEOUT`
+seconds, until every one of them has begun computing (``ctl/started/<run>``): a run whose workers
+start slowly would otherwise find every sample computed by the others, and cooperate in nothing.
 
 Every process that builds the dataset (the training process and each worker) leaves
 ``ctl/procs/<pid>``: the runner checks that all of them are gone after a run.
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
@@ -30,6 +38,10 @@ import numpy as np
 
 DIM = 8
 _MASK = (1 << 48) - 1
+#: Environment variable naming the run a process belongs to (set by the runner, inherited by workers).
+RUN_NAME = "CACHESTORE_CHAOS_NAME"
+#: Seconds a run's first dataset calls wait for the runs started with it to begin computing too.
+TOGETHER_TIMEOUT = 5.0
 
 
 class ChaosError(Exception):
@@ -74,6 +86,7 @@ class ChaosDataset:
         self.n, self.version, self.ctl, self.delay = n, version, ctl, delay
         self._log = None
         self._log_pid = -1
+        self._together_done = False
         if ctl:
             me = psutil_start_time()
             with open(os.path.join(ctl, "procs", str(os.getpid())), "w") as f:
@@ -102,23 +115,63 @@ class ChaosDataset:
 
     def _fault(self, index: int) -> None:
         in_worker = multiprocessing.parent_process() is not None
+        run = os.environ.get(RUN_NAME)
+        if run and not self._together_done:
+            self._together(run)
+        if run and self._kill_due(run):
+            if self._fire(f"killrun.{run}", "killrun", index, in_worker):
+                os.killpg(os.getpgid(0), signal.SIGKILL)  # the run's training process and workers at once
         for kind in ("raise", "hang"):
             if kind == "hang" and not in_worker:
                 continue  # nothing could end a hang in the training process (timeout needs workers)
-            armed = os.path.join(self.ctl, "arm", f"{kind}-{index}")
-            if not os.path.exists(armed):
+            if not os.path.exists(os.path.join(self.ctl, "arm", f"{kind}-{index}")):
                 continue
-            fired = os.path.join(self.ctl, "fired", f"{kind}-{index}-{os.getpid()}")
-            try:
-                os.rename(armed, fired)  # exactly one process wins
-            except FileNotFoundError:
+            if not self._fire(f"{kind}-{index}", kind, index, in_worker):
                 continue
-            with open(fired, "w") as f:
-                f.write(json.dumps({"kind": kind, "index": index, "pid": os.getpid(), "time": time.time(),
-                                    "in_worker": in_worker}))
             if kind == "raise":
                 raise ChaosError(index, f"pid {os.getpid()}")
             threading.Event().wait()  # a read that never returns; only a signal ends it
+
+    def _together(self, run: str) -> None:
+        """Wait for the runs started with `run` to begin computing (see the module docstring)."""
+        try:
+            with open(os.path.join(self.ctl, "arm", "together")) as f:
+                names = f.read().split()
+        except OSError:
+            names = []
+        if run in names:
+            started = os.path.join(self.ctl, "started")
+            open(os.path.join(started, run), "w").close()
+            deadline = time.monotonic() + TOGETHER_TIMEOUT
+            while not set(names) <= set(os.listdir(started)) and time.monotonic() < deadline:
+                time.sleep(0.002)  # polling a directory: there is no event to wait on across unrelated processes
+        self._together_done = True
+
+    def _kill_due(self, run: str) -> bool:
+        """Whether this call of run `run` is the one its armed ``killrun`` names (or a later one)."""
+        try:
+            with open(os.path.join(self.ctl, "arm", f"killrun.{run}")) as f:
+                due = int(f.read() or 1)
+        except (OSError, ValueError):
+            return False
+        fd = os.open(os.path.join(self.ctl, f"count.{run}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b".")
+            return os.fstat(fd).st_size >= due
+        finally:
+            os.close(fd)
+
+    def _fire(self, armed: str, kind: str, index: int, in_worker: bool) -> bool:
+        """Take the armed fault `armed` (``False``: another process took it first) and say where and when."""
+        fired = os.path.join(self.ctl, "fired", f"{kind}-{index}-{os.getpid()}")
+        try:
+            os.rename(os.path.join(self.ctl, "arm", armed), fired)  # exactly one process wins
+        except FileNotFoundError:
+            return False
+        with open(fired, "w") as f:
+            f.write(json.dumps({"kind": kind, "index": index, "pid": os.getpid(), "time": time.time(),
+                                "in_worker": in_worker}))
+        return True
 
 
 def psutil_start_time() -> float:

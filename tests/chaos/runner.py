@@ -3,16 +3,22 @@
 Layout of a scenario's directory::
 
     ctl/arm, ctl/fired       faults armed for the dataset, and those that fired (see dataset.py)
+    ctl/started, ctl/count.* runs started together that began computing; a run's dataset calls (ditto)
     ctl/calls/<pid>.log      every dataset call: index, nonce, version
     ctl/procs/<pid>          every process that built the dataset
     <run>.json, <run>.log    a run's spec and its event log (see trainer.py)
     <run>.err                its stderr (a hang's stacks land there)
-    cache/ or fs/cache/      the loader's prefix (fs/: a tmpfs mounted for a disk-full scenario)
+    barrier/                 ``ready-<run>`` of each run of a group that starts together (cooperation)
+    cache/ or fs/cache/      the loader's prefix (fs/: a tmpfs mounted for a disk-full or read-only scenario)
 
 Runs without ``after`` start together (a concurrent second run); the others start when the
-ones before them have ended. After each group of runs the process, shared-memory and debris
-checks run at once (with deadlines: the kernel reaps a killed process's children
-asynchronously); the data and store checks run at the end (:mod:`tests.chaos.checks`).
+ones before them have ended. Each run is the leader of its own process group, as a job started
+from a shell is: a Ctrl-C (SIGINT to the group) reaches its workers too, and a kill of the group
+takes the whole job. Before a run starts, the runner does its ``setup`` (``remount-ro``: the
+prefix's tmpfs becomes read-only); it arms the kills of a cooperation scenario at the start. After
+each group of runs the process, shared-memory and debris checks run at once (with deadlines:
+the kernel reaps a killed process's children asynchronously); the data and store checks run at
+the end (:mod:`tests.chaos.checks`), the file system made writable again first.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checks
+from .dataset import RUN_NAME  # names the run a process belongs to (the dataset's faults aimed at one run)
 from .scenario import TMPFS_SIZE, describe, loader_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +69,11 @@ class RunResult:
     def planned_kill(self) -> int | None:
         kill = self.spec.get("kill")
         return kill["signal"] if kill else None
+
+    @property
+    def interrupted(self) -> bool:
+        """Ended by Ctrl-C: KeyboardInterrupt reached the top (Python then dies of SIGINT)."""
+        return self.killed_by == signal.SIGINT
 
 
 @dataclass
@@ -159,11 +172,23 @@ def _run(s: dict, base: Path, result: ScenarioResult, mount) -> None:
     prefix, rotation_dir = disk / "cache", disk / "rotation"
     paths = checks.Paths(prefix=str(prefix), rotation=str(rotation_dir), ctl=str(ctl), mount=str(disk))
     groups = [[r for r in s["runs"] if r["after"] is None]] + [[r] for r in s["runs"] if r["after"] is not None]
+    together = [r["name"] for r in s["runs"] if r.get("barrier")]
+    if together:  # their first dataset calls wait for each other (see dataset.py)
+        (ctl / "arm" / "together").write_text(" ".join(together))
+        (ctl / "started").mkdir()
+    for r in s["runs"]:
+        how = (r.get("kill") or {}).get("how")
+        if how == "commit":  # the first member to reach the drawn commit step is killed
+            (ctl / "arm" / "killcommit").touch()
+        elif how == "claim":  # the run is killed inside its k-th dataset call
+            (ctl / "arm" / f"killrun.{r['name']}").write_text(str(r["kill"]["calls"]))
     done: list[RunResult] = []
     for group in groups:
         runs: list[RunResult] = []
         try:
             for spec in group:
+                for kind in spec.get("setup", []):
+                    _setup(kind, spec, base, paths)
                 runs.append(_start(s, spec, base, paths))
             for run in runs:
                 _wait(run)
@@ -175,27 +200,43 @@ def _run(s: dict, base: Path, result: ScenarioResult, mount) -> None:
         result.problems += checks.after_group(s, runs, done, paths)
         done += runs
     if s["tmpfs"]:
-        from .faults import free_disk
+        from .faults import free_disk, remount
 
+        remount(str(disk), read_only=False)  # a read-only scenario's; nothing else remounts it
         free_disk(str(disk))
     result.problems += checks.after_scenario(s, done, paths)
     result.fired = checks.fired_faults(s, done, paths)
     result.notes += checks.notes(s, done, paths)
 
 
+def _setup(kind: str, run_spec: dict, base: Path, paths: "checks.Paths") -> None:
+    """What happens to the prefix before `run_spec` starts; written first in its event log (the
+    checks read it with the run's own actions)."""
+    from .faults import remount
+
+    if kind != "remount-ro":
+        raise ValueError(f"unknown setup {kind!r}")
+    result = remount(paths.mount, read_only=True)
+    with open(base / f"{run_spec['name']}.log", "a") as log:
+        log.write(json.dumps({"ev": "action", "t": time.time(), "kind": kind, "epoch": -1, "batch": -1,
+                              "by": "runner", **result}) + "\n")
+
+
 def _start(s: dict, run_spec: dict, base: Path, paths: "checks.Paths") -> RunResult:
     name = run_spec["name"]
     spec = {**run_spec, "log": str(base / f"{name}.log"), "ctl": paths.ctl, "mount": paths.mount,
-            "store_path": paths.prefix, "deadline": RUN_DEADLINE,
+            "store_path": paths.prefix, "deadline": RUN_DEADLINE, "barrier_dir": str(base / "barrier"),
             "loader": loader_settings(s, run_spec, paths.prefix, paths.rotation, paths.ctl)}
     spec_path = base / f"{name}.json"
     spec_path.write_text(json.dumps(spec, indent=1))
+    (base / "barrier").mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           TAG: f"{s['seed']}-{name}-{base}"}
+           TAG: f"{s['seed']}-{name}-{base}", RUN_NAME: name}
     err = open(base / f"{name}.err", "w")
     run = RunResult(name, spec, started=time.time())
+    # Its own process group (a job started from a shell): see the module docstring.
     run.proc = subprocess.Popen([sys.executable, "-m", "tests.chaos.trainer", str(spec_path)], cwd=str(ROOT),
-                                env=env, stdout=err, stderr=subprocess.STDOUT)
+                                env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
     run.err_file = err
     run.pid = run.proc.pid
     run.tag = env[TAG]

@@ -16,6 +16,24 @@ Faults (the rows of the table):
 ``second-run``      another run on the same prefix, after the first one
 ``concurrent-run``  another run on the same prefix, at the same time
 ``new-version``     a run after the first with another dataset version (``on_mismatch="regenerate"``)
+
+Ordinary accidents (issue 24):
+
+``double-sigint``     Ctrl-C (SIGINT to the run's process group) once, or twice in quick succession, in the
+                      middle of an epoch: the run ends with KeyboardInterrupt; a new run on the prefix follows
+``rm-prefix``         ``rm -rf`` of the cache prefix during an epoch (a read epoch may be refreshing the next
+                      generation in the background)
+``readonly-remount``  the prefix's tmpfs remounted read-only between the runs (a follow-up run only reads) or
+                      between two epochs of a run
+``prune-live``        ``cachestore prune PREFIX --keep 0`` (or ``Store.prune(keep=0)``) while an epoch reads
+
+Cooperating processes (issue 28; memmap, whose runs write a generation together):
+
+``coop-kill-claim``   2-4 runs start together (a file barrier) with their own seeds, batch sizes and workers;
+                      one is SIGKILLed (its whole process group) inside its k-th dataset call, holding claims
+``coop-kill-commit``  the same, but the member that commits is SIGKILLed at a drawn step of the commit; a new run
+                      on the prefix follows
+``coop-disk-full``    the same runs on a small tmpfs that fills up (maybe freed later)
 """
 
 from __future__ import annotations
@@ -26,11 +44,26 @@ import signal
 from typing import Any
 
 FAULTS = ("worker-kill", "hang", "raise", "train-sigkill", "train-sigterm", "disk-full", "bitflip", "second-run",
-          "concurrent-run", "new-version")
+          "concurrent-run", "new-version", "double-sigint", "rm-prefix", "readonly-remount", "prune-live",
+          "coop-kill-claim", "coop-kill-commit", "coop-disk-full")
 
 #: Relative weights of the faults when a scenario draws them.
 WEIGHTS = {"worker-kill": 3, "hang": 2, "raise": 2, "train-sigkill": 2, "train-sigterm": 1, "disk-full": 2,
-           "bitflip": 2, "second-run": 1, "concurrent-run": 2, "new-version": 1}
+           "bitflip": 2, "second-run": 1, "concurrent-run": 2, "new-version": 1, "double-sigint": 2,
+           "rm-prefix": 2, "readonly-remount": 2, "prune-live": 2, "coop-kill-claim": 5, "coop-kill-commit": 5,
+           "coop-disk-full": 4}
+
+#: Faults that end the first run with a signal (one per scenario), each followed by a new run.
+KILLS = ("train-sigkill", "train-sigterm", "double-sigint")
+#: Faults of cooperating runs (one per scenario; they include a concurrent run of their own).
+COOP = ("coop-kill-claim", "coop-kill-commit", "coop-disk-full")
+#: Steps of a shared commit (cachestore/shared.py) at which coop-kill-commit kills the committing member:
+#: right after its record is marked ``committing``, after the copies the done map does not name are dropped,
+#: just before the backend's commit (claim files gone), right after it (the generation is published, the
+#: members' lock file not yet removed).
+COMMIT_STAGES = ("marked", "canonical", "before-publish", "published")
+#: Seconds per dataset call in cooperation scenarios: long enough for the runs' epochs to overlap.
+COOP_DELAYS = (0.01, 0.03)
 
 #: Seconds a batch may take when a hang is armed (the loader's ``timeout``).
 HANG_TIMEOUTS = (2.0, 3.0)
@@ -56,7 +89,12 @@ def applicable(s: dict) -> list[str]:
     if (cache and persistent) or (not cache and s["medium"] == "disk"):
         out += ["disk-full", "second-run", "concurrent-run"]
     if cache and persistent and s["epochs"] >= 2:
-        out += ["bitflip", "new-version"]
+        out += ["bitflip", "new-version", "prune-live"]
+    out += ["double-sigint"]
+    if cache and persistent:
+        out += ["rm-prefix", "readonly-remount"]
+    if cache and s["backend"] == "memmap":
+        out += list(COOP)
     return out
 
 
@@ -88,13 +126,27 @@ def draw(seed: int) -> dict:
         kind = rng.choices(pool, weights=[WEIGHTS[k] for k in pool])[0]
         if kind not in faults:
             faults.append(kind)
+    # One kill at most (the first drawn): of the training process, or of a cooperating member.
+    kill = next((f for f in faults if f in KILLS + COOP[:2]), None)
+    faults = [f for f in faults if f not in KILLS + COOP[:2] or f == kill]
+    # One set of cooperating runs at most; it is the concurrent run, and its disk fills or not.
+    coop = next((f for f in faults if f in COOP), None)
+    faults = [f for f in faults if f not in COOP or f == coop]
+    if coop is not None:
+        faults = [f for f in faults if f not in ("concurrent-run", "readonly-remount")
+                  and not (f == "disk-full" and coop == "coop-disk-full")]
+    # A read-only file system cannot be cleaned after a kill, nor take a new version.
+    if "readonly-remount" in faults:
+        faults = [f for f in faults if f not in KILLS + ("new-version",)]
     # One follow-up run at most: a kill's restart, a second run, or a new version, in that order.
-    if any(f.startswith("train-") for f in faults):
+    if any(f in KILLS for f in faults):
         faults = [f for f in faults if f not in ("second-run", "new-version")]
     if "second-run" in faults and "new-version" in faults:
         faults.remove("second-run")
     s["faults"] = faults
-    s["tmpfs"] = "disk-full" in faults
+    s["tmpfs"] = any(f in faults for f in ("disk-full", "coop-disk-full", "readonly-remount"))
+    if coop is not None:
+        s["delay"] = rng.choice(COOP_DELAYS)
     s["timeout"] = rng.choice(HANG_TIMEOUTS) if "hang" in faults else rng.choice(PLAIN_TIMEOUTS)
     s["runs"] = _runs(s, rng)
     return s
@@ -109,10 +161,11 @@ def computing_epochs(s: dict) -> list[int]:
     return [e for e in epochs if e == 0 or (s["K"] and e % s["K"] == 0)]
 
 
-def _point(s: dict, rng: random.Random, rotation: bool, epochs: int, first_epoch: int = 0) -> tuple[int, int]:
+def _point(s: dict, rng: random.Random, rotation: bool, epochs: int, first_epoch: int = 0,
+           batch_size: int | None = None) -> tuple[int, int]:
     """A random moment: (epoch, batch after which it happens; -1 = before the epoch's first batch)."""
     epoch = rng.randrange(first_epoch, epochs)
-    return epoch, rng.randrange(-1, batches_per_epoch(s, rotation))
+    return epoch, rng.randrange(-1, batches_per_epoch({**s, "batch_size": batch_size or s["batch_size"]}, rotation))
 
 
 def _runs(s: dict, rng: random.Random) -> list[dict]:
@@ -136,33 +189,93 @@ def _runs(s: dict, rng: random.Random) -> list[dict]:
         acts.append({"kind": "flip", "epoch": e, "batch": -1, "count": rng.randint(1, 3),
                      "seed": rng.randrange(1 << 30)})
     if "disk-full" in faults:
-        e, b = _point(s, rng, rotation, s["epochs"])
-        acts.append({"kind": "fill-disk", "epoch": e, "batch": b})
-        if e + 1 < s["epochs"] and rng.random() < 0.6:
-            acts.append({"kind": "free-disk", "epoch": rng.randrange(e + 1, s["epochs"]), "batch": -1})
+        acts += _fill(s, rng, rotation, s["epochs"])
     for sig in ("sigkill", "sigterm"):
         if f"train-{sig}" in faults and first["kill"] is None:
             e, b = _point(s, rng, rotation, s["epochs"])
             first["kill"] = {"signal": int(signal.SIGKILL if sig == "sigkill" else signal.SIGTERM),
                              "epoch": e, "batch": b, "delay": round(rng.uniform(0.0, 0.15), 3)}
+    if "double-sigint" in faults:
+        e, b = _point(s, rng, rotation, s["epochs"])
+        first["kill"] = {"signal": int(signal.SIGINT), "epoch": e, "batch": b,
+                         "delay": round(rng.uniform(0.0, 0.15), 3),
+                         "again": round(rng.uniform(0.01, 0.3), 3) if rng.random() < 0.6 else None}
+    if "rm-prefix" in faults:
+        e, b = _point(s, rng, rotation, s["epochs"])
+        acts.append({"kind": "rm-prefix", "epoch": e, "batch": b})
+    if "prune-live" in faults:
+        e = rng.randrange(1, s["epochs"])
+        b = rng.randrange(0, max(1, batches_per_epoch(s, rotation) - 1))
+        acts.append({"kind": "prune", "epoch": e, "batch": b, "how": rng.choice(["cli", "library"])})
+    remount_between_runs = False
+    if "readonly-remount" in faults:
+        if s["epochs"] >= 2 and rng.random() < 0.5:
+            acts.append({"kind": "remount-ro", "epoch": rng.randrange(1, s["epochs"]), "batch": -1})
+        else:
+            remount_between_runs = True
     acts.sort(key=lambda a: (a["epoch"], a["batch"]))
     runs = [first]
     follow = {"name": "run2", "version": 1, "nb_worker": rng.randint(0, 3), "epochs": rng.randint(1, 3),
               "actions": [], "on_mismatch": "error", "kill": None, "after": "run1"}
-    if first["kill"] is not None or "second-run" in faults:
+    if first["kill"] is not None or "second-run" in faults or remount_between_runs:
         runs.append(follow)
     elif "new-version" in faults:
         runs.append({**follow, "version": 2, "on_mismatch": "regenerate"})
+    if remount_between_runs:
+        follow["setup"] = ["remount-ro"]  # done by the runner once run1 has ended
     if "concurrent-run" in faults:
         runs.append({**follow, "name": "run-c", "after": None, "epochs": rng.randint(1, s["epochs"])})
+    coop = next((f for f in faults if f in COOP), None)
+    if coop is not None:
+        runs[1:1] = _cooperators(s, rng, first, coop)
+        if coop == "coop-kill-commit" and not any(r["after"] for r in runs):
+            runs.append(follow)  # it must find a sound generation, whatever the commit's kill left
     return runs
+
+
+def _fill(s: dict, rng: random.Random, rotation: bool, epochs: int, batch_size: int | None = None) -> list[dict]:
+    """The actions of a disk that fills up at a random moment, and maybe is freed later."""
+    e, b = _point(s, rng, rotation, epochs, batch_size=batch_size)
+    acts = [{"kind": "fill-disk", "epoch": e, "batch": b}]
+    if e + 1 < epochs and rng.random() < 0.6:
+        acts.append({"kind": "free-disk", "epoch": rng.randrange(e + 1, epochs), "batch": -1})
+    return acts
+
+
+def _cooperators(s: dict, rng: random.Random, first: dict, coop: str) -> list[dict]:
+    """The runs that start together with `first` on its prefix (`first` joins their barrier), and the
+    fault `coop` placed among them."""
+    others = [{"name": f"coop{k}", "version": 1, "nb_worker": rng.randint(0, 2), "epochs": rng.randint(1, s["epochs"]),
+               "actions": [], "on_mismatch": "error", "kill": None, "after": None,
+               "batch_size": rng.randint(2, 8), "loader_seed": rng.randrange(1 << 16)}
+              for k in range(1, rng.choices([1, 2, 3], weights=[3, 2, 1])[0] + 1)]
+    group = [first] + others
+    for run in group:
+        run["barrier"] = len(group)
+    if coop == "coop-kill-claim":
+        # Inside the target's k-th dataset call (which holds the sample's claim), whichever sample it is: the
+        # others compute part of every generation, so a moment in epochs would often find nothing to kill.
+        target = rng.choice(group)
+        target["kill"] = {"signal": int(signal.SIGKILL), "how": "claim",
+                          "calls": rng.randint(1, max(1, s["n"] // (2 * len(group))))}
+    elif coop == "coop-kill-commit":
+        stage = rng.choice(COMMIT_STAGES)
+        for run in group:  # whichever member commits first is killed (one kill: an armed file, renamed once)
+            run["kill"] = {"signal": int(signal.SIGKILL), "how": "commit", "stage": stage}
+    else:
+        target = rng.choice(group)
+        target["actions"] = sorted(target["actions"] + _fill(s, rng, False, target["epochs"],
+                                                             target.get("batch_size")),
+                                   key=lambda a: (a["epoch"], a["batch"]))
+    return others
 
 
 def loader_settings(s: dict, run: dict, prefix: str, rotation_dir: str, ctl: str) -> dict:
     """Keyword arguments of ``CachedLoader`` for `run` of scenario `s` (the dataset class aside)."""
     kwargs: dict[str, Any] = {
         "dataset_params": {"n": s["n"], "version": run["version"], "ctl": ctl, "delay": s["delay"]},
-        "batch_size": s["batch_size"], "nb_worker": run["nb_worker"], "seed": s["loader_seed"],
+        "batch_size": run.get("batch_size", s["batch_size"]), "nb_worker": run["nb_worker"],
+        "seed": run.get("loader_seed", s["loader_seed"]),
         "max_queue_size": 4, "timeout": s["timeout"] if run["nb_worker"] else None,
     }
     if s["mode"] == "cache":
@@ -185,6 +298,7 @@ def describe(s: dict) -> str:
     what = (f"cache {s['backend']} K={s['K'] or 'inf'}{' refresh' if s['background_refresh'] else ''} "
             f"policy={s['policy']}" if s["mode"] == "cache"
             else f"rotation {s['medium']} R={s['rotation']} S={s['size']}")
-    runs = " ".join(f"{r['name']}(w={r['nb_worker']},e={r['epochs']},v={r['version']})" for r in s["runs"])
+    runs = " ".join(f"{r['name']}(w={r['nb_worker']},e={r['epochs']},v={r['version']}"
+                    + (f",bs={r['batch_size']}" if "batch_size" in r else "") + ")" for r in s["runs"])
     return (f"seed {s['seed']}: {what}, n={s['n']} bs={s['batch_size']} timeout={s['timeout']}; "
             f"faults {','.join(s['faults'])}; {runs}")

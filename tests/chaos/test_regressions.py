@@ -129,3 +129,145 @@ def test_seed_20261197_workers_sending_records_never_serve_other_values_than_sto
     # memory backend, 3 workers, a worker killed and a dataset error: a partial generation their
     # records built must not be resumed by recomputing its samples (served values would differ).
     check(20261197, tmp_path)
+
+
+# ---------------------------------------------------------------------------- known bugs (strict xfails)
+def _served(loader) -> list[int]:
+    return sorted(int(y) for batch in loader for y in batch["y"])
+
+
+@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
+                   reason="known bug rm-shared-commit (checks.KNOWN_BUGS): a bare FileNotFoundError from the shared "
+                          "commit's done map")
+def test_rm_of_the_prefix_under_writers_together_says_the_cache_directory_was_removed(tmp_path):
+    # CHAOS_SEED=138: rm -rf of the prefix while generation 0 is written in a shared area (memmap, the default).
+    import subprocess
+
+    from cachestore.errors import CacheStoreError
+    from loader import CachedLoader
+    from tests.loader.datasets import ArangeDataset
+
+    prefix = str(tmp_path / "cache")
+    with CachedLoader(ArangeDataset, {"n": 24}, batch_size=4, nb_worker=0, seed=0,
+                      cache_setting={"prefix": prefix}) as loader:
+        seen = []
+        try:
+            for i, batch in enumerate(loader):
+                seen += batch["y"].tolist()
+                if i == 1:
+                    subprocess.run(["rm", "-rf", prefix], check=True)
+        except CacheStoreError as exc:  # what the exclusive writer says ("staging area ... is gone")
+            assert "removed" in str(exc) or "gone" in str(exc), exc
+        else:
+            assert sorted(seen) == list(range(24))
+        assert _served(loader) == list(range(24))  # the next epoch writes the generation again
+        assert loader.epoch_stats[-1].mode == "generate" and loader.epoch_stats[-1].committed
+
+
+def _remounted_read_only_after_epoch_0(tmp_path, workers: int, refresh: bool, epochs: int) -> tuple[list, list]:
+    """Epoch 0 writes generation 0 on a tmpfs, which is then remounted read-only; the next `epochs` epochs
+    (K=2: epoch 1 reads generation 0, maybe refreshing generation 1; epoch 2 would write generation 1)."""
+    import subprocess
+
+    from loader import CachedLoader
+    from tests.fullfs import mounted_tmpfs
+    from tests.loader.datasets import ArangeDataset
+
+    with mounted_tmpfs(tmp_path / "mnt") as mnt:
+        try:
+            with CachedLoader(ArangeDataset, {"n": 24}, batch_size=8, nb_worker=workers, seed=0,
+                              cache_setting={"prefix": str(mnt / "c"), "update_frequency": 2,
+                                             "background_refresh": refresh}) as loader:
+                served = [_served(loader)]
+                subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+                served += [_served(loader) for _ in range(epochs)]
+                stats = [(s.mode, s.generation) for s in loader.epoch_stats]
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=False)
+    return served, stats
+
+
+@pytest.mark.xfail(strict=True, raises=OSError,
+                   reason="known bug readonly-refresh (checks.KNOWN_BUGS): start_refresh lets EROFS out of a read "
+                          "epoch")
+def test_seed_16_a_refresh_that_cannot_start_on_a_read_only_prefix_leaves_the_read_epoch_alone(tmp_path):
+    # Epoch 1 reads generation 0 and would refresh generation 1: the refresh gives up, the epoch is served.
+    served, stats = _remounted_read_only_after_epoch_0(tmp_path, workers=2, refresh=True, epochs=1)
+    assert served == [list(range(24))] * 2
+    assert stats[1] == ("read", 0)
+
+
+@pytest.mark.xfail(strict=True, raises=OSError,
+                   reason="known bug readonly-midrun (checks.KNOWN_BUGS): EROFS on writer.lock in every epoch that "
+                          "would write")
+def test_seed_132_a_prefix_remounted_read_only_during_a_run_is_read_not_written(tmp_path):
+    served, stats = _remounted_read_only_after_epoch_0(tmp_path, workers=0, refresh=False, epochs=3)
+    assert served == [list(range(24))] * 4
+    assert stats[1:] == [("read", 0)] * 3
+
+
+@pytest.mark.xfail(strict=True, reason="known bug shared-commit-members (checks.KNOWN_BUGS): the lock file stays")
+def test_seed_266_a_shared_commit_that_fails_on_a_full_disk_leaves_no_lock_file(tmp_path):
+    from cachestore.errors import BudgetExceededError
+    from tests.fullfs import fill, free, mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "mnt") as mnt:
+        store = open_store(mnt / "s", "memmap", fingerprint={"chaos": 266})
+        writer = store.join(0, 8)
+        for i in range(8):
+            writer.put(i, {"x": np.full(4, i, np.float64)})
+        fill(mnt)  # the last member out commits onto a full disk
+        try:
+            with pytest.raises(BudgetExceededError):
+                writer.commit()
+        finally:
+            free(mnt)
+            store.close()
+        assert sorted(os.listdir(mnt / "s")) == ["store.json"]
+
+
+CTRL_C_IN_CLOSE = """
+import json, os, signal, sys, threading
+from loader import CachedLoader
+from loader.resources import Resources
+from tests.loader.datasets import ArangeDataset
+
+loader = CachedLoader(ArangeDataset, {"n": 24}, batch_size=4, nb_worker=0, seed=0,
+                      cache_setting={"prefix": sys.argv[1]})
+it = iter(loader)
+next(it)  # generation 0 is being written
+# Any thread that does not block SIGINT (torch's, a timer, the user's) may be the one the kernel gives Ctrl-C to;
+# here it is the thread that presses it, while close() keeps the builds (the signal comes from that thread).
+press = threading.Event()
+presser = threading.Thread(target=lambda: (press.wait(), os.kill(os.getpid(), signal.SIGINT)), daemon=True)
+presser.start()
+kept = []
+keep_builds = Resources.keep_builds
+
+def keeping(self):
+    press.set()
+    presser.join()
+    keep_builds(self)
+    kept.append(True)
+
+Resources.keep_builds = keeping
+try:
+    loader.close()
+    print(json.dumps({"interrupted": False, "kept": bool(kept)}))
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted": True, "kept": bool(kept)}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="known bug sigint-in-close (checks.KNOWN_BUGS): Ctrl-C cuts close() short")
+def test_seed_221_ctrl_c_during_close_arrives_once_the_clean_up_is_done(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_CLOSE, str(tmp_path / "cache")], capture_output=True,
+                          text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-3000:]
+    # interrupts_deferred() promises: the clean-up runs to its end, then KeyboardInterrupt arrives.
+    assert json.loads(done.stdout.splitlines()[-1]) == {"interrupted": True, "kept": True}, done.stderr[-3000:]
