@@ -239,7 +239,12 @@ class SharedWriter:
         """
         self._check_open()
         self._close_own()
-        if (not os.path.lexists(self.path) or not self.complete() or not _commit_lock(self._fd, wait=False)
+        if not os.path.lexists(self.path):  # committed by another member, or removed
+            if self._alone():
+                safefs.unlink_name(members_path(self.path))
+            self._end("left")
+            return None
+        if (not self.complete() or not _commit_lock(self._fd, wait=False)
                 or not self._publishable()):
             self._end("left")
             return None
@@ -267,6 +272,8 @@ class SharedWriter:
             safefs.unlink_name(members_path(self.path))  # joiners waiting on it find the generation committed
         except BaseException:
             self.backend.discard(self.token)  # a commit cut short: its logs no longer describe the samples
+            # The lock file of no area: members still in find it replaced (or gone), joiners make a new one.
+            safefs.unlink_name(members_path(self.path))
             self._end("aborted")
             raise
         self._end("committed")

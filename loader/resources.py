@@ -15,6 +15,8 @@ import threading
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from cachestore import Store
 
     from .cache.build import GenerationBuild
@@ -35,11 +37,23 @@ def interrupts_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    # The kernel may give the signal to any thread that does not block it (torch's, a timer's, the
+    # user's), and Python then runs the handler in the main thread all the same: the handler itself is
+    # swapped for one that notes the Ctrl-C, and the noted one is handed to the old handler at the end.
+    handler = signal.getsignal(signal.SIGINT)
+    noted: list[tuple[int, FrameType | None]] = []
+    swapped = callable(handler)
+    if swapped:
+        signal.signal(signal.SIGINT, lambda signum, frame: noted.append((signum, frame)))
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a Ctrl-C held back is noted now
+        if swapped:
+            signal.signal(signal.SIGINT, handler)
+            if noted and callable(handler):
+                handler(*noted[0])
 
 
 class Resources:

@@ -87,6 +87,7 @@ class GenerationBuild:
         self._written_by: dict[str, int] = {}  # shard id -> samples in delivered results
         self._executor: Executor | None = None
         self.epoch = -1  # the epoch that writes it (set when that epoch is broken off)
+        self.made_room: list[int] = []  # older generations removed to make room for it (the budget)
 
     # state ---------------------------------------------------------------
     @property

@@ -206,7 +206,7 @@ class CacheController:
                      "generation %d", self.store.path, ahead, epoch, generation)
             self.base += ahead - generation
             return ahead, EpochMode.READ, {"moved_to": ahead}
-        if self.readonly:
+        if self.readonly or self.went_read_only():
             return self._read_only_choice(epoch, generation, committed)
         damaged = next((g.damaged for g in infos if g.id == generation and g.damaged),
                        self.damaged.get(generation))
@@ -215,6 +215,17 @@ class CacheController:
                         damaged)
             return generation, EpochMode.GENERATE, {"damaged": damaged}
         return generation, EpochMode.GENERATE, {}
+
+    def went_read_only(self) -> bool:
+        """Whether the store's file system was remounted read-only (or made unwritable) during the run:
+        from then on its committed generations are served and nothing is written, as for a run opened there."""
+        if self.readonly or not self.store.backend.persistent or not read_only(self.store.path):
+            return self.readonly
+        log.warning("%s became read-only during the run: serving its committed generations, nothing more is "
+                    "written", self.store.path)
+        self.readonly = True
+        self.stop_refresh()
+        return True
 
     def _read_only_choice(self, epoch: int, generation: int, committed: set[int]) -> tuple[int, EpochMode, dict]:
         """On a read-only file system an epoch reads the newest committed generation: none can be written."""
@@ -282,12 +293,13 @@ class CacheController:
         """
         store = self.store
         committed = list(self.committed().values())
+        removed: list[int] = []
         if committed and not background:
             newest = committed[-1]
             estimate = newest.nbytes if store.backend.persistent else newest.stored_bytes
             budget = store.budget()
             if budget.available is not None and estimate > budget.available:
-                removed = store.prune(keep=0)
+                removed = [r.generation for r in store.prune(keep=0) if r.generation is not None]
                 log.info("budget has no room for two generations: removed %d old one(s) before writing %d",
                          len(removed), generation)
         in_workers = workers_can_write(store.backend, use_threading, executor)
@@ -308,7 +320,9 @@ class CacheController:
                                    f"{'' if self.settings.shared else ' (cache_setting shared=False)'}; "
                                    "give each run its own prefix or wait for it") from None
         policy = BudgetPolicy.STREAM if background else self.settings.policy
-        return GenerationBuild(writer, policy, in_workers)
+        build = GenerationBuild(writer, policy, in_workers)
+        build.made_room = removed
+        return build
 
     def shares(self, readable_staging: bool = True) -> bool:
         """Whether generations are written together with the other processes that write them (ranks of a
@@ -357,7 +371,7 @@ class CacheController:
         BudgetExceededError
             ``background_refresh=True`` and the budget has no room for a second generation.
         """
-        if self.refresh_off:
+        if self.refresh_off or self.went_read_only():
             return None
         generations = self.committed()
         nxt = read_generation + 1

@@ -187,6 +187,8 @@ class EpochRunner:
             if plan.fill is not None:
                 plan.fill = build.missing(plan.fill)
             stats.extra["adopted"] = build.adopted
+        if plan.mode == EpochMode.GENERATE and build is not None and build.made_room:
+            stats.extra["made_room"] = ",".join(map(str, build.made_room))
         finished = False
         t0 = start
         total = (len(plan.indices) * self.state.rotation.rotation if self.state.rotation is not None

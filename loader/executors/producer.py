@@ -199,7 +199,13 @@ class BatchProducer:
         waited for and read back once written, after this task's own samples
         (nothing is held while waiting), one it finished is read back.
         """
-        shard = self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None else None
+        try:
+            shard = (self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None
+                     else None)
+        except (CacheStoreError, FileNotFoundError):
+            if not self._committed_meanwhile(task.shard):
+                raise
+            return self._from_committed(task)
         claims = self._claims if shard is not None else None
         positions = task.stored_at.tolist()
         samples: list[Sample] = []
@@ -242,6 +248,26 @@ class BatchProducer:
         out.batch = self.collate(samples) if task.collate else samples
         out.records = records
         return out
+
+    def _committed_meanwhile(self, spec: ShardSpec | None) -> bool:
+        """Whether the shared area `spec` names is gone because another process writing it together
+        committed it (every sample was in): not a removal."""
+        if spec is None or not spec.token.shared or os.path.lexists(spec.token.path):
+            return False
+        self.close_shard()
+        try:
+            self.reader((spec.spec, spec.token.generation))
+        except CacheStoreError:
+            return False
+        return True
+
+    def _from_committed(self, task: m.Task) -> Produced:
+        """Task `task` of a generate epoch served from the generation another process committed."""
+        assert task.shard is not None
+        reader = self.reader((task.shard.spec, task.shard.token.generation))
+        samples: list[Sample] = [reader.get(pos, copy=True) for pos in task.stored_at.tolist()]
+        samples = self.transformed(task, samples)
+        return Produced(self.collate(samples) if task.collate else samples, staged=len(samples))
 
     def _served_staged(self, task: m.Task, index: int, pos: int, out: Produced) -> Sample:
         """Sample `pos` read back from the generation being written (computed when it cannot be read)."""

@@ -8,6 +8,8 @@ Environment:
 ``CHAOS_DIR``   where scenario directories go (default: a new temporary directory); those of failing
                 scenarios are kept, with each run's spec, event log and stderr
 ``CHAOS_KEEP``  ``1``: keep the directories of passing scenarios too
+``CHAOS_FAULTS`` ``original``: draw only the faults of the suite's first version (the seeds named in
+                ``test_regressions.py`` call their scenario so)
 
 Exit status: 0 when every scenario passed, was skipped (with the reason) or failed only by bugs
 already known (``checks.KNOWN_BUGS``, each a strict xfail in ``test_regressions.py``); 1 otherwise.
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from .checks import KNOWN_BUGS
 from .runner import ScenarioResult, run_scenario, summary_line
-from .scenario import FAULTS, draw
+from .scenario import FAULTS, ORIGINAL, draw
 
 DEFAULT_N = 200
 
@@ -51,6 +53,7 @@ def main() -> int:
     seed = int(os.environ["CHAOS_SEED"]) if os.environ.get("CHAOS_SEED") else random.randrange(1, 10**6)
     n = int(os.environ.get("CHAOS_N", DEFAULT_N))
     keep = os.environ.get("CHAOS_KEEP") == "1"
+    kinds = ORIGINAL if os.environ.get("CHAOS_FAULTS") == "original" else FAULTS
     workdir = Path(os.environ.get("CHAOS_DIR") or tempfile.mkdtemp(prefix="cachestore-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"chaos: CHAOS_SEED={seed} CHAOS_N={n} (scenario i uses seed {seed} + i); directories under {workdir}",
@@ -58,7 +61,7 @@ def main() -> int:
     results: list[ScenarioResult] = []
     start = time.monotonic()
     for i in range(n):
-        result = run_scenario(draw(seed + i), workdir, keep=keep)
+        result = run_scenario(draw(seed + i, kinds), workdir, keep=keep)
         results.append(result)
         print(summary_line(result), flush=True)
         for problem in result.problems:

@@ -86,42 +86,7 @@ STAGING_META = "staging.json"
 
 #: Bugs the suite found, each a strict xfail in test_regressions.py: id -> (what a problem it causes
 #: says, the bug in a line). A failing scenario whose problems all match is reported as a known bug.
-KNOWN_BUGS: dict[str, tuple[str, str]] = {
-    # First met: CHAOS_SEED=138 (memmap, 4 runs, rm -rf in run1's generate epoch 1).
-    "rm-shared-commit": (
-        r"FileNotFoundError after the prefix was removed during the epoch.*\.shared-\d+-",
-        "rm -rf of the prefix while a memmap generation is written together: the epoch ends in a bare "
-        "FileNotFoundError (SharedWriter.commit -> complete() -> done_map() opens '.shared-<g>-<fp>/done') instead "
-        "of the CacheStoreError that says the cache directory was removed (the exclusive writer's 'staging area ... "
-        "is gone')"),
-    # First met: CHAOS_SEED=266 (memmap, 3 runs, the disk fills while run1 - the last member out - commits).
-    "shared-commit-members": (
-        r"\.shared-\d+-[0-9a-f]+\.members \(the lock file of no area\).*\(the disk filled during these runs\)",
-        "a shared commit that fails (a full disk) removes its area (backend.discard) but leaves "
-        "'.shared-<g>-<fp>.members' behind (SharedWriter.commit's except path does not unlink it, as _remove() "
-        "does): a lock file outlives the runs"),
-    # First met: CHAOS_SEED=221 (memmap, 3 workers, one Ctrl-C while run1 closed its loader: lost), 414 (rotation
-    # on disk, Ctrl-C in executor.shutdown(): the window was never removed).
-    "sigint-in-close": (
-        r"Ctrl-C did not end the run \(the KeyboardInterrupt was raised inside .*during close\(\)\)"
-        r"|a Ctrl-C cut \S+ close\(\) short",
-        "Ctrl-C during close(): interrupts_deferred() blocks SIGINT in the main thread only, but Python raises "
-        "KeyboardInterrupt in the main thread whichever thread the kernel gave the signal to (any other thread: "
-        "torch's, a timer, the user's); the clean-up is cut short, and a KeyboardInterrupt raised inside a finalizer "
-        "it runs (multiprocessing's Finalize: close_fds) is ignored - the Ctrl-C is lost, the program goes on"),
-    # First met: CHAOS_SEED=16 (lmdb, K=3, background refresh, remounted read-only before epoch 1).
-    "readonly-refresh": (
-        r"its background refresh could not start\) after the file system was remounted read-only",
-        "a prefix remounted read-only during a run: a read epoch of a committed generation fails, because "
-        "start_refresh() lets the OSError (EROFS, opening writer.lock) of the refresh's open_build() out, although a "
-        "refresh 'never raises' and gives up instead"),
-    # First met: CHAOS_SEED=132 (lmdb, K=2, remounted read-only before epoch 2).
-    "readonly-midrun": (
-        r"\) after the file system was remounted read-only between epochs, although generation",
-        "a prefix remounted read-only during a run: every later epoch that would write a generation fails with a "
-        "bare OSError (EROFS, opening writer.lock) instead of reading the newest committed one, as a loader opened "
-        "on a read-only file system does (CacheController.readonly is decided once, in open())"),
-}
+KNOWN_BUGS: dict[str, tuple[str, str]] = {}  # none today: each one found is fixed in test_regressions.py
 
 
 def known_bug(problem: str) -> str | None:
@@ -814,10 +779,13 @@ def _may_leave_uncommitted(s: dict, runs: list, run, e: Epoch) -> bool:
 
 def check_commits(s: dict, runs: list) -> list[str]:
     """A generation is committed once - by one of the processes that wrote it together - unless it was
-    removed (a prune, ``rm -rf``) or found damaged before it was written again."""
+    removed (a prune, ``rm -rf``, a generate epoch making room on a full budget) or found damaged before it
+    was written again."""
     commits = sorted((e.t_end, e.t_start, e.version, e.generation, run.name, e.epoch, e.stats["extra"])
                      for run in runs for e in epochs_of(run) if e.stats and e.stats["committed"])
     removals = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
+    # A generate epoch on a full budget removes the generations before it first (policy "stream", "rotate").
+    removals += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "made_room" in e.stats["extra"]]
     problems = []
     last: dict[tuple, tuple] = {}
     for commit in commits:

@@ -1,8 +1,10 @@
 """Bugs the chaos suite found, each a regression test (they were strict xfails until fixed).
 
 A seed names a whole scenario (``CHAOS_SEED=<seed> CHAOS_N=1 make chaos`` runs it again with its
-logs); where the failure depends on the exact moment a process was killed, the aftermath of that
-moment is built directly instead, so that the test fails every time until the bug is fixed.
+logs; add ``CHAOS_FAULTS=original`` for the seeds checked with :data:`~tests.chaos.scenario.ORIGINAL`,
+named before the suite drew the faults of issues 24 and 28); where the failure depends on the exact
+moment a process was killed, the aftermath of that moment is built directly instead, so that the
+test fails every time until the bug is fixed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from cachestore import open_store
 
 from .runner import run_scenario
+from .scenario import ORIGINAL
 from .test_chaos import check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -43,16 +46,16 @@ def test_commit_on_a_full_disk_keeps_the_budget_policy(tmp_path):
 
 
 def test_seed_5019_dataset_error_in_a_rotation_epoch_without_workers_names_the_index(tmp_path):
-    check(5019, tmp_path)
+    check(5019, tmp_path, ORIGINAL)
 
 
 def test_seed_117_next_run_that_only_reads_cleans_up_after_a_killed_writer(tmp_path):
     # run1 (K=3) is SIGKILLed while writing generation 1; run2 reads generation 0 for its 3 epochs.
-    check(117, tmp_path)
+    check(117, tmp_path, ORIGINAL)
 
 
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
-    check(148, tmp_path)
+    check(148, tmp_path, ORIGINAL)
 
 
 def _dead_pid() -> int:
@@ -117,28 +120,24 @@ def test_a_failed_refresh_stops_the_workers_before_removing_the_staging_area(tmp
 
 def test_seed_89_a_refresh_whose_commit_meets_a_full_disk_keeps_serving(tmp_path):
     # memmap, K=2, background refresh, policy 'stream': the disk fills while generation 1 is refreshed.
-    check(89, tmp_path)
+    check(89, tmp_path, ORIGINAL)
 
 
 def test_seed_159_a_kept_partial_generation_is_not_debris(tmp_path):
     # lmdb: run1 is SIGKILLed while writing; its staging (with lock.mdb, temp files) is the partial generation.
-    check(159, tmp_path)
+    check(159, tmp_path, ORIGINAL)
 
 
 def test_seed_20261197_workers_sending_records_never_serve_other_values_than_stored(tmp_path):
     # memory backend, 3 workers, a worker killed and a dataset error: a partial generation their
     # records built must not be resumed by recomputing its samples (served values would differ).
-    check(20261197, tmp_path)
+    check(20261197, tmp_path, ORIGINAL)
 
 
-# ---------------------------------------------------------------------------- known bugs (strict xfails)
 def _served(loader) -> list[int]:
     return sorted(int(y) for batch in loader for y in batch["y"])
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
-                   reason="known bug rm-shared-commit (checks.KNOWN_BUGS): a bare FileNotFoundError from the shared "
-                          "commit's done map")
 def test_rm_of_the_prefix_under_writers_together_says_the_cache_directory_was_removed(tmp_path):
     # CHAOS_SEED=138: rm -rf of the prefix while generation 0 is written in a shared area (memmap, the default).
     import subprocess
@@ -187,9 +186,6 @@ def _remounted_read_only_after_epoch_0(tmp_path, workers: int, refresh: bool, ep
     return served, stats
 
 
-@pytest.mark.xfail(strict=True, raises=OSError,
-                   reason="known bug readonly-refresh (checks.KNOWN_BUGS): start_refresh lets EROFS out of a read "
-                          "epoch")
 def test_seed_16_a_refresh_that_cannot_start_on_a_read_only_prefix_leaves_the_read_epoch_alone(tmp_path):
     # Epoch 1 reads generation 0 and would refresh generation 1: the refresh gives up, the epoch is served.
     served, stats = _remounted_read_only_after_epoch_0(tmp_path, workers=2, refresh=True, epochs=1)
@@ -197,16 +193,12 @@ def test_seed_16_a_refresh_that_cannot_start_on_a_read_only_prefix_leaves_the_re
     assert stats[1] == ("read", 0)
 
 
-@pytest.mark.xfail(strict=True, raises=OSError,
-                   reason="known bug readonly-midrun (checks.KNOWN_BUGS): EROFS on writer.lock in every epoch that "
-                          "would write")
 def test_seed_132_a_prefix_remounted_read_only_during_a_run_is_read_not_written(tmp_path):
     served, stats = _remounted_read_only_after_epoch_0(tmp_path, workers=0, refresh=False, epochs=3)
     assert served == [list(range(24))] * 4
     assert stats[1:] == [("read", 0)] * 3
 
 
-@pytest.mark.xfail(strict=True, reason="known bug shared-commit-members (checks.KNOWN_BUGS): the lock file stays")
 def test_seed_266_a_shared_commit_that_fails_on_a_full_disk_leaves_no_lock_file(tmp_path):
     from cachestore.errors import BudgetExceededError
     from tests.fullfs import fill, free, mounted_tmpfs
@@ -259,7 +251,6 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="known bug sigint-in-close (checks.KNOWN_BUGS): Ctrl-C cuts close() short")
 def test_seed_221_ctrl_c_during_close_arrives_once_the_clean_up_is_done(tmp_path):
     import json
     import subprocess
