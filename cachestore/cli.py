@@ -191,7 +191,8 @@ def _describe_generation(g: GenerationInfo, holder: int | None) -> Doc:
            "num_samples": g.num_samples if g.committed else None, "bytes": g.nbytes,
            "raw_bytes": g.raw_bytes, "stored_bytes": g.stored_bytes, "compression_ratio": g.compression_ratio,
            "layout": g.layout, "created": g.created, "path": g.path,
-           "owner_pid": None, "owner_alive": None, "writing": False}
+           "owner_pid": None, "owner_alive": None, "writing": False,
+           "shared": bool(g.extra.get("shared")), "members": bool(g.extra.get("members"))}
     if not g.committed and g.owner_pid:
         doc.update(owner_pid=g.owner_pid, owner_alive=pid_alive(g.owner_pid), writing=g.owner_pid == holder)
     return doc
@@ -315,6 +316,8 @@ def _generation_row(g: Doc) -> list[str]:
     ratio = g["compression_ratio"]
     if g["state"] in ("committed", "damaged"):
         owner = "-"
+    elif g.get("shared"):
+        owner = "shared (writers in)" if g.get("members") else "shared (partial)"
     elif g["owner_pid"] is None:
         owner = "- (being removed)"
     else:
@@ -427,6 +430,8 @@ def _kept(store: Store, removed: set[str]) -> list[tuple[str, str, int, str]]:
             continue
         if g.owner_pid and g.owner_pid == holder:
             kept.append(("staging", g.path, g.nbytes, f"live writer pid {g.owner_pid} holds it"))
+        elif g.extra.get("shared") and g.extra.get("members"):
+            kept.append(("staging", g.path, g.nbytes, "processes writing it together hold it"))
         else:
             kept.append(("partial", g.path, g.nbytes, "partial generation of this dataset: the next run "
                                                       "completes it (--partial removes it)"))

@@ -481,3 +481,24 @@ def test_a_damaged_store_is_a_problem_not_a_crash(tmp_path, capsys):
     code, out, err = run(capsys, "prune", prefix, "--keep", "0")
     assert code == 1 and f"cannot prune store {bad}" in err
     assert committed(good) == []
+
+
+def test_inspect_and_prune_show_a_shared_area_and_its_writers(tmp_path, capsys):
+    store = build(tmp_path / "cache", generations=1)
+    writing = open_store(store, "memmap", fingerprint=FINGERPRINT, producer=PRODUCER)
+    writer = writing.join(1, N)  # this process is a member of generation 1's shared area
+    try:
+        writer.put(0, sample(1, 0))
+        code, doc = inspect_json(capsys, store)
+        (area,) = [g for g in doc["stores"][0]["generations"] if g["id"] == 1]
+        assert code == 0 and (area["state"], area["shared"], area["members"]) == ("staging", True, True)
+        assert "shared (writers in)" in run(capsys, "inspect", store)[1]
+
+        code, out, err = run(capsys, "prune", store, "--keep", "0")
+        assert code == 0 and err == "" and "processes writing it together hold it" in out
+        assert os.path.isdir(area["path"])
+        writer.keep()  # every member left before it was complete: a partial generation
+        assert "shared (partial)" in run(capsys, "inspect", store)[1]
+    finally:
+        writer.abort()
+        writing.close()
