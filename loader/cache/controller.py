@@ -12,6 +12,7 @@ the budget has no room for two).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -339,6 +340,12 @@ class CacheController:
             extra["background"] = True
         complete = build.shared and build.complete()  # before leaving: the area may go with the commit
         info = build.commit(extra)
+        if (info is None and isinstance(build.writer, SharedWriter) and not os.path.lexists(build.writer.path)
+                and build.generation not in self.committed()):
+            log.warning("the staging area of generation %d of %s was removed during the epoch (was the cache "
+                        "directory removed?): its samples were served, and it is written again when an epoch "
+                        "needs it", build.generation, self.store.path)
+            return None
         if info is None:
             log.info("generation %d of %s: this process's part is written; %s", build.generation, self.store.path,
                      "another process writing it commits it" if complete

@@ -839,6 +839,9 @@ def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
     if s["backend"] != "memmap" or any(f in s["faults"] for f in ("disk-full", "coop-disk-full", "bitflip")):
         return []
     breaks = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
+    # A generate epoch whose area was removed under it served samples no generation keeps.
+    breaks += [e.t_end for run in runs for e in epochs_of(run) if e.mode == "generate"
+               and any(e.t_start <= t <= e.t_end for t in breaks)]
     breaks += [f["time"] for f in read_fired(paths.ctl) if f["kind"] == "killcommit"]
     breaks += [run.ended for run in runs if ctrl_c_inside(run) == "a commit"]
     breaks += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "damaged" in e.stats["extra"]]
