@@ -868,11 +868,13 @@ def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
 
 def check_after_killed_commit(s: dict, runs: list, paths: Paths) -> list[str]:
     """After a member was killed inside its commit, the next run on the prefix ends with a committed
-    generation (``check_store`` verifies it)."""
+    generation (``check_store`` verifies it), unless the disk was full while it ran."""
     if "coop-kill-commit" not in s["faults"] or not runs or runs[-1].spec["after"] is None:
         return []
     follow = runs[-1]
-    if not any(e.completed for e in epochs_of(follow)) or committed_now(paths):
+    epochs = epochs_of(follow)
+    if not any(e.completed for e in epochs) or committed_now(paths) or _disk_full_during(
+            runs, min(e.t_start for e in epochs), max(e.t_end for e in epochs)):
         return []
     return [f"{follow.name} completed epochs after a commit was killed, but no generation is committed at the end"]
 
