@@ -27,25 +27,30 @@ SETTLE_TIMEOUT = 120.0
 
 
 def settle(host: ExecutorHost, cache: CacheController | None, refresh: BackgroundRefresh | None,
-           timeout: float | None) -> bool:
-    """Keep or commit the builds of broken-off epochs, once the workers finished the tasks that write into them.
+           timeout: float | None, epoch: int) -> bool:
+    """Before `epoch` runs: keep or commit the builds of broken-off epochs, once the workers finished the
+    tasks that write into them, and let the tasks of a broken-off run of `epoch` itself finish.
 
     Workers run the tasks they were sent in order, so the abandoned epoch's
     results arrive first (their slots are freed as they come); then every
     worker closes its shard. Workers that take too long are killed: what they
-    wrote is whole on disk either way. Returns ``False`` when they were killed
-    (a running background refresh is gone with them).
+    wrote is whole on disk either way. Results are told apart by (epoch,
+    batch, part): an earlier run of the same epoch (``set_epoch`` back to it
+    after a ``break``) must be done before this one sends its first task.
+    Returns ``False`` when the workers were killed (a running background
+    refresh is gone with them).
     """
     res = host.res
-    if not res.pending:
-        return True
     executor, slots = res.executor, res.slots
-    if executor is None or not any(b.in_workers for b in res.pending):
+    writing = executor is not None and any(b.in_workers for b in res.pending)
+    same_epoch = executor is not None and slots is not None and slots.orphaned(epoch) > 0
+    if not writing and not same_epoch:
         res.keep_pending()
         return True
+    assert executor is not None
     deadline = time.monotonic() + (timeout or SETTLE_TIMEOUT)
     try:
-        while slots is not None and slots.orphaned():
+        while slots is not None and slots.orphaned(None if writing else epoch):
             msg = executor.next_message(timeout=max(0.0, deadline - time.monotonic()))
             if msg is None:
                 raise TimeoutError("the tasks of a broken-off epoch did not finish")
@@ -53,9 +58,11 @@ def settle(host: ExecutorHost, cache: CacheController | None, refresh: Backgroun
                 continue
             if isinstance(msg, (m.BatchDone, m.TaskFailed)):
                 slots.release_task(msg)
-        executor.flush_shards()
+        if writing:
+            executor.flush_shards()
     except Exception as exc:
-        log.info("stopping the workers to keep generation(s) %s: %s", [b.generation for b in res.pending], exc)
+        log.info("stopping the workers of a broken-off epoch (generation(s) %s kept): %s",
+                 [b.generation for b in res.pending], exc)
         host.kill()  # keeps every build
         return False
     pending, res.pending = res.pending, []

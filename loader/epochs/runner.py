@@ -151,7 +151,7 @@ class EpochRunner:
     def run(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
-        if not settle(self.host, self.cache, self.refresh, self.settings.timeout):
+        if not settle(self.host, self.cache, self.refresh, self.settings.timeout, epoch):
             self.refresh = None
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             self.host.shrink_slots()

@@ -51,6 +51,23 @@ def test_set_epoch_going_back_reads_this_runs_generations(no_leaks, caplog, sequ
     assert "another run" not in caplog.text  # it is this run that moved ahead
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_epoch_broken_off_then_served_again_takes_none_of_its_old_results(no_leaks, cache):
+    # The broken-off run's tasks are still running when the same epoch starts over: their results carry
+    # the same (epoch, batch) and must not be taken for the new run's.
+    cache_setting = {"prefix": str(no_leaks / "c")} if cache else None
+    with CachedLoader(ArangeDataset, {"n": 64, "shape": [2], "delay": 0.01}, batch_size=4, nb_worker=2, seed=0,
+                      cache_setting=cache_setting) as loader:
+        for _ in range(3):
+            loader.set_epoch(0)
+            next(iter(loader))
+        loader.set_epoch(0)
+        batches = list(loader)
+        assert sorted(int(y) for b in batches for y in b["y"]) == list(range(64))
+        assert all(np.array_equal(b["x"][:, 0], b["y"]) for b in batches)
+
+
 # ---------------------------------------------------------------------------- damaged states
 def _state(tmp_path: Path) -> tuple[dict, dict]:
     settings = dict(batch_size=4, nb_worker=0, seed=3, cache_setting={"prefix": str(tmp_path / "c")})

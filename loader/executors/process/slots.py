@@ -136,9 +136,9 @@ class SlotPool:
         for task in tasks:
             self._orphans[(task.epoch, task.seq, task.part)] = task.slot
 
-    def orphaned(self) -> int:
-        """Slots still lent to tasks of ended epochs."""
-        return len(self._orphans)
+    def orphaned(self, epoch: int | None = None) -> int:
+        """Slots still lent to tasks of ended epochs (of epoch `epoch` only, when given)."""
+        return len(self._orphans) if epoch is None else sum(key[0] == epoch for key in self._orphans)
 
     def release_task(self, msg: m.BatchDone | m.TaskFailed) -> None:
         """A late result of an orphaned task arrived: its slot is free again."""
