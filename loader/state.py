@@ -15,7 +15,9 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sized
 
-from .cache.fingerprint import dataset_fingerprint
+from cachestore.errors import FingerprintError
+
+from .cache.fingerprint import class_path, dataset_fingerprint
 from .dataset import Batch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches
@@ -32,7 +34,12 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
     the world size: a state resumes on another number of ranks of the same node (elastic).
     """
     cache = settings.cache
-    fingerprint = dataset_fingerprint(settings.dataset, num_samples, layout.store_owner)
+    try:
+        fingerprint = dataset_fingerprint(settings.dataset, num_samples, layout.store_owner,
+                                          cache.fingerprint if cache is not None else None)
+    except FingerprintError:
+        # Not cached, and not hashable by value (a lock, an open file): its class stands for it.
+        fingerprint = {"dataset": class_path(settings.dataset.dataset_class)}
     identity: dict[str, object] = {
         "dataset_class": fingerprint.get("dataset"),
         "dataset_params": {k: v for k, v in fingerprint.items() if k in ("params_sha256", "state_sha256")},

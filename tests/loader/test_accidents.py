@@ -101,6 +101,27 @@ def test_a_sound_state_is_taken(tmp_path):
         assert sum(1 for _ in loader) == 5 - state["batches_served"]
 
 
+class _Locked(ArangeDataset):
+    """A dataset holding what cannot be hashed by value (a lock): fine to load, not to fingerprint."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def test_a_state_of_an_uncached_loader_needs_no_fingerprint_of_its_dataset():
+    with CachedLoader(_Locked(20), batch_size=4, nb_worker=0, seed=3) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        it.close()
+    with CachedLoader(_Locked(20), batch_size=4, nb_worker=0, seed=3) as loader:
+        loader.load_state_dict(state)
+        assert sum(1 for _ in loader) == 4
+
+
 # ---------------------------------------------------------------------------- a read-only file system
 @pytest.fixture
 def tmpfs(tmp_path):
