@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Sequence
 
 from cachestore import Store
 
-from .arguments import parse_arguments, resolve_aliases
+from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
@@ -113,7 +113,7 @@ class CachedLoader(LoaderAttributes):
                  persistent_workers: bool = False, prefetch_factor: int | None = None,
                  multiprocessing_context: object = None,
                  seed: int | None = None, drop_last: bool = False, nearby_shuffle: int = 0,
-                 collate_fn: CollateFn | None = None, max_queue_size: int = 20, prefetch_time: float | None = None,
+                 collate_fn: CollateFn | None = None, max_queue_size: int = DEFAULT_QUEUE, prefetch_time: float | None = None,
                  use_threading: bool = False, device: Device = None, pin_memory: bool = False,
                  gpu_indices: list[int] | None = None, max_minibatch_length: int | None = None,
                  cache_setting: CacheSettings | dict[str, object] | None = None,

@@ -29,6 +29,8 @@ ALIASES: dict[str, str] = {
 #: training process's, so the parent-death signal that takes workers down with a killed training
 #: process would watch the wrong one.
 START_METHODS = ("spawn", "fork")
+#: Batches in flight unless max_queue_size (or prefetch_factor) says otherwise.
+DEFAULT_QUEUE = 20
 
 
 def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, object], owner: str) -> dict[str, object]:
@@ -102,13 +104,25 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         int_at_least("prefetch_factor", a["prefetch_factor"], 1)
     if a["persistent_workers"] and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
+    if a["multiprocessing_context"] is not None and workers == 0:
+        raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                         "but got num_workers=0")
+    if a["prefetch_factor"] is not None and a["max_queue_size"] != DEFAULT_QUEUE:
+        raise ValueError(f"give max_queue_size or prefetch_factor, not both (prefetch_factor={a['prefetch_factor']} "
+                         f"keeps prefetch_factor x num_workers batches in flight)")
     if _distributed_sampler(sampler):
+        sampler_seed = int(getattr(sampler, "seed", 0))
+        if a["seed"] is not None and a["seed"] != sampler_seed:
+            raise ValueError(f"seed={a['seed']} and the DistributedSampler's seed {sampler_seed} disagree: the "
+                             "sampler's seed is the loader's; give one of them")
+        if a["generator"] is not None:
+            raise ValueError("a DistributedSampler's seed is the loader's: give no generator with it")
         # Its ranks, its seed, its shuffle become the loader's own: the node's ranks split a new
         # permutation of the data every epoch, as the sampler would (loader.distributed).
         out: dict[str, object] = {"shuffle": bool(getattr(sampler, "shuffle", True)), "sampling": None,
                                   "nb_consumer": int(getattr(sampler, "num_replicas")),
                                   "consumer_index": int(getattr(sampler, "rank")),
-                                  "seed": int(getattr(sampler, "seed", 0))}
+                                  "seed": sampler_seed}
     else:
         out = {"shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
                "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
@@ -212,7 +226,9 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         partition=_choice("partition", a["partition"], PARTITIONS),
         to_device=_callable("to_device", a["to_device"]), start_method=str(start_method),
         max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
-        timeout=_seconds("timeout", a["timeout"], "None (wait as long as it takes) or seconds > 0", zero=False),
+        # 0 is torch's default and means what None means here: no limit.
+        timeout=_seconds("timeout", None if a["timeout"] == 0 and a["timeout"] is not False else a["timeout"],
+                         "None or 0 (wait as long as it takes) or seconds > 0", zero=False),
         progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options,
         sampling=sampling, worker_init_fn=torch["worker_init_fn"],  # type: ignore[arg-type]
         read_transform=_callable("read_transform", a["read_transform"]))

@@ -72,3 +72,17 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
 
 __all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "SampleError", "WorkerError", "WorkerTimeoutError",
            "tag_sample_index"]
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (:pep:`678`) where Python has it (3.11); on 3.10 the note is kept in
+    ``__notes__`` all the same, and an exception that refuses attributes goes without it."""
+    try:
+        exc.add_note(note)
+    except AttributeError:
+        try:
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+    except TypeError:
+        pass

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 from cachestore.collate import stack_samples
 
 from ..api import CachedLoader
+from ..errors import add_note
 from .base import CompatLoader, check_pass_through, explain
 from .logging import log_handlers
 
@@ -33,8 +34,7 @@ def validate_dataset(dataset_class: type, dataset_params: dict, batch_size: int,
         if samples:
             (collate_fn or stack_samples)(samples)
     except Exception as exc:
-        if hasattr(exc, "add_note"):  # Python >= 3.11
-            exc.add_note(f"validate=True: failed while {step}, in the training process, before any worker started")
+        add_note(exc, f"validate=True: failed while {step}, in the training process, before any worker started")
         log.error("validate=True: failed while %s", step)
         raise
 

@@ -11,7 +11,7 @@ import numpy as np
 from cachestore import Reader
 
 from ..cache.build import GenerationBuild
-from ..errors import SampleError
+from ..errors import SampleError, add_note
 from ..executors import messages as m
 from ..executors.producer import BatchProducer
 from ..settings import EpochMode
@@ -39,7 +39,7 @@ def dataset_error(exc: SampleError, epoch: int) -> BaseException:
     In-process, the dataset's own exception is the clearest error: it is re-raised as it is.
     """
     who = "read_transform" if exc.stage == "read_transform" else "the dataset"
-    exc.cause.add_note(f"raised by {who} {exc.doing} of epoch {epoch}")
+    add_note(exc.cause, f"raised by {who} {exc.doing} of epoch {epoch}")
     return exc.cause
 
 

@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..dataset import Batch, CollateFn, ReadTransform, Sample
-from ..errors import SampleError
+from ..errors import SampleError, add_note
 from ..executors.producer import transform as _transform_sample
 from .plan import EpochPlan, EpochStats
 from .windows import RotationWindow
@@ -221,7 +221,7 @@ def _transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: 
     try:
         return _transform_sample(fn, sample, seed, epoch, index, serve)
     except SampleError as exc:
-        exc.cause.add_note(f"raised by read_transform {exc.doing} of epoch {epoch}")
+        add_note(exc.cause, f"raised by read_transform {exc.doing} of epoch {epoch}")
         raise exc.cause from None
 
 

@@ -32,6 +32,7 @@ from ..cache.policy import close_generation, give_up_caching
 from ..cache.refresh import BackgroundRefresh, complete_refresh, start_refresh
 from ..dataset import Batch, BatchFn, Sample
 from ..executors.host import ExecutorHost
+from ..errors import add_note
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..resources import Resources
@@ -230,7 +231,7 @@ class EpochRunner:
             raise CacheController.explain(exc)
         except GenerationNotFoundError as exc:
             if plan.mode == EpochMode.READ:
-                exc.add_note(f"Generation {plan.generation} was removed while epoch {epoch} read it (by `cachestore "
+                add_note(exc, f"Generation {plan.generation} was removed while epoch {epoch} read it (by `cachestore "
                              "prune`, or by a run that committed a newer one on the same prefix); the next "
                              "epoch reads a newer generation or writes it again.")
                 self.reads.drop_reader()

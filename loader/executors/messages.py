@@ -21,7 +21,7 @@ from ..dataset import Batch, CollateFn, DatasetSource, ReadTransform, WorkerInit
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
            "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
-from ..errors import WorkerError
+from ..errors import WorkerError, add_note
 from ..settings import BudgetPolicy, EpochMode
 from .transport import Portable
 
@@ -219,9 +219,9 @@ class TaskFailed:
             exc = WorkerError(f"{self.type_name}: {self.message}\n({where} Its class cannot be imported in the "
                               "training process, so it is re-raised as WorkerError.)")
         if self.kind in ("budget", "store"):
-            _add_note(exc, where)  # the store's message says what to do; the worker's stack adds nothing
+            add_note(exc, where)  # the store's message says what to do; the worker's stack adds nothing
         else:
-            _add_note(exc, f"{where} Worker traceback:\n{self.traceback.rstrip()}")
+            add_note(exc, f"{where} Worker traceback:\n{self.traceback.rstrip()}")
         attributes = {**self.extra, "sample_index": self.index, "worker_id": self.worker_id, "worker_pid": pid,
                       "worker_traceback": self.traceback}
         for name, value in attributes.items():
@@ -276,13 +276,6 @@ def _loads(data: bytes | None) -> object:
         return pickle.loads(data)
     except Exception:
         return None
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    try:
-        exc.add_note(note)
-    except (AttributeError, TypeError):
-        pass
 
 
 #: What the training process sends a worker.

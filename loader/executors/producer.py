@@ -27,7 +27,7 @@ from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
 from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample
-from ..errors import SampleError, tag_sample_index
+from ..errors import SampleError, add_note, tag_sample_index
 from ..settings import BudgetPolicy, EpochMode
 from . import messages as m
 
@@ -340,7 +340,7 @@ class BatchProducer:
                 out.append(self.dataset[index])
             except Exception as exc:
                 tag_sample_index(exc, index)
-                exc.add_note(f"raised by the dataset while computing sample {index} of epoch {epoch}")
+                add_note(exc, f"raised by the dataset while computing sample {index} of epoch {epoch}")
                 raise
         return out
 

@@ -30,6 +30,7 @@ def ys(loader) -> list[int]:
     ({"sampler": SequentialSampler(range(8)), "shuffle": True}, "sampler option is mutually exclusive with shuffle"),
     ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor option could only be specified in multiprocessing"),
     ({"num_workers": 0, "persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
+    ({"num_workers": 0, "multiprocessing_context": "fork"}, "multiprocessing_context can only be used"),
 ])
 def test_conflicting_arguments_raise_torchs_errors(kwargs, message):
     # What torch says for the same pair.
@@ -62,6 +63,25 @@ def test_torch_names_map_onto_the_loader(tmp_path):
         CachedLoader(ArangeDataset(4), generator=generator, seed=3)
     with pytest.raises(ValueError, match="disagree"):
         CachedLoader(ArangeDataset(4), multiprocessing_context="fork", start_method="spawn")
+    with pytest.raises(ValueError, match="max_queue_size or prefetch_factor"):
+        CachedLoader(ArangeDataset(4), num_workers=2, prefetch_factor=3, max_queue_size=50)
+
+
+def test_torchs_timeout_0_means_no_limit():
+    with CachedLoader(ArangeDataset(8), batch_size=4, num_workers=0, timeout=0) as loader:
+        assert loader.timeout is None and sorted(ys(loader)) == list(range(8))
+
+
+def test_a_distributed_samplers_seed_is_the_loaders():
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(ArangeDataset(8), num_replicas=2, rank=0, seed=5)
+    with CachedLoader(ArangeDataset(8), sampler=sampler, num_workers=0, seed=5) as loader:
+        assert loader.seed == 5
+    with pytest.raises(ValueError, match="disagree"):
+        CachedLoader(ArangeDataset(8), sampler=sampler, num_workers=0, seed=6)
+    with pytest.raises(ValueError, match="give no generator"):
+        CachedLoader(ArangeDataset(8), sampler=sampler, num_workers=0, generator=torch.Generator().manual_seed(5))
 
 
 def test_the_same_generator_seed_gives_the_same_order():
