@@ -58,14 +58,16 @@ def write(path: str, gen: int, n: int, side: int = 64, k: int = K, consumer: int
 
 
 def writing(path: str, gen: int, n: int, side: int, written: int, rotation: bool, ready, stop) -> None:
-    """A training run writing generation `gen` (and a disk rotation window): it holds until stopped or killed."""
+    """A training run writing generation `gen` (and a disk rotation window): it holds until stopped or killed.
+
+    It joins the generation's shared staging area, as the loader's writers do by default (memmap,
+    ``shared=True``): killed, it leaves a partial generation the next run completes.
+    """
     store = open_store(path, fingerprint=fingerprint(n, side), producer=producer(K, side))
     rng = np.random.default_rng(gen)
-    writer = store.writer(gen, num_samples=n)
-    shard = writer.shard_spec().open("w0-i1")
+    writer = store.join(gen, num_samples=n)
     for i in range(written):
-        shard.put(i, sample(rng, i, side))
-    shard.flush()
+        writer.put(i, sample(rng, i, side))
     if rotation:  # the loader's rotation window, simulated
         window = os.path.join(path, f"rotation-{os.getpid()}-{os.urandom(4).hex()}")
         os.mkdir(window)
@@ -73,8 +75,7 @@ def writing(path: str, gen: int, n: int, side: int, written: int, rotation: bool
             f.write(rng.bytes(4 << 20))
     ready.set()
     stop.wait(120)
-    shard.close()
-    writer.abort()
+    writer.keep()
 
 
 def run(*argv: str, note: str = "") -> None:
@@ -98,7 +99,8 @@ def main_script(base: str) -> None:
     os.chdir(base)
     ctx = mp.get_context("spawn")
 
-    # Two generate epochs (0-4, 5-9), then a run killed while it generated epochs 10-14.
+    # Two generate epochs (0-4, 5-9), then a loader run killed while it generated epochs 10-14: the
+    # partial generation it leaves is kept for the next run.
     write("cache", 0, 2000)
     write("cache", 1, 2000)
     ready, stop = ctx.Event(), ctx.Event()
@@ -135,10 +137,12 @@ def main_script(base: str) -> None:
     stop.set()
     proc.join(60)
 
-    print("### consumers\n")
+    print("### a store per rank\n")
+    # Two ranks with cache_setting["scope"] = "rank" and update_frequency=2: generations 0, 1, 2 serve
+    # epochs 0-1, 2-3, 4-5.
     for consumer in range(2):
         for gen in range(3):
-            write(f"prefix/consumer-{consumer}-of-2", gen, 500, side=32, k=1, consumer=consumer, consumers=2)
+            write(f"prefix/consumer-{consumer}-of-2", gen, 500, side=32, k=2, consumer=consumer, consumers=2)
     run("inspect", "prefix")
     run("prune", "prefix", "--keep", "3", "--max-bytes", "3.5MiB", "--dry-run")
 
