@@ -143,6 +143,9 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
     context = a["multiprocessing_context"]
     if context is not None:
         method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+        if method not in START_METHODS:
+            raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS))} (or "
+                             f"their multiprocessing contexts), got {context!r}")
         if a["start_method"] is not None and a["start_method"] != method:
             raise ValueError(f"start_method={a['start_method']!r} and multiprocessing_context ({method!r}) "
                              "disagree; give one of them")

@@ -66,4 +66,7 @@ class LoaderAttributes:
     executor = _Setting(lambda s: s.executor)
     executor_options = _Setting(lambda s: dataclasses.asdict(s.ray_options) if s.ray_options is not None else {})
     cache = _Setting(lambda s: s.cache)
+    partition = _Setting(lambda s: s.partition)
+    worker_init_fn = _Setting(lambda s: s.worker_init_fn)
+    read_transform = _Setting(lambda s: s.read_transform)
 

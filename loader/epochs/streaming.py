@@ -33,8 +33,9 @@ from cachestore import CorruptSampleError, Reader, codec
 from cachestore.codec import Leaf, LeafSpec
 
 from ..dataset import Batch
+from ..errors import SampleError
 from ..executors.producer import BatchProducer
-from .inline import read_task
+from .inline import dataset_error, read_task
 from .order import WINDOW_BLOCKS
 from .plan import EpochPlan, EpochStats
 
@@ -65,11 +66,14 @@ def stream_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer:
         else:
             leaves = _by_rows(batches, specs, reader, pool, io_threads)
         for positions, got in zip(batches, leaves):
-            if isinstance(got, CorruptSampleError):
-                log.warning("%s; computing this batch from the dataset instead", str(got))
-                batch = producer.recompute(read_task(plan, positions), got)
-            else:
-                batch = _batch(plan, positions, got, treedef, producer)
+            try:
+                if isinstance(got, CorruptSampleError):
+                    log.warning("%s; computing this batch from the dataset instead", str(got))
+                    batch = producer.recompute(read_task(plan, positions), got)
+                else:
+                    batch = _batch(plan, positions, got, treedef, producer)
+            except SampleError as exc:  # the dataset's (a recomputed miss) or read_transform's own exception
+                raise dataset_error(exc, plan.epoch) from None
             stats.read += len(positions)
             stats.batches += 1
             stats.samples += len(positions)

@@ -26,6 +26,7 @@ from .datasets import ArangeDataset
     ({"max_queue_size": 0}, "max_queue_size"),
     ({"nb_worker": 2, "start_method": "forkserver"}, "start_method"),
     ({"nb_worker": 2, "start_method": "thread"}, "start_method"),
+    ({"nb_worker": 2, "multiprocessing_context": "forkserver"}, "multiprocessing_context"),
 ])
 def test_bad_settings_name_the_key(tmp_path, kwargs, key):
     if "cache_setting" in kwargs and "prefix" in kwargs["cache_setting"]:
@@ -61,3 +62,12 @@ def test_boolean_settings_take_true_and_false(tmp_path, value):
     assert (parsed.verify, parsed.background_refresh, parsed.allow_pickle) == (value, value, value)
     defaults = CacheSettings.parse({"prefix": str(tmp_path / "c")})
     assert (defaults.verify, defaults.background_refresh, defaults.allow_pickle) == (True, "auto", False)
+
+
+@pytest.mark.parametrize("name, value", [("batch_size", 64), ("read_transform", lambda s, rng: s),
+                                         ("worker_init_fn", print), ("shuffle", False)])
+def test_settings_are_fixed_once_built(name, value):
+    # An assignment would otherwise be taken and ignored by the running loader.
+    with CachedLoader(ArangeDataset(8), batch_size=4, nb_worker=0) as loader:
+        with pytest.raises(AttributeError, match=f"{name} is a setting of this loader"):
+            setattr(loader, name, value)

@@ -116,6 +116,28 @@ def test_random_order_streams_when_it_does_not_fit(tmp_path, monkeypatch):
     assert all(sorted(e) == list(range(150)) for e in served) and served[1] != served[2]
 
 
+class BadCrop(Exception):
+    pass
+
+
+def failing_transform(sample, rng):
+    if sample["y"] == 7:
+        raise BadCrop("sample 7 cannot be cropped")
+    return sample
+
+
+def test_a_read_transform_error_of_a_streamed_epoch_is_raised_as_itself(tmp_path, monkeypatch):
+    monkeypatch.setattr(controller, "fits", lambda nbytes, fraction=0.5: False)
+    settings = dict(batch_size=8, nb_worker=0, seed=1, cache_setting={"prefix": str(tmp_path / "c")})
+    with CachedLoader(ArangeDataset(40, shape=(3, 8, 8)), **settings) as loader:
+        epochs(loader, 1)
+    with CachedLoader(ArangeDataset(40, shape=(3, 8, 8)), read_transform=failing_transform, **settings) as loader:
+        with pytest.raises(BadCrop, match="sample 7") as caught:
+            epochs(loader, 1)
+        assert loader.epoch_stats[-1].extra.get("gather") == "stream"
+    assert any("sample 7" in note or "index 7" in note for note in getattr(caught.value, "__notes__", []))
+
+
 # ---------------------------------------------------------------------------- a real memory limit
 READER = """
 import json, sys
