@@ -150,8 +150,10 @@ class CachedLoader(LoaderAttributes):
         Raises
         ------
         RuntimeError
-            If the loader was already started (or got `consumer_index` at construction).
+            If the loader was already started (or got `consumer_index` at construction), or is closed.
         """
+        if self._closed:
+            raise RuntimeError("this loader is closed")
         if self._runner is not None:
             raise RuntimeError("this loader is already started; start() is called once, and only when "
                                "consumer_index was not given to the constructor")

@@ -20,7 +20,7 @@ from cachestore.errors import FingerprintError
 from .cache.fingerprint import class_path, dataset_fingerprint
 from .dataset import Batch
 from .distributed import ConsumerLayout, rank_batch_count
-from .epochs.order import num_batches
+from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
 from .settings import LoaderSettings, RotationSettings
 
@@ -157,11 +157,17 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)
         batches = rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last)
+    elif rotation is not None:
+        batches = len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
+    elif settings.sampling is not None:
+        try:  # a sampler may draw more (or fewer) samples than the dataset has
+            batches = sampled_length(settings.sampling, settings.batch_size, settings.drop_last)
+        except TypeError:  # it has no len(): any number of batches
+            batches = None
     else:
-        batches = (len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
-                   if rotation is not None else num_batches(samples_per_epoch, settings.batch_size, settings.drop_last))
-    _field(state, "batches_served", _natural(served) and served <= batches,  # type: ignore[operator]
-           f"an int from 0 to {batches} (the batches of an epoch)")
+        batches = num_batches(samples_per_epoch, settings.batch_size, settings.drop_last)
+    _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
+           f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,

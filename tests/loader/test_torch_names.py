@@ -194,3 +194,18 @@ def test_a_lock_in_a_sampler_stays_here():
     with CachedLoader(ArangeDataset(6), batch_size=3, num_workers=2, sampler=Locked(range(6))) as loader:
         assert ys(loader) == list(range(6))
         assert isinstance(np.asarray(next(iter(loader))["y"]), np.ndarray)
+
+
+def test_a_state_from_a_sampler_that_draws_more_than_the_dataset_resumes():
+    def sampler():
+        return RandomSampler(range(8), replacement=True, num_samples=40, generator=torch.Generator().manual_seed(0))
+
+    with CachedLoader(ArangeDataset(8), batch_size=4, num_workers=0, sampler=sampler()) as loader:
+        it = iter(loader)
+        for _ in range(6):  # past the 2 batches of the dataset itself
+            next(it)
+        state = loader.state_dict()
+        it.close()
+    with CachedLoader(ArangeDataset(8), batch_size=4, num_workers=0, sampler=sampler()) as loader:
+        loader.load_state_dict(state)
+        assert sum(1 for _ in loader) == 10 - 6

@@ -308,6 +308,10 @@ def test_swift_positional_call_and_deferred_start():
         loader.close()
     with pytest.raises(RuntimeError, match="closed"):
         iter(loader)
+    unstarted = SwiftLoader(Dataset, {"n": 10}, 4, 2, 0, False)
+    unstarted.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        unstarted.start(0)  # nothing is started after close()
 
 
 def test_swift_close_before_start_then_start_fails():
