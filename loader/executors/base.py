@@ -116,7 +116,7 @@ class WorkerConfigFactory:
 
     def __init__(self, dataset: DatasetSource, collate_fn: CollateFn | None, gpu_indices: Sequence[int] | None,
                  allow_pickle: bool, worker_init_fn: WorkerInitFn | None = None,
-                 read_transform: ReadTransform | None = None) -> None:
+                 read_transform: ReadTransform | None = None, seed: int | None = None) -> None:
         # Serialised once for every worker incarnation (see loader.executors.transport).
         self.dataset = Portable(dataset, "dataset")
         self.collate_fn = Portable(collate_fn, "collate_fn") if collate_fn is not None else None
@@ -124,6 +124,7 @@ class WorkerConfigFactory:
         self.read_transform = Portable(read_transform, "read_transform") if read_transform is not None else None
         self.gpu_indices = gpu_indices
         self.allow_pickle = allow_pickle
+        self.seed = seed
         self.incarnations = 0
 
     def check_sendable(self) -> None:
@@ -144,7 +145,7 @@ class WorkerConfigFactory:
                             collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
                             allow_pickle=self.allow_pickle, worker_init_fn=self.worker_init_fn,
-                            read_transform=self.read_transform)
+                            read_transform=self.read_transform, seed=self.seed)
 
 
 def late_work_report(executor: Executor, tasks: set[tuple[int, int, int]], what: str,

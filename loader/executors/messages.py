@@ -46,6 +46,7 @@ class WorkerConfig:
     allow_pickle: bool
     worker_init_fn: Portable[WorkerInitFn] | None = None
     read_transform: Portable[ReadTransform] | None = None
+    seed: int | None = None  # a worker process's global generators are seeded from (seed, worker_id)
 
 
 #: A committed generation to read: the store's address and the generation id.

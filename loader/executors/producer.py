@@ -49,6 +49,31 @@ class Produced:
 _GLOBAL_RANDOM = threading.Lock()
 
 
+def _seed_globals(sequence: np.random.SeedSequence) -> None:
+    """Seed Python's and torch's global generators of this process from `sequence`."""
+    state = int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
+    random.seed(state)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # The CPU generator alone: torch.manual_seed also goes through every accelerator's
+        # (lazily), which costs a hundred times more than seeding the CPU's.
+        torch.default_generator.manual_seed(state & 0x7FFF_FFFF_FFFF_FFFF)
+        if torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(state & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def seed_worker(seed: int, worker_id: int) -> None:
+    """Seed a worker process's global generators from ``(seed, worker_id)``, as torch seeds its workers.
+
+    Python's, numpy's legacy and torch's generators: workers forked from one
+    process would otherwise draw the same random numbers in ``__getitem__``.
+    Runs before ``worker_init_fn``, which may reseed them its own way.
+    """
+    sequence = np.random.SeedSequence([seed, worker_id])
+    _seed_globals(sequence)
+    np.random.seed(sequence.generate_state(4))
+
+
 def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0) -> Sample:
     """``fn(sample, rng)``, every random stream seeded by ``(seed, epoch, index)``.
 
@@ -65,18 +90,10 @@ def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: i
     """
     key = [seed, epoch, index] if serve == 0 else [seed, epoch, index, serve]
     sequence = np.random.SeedSequence(key)
-    state = int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
-    torch = sys.modules.get("torch")
     # The global generators are the process's: worker threads take turns, or one would reseed them
     # under another's draws. (Worker processes never wait here.)
     with _GLOBAL_RANDOM:
-        random.seed(state)
-        if torch is not None:
-            # The CPU generator alone: torch.manual_seed also goes through every accelerator's
-            # (lazily), 120 us a sample against 1 us, as much as a crop and flip cost.
-            torch.default_generator.manual_seed(state & 0x7FFF_FFFF_FFFF_FFFF)
-            if torch.cuda.is_initialized():
-                torch.cuda.manual_seed_all(state & 0x7FFF_FFFF_FFFF_FFFF)
+        _seed_globals(sequence)
         try:
             return fn(sample, np.random.default_rng(sequence))
         except Exception as exc:

@@ -60,7 +60,7 @@ from ..errors import WorkerError
 from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
-from .producer import BatchProducer, task_failure
+from .producer import BatchProducer, seed_worker, task_failure
 from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class RayWorker:
         self.failure: m.TaskFailed | None = None
         self.producer: BatchProducer | None = None
         try:
+            if config.seed is not None:
+                seed_worker(config.seed, config.worker_id)
             dataset = config.dataset.load().build()
             collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
             read_transform = config.read_transform.load() if config.read_transform is not None else None

@@ -93,6 +93,38 @@ def test_the_same_generator_seed_gives_the_same_order():
     assert orders[0] == orders[1] and orders[0] != list(range(16))
 
 
+# ---------------------------------------------------------------------------- worker seeds
+class GlobalRandom:
+    """Draws from Python's, numpy's legacy and torch's global generators, as augmentations do."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict:
+        import random
+
+        return {"y": index, "r": np.array([random.random(), np.random.rand(), float(torch.rand(()))])}
+
+
+def draws(workers: int, start_method: str, seed: int = 11) -> np.ndarray:
+    with CachedLoader(GlobalRandom(), batch_size=1, num_workers=workers, shuffle=False, seed=seed,
+                      start_method=start_method) as loader:
+        return np.concatenate([batch["r"] for batch in loader])
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_draw_their_own_random_numbers(start_method):
+    # Forked workers inherit one state, spawned ones torch's fixed default seed: unseeded, they repeat
+    # each other's numbers.
+    assert all(len(np.unique(column)) == 8 for column in draws(2, start_method).T)
+
+
+def test_a_worker_draws_the_same_numbers_again_with_the_same_seed():
+    # (With several workers, which worker computes which batch depends on timing.)
+    assert np.array_equal(draws(1, "spawn"), draws(1, "spawn"))
+    assert not np.array_equal(draws(1, "spawn"), draws(1, "spawn", seed=12))
+
+
 # ---------------------------------------------------------------------------- worker_init_fn
 def record_worker(worker_id: int) -> None:
     import os

@@ -22,7 +22,7 @@ from cachestore.errors import CorruptSampleError
 
 from ...settings import EpochMode
 from .. import messages as m
-from ..producer import BatchProducer, task_failure
+from ..producer import BatchProducer, seed_worker, task_failure
 from .segments import WorkerSegments, gather_batch, write_batch
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,8 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     try:
+        if watch_parent and config.seed is not None:  # a process of its own (a thread shares ours)
+            seed_worker(config.seed, config.worker_id)
         dataset = config.dataset.load().build()
         if config.worker_init_fn is not None:
             config.worker_init_fn.load()(config.worker_id)
