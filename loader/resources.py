@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -68,7 +68,7 @@ class Resources:
         self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
         self.window: RotationWindow | None = None
-        self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.gather_threads)
+        self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.threads)
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
@@ -83,8 +83,14 @@ class Resources:
             setattr(self, name, None)
             if build is not None:
                 builds.append(build)
-        for build in builds:
-            build.keep()
+        failed: BaseException | None = None
+        for build in builds:  # each one, whatever happened to the one before
+            try:
+                build.keep()
+            except BaseException as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def keep_pending(self) -> None:
         """Keep the builds of broken-off epochs (their workers are done with them)."""
@@ -98,21 +104,30 @@ class Resources:
             self._release()
 
     def _release(self) -> None:
-        # Order: stop the writers (workers) before keeping what they wrote into.
-        executor, self.executor = self.executor, None
-        if executor is not None:
-            executor.shutdown()
-        self.keep_builds()
-        # Before the store closes: no gather thread may still read it.
-        threads, self.threads = self.threads, None
-        if threads is not None:
-            threads.shutdown()
-        slots, self.slots = self.slots, None
-        if slots is not None:
-            slots.close()
-        window, self.window = self.window, None
-        if window is not None:
-            window.close()
-        store, self.store = self.store, None
-        if store is not None:
-            store.close()
+        # Order: stop the writers (workers) before keeping what they wrote into; before the store
+        # closes, no gather thread may still read it. Every step runs even when one before it
+        # failed (nothing may be left behind); the first failure is raised at the end.
+        first: BaseException | None = None
+
+        def step(take: str, release: Callable[[Any], None]) -> None:
+            nonlocal first
+            part = getattr(self, take)
+            setattr(self, take, None)
+            if part is None:
+                return
+            try:
+                release(part)
+            except BaseException as exc:
+                first = first or exc
+
+        step("executor", lambda executor: executor.shutdown())
+        try:
+            self.keep_builds()
+        except BaseException as exc:
+            first = first or exc
+        step("threads", lambda threads: threads.shutdown())
+        step("slots", lambda slots: slots.close())
+        step("window", lambda window: window.close())
+        step("store", lambda store: store.close())
+        if first is not None:
+            raise first

@@ -305,3 +305,25 @@ def test_a_lambda_in_the_dataset_parameters_reaches_the_workers(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [0, 3, 6, 9, 12, 15]
+
+
+@pytest.mark.timeout(120)
+def test_close_releases_every_part_when_one_of_them_fails(no_leaks, monkeypatch):
+    from loader.executors.process.slots import SlotPool
+
+    close_slots = SlotPool.close
+
+    def failing_close(self):
+        close_slots(self)
+        raise OSError("the slots could not be unmapped")
+
+    monkeypatch.setattr(SlotPool, "close", failing_close)
+    prefix = str(no_leaks / "c")
+    loader = CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=2, cache_setting={"prefix": prefix})
+    assert sorted(int(y) for b in loader for y in b["y"]) == list(range(16))
+    with pytest.raises(OSError, match="unmapped"):
+        loader.close()
+    # The store after the slots was closed all the same: its writer lock is free for the next run.
+    with CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=0, cache_setting={"prefix": prefix}) as again:
+        assert sorted(int(y) for b in again for y in b["y"]) == list(range(16))
+        assert again.epoch_stats[-1].mode == "read"
