@@ -88,17 +88,17 @@ def _throughput_rows(results: dict) -> list[TargetRow]:
                              f"{memcpy / 1e9:.2f} GB/s (memory-bound)",
                              times(share), ">= 0.5x", lambda r: r >= 0.5))
         if big and memcpy and case["backend"] == "memmap":
-            rows.append(_row("cached epoch of the loader, 48 KiB, memmap: >= 0.8x memcpy (issue 17)", where,
+            rows.append(_row("cached epoch of the loader, 48 KiB, memmap: >= 0.8x memcpy", where,
                              f"{ours['median'] * case['sample_bytes'] / 1e9:.2f} GB/s vs memcpy "
                              f"{memcpy / 1e9:.2f} GB/s (memory-bound)",
                              times(_scaled(ours, case["sample_bytes"] / memcpy)), ">= 0.8x", lambda r: r >= 0.8))
         if not big and case["backend"] == "memmap":
-            rows.append(_row("cached epoch, 16-float samples: >= 1.5M samples/s (issue 17)", where,
+            rows.append(_row("cached epoch, 16-float samples: >= 1.5M samples/s", where,
                              f"{pm(ours, 1e-3, '{:.1f}')} k samples/s", _value("{:.2f}", "M/s", _scaled(ours, 1e-6)),
                              ">= 1.5M/s", lambda r: r >= 1.5))
         no_workers = case.get("no_workers_samples_per_s")
         if no_workers:
-            rows.append(_row("cached epoch: never slower with workers than without (issue 17)",
+            rows.append(_row("cached epoch: never slower with workers than without",
                              f"{case['backend']}, {'48 KiB' if big else 'small'} samples "
                              f"(gather in {case.get('gather_place')})",
                              f"{pm(ours, 1e-3, '{:.1f}')} vs {pm(no_workers, 1e-3, '{:.1f}')} k samples/s "
@@ -236,13 +236,13 @@ def _setup_rows(results: dict) -> list[TargetRow]:
     if not st:
         return []
     gap, first = st["gap"], st["no_gap"]
-    return [_row(f"first epoch after a {st['gap_s']:g} s set-up vs torch (issue 14)",
+    return [_row(f"first epoch after a {st['gap_s']:g} s set-up vs torch",
                  f"{st['n']} samples, {st['cost_ms']:g} ms each; {st['gap_s']:g} s CPU between construction "
                  "and loop",
                  f"{pm(gap['ours_first_epoch_s'])} s vs {pm(gap['torch_first_epoch_s'])} s",
                  times(gap["ratio"]), "<= 1.05x", lambda r: r <= 1.05,
                  f"construction to end of epoch, set-up included: {gap['total_ratio']['median']:.2f}x"),
-            _row("first batch when the loop starts at once (issue 14)",
+            _row("first batch when the loop starts at once",
                  f"expensive dataset, batch {st['batch_size']}, from the start of construction",
                  f"constructor {first['ours_construct_s']['median'] * 1e3:.0f} ms; "
                  f"torch: {first['torch_first_batch_s']['median']:.2f} s",
