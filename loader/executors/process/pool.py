@@ -117,7 +117,14 @@ class WorkerPool(DeathListeners):
         """The workers' handles (waits for the ones still starting)."""
         if self._starting:
             starting, self._starting = self._starting, []
-            self._workers = [future.result() for future in starting]
+            failed: BaseException | None = None
+            for future in starting:
+                try:
+                    self._workers.append(future.result())
+                except BaseException as exc:  # the others started: kept, so that shutdown() stops them
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
         return self._workers
 
     def _spawn(self, wid: int) -> WorkerHandle:

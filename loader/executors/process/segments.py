@@ -59,8 +59,12 @@ class WorkerSegments:
         close_quietly(old)
         # In place: the slot keeps its name, and the training process maps the new size when the
         # result tells it. The slot is lent to this task alone, so nobody reads it meanwhile.
-        allocate(fd, new_size)
-        m = mmap.mmap(fd, new_size)
+        try:
+            allocate(fd, new_size)
+            m = mmap.mmap(fd, new_size)
+        except BaseException:
+            self._drop(slot)  # its closed mapping must not be served to the next task (it maps the slot anew)
+            raise
         self._maps[slot] = (name, fd, m)
         return m, name, new_size
 
