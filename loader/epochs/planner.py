@@ -112,7 +112,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
-        plan.read_order, plan.blocks, plan.stream = kind, blocks, choice.stream
+        plan.read_order, plan.blocks, plan.stream = _order_used(blocks is not None, s), blocks, choice.stream
         return plan
     if mode != EpochMode.GENERATE:
         return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
@@ -129,3 +129,15 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         else:
             plan.fill = fill
     return plan
+
+
+def _order_used(in_blocks: bool, s: LoaderSettings) -> str:
+    """The order a read epoch serves in, as its stats report it: ``"block"`` or ``"random"`` (the
+    read order), or what overrides both (a sampler, ``shuffle=False``, ``nearby_shuffle``)."""
+    if in_blocks:
+        return "block"
+    if s.sampling is not None:
+        return "sampler"
+    if not s.shuffle:
+        return "sequential"
+    return "nearby" if s.nearby_shuffle else "random"

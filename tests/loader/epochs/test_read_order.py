@@ -206,3 +206,13 @@ def test_a_generation_three_times_the_memory_limit_is_read_in_blocks(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["room"] < limit
     assert report["epochs"] == [["read", "block", "stream", True]] * 2
+
+
+@pytest.mark.parametrize("kwargs, used", [({"shuffle": False}, "sequential"), ({"nearby_shuffle": 8}, "nearby"),
+                                          ({"sampler": range(39, -1, -1)}, "sampler")])
+def test_stats_say_which_order_an_epoch_served_in(tmp_path, kwargs, used):
+    # The block order applies to a plain shuffle; what overrides it is what the stats report.
+    with CachedLoader(ArangeDataset(40), batch_size=8, nb_worker=0, seed=1,
+                      cache_setting={"prefix": str(tmp_path / "c"), "read_order": "block"}, **kwargs) as loader:
+        epochs(loader, 2)
+        assert loader.epoch_stats[1].extra["read_order"] == used
