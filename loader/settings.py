@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
@@ -151,10 +151,12 @@ class CacheSettings:
     store (the ranks of a node, concurrent jobs with the same fingerprint)
     write it together, each sample computed once (``False``: one writer at a
     time, as a plain :meth:`cachestore.Store.writer`); ``scope`` ``"node"``
-    (default: one store per node, ``prefix`` itself on one node, shared by its
-    ranks, which split a new permutation of it every epoch) or ``"rank"``
-    (a store per rank under ``prefix/consumer-<i>-of-<n>``, each rank keeping
-    its own part of the data).
+    (one store per node, ``prefix`` itself on one node, shared by its ranks,
+    which split a new permutation of it every epoch) or ``"rank"`` (a store
+    per rank under ``prefix/consumer-<i>-of-<n>``, each rank keeping its own
+    part of the data); left out, ``"node"`` where the ranks can write one
+    store together (the memmap backend, ``shared=True``, no Ray actors), else
+    ``"rank"``.
 
     Examples
     --------
@@ -175,7 +177,7 @@ class CacheSettings:
     on_mismatch: MismatchPolicy | str = MismatchPolicy.ERROR
     read_order: str = "auto"
     shared: bool = True
-    scope: str = "node"
+    scope: str | None = None  # resolved by resolve_scope(): "node" where a node's ranks can write together
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -206,7 +208,27 @@ class CacheSettings:
         for key, allowed in BOOL_VALUES.items():
             check_choice("cache_setting", key, getattr(self, key), allowed)
         check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
-        check_choice("cache_setting", "scope", self.scope, SCOPES)
+        if self.scope is not None:
+            check_choice("cache_setting", "scope", self.scope, SCOPES)
+
+    def resolve_scope(self, executor: str, consumers: int) -> CacheSettings:
+        """These settings with ``scope`` decided: ``"node"`` where the ranks of a node can write one store
+        together (the memmap backend, ``shared=True``, workers that are not Ray actors), else ``"rank"``.
+
+        Raises
+        ------
+        ValueError
+            ``scope="node"`` was asked for several ranks that cannot write one store together.
+        """
+        together = self.backend == "memmap" and self.shared is True and executor != "ray"
+        if self.scope is None:
+            return replace(self, scope="node" if together else "rank")
+        if self.scope == "node" and not together and consumers > 1:
+            raise ValueError(f"cache_setting['scope']='node' has the {consumers} ranks write one store together, "
+                             f"which needs the memmap backend, shared=True and workers that are not Ray actors "
+                             f"(here: backend {self.backend!r}, shared={self.shared}, executor {executor!r}); use "
+                             "scope='rank' (a store per rank) or leave scope out to have it chosen")
+        return self
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

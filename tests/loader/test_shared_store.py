@@ -201,6 +201,25 @@ def test_rank_scope_keeps_a_store_per_rank(no_leaks):
     assert sorted(os.listdir(prefix)) == ["consumer-0-of-2", "consumer-1-of-2"]
 
 
+@pytest.mark.parametrize("setting", [{"backend": "lmdb"}, {"shared": False}])
+def test_ranks_that_cannot_write_together_keep_a_store_each(no_leaks, setting):
+    prefix = str(no_leaks / "cache")
+    loaders = [CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, nb_consumer=2, consumer_index=r,
+                            seed=1, cache_setting={"prefix": prefix, **setting}) for r in range(2)]
+    try:
+        assert [loader.cache.scope for loader in loaders] == ["rank", "rank"]
+        its = [iter(loader) for loader in loaders]  # both write at once
+        served = [y for batches in zip(*its) for b in batches for y in b["y"].tolist()]
+        assert sorted(served) == list(range(10))
+    finally:
+        for loader in loaders:
+            loader.close()
+    assert sorted(os.listdir(prefix)) == ["consumer-0-of-2", "consumer-1-of-2"]
+    with pytest.raises(ValueError, match="scope='rank'"):
+        CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, nb_consumer=2, consumer_index=0,
+                     cache_setting={"prefix": prefix, "scope": "node", **setting})
+
+
 def test_bad_scope_and_shared_values():
     for key, value in (("scope", "machine"), ("shared", "yes")):
         with pytest.raises(ValueError, match=key):
