@@ -271,11 +271,18 @@ class CacheController:
         if generation in self._sound:
             return None
         try:
-            self.store.reader(generation).close()
+            with self.store.reader(generation) as reader:
+                held = len(reader)
         except CorruptSampleError as exc:
             return str(exc)
         except GenerationNotFoundError:
             return None  # pruned meanwhile: the next look at the catalog says what to do
+        if held != self.num_samples:
+            # A store written by hand (no fingerprint, adopted by this dataset) for other data.
+            raise CacheStoreError(f"generation {generation} of {self.store.path} holds {held} samples, and this "
+                                  f"loader serves {self.num_samples} from it: it was written for other data. Give "
+                                  "the loader its own prefix, or remove that store (`cachestore prune "
+                                  f"{self.store.path} --keep 0`)")
         self._sound.add(generation)
         return None
 

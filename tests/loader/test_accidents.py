@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore import GenerationNotFoundError, open_store
+from cachestore import CacheStoreError, GenerationNotFoundError, open_store
 from loader import CachedLoader
 from loader.errors import ClusterUnreachableError
 
@@ -327,3 +327,17 @@ def test_close_releases_every_part_when_one_of_them_fails(no_leaks, monkeypatch)
     with CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=0, cache_setting={"prefix": prefix}) as again:
         assert sorted(int(y) for b in again for y in b["y"]) == list(range(16))
         assert again.epoch_stats[-1].mode == "read"
+
+
+def test_a_store_written_by_hand_for_other_data_is_refused_clearly(tmp_path):
+    prefix = tmp_path / "c"
+    store = open_store(prefix, "memmap")  # no fingerprint: the loader adopts it
+    with store.writer(0, num_samples=5) as writer:
+        for i in range(5):
+            writer.put(i, {"x": np.zeros(4, np.float32), "y": i})
+        writer.commit()
+    store.close()
+    with CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0,
+                      cache_setting={"prefix": str(prefix)}) as loader:
+        with pytest.raises(CacheStoreError, match="holds 5 samples"):
+            list(loader)
