@@ -48,7 +48,7 @@ SIZES: dict[str, dict[str, Any]] = {
               "larger_than_memory": {"limit_mib": 384, "store_mb": 1250, "budget_s": 4}},
 }
 COST, WORKERS, BATCH, TP_BATCH, STEP = 0.005, 2, 64, 256, 0.08
-#: CPU seconds the set-up scenario's training process spends building its "model" (issue 14: >= 1 s).
+#: CPU seconds the set-up scenario's training process spends building its "model" (the set-up target: >= 1 s).
 SETUP_GAP = 1.0
 BACKENDS = ["memmap", "lmdb", "memory"]
 

@@ -1,6 +1,6 @@
 """Expensive dataset: CachedLoader against torch's DataLoader, as ratios in one run.
 
-Scenarios (issue targets, docs/ARCHITECTURE.md):
+Scenarios (their targets: docs/ARCHITECTURE.md):
 
 1. A dataset burning ~5 ms of CPU per sample (N=1000, 48 KiB samples),
    10 epochs, ``update_frequency=5``, 2 workers, against

@@ -5,7 +5,7 @@ weights, a compile), then loops. CachedLoader starts its workers from a
 background thread at construction, so their start (spawn: a fresh interpreter,
 the imports, the dataset) overlaps the model building; torch's ``DataLoader``
 starts its workers (fork) at ``iter()``, so its first epoch includes that
-start. Two cases (issue 14, docs/ARCHITECTURE.md):
+start. Two cases (docs/ARCHITECTURE.md):
 
 * **gap**: construct the loader, spend `gap` seconds of CPU in the training
   process's main thread (:func:`~benchmarks.datasets.burn_cpu`: building a

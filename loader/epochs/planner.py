@@ -96,7 +96,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.GENERATE and not notes.get("damaged"):
         locked_by = cache.store.lock_holder()
         newest = cache.newest_committed()
-        joins = locked_by == SHARED_WRITERS and cache.shares()  # it writes the generation with them
+        # It writes the generation with them (Ray's actors cannot read back what others wrote: they do not).
+        joins = locked_by == SHARED_WRITERS and cache.shares(s.executor != "ray" or s.nb_worker == 0)
         if locked_by not in (None, os.getpid()) and newest is not None and not joins:
             # Another run writes this prefix: serve what it committed rather than wait or fail.
             log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "

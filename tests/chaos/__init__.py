@@ -1,4 +1,4 @@
-"""Chaos suite: randomised fault scenarios against real processes and files (issue 12).
+"""Chaos suite: randomised fault scenarios against real processes and files.
 
 * :mod:`.dataset` - a dataset whose samples say what produced them, and faults armed from outside;
 * :mod:`.scenario` - a scenario drawn from a seed: settings, runs and faults;

@@ -1,4 +1,4 @@
-"""What must hold after a chaos scenario (issue 12), each check returning the problems it found.
+"""What must hold after a chaos scenario, each check returning the problems it found.
 
 After every group of runs (:func:`after_group`):
 

@@ -45,7 +45,7 @@ TOGETHER_TIMEOUT = 5.0
 
 
 class ChaosError(Exception):
-    """The dataset's own exception; its constructor takes other arguments than a message (issue 12, item 4)."""
+    """The dataset's own exception; its constructor takes other arguments than a message."""
 
     def __init__(self, index: int, where: str) -> None:
         super().__init__(f"chaos: sample {index} cannot be read ({where})")

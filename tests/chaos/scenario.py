@@ -17,7 +17,7 @@ Faults (the rows of the table):
 ``concurrent-run``  another run on the same prefix, at the same time
 ``new-version``     a run after the first with another dataset version (``on_mismatch="regenerate"``)
 
-Ordinary accidents (issue 24):
+Ordinary accidents:
 
 ``double-sigint``     Ctrl-C (SIGINT to the run's process group) once, or twice in quick succession, in the
                       middle of an epoch: the run ends with KeyboardInterrupt; a new run on the prefix follows
@@ -27,7 +27,7 @@ Ordinary accidents (issue 24):
                       between two epochs of a run
 ``prune-live``        ``cachestore prune PREFIX --keep 0`` (or ``Store.prune(keep=0)``) while an epoch reads
 
-Cooperating processes (issue 28; memmap, whose runs write a generation together):
+Cooperating processes (memmap, whose runs write a generation together):
 
 ``coop-kill-claim``   2-4 runs start together (a file barrier) with their own seeds, batch sizes and workers;
                       one is SIGKILLed (its whole process group) inside its k-th dataset call, holding claims
@@ -104,8 +104,9 @@ def applicable(s: dict) -> list[str]:
 def draw(seed: int, kinds: tuple[str, ...] = FAULTS) -> dict:
     """The scenario of `seed` (see the module docstring), its faults drawn among `kinds`.
 
-    :data:`ORIGINAL` draws exactly what every seed drew before the faults of issues 24 and 28 were
-    added: the regression tests named after a seed of that time keep their scenario.
+    :data:`ORIGINAL` draws exactly what every seed drew before the ordinary accidents and the
+    cooperating processes joined the suite: the regression tests named after a seed of that time
+    keep their scenario.
     """
     rng = random.Random(seed)
     s: dict[str, Any] = {

@@ -2,9 +2,9 @@
 
 A seed names a whole scenario (``CHAOS_SEED=<seed> CHAOS_N=1 make chaos`` runs it again with its
 logs; add ``CHAOS_FAULTS=original`` for the seeds checked with :data:`~tests.chaos.scenario.ORIGINAL`,
-named before the suite drew the faults of issues 24 and 28); where the failure depends on the exact
-moment a process was killed, the aftermath of that moment is built directly instead, so that the
-test fails every time until the bug is fixed.
+named before the suite drew the ordinary accidents and the cooperating processes); where the
+failure depends on the exact moment a process was killed, the aftermath of that moment is built
+directly instead, so that the test fails every time until the bug is fixed.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ that a run killed half-way leaves an exact record of what it had been served:
 ``closed``  ``loader.close()`` returned
 ``ctrl-c``  SIGINT sent to the run's process group; ``ctrl-c-lost``: no KeyboardInterrupt came of it
 
-An exception ends its epoch, never the run: the next epoch must work (issue 12); Ctrl-C ends the
+An exception ends its epoch, never the run: the next epoch must work; Ctrl-C ends the
 run. The spec is written by :mod:`tests.chaos.runner` from a scenario of :mod:`tests.chaos.scenario`.
 
 The run's kill (``spec["kill"]``) lands in one of three ways (``how``): a timer started at its
