@@ -78,11 +78,6 @@ class DatasetSource:
                             f"got {dataset!r}")
         return cls(type(dataset), {}, dataset)  # type: ignore[arg-type]
 
-    @property
-    def name(self) -> str:
-        """``module.Class`` of the dataset."""
-        return f"{self.dataset_class.__module__}.{self.dataset_class.__qualname__}"
-
     def build(self) -> Dataset:
         """The dataset: the instance, or a new one built from the class."""
         return self.instance if self.instance is not None else self.dataset_class(**self.params)

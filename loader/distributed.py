@@ -23,11 +23,15 @@ def distributed_defaults() -> tuple[int, int]:
 PARTITIONS = ("equal", "contiguous")
 
 
+def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
+    """Batches of `n` samples: the last one short, or dropped with `drop_last`."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
 def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
-    """Batches each of `ranks` ranks serves when they split an order of `n` samples (:func:`rank_batches`)."""
-    if drop_last:
-        return (n // ranks) // batch_size
-    return -(-(-(-n // ranks)) // batch_size)
+    """Batches each of `ranks` ranks serves when they split an order of `n` samples
+    (:func:`loader.epochs.order.rank_batches`): the most samples a rank gets, or the fewest with `drop_last`."""
+    return num_batches(n // ranks if drop_last else -(-n // ranks), batch_size, drop_last)
 
 
 def ranks_per_node(nb_consumer: int) -> int:
@@ -175,8 +179,7 @@ class ConsumerLayout:
         if self.node_scope:
             n, m = self.num_samples, self.nodes
             return rank_batch_count(n // m if drop_last else -(-n // m), self.local_ranks, batch_size, drop_last)
-        n = self.per_consumer
-        return n // batch_size if drop_last else -(-n // batch_size)
+        return num_batches(self.per_consumer, batch_size, drop_last)
 
     @property
     def store_owner(self) -> tuple[int, int]:

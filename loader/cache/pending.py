@@ -3,7 +3,7 @@
 A ``break`` (or an error, or ``close()``) ends an epoch while the workers may
 still be running its tasks, which write into the epoch's generation. The
 build then waits in ``Resources.pending`` until :func:`settle` (at the next
-``iter()``, or ``close()``) has let those tasks finish and every worker
+``iter()``) has let those tasks finish and every worker
 close its shard; :func:`keep_or_commit` then commits the generation when
 those last tasks completed it, and keeps it as a partial generation
 otherwise (``docs/ARCHITECTURE.md``, "Resuming").

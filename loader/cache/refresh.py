@@ -1,8 +1,8 @@
-"""Background refresh (opt-in): the next generation is computed while the current one is read.
+"""Background refresh: the next generation is computed while the current one is read.
 
 While the epochs of generation ``g`` are served from the store, the workers
-are mostly idle. With ``cache_setting={..., "background_refresh": True}`` the
-loader opens generation ``g + 1`` at the first read epoch of ``g`` and hands
+are mostly idle. With ``cache_setting["background_refresh"]`` ``"auto"`` (the
+default, on where it can work) or ``True``, the loader opens generation ``g + 1`` at the first read epoch of ``g`` and hands
 its samples to the workers in small chunks, a few per worker queued ahead so
 the workers stay busy while the training loop runs; a worker always takes a
 batch task before a queued chunk, so a batch waits at most for the chunk being

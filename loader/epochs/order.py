@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..distributed import rank_batch_count
+from ..distributed import num_batches, rank_batch_count
 from ..settings import Sampling
 
 
@@ -31,10 +31,6 @@ def split_batches(order: np.ndarray, batch_size: int, drop_last: bool) -> list[n
     """Consecutive chunks of `batch_size` (the last one shorter unless `drop_last`)."""
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     return [order[i:i + batch_size] for i in range(0, stop, batch_size)]
-
-
-def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
-    return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def node_deck(n: int, epoch: int, seed: int, ranks: int, shuffle: bool) -> np.ndarray:

@@ -48,7 +48,7 @@ from .plan import EpochPlan, EpochStats
 #: Runs a read epoch's plan in one place, counting into the stats it is given.
 Run = Callable[[EpochPlan, EpochStats], Iterator[Batch]]
 #: Runs a read epoch's plan on the workers (they count into the epoch's stats themselves).
-PoolRun = Callable[[EpochPlan], Iterator[Batch]]
+PoolBatches = Callable[[EpochPlan], Iterator[Batch]]
 #: A place to time: its name, how it runs a plan, and the batches its queue takes to fill.
 Part = tuple[str, Run, int]
 #: What a choice of place holds for: (store path, generation, batch size).
@@ -91,7 +91,7 @@ class GatherPlacement:
         # once warm, and what its start cost on top.
         self.runs: dict[PlaceKey, dict[str, list[tuple[float, float]]]] = {}
 
-    def batches(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolRun | None,
+    def batches(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolBatches | None,
                 warmup: int, threads: Run | None = None, threads_warmup: int = 0) -> Iterator[Batch]:
         """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
         `inline` and `threads` count into the stats they are given).
@@ -127,7 +127,7 @@ class GatherPlacement:
             return pool(plan)
         return self._probe(key, plan, stats, inline, pool, threads)
 
-    def _probe(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolRun | None,
+    def _probe(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolBatches | None,
                threads: Run | None) -> Iterator[Batch]:
         """First read epoch: time the training process's gather; the workers (without them, the
         threads) serve the rest."""
@@ -151,7 +151,7 @@ class GatherPlacement:
         # Timed on a second gather of the same batches, not delivered: the first one also paid
         # for mapping the store's pages into this process, which a later epoch does not (its
         # reader stays open), and a probe that counted it sent 48 KiB samples to the workers
-        # at a third of the training process's real speed.
+        # although the training process gathered them faster.
         for _ in timed(inline(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
         yield from rest(dataclasses.replace(plan, batches=batches[head:]))
@@ -182,8 +182,8 @@ class GatherPlacement:
             if steady is not None and len(times) <= 2 * warmup:
                 # A share no longer than twice the queue the place keeps ahead (a small store): its
                 # batches after the warm-up were gathered while the first ones were awaited, so they
-                # show no speed; the whole share's mean does (a 4000-sample store's workers timed
-                # 0.57 ms a batch that way, and served 1.75 ms a batch).
+                # show no speed; the whole share's mean does (the warm part alone timed a small
+                # store's workers at a third of what they served).
                 runs.setdefault(place, []).append((sum(times) / len(times), 0.0))
             elif steady is not None:
                 runs.setdefault(place, []).append((steady, max(0.0, sum(times[:skip]) - skip * steady)))
@@ -193,8 +193,8 @@ class GatherPlacement:
         # this process had not touched yet, which each worker maps for itself; the threads' first
         # buffers) and the machine drifts, so the cheapest run is the closest to a later epoch.
         # Every epoch also pays once for its place's start (the workers' first tasks, the threads'
-        # first gathers), spread over its batches. The mean of all batches chose the slower place
-        # about half the time (benchmarks/measurements.md).
+        # first gathers), spread over its batches. The mean of all batches often chose the slower
+        # place (benchmarks/measurements.md).
         costs = dict(costs)
         for place, timed_runs in runs.items():
             costs[place] = min(mean for mean, _ in timed_runs) + min(start for _, start in timed_runs) / len(batches)

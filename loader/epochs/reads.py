@@ -9,7 +9,7 @@ the gather threads, and the placement's memory of what each store costs.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 from cachestore import Reader, Store
 
@@ -18,12 +18,10 @@ from ..executors.producer import BatchProducer
 from ..resources import Resources
 from . import threads as gather_threads
 from .inline import run_inline
-from .placement import GatherPlacement
+from .placement import GatherPlacement, PoolBatches
 from .plan import EpochPlan, EpochStats
 from .threads import GatherThreads, usable_cpus
 
-#: Runs a read epoch's plan on the workers.
-PoolBatches = Callable[[EpochPlan], Iterator[Batch]]
 
 
 class ReadPlaces:

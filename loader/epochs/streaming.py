@@ -23,7 +23,6 @@ every other read path.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 from collections import deque
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,7 +38,6 @@ from .inline import dataset_error, read_task
 from .order import WINDOW_BLOCKS
 from .plan import EpochPlan, EpochStats
 
-log = logging.getLogger(__name__)
 
 #: I/O threads of a streamed epoch: enough requests in flight for a disk's queue.
 IO_THREADS = 8
@@ -68,8 +66,7 @@ def stream_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer:
         for positions, got in zip(batches, leaves):
             try:
                 if isinstance(got, CorruptSampleError):
-                    log.warning("%s; computing this batch from the dataset instead", str(got))
-                    batch = producer.recompute(read_task(plan, positions), got)
+                    batch = producer.recompute(read_task(plan, positions), got)  # it says so in the log
                 else:
                     batch = _batch(plan, positions, got, treedef, producer)
             except SampleError as exc:  # the dataset's (a recomputed miss) or read_transform's own exception

@@ -211,7 +211,7 @@ class TaskFailed:
     def exception(self, pid: int | None = None, epoch: int | None = None) -> BaseException:
         """The exception to raise in the training process: the original one, rebuilt, with notes.
 
-        Falls back to :class:`~cachestore.errors.WorkerError` only when the
+        Falls back to :class:`~loader.errors.WorkerError` only when the
         exception's class cannot be imported here.
         """
         exc = self._rebuild()

@@ -405,13 +405,7 @@ class BatchProducer:
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
         log.warning("%s; computing this batch from the dataset instead", str(exc))
-        samples = []
-        for index in task.indices.tolist():
-            try:
-                samples.append(self.dataset[index])
-            except Exception as err:
-                raise SampleError(index, err) from err
-        samples = self.transformed(task, samples)
+        samples = self.transformed(task, [self._call(index) for index in task.indices.tolist()])
         return self.collate(samples) if task.collate else samples
 
     def transforms(self, task: m.Task) -> bool:

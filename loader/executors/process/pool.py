@@ -208,8 +208,8 @@ class WorkerPool(DeathListeners):
 
     def submit(self, task: m.Task) -> None:
         # The parts of one batch go to different workers (a batch split so that they compute it
-        # together: epoch.PoolRun.split_ends; one worker given both halves of the last batch ended
-        # the epoch half a batch late, 1 run in 2). Then the least batch work queued, in samples,
+        # together: loader.epochs.scheduler, split_ends; one worker given both halves of the last
+        # batch ends the epoch half a batch late). Then the least batch work queued, in samples,
         # so half batches weigh half; a worker takes batch tasks before queued background chunks,
         # so those only break ties.
         def load(w: WorkerHandle) -> tuple[bool, int, int]:
