@@ -51,6 +51,29 @@ def shard_tag(shard_id: str) -> int:
     return (zlib.crc32(shard_id.encode()) & 0xFFFFFFFF) | 1
 
 
+def byte_lock(fd: int, offset: int, kind: int, wait: bool) -> bool:
+    """Lock byte `offset` of the file `fd` is open on (``kind``: ``F_WRLCK`` or ``F_RDLCK``), for this
+    open file description (``F_OFD_SETLK``; see the module docstring).
+
+    Returns
+    -------
+    bool
+        ``True`` when locked; ``False`` when another open file description holds a conflicting lock
+        (only without `wait`: with it, the call blocks until the lock is free).
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
+                    FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: POSIX allows either for a held lock
+        return False
+    return True
+
+
+def byte_unlock(fd: int, offset: int) -> None:
+    """Give back the lock :func:`byte_lock` took on byte `offset` of `fd`'s file."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, offset, 1, 0))
+
+
 def create_claim_files(directory: Path, num_samples: int) -> None:
     """Make the (sparse, zeroed) claim and done files of `num_samples` samples in `directory`."""
     for name, size in ((CLAIMS_NAME, num_samples), (DONE_NAME, 4 * num_samples)):
@@ -89,21 +112,21 @@ class Claims:
         self.dir = Path(directory)
         self.num_samples = num_samples
         self._fd = safefs.open_nofollow(self.dir / CLAIMS_NAME, os.O_RDWR)
-        self._done: np.memmap | None = np.memmap(self.dir / DONE_NAME, dtype="<u4", mode="r+",
-                                                 shape=(num_samples,)) if num_samples else None
+        try:
+            self._done: np.memmap | None = np.memmap(self.dir / DONE_NAME, dtype="<u4", mode="r+",
+                                                     shape=(num_samples,)) if num_samples else None
+        except BaseException:
+            # The done map went (a committing member unlinked it) or is short: the claims
+            # fd must not outlive this call, nor its locks the caller's handle on them.
+            os.close(self._fd)
+            raise
+        #: Indices this handle holds claims on.
         self.held: set[int] = set()
 
     def _lock(self, index: int, kind: int, wait: bool) -> bool:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} is outside 0..{self.num_samples - 1}")
-        arg = FLOCK.pack(kind, os.SEEK_SET, index, 1, 0)
-        try:
-            fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
-        except (BlockingIOError, PermissionError):
-            return False
-        except InterruptedError:  # pragma: no cover - a signal handler ran; Python retries EINTR itself
-            return self._lock(index, kind, wait)
-        return True
+        return byte_lock(self._fd, index, kind, wait)
 
     def done(self, index: int) -> bool:
         """Whether sample `index` is written (by anyone)."""
@@ -158,7 +181,7 @@ class Claims:
                 self.held.discard(index)
 
     def _unlock(self, index: int) -> None:
-        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, index, 1, 0))
+        byte_unlock(self._fd, index)
 
     def close(self) -> None:
         """Give every claim back (closing the file does) and unmap the done map."""

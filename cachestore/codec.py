@@ -209,6 +209,11 @@ def leaf_specs(treedef: TreeDef) -> list[LeafSpec]:
     return out
 
 
+def row_bytes(specs: Sequence[LeafSpec]) -> list[int]:
+    """Bytes of one sample in each leaf's column: what a row of ``(dtype, shape)`` takes."""
+    return [dtype.itemsize * math.prod(shape) for dtype, shape in specs]
+
+
 def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
     tag = node[0]
     if tag in ("d", "l", "u"):

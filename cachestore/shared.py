@@ -45,7 +45,7 @@ from . import safefs
 from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
 from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
                                staging_record)
-from .claims import CLAIMS_NAME, DONE_NAME, FLOCK, Claims, create_claim_files, done_map
+from .claims import CLAIMS_NAME, DONE_NAME, Claims, byte_lock, byte_unlock, create_claim_files, done_map
 from .codec import Sample
 from .disk import allocated_bytes, remove_paths
 from .errors import CacheStoreError, FingerprintMismatchError, GenerationCommitted
@@ -112,23 +112,32 @@ class SharedWriter:
         except BaseException:
             lease.release()
             raise
-        self.token = StagingToken(str(self.path), generation, budget(reclaim=allocated_bytes(self.path)),
-                                  num_samples, backend.compression == "zstd", backend.allow_pickle, shared=True)
-        self.adopted = bool(len(self.present()))
+        # From here on the membership and the lease go back whatever happens (the finalizer is
+        # idempotent): a failure below (the area removed under us, a budget that cannot be measured)
+        # must not leave this process a member, nor the store locked, until it exits.
+        self._finalizer = weakref.finalize(self, _leave, self._fd, lease)
+        self.state = "open"
         self._shard: ShardWriter | None = None
         self._shard_id = ""
         self._claims: Claims | None = None
-        self._finalizer = weakref.finalize(self, _leave, self._fd, lease)
-        self.state = "open"
-        if len(self.present()) == num_samples:
-            # Complete, its writers gone or about to go (ranks that went on to their next epoch): publish
-            # it now, or wait for the member publishing it, rather than read it back sample by sample.
-            _commit_lock(self._fd, wait=True)
-            if self._publishable():
-                self._publish({"committed_by": "a process that joined it complete"})
-            else:
+        try:
+            self.token = StagingToken(str(self.path), generation, budget(reclaim=allocated_bytes(self.path)),
+                                      num_samples, backend.compression == "zstd", backend.allow_pickle, shared=True)
+            present = len(self.present())
+            self.adopted = bool(present)
+            if present == num_samples:
+                # Complete, its writers gone or about to go (ranks that went on to their next epoch): publish
+                # it now, or wait for the member publishing it, rather than read it back sample by sample.
+                _commit_lock(self._fd, wait=True)
+                if self._publishable():
+                    self._publish({"committed_by": "a process that joined it complete"})
+                else:
+                    self._end("left")
+                raise GenerationCommitted(f"generation {self.generation} of {root} is committed")
+        except BaseException:
+            if self.state == "open":
                 self._end("left")
-            raise GenerationCommitted(f"generation {self.generation} of {root} is committed")
+            raise
 
     # joining ---------------------------------------------------------------
     def _committed(self) -> bool:
@@ -188,10 +197,12 @@ class SharedWriter:
             self._claims = Claims(self.path, self.num_samples)
         if not self._claims.try_claim(index) and not self._claims.wait_claim(index):
             return False
-        if self._shard is None:
-            self._shard_id = f"owner-{os.getpid()}-{secrets.token_hex(3)}"
-            self._shard = self.backend.shard_writer(self.token, self._shard_id)
         try:
+            # Made inside the try: a shard that cannot be made (the area removed, a full disk) must give
+            # the claim back too, or the other members wait for this sample forever.
+            if self._shard is None:
+                self._shard_id = f"owner-{os.getpid()}-{secrets.token_hex(3)}"
+                self._shard = self.backend.shard_writer(self.token, self._shard_id)
             self._shard.put(index, sample)
             self._shard.flush()
         except BaseException:
@@ -209,6 +220,7 @@ class SharedWriter:
                     else np.zeros(0, dtype=np.int64))
 
     def complete(self) -> bool:
+        """Whether every sample is in (written by some member, or committed)."""
         return len(self.present()) == self.num_samples
 
     def discard_shard_tail(self, shard_id: str, keep: int) -> None:
@@ -257,13 +269,26 @@ class SharedWriter:
         return found is not None and not found.get("committing")
 
     def _publish(self, extra: dict[str, object]) -> GenerationInfo:
-        """Commit the area (its commit lock held, every sample in)."""
+        """Commit the area (its commit lock held, every sample in).
+
+        A failure before the commit changes the area (an interrupt, a damaged generation that cannot
+        be removed) leaves it complete for the members still in, or the next joiner, to publish; one
+        after it began, or an area of another producer, removes the area.
+        """
+        changing = False
         try:
             if self._current_fingerprint() != self.record.get("fingerprint"):
+                changing = True  # written for the old producer: nobody will commit it
                 raise FingerprintMismatchError(
                     f"{self.spec.path} now belongs to another producer: generation {self.generation}, written "
                     "for the old one, is not committed")
+            # A damaged gen-N is replaced, as a writer that does not share replaces it (only the holder
+            # of the commit lock may: members run beside each other until here).
+            if self.backend.clear_damaged(self.generation):
+                changing = True  # a sound one is there already: this area is redundant
+                raise CacheStoreError(f"generation {self.generation} of {self.spec.path} is already committed")
             # Marked first: a commit killed from here on leaves an area the next joiner removes.
+            changing = True
             mark_committing(self.path)
             self._keep_canonical()
             for name in (CLAIMS_NAME, DONE_NAME):
@@ -271,10 +296,20 @@ class SharedWriter:
             info = self.backend.commit(self.token, self.num_samples, extra)
             safefs.unlink_name(members_path(self.path))  # joiners waiting on it find the generation committed
         except BaseException:
-            self.backend.discard(self.token)  # a commit cut short: its logs no longer describe the samples
-            # The lock file of no area: members still in find it replaced (or gone), joiners make a new one.
-            safefs.unlink_name(members_path(self.path))
-            self._end("aborted")
+            if not changing:
+                # The area as it was, complete: leaving drops the commit lock with the members file's
+                # description, and whoever takes the lock next (a member still in, a joiner) publishes it.
+                self._end("left")
+                raise
+            try:
+                self.backend.discard(self.token)  # a commit cut short: its logs no longer describe the samples
+            finally:
+                try:
+                    # The lock file of no area: members still in find it replaced (or gone), joiners make a
+                    # new one (an area left because it could not be removed is debris without members).
+                    safefs.unlink_name(members_path(self.path))
+                finally:
+                    self._end("aborted")
             raise
         self._end("committed")
         return info
@@ -344,16 +379,12 @@ class SharedWriter:
 def _commit_lock(fd: int, wait: bool) -> bool:
     """Take the commit lock of the area whose members file `fd` is open on: a write lock on its first
     byte, held by one open file description (flock's shared locks on the same file are apart)."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
-                    FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
-    except (BlockingIOError, PermissionError):
-        return False
-    return True
+    return byte_lock(fd, 0, fcntl.F_WRLCK, wait)
 
 
 def _commit_unlock(fd: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
+    """Give the commit lock back."""
+    byte_unlock(fd, 0)
 
 
 def _leave(fd: int, lease: WriterLease) -> None:

@@ -8,14 +8,17 @@ A backend is three small objects:
   ``supports_multiprocess_write`` accept several shard writers, in several
   processes, filling one generation together (each index once); that is how
   loader workers write without funnelling bytes through one process.
-* :class:`GenerationData` - read access to one committed generation.
+* :class:`~.reading.GenerationData` - read access to one committed generation
+  (in :mod:`.reading`).
 
-Concrete helpers built on the abstract methods (the budget checks of every put,
-index checks, a generic batch read) live here so a backend only implements
-storage. Around it: the budget is :mod:`cachestore.budget`, checksums
-:mod:`cachestore.checksums`, batch helpers :mod:`.batch`, staging names and
-producer records :mod:`.staging`. The conformance suite in
-``tests/cachestore/test_conformance.py`` runs unchanged against every backend.
+Concrete helpers built on the abstract methods (the budget checks of every put)
+live here so a backend only implements storage. Around it:
+:class:`~.reading.GenerationData`, with its index checks and generic batch read,
+and :class:`~.reading.StagingData` are in :mod:`.reading`, the budget is
+:mod:`cachestore.budget`, checksums :mod:`cachestore.checksums`, batch helpers
+:mod:`.batch`, staging names and producer records :mod:`.staging`. The
+conformance suite in ``tests/cachestore/test_conformance.py`` runs unchanged
+against every backend.
 """
 
 from __future__ import annotations
@@ -308,6 +311,19 @@ class Backend(ABC):
     @abstractmethod
     def remove_generation(self, generation: int) -> int:
         """Delete a committed generation; return the bytes freed."""
+
+    def clear_damaged(self, generation: int) -> bool:
+        """Make way for writing `generation` again: remove it when it is committed but damaged.
+
+        Only for the one who may write `generation` now (the holder of the writer lock, or of the
+        commit lock of processes writing it together), so nobody replaces it meanwhile.
+
+        Returns
+        -------
+        bool
+            ``True`` when a sound generation `generation` is committed (it stays).
+        """
+        return any(g.id == generation and g.committed for g in self.generations())
 
     def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:

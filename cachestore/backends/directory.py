@@ -51,7 +51,6 @@ before anything is written into it or committed from it.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -86,6 +85,7 @@ GEN_PREFIX = "gen-"
 
 
 def gen_dirname(generation: int) -> str:
+    """The directory name of committed generation `generation` (``gen-000003``)."""
     return f"{GEN_PREFIX}{generation:06d}"
 
 
@@ -175,19 +175,25 @@ class DirectoryBackend(Backend):
         exc.generation = generation  # the whole generation: index stays None
         return exc
 
+    def clear_damaged(self, generation: int) -> bool:
+        if not os.path.lexists(self.path / gen_dirname(generation)):
+            return False
+        try:
+            # Opening, not listing: it finds what only opening does (an LMDB record count).
+            self.open_generation(generation).close()
+        except CorruptSampleError as exc:
+            # The caller may write this generation and the name is the store's: replace the damage.
+            log.warning("%s (replacing it now)", str(exc))  # text: a record must not keep frames alive
+            self.remove_generation(generation)
+            return False
+        except GenerationNotFoundError:
+            return False  # pruned since we looked
+        return True
+
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
-        if os.path.lexists(self.path / gen_dirname(generation)):
-            try:
-                self.open_generation(generation).close()
-            except CorruptSampleError as exc:
-                # We hold the writer lock and this name is the store's: replace the damage.
-                log.warning("%s (replacing it now)", str(exc))  # text: a record must not keep frames alive
-                self.remove_generation(generation)
-            except GenerationNotFoundError:
-                pass  # pruned since we looked
-            else:
-                raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
-                                      "write a new generation id or prune this one first")
+        if self.clear_damaged(generation):
+            raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
+                                  "write a new generation id or prune this one first")
         staging = self.path / staging_dirname(generation)
         try:
             staging.mkdir(parents=True)
@@ -237,7 +243,7 @@ class DirectoryBackend(Backend):
         except BudgetExceededError:
             raise
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the index or manifest did not fit
+            if is_out_of_space(exc):  # the index or manifest did not fit
                 raise BudgetExceededError(f"disk full while committing generation {token.generation} "
                                           f"of {self.path}: {exc}") from exc
             raise

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from .. import codec
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Leaf, LeafSpec, TreeDef
+from ..codec import Leaf, LeafSpec, TreeDef, row_bytes
 from ..disk import is_out_of_space
 from .manifest import Manifest
 
@@ -78,11 +78,6 @@ LayoutFields: TypeAlias = dict[str, object]
 def chunk_key(leaf: int, chunk: int) -> bytes:
     """The key of chunk `chunk` of `leaf` (:data:`SUMS`: its checksums)."""
     return CHUNK_KEY.pack(b"C", leaf, chunk)
-
-
-def row_bytes(specs: Sequence[LeafSpec]) -> list[int]:
-    """Bytes of one sample in each leaf's column."""
-    return [dtype.itemsize * int(np.prod(shape, dtype=np.int64)) for dtype, shape in specs]
 
 
 def num_chunks(n: int, chunk_rows: int) -> int:

@@ -58,8 +58,7 @@ class MemmapBackend(DirectoryBackend):
         rows = rows[np.argsort(rows["index"], kind="stable")]
         schema = load_schema(staging)
         if schema is not None:
-            for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
-                rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            for k, rowbytes in enumerate(codec.row_bytes(codec.leaf_specs(schema))):
                 truncate(staging / col_name(k), n * rowbytes)
         with os.fdopen(safefs.create_new(staging / "index.npy"), "wb") as f:
             np.save(f, rows)
@@ -115,7 +114,7 @@ class MemmapBackend(DirectoryBackend):
         fsync_dir(staging)
 
     def open_staging(self, token: StagingToken) -> StagingData:
-        return StagingRecords(Path(token.path), self.verify)
+        return StagingRecords(Path(token.path), self.verify, token.num_samples if token.shared else None)
 
     def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
         # Headers and small files only: listing runs this for every generation.
@@ -154,8 +153,8 @@ class MemmapBackend(DirectoryBackend):
             return f"{gen_dir / SCHEMA} is unreadable ({exc})"
         if schema is None and n and manifest.get("layout") in ("fixed", "mixed"):
             return f"{gen_dir / SCHEMA} is missing"
-        for k, (dtype, shape) in enumerate(specs):
-            col, needed = gen_dir / col_name(k), n * dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        for k, rowbytes in enumerate(codec.row_bytes(specs)):
+            col, needed = gen_dir / col_name(k), n * rowbytes
             st = safefs.lstat_or_none(col)
             if st is None or not stat.S_ISREG(st.st_mode):
                 return f"{col} is {'missing' if st is None else safefs.describe_entry(col)}"

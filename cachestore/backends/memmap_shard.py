@@ -8,7 +8,6 @@ segment for the others, and an index row per sample, appended after the data at 
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 from .. import codec, safefs
 from ..checksums import checksum
 from ..codec import Leaf, TreeDef
-from ..disk import allocated_bytes
+from ..disk import allocated_bytes, is_out_of_space
 from ..errors import BudgetExceededError
 from ..room import fits
 from .base import ShardWriter, StagingToken
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
     from ..native import Bytes
 
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 #: A shard of a generation larger than the memory room writes its pages back after this many bytes.
 WRITEBACK_BYTES = 64 << 20
 _SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
@@ -112,9 +110,9 @@ class MemmapShard(ShardWriter):
         if schema is None or self.compress:
             return
         self._schema = schema
-        for k, (dtype, shape) in enumerate(codec.leaf_specs(schema)):
+        for k, rowbytes in enumerate(codec.row_bytes(codec.leaf_specs(schema))):
             fd = safefs.open_nofollow(self.dir / col_name(k), os.O_RDWR | os.O_CREAT)
-            self._cols.append((fd, dtype.itemsize * int(np.prod(shape, dtype=np.int64))))
+            self._cols.append((fd, rowbytes))
 
     def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
         try:
@@ -140,7 +138,7 @@ class MemmapShard(ShardWriter):
             self._written(len(record))
             return len(record)
         except OSError as exc:
-            if exc.errno in _NO_SPACE:
+            if is_out_of_space(exc):
                 raise BudgetExceededError(f"disk full while writing generation {self.generation} "
                                           f"into {self.dir}: {exc}") from exc
             raise
@@ -166,7 +164,7 @@ class MemmapShard(ShardWriter):
         try:
             _write_all(self._idx_fd, rows.tobytes())
         except OSError as exc:
-            if exc.errno in _NO_SPACE:
+            if is_out_of_space(exc):
                 raise BudgetExceededError(f"disk full while writing {self.dir}: {exc}") from exc
             raise
 
@@ -175,7 +173,7 @@ class MemmapShard(ShardWriter):
         for fd in fds:
             # Written to disk by the process that wrote them (a worker, or a background refresh's
             # spare time), so the commit's own fsync in the training process finds little left to
-            # do: it took 15 ms of a 22 ms refresh commit that the training loop waited for.
+            # do: otherwise it was most of a refresh commit, which the training loop waits for.
             # Durability is the commit's job: an error here is reported by its fsync.
             try:
                 os.fsync(fd)

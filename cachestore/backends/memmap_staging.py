@@ -1,7 +1,10 @@
 """Reading the samples a memmap staging area already holds (a partial generation being resumed).
 
 The files still grow while they are read (workers write on), so they are read with
-``pread`` through the shards' index rows, never mapped.
+``pread`` through the shards' index rows, never mapped. In a shared staging area
+(:mod:`cachestore.shared`) a sample may be logged twice, by a member killed between
+flushing it and marking it done and by the one that computed it again: only the copy the
+done map names is read (:mod:`cachestore.claims`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from .. import codec, safefs
 from ..checksums import checksum
+from ..claims import done_map, shard_tag
 from ..codec import Leaf, LeafSpec, Sample, TreeDef
 from ..errors import CacheStoreError, CorruptSampleError
 from .reading import StagingData
@@ -20,20 +24,44 @@ from .memmap_files import COLUMN, col_name, load_schema, read_rows
 
 
 class StagingRecords(StagingData):
-    """Samples of a memmap staging area, read with ``pread`` (its files still grow)."""
+    """Samples of a memmap staging area, read with ``pread`` (its files still grow).
 
-    def __init__(self, staging: Path, verify: bool) -> None:
+    Parameters
+    ----------
+    staging
+        The staging area.
+    verify
+        Check each record against its checksum.
+    shared_samples
+        The sample count of a shared staging area, whose done map says which copy of a sample
+        counts; ``None`` for the staging area of one writer.
+    """
+
+    def __init__(self, staging: Path, verify: bool, shared_samples: int | None = None) -> None:
         self.dir = staging
         self.verify = verify
+        self._shared = shared_samples
         self._where: dict[int, tuple[str, np.void]] = {}  # index -> (shard id, index row)
         self._schema: TreeDef | None = None
         self._specs: list[LeafSpec] = []
 
     def _scan(self) -> None:
+        tags = None
+        if self._shared is not None:
+            # Read before the logs: a member logs a sample, then marks it done, so every tag read
+            # here names a row the logs read below hold.
+            try:
+                tags = done_map(self.dir, self._shared)
+            except FileNotFoundError:
+                return  # committed (or removed) since: nothing more to find here
         for path in sorted(self.dir.glob("*.idx")):
             shard_id = path.name[:-4]
+            tag = shard_tag(shard_id)
             for row in read_rows(path):
-                self._where.setdefault(int(row["index"]), (shard_id, row))
+                i = int(row["index"])
+                if tags is not None and not (0 <= i < len(tags) and tags[i] == tag):
+                    continue  # not the copy that counts (or not done yet: a later scan looks again)
+                self._where.setdefault(i, (shard_id, row))
         if self._schema is None:
             self._schema = load_schema(self.dir)
             self._specs = codec.leaf_specs(self._schema) if self._schema is not None else []
@@ -48,8 +76,7 @@ class StagingRecords(StagingData):
             if self._schema is None:
                 return None
             leaves = []
-            for k, (dtype, shape) in enumerate(self._specs):
-                rowbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            for k, ((dtype, shape), rowbytes) in enumerate(zip(self._specs, codec.row_bytes(self._specs))):
                 data = _pread(self.dir / col_name(k), i * rowbytes, rowbytes) if rowbytes else b""
                 if len(data) != rowbytes:
                     return None
