@@ -6,7 +6,8 @@
  * into this process before its first batch (docs/ARCHITECTURE.md, "Verified reads"); pread_rows:
  * explicit reads of scattered rows of a generation larger than memory ("Larger than memory").
  *
- * Why compiled: the pure-Python gather (cachestore/backends/base.py) makes ~500 calls into numpy
+ * Why compiled: the pure-Python gather (cachestore/backends/memmap_generation.py and
+ * cachestore/backends/batch.py) makes ~500 calls into numpy
  * and xxhash for a 256-sample batch of 48 KiB records; each call is cheap, but together they cost a
  * third of the batch and serialise on the GIL, so two gather threads scale poorly. Here each row
  * is hashed from the store (which brings it into this core's cache) and copied from that cache to
@@ -488,7 +489,9 @@ PyDoc_STRVAR(pread_rows_doc,
 "pread_rows(fd, dest, width, rows, slots)\n--\n\n"
 "Read rows `rows` (sorted file row numbers, int64) of `width` bytes from `fd` into rows `slots`\n"
 "(int64) of the writable `dest` (n x width bytes), the GIL released: one preadv per run of\n"
-"consecutive file rows (at most IOV_MAX rows), a short read finished row by row.\n\n"
+"consecutive file rows (at most IOV_MAX rows), a short read finished row by row. `rows` and\n"
+"`slots` are contiguous int64 arrays of one length; a row whose byte offset does not fit in\n"
+"an int64 is a ValueError.\n\n"
 "Returns 0, an errno, or -1 when the file ends before a row (truncated).");
 
 /* Fill `len` bytes at `buf` from `offset` of `fd`: 0, an errno, or -1 at the end of the file. */
@@ -514,12 +517,27 @@ static PyObject *pread_rows(PyObject *self, PyObject *args)
 {
     int fd;
     Py_ssize_t width;
+    PyObject *rows_obj, *slots_obj;
     Py_buffer dest, rows, slots;
-    if (!PyArg_ParseTuple(args, "iw*ny*y*", &fd, &dest, &width, &rows, &slots))
+    if (!PyArg_ParseTuple(args, "iw*nOO", &fd, &dest, &width, &rows_obj, &slots_obj))
         return NULL;
+    /* With their format: an int32 array (or bytes) read as int64 would be rows nobody asked for. */
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dest);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(slots_obj, &slots, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&dest);
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
     int status = 0;
     Py_ssize_t m = rows.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t n = width > 0 ? dest.len / width : 0;
+    if (!is_64bit(&rows, "lq") || !is_64bit(&slots, "lq")) {
+        PyErr_SetString(PyExc_ValueError, "pread_rows: rows and slots are contiguous int64 arrays");
+        goto done;
+    }
     if (width <= 0 || slots.len != rows.len) {
         PyErr_SetString(PyExc_ValueError, "pread_rows: width must be > 0 and rows, slots of one length");
         goto done;
@@ -528,6 +546,13 @@ static PyObject *pread_rows(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < m; i++) {
         if (slot[i] < 0 || slot[i] >= n || row[i] < 0) {
             PyErr_SetString(PyExc_IndexError, "pread_rows: a row or slot is out of range");
+            goto done;
+        }
+        /* row * width, and the offsets within a run after it, must fit in off_t (64-bit here):
+         * an overflow is undefined, and in practice a read at some other offset. */
+        if (row[i] > (INT64_MAX - width) / width) {
+            PyErr_Format(PyExc_ValueError, "pread_rows: row %lld of %zd bytes lies beyond any file offset",
+                         (long long)row[i], width);
             goto done;
         }
     }

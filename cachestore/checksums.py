@@ -61,8 +61,8 @@ def row_checksums(rows: Sequence[npt.NDArray[np.uint8]], n: int) -> list[int]:
     width = sum(r.shape[1] for r in rows)
     hash_one = xxhash.xxh3_64_intdigest
     if width <= SMALL_ROW_BYTES:
-        # One contiguous copy of the block, then a bytes slice per row: ~4x faster than a
-        # hasher fed numpy row views, which dominated a verified read of small samples.
+        # One contiguous copy of the block, then a bytes slice per row: a hasher fed numpy row
+        # views pays a Python call per row, and that call dominated a verified read of small samples.
         data = (rows[0] if len(rows) == 1 else np.concatenate(rows, axis=1)).tobytes()
         return [hash_one(data[o:o + width]) for o in range(0, n * width, width)]
     if len(rows) == 1:
@@ -78,8 +78,29 @@ def row_checksums(rows: Sequence[npt.NDArray[np.uint8]], n: int) -> list[int]:
 
 
 def flat_rows(arrays: Sequence[npt.NDArray[np.generic]], n: int) -> list[npt.NDArray[np.uint8]]:
-    """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)`` (they must be contiguous)."""
+    """Each array of `n` rows as a 2-D ``uint8`` view ``(n, row bytes)``.
+
+    Raises
+    ------
+    ValueError
+        An array is not C-contiguous: its reshape would be a copy, and what is written into the
+        rows would never reach the array (a caller's `out` left unfilled without a word).
+    """
+    check_contiguous(arrays)
     return [a.reshape(n, math.prod(a.shape[1:])).view(np.uint8) for a in arrays]
+
+
+def check_contiguous(out: Sequence[npt.NDArray[np.generic]]) -> None:
+    """Raise ``ValueError`` naming the first array of `out` that is not C-contiguous.
+
+    Batches are gathered into `out` as rows of bytes, which a strided array (``big[:, ::2]``,
+    a transposed one) does not have; a contiguous copy of it would be filled instead, and lost.
+    """
+    for k, a in enumerate(out):
+        if not a.flags.c_contiguous:
+            raise ValueError(f"out leaf {k} (shape {a.shape}, strides {a.strides}) is not C-contiguous: batches "
+                             "are gathered into out as rows of bytes; pass C-contiguous arrays (or slices of "
+                             "their first axis)")
 
 
 def first_mismatch(sums: list[int], expected: list[int]) -> int | None:

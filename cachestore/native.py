@@ -8,6 +8,7 @@ checksums and the same errors (see docs/ARCHITECTURE.md, "Verified reads").
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
@@ -29,6 +30,8 @@ class Gather(Protocol):
 
     def populate(self, buffer: Bytes, /) -> bool: ...
 
+    def pread_rows(self, fd: int, dest: WritableBytes, width: int, rows: Bytes, slots: Bytes, /) -> int: ...
+
     def row_checksums(self, columns: tuple[Bytes, ...], widths: tuple[int, ...], n: int,
                       sums: WritableBytes, /) -> None: ...
 
@@ -41,12 +44,23 @@ class Gather(Protocol):
                        outs: tuple[WritableBytes, ...], verify: bool, stream: bool = True) -> tuple[int, int]: ...
 
 
+#: What the readers call of the module: a build older than one of them (``cachestore/_gather.c``
+#: changed, the extension not rebuilt) is not used at all, rather than half.
+REQUIRED = ("MAX_LEAVES", "populate", "pread_rows", "row_checksums", "gather_verified", "gather_records")
+
+
 def _load_native() -> Gather | None:
     if os.environ.get("CACHESTORE_NATIVE", "1") == "0":
         return None
     try:
         from . import _gather
     except ImportError:  # not built (no C compiler at install) or no XXH3 in the xxhash package
+        return None
+    missing = [name for name in REQUIRED if not hasattr(_gather, name)]
+    if missing:
+        warnings.warn(f"the compiled gather {_gather.__file__} is older than cachestore (it lacks "
+                      f"{', '.join(missing)}): reads use the pure-Python gather; rebuild it with "
+                      "`python setup.py build_ext --inplace` or reinstall cachestore", RuntimeWarning, stacklevel=2)
         return None
     return _gather
 

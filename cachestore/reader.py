@@ -8,6 +8,7 @@ import numpy as np
 
 from .backends.batch import Indices
 from .backends.reading import BatchLayout, GenerationData
+from .checksums import check_contiguous
 from .codec import Batch, Leaf, Sample
 from .errors import CorruptSampleError
 from .spec import StoreSpec
@@ -81,8 +82,11 @@ class Reader:
         With a fixed layout (every sample the same structure and shapes) this is
         one vectorised gather per leaf; `out` may then give the destination
         arrays, one per leaf, shaped ``(len(indices), *shape)`` - see
-        :meth:`batch_layout`.
+        :meth:`batch_layout`. Each of them must be C-contiguous (``ValueError``
+        otherwise: a strided array cannot take the rows as they are gathered).
         """
+        if out is not None:
+            check_contiguous(out)
         return self.data.read_batch(indices, out=out)
 
     def batch_layout(self) -> BatchLayout | None:
@@ -106,12 +110,15 @@ class Reader:
 
     def read_range(self, start: int, stop: int, out: list[Leaf]) -> None:
         """Samples ``start..stop-1`` into `out` (fixed layout), with one large read per leaf where
-        the backend can, every record verified (``CorruptSampleError`` names the first bad one)."""
+        the backend can, every record verified (``CorruptSampleError`` names the first bad one).
+        `out` must be C-contiguous, as for :meth:`get_batch`."""
+        check_contiguous(out)
         self.data.read_range(start, stop, out)
 
     def read_rows(self, indices: np.ndarray, out: list[Leaf]) -> None:
         """Samples `indices` into `out` (fixed layout), with explicit reads where the backend reads
-        that way, every record verified."""
+        that way, every record verified. `out` must be C-contiguous, as for :meth:`get_batch`."""
+        check_contiguous(out)
         self.data.read_rows(indices, out)
 
     def verify(self) -> list[CorruptSampleError]:

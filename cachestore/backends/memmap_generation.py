@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +17,7 @@ from .. import codec
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 from ..codec import Batch, Leaf, LeafSpec, Sample
 from ..collate import stack_samples
-from ..errors import CorruptSampleError
+from ..errors import CacheStoreError, CorruptSampleError
 from ..native import native_gather
 from ..room import fits
 from .reading import BatchLayout, GenerationData
@@ -28,7 +31,8 @@ VERIFY_BLOCK_BYTES = 1 << 20
 
 
 def _map(path: Path, dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> Leaf:
-    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    """The column file `path` mapped read-only as a ``(dtype, shape)`` array (a truncated one is damage)."""
+    nbytes = shape[0] * codec.row_bytes([(dtype, shape[1:])])[0]
     size = path.stat().st_size if path.exists() else -1
     if size < nbytes:
         raise CorruptSampleError(f"data file {path} is truncated: {size} bytes, expected {nbytes}; "
@@ -111,7 +115,13 @@ class MemmapGeneration(GenerationData):
         self._col_paths = [gen_dir / col_name(k) for k in range(len(self.specs))]
         self.columns = [_map(path, dtype, (self.num_samples, *shape))
                         for path, (dtype, shape) in zip(self._col_paths, self.specs)]
-        self._fds: dict[int, int] = {}  # columns opened for explicit reads (read_range)
+        # Columns opened for explicit reads (read_range, read_rows), which run in several threads at once
+        # (threadsafe_batches): the lock makes each column opened once, and the count of reads in flight
+        # keeps close() from closing an fd under a read (a number the next open reuses, read in its place).
+        self._fds: dict[int, int] = {}
+        self._fds_lock = threading.Lock()
+        self._reading = 0
+        self._closed = False
         self._explicit: bool | None = None  # see reads_explicitly
         # The columns as rows of bytes, for the compiled gather.
         self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
@@ -125,7 +135,7 @@ class MemmapGeneration(GenerationData):
         if not fits(self.data_bytes()):
             # Larger than the memory room: what is read through the mapping (records, compressed ones,
             # a torch DataLoader over reader()) faults one page in at a time. The kernel's read-ahead
-            # around each fault (megabytes on some disks) is evicted before it is used: 25x slower.
+            # around each fault (megabytes on some disks) is evicted before it is used, and read again.
             for mapped in [*self.columns, *self.segments]:
                 _random_access(mapped)
 
@@ -179,9 +189,10 @@ class MemmapGeneration(GenerationData):
             raise IndexError(f"range {start}..{stop} out of generation {self.generation} of {self.num_samples} samples")
         n = stop - start
         rows = flat_rows(out, n)
-        for k, (dest, width) in enumerate(zip(rows, self._widths)):
-            if width and n:
-                _pread_into(self._fd(k), dest.reshape(-1).data, start * width, self._col_paths[k])
+        with self._open_columns() as column_fd:
+            for k, (dest, width) in enumerate(zip(rows, self._widths)):
+                if width and n:
+                    _pread_into(column_fd(k), dest.reshape(-1).data, start * width, self._col_paths[k])
         if self.verify and n:
             first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][start:stop].tolist())
             if first is not None:
@@ -201,32 +212,62 @@ class MemmapGeneration(GenerationData):
         breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
         starts, ends = np.r_[0, breaks], np.r_[breaks, n]
         native = native_gather()
-        for k, (dest, width) in enumerate(zip(rows, self._widths)):
-            if not width or not n:
-                continue
-            if self._byte_rows[k].nbytes <= SMALL_COLUMN_BYTES:
-                np.take(self._byte_rows[k], idx, axis=0, out=dest)
-                continue
-            fd = self._fd(k)
-            if native is not None and hasattr(native, "pread_rows"):
-                # One call, the GIL released: a row at random costs the Python loop below 4 of its 9 us.
-                status = native.pread_rows(fd, dest, width, ordered, sort.astype(np.int64))
-                if status:
-                    raise _read_error(status, self._col_paths[k])
-                continue
-            for a, b in zip(starts.tolist(), ends.tolist()):
-                buffers = [dest[j].data for j in sort[a:b].tolist()]
-                _preadv_all(fd, buffers, int(ordered[a]) * width, self._col_paths[k])
+        with self._open_columns() as column_fd:
+            for k, (dest, width) in enumerate(zip(rows, self._widths)):
+                if not width or not n:
+                    continue
+                if self._byte_rows[k].nbytes <= SMALL_COLUMN_BYTES:
+                    np.take(self._byte_rows[k], idx, axis=0, out=dest)
+                    continue
+                fd = column_fd(k)
+                if native is not None:
+                    # One call, the GIL released: for rows at random, the Python loop below spends
+                    # much of its time around the reads, holding the GIL other reading threads need.
+                    status = native.pread_rows(fd, dest, width, ordered, sort.astype(np.int64))
+                    if status:
+                        raise _read_error(status, self._col_paths[k])
+                    continue
+                for a, b in zip(starts.tolist(), ends.tolist()):
+                    buffers = [dest[j].data for j in sort[a:b].tolist()]
+                    _preadv_all(fd, buffers, int(ordered[a]) * width, self._col_paths[k])
         if self.verify and n:
             first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][idx].tolist())
             if first is not None:
                 raise self.corrupt(int(idx[first]), "checksum mismatch")
 
+    @contextmanager
+    def _open_columns(self) -> Iterator[Callable[[int], int]]:
+        """Count an explicit read in flight while it runs; it gets the fd of column ``k`` from the
+        function this yields. Its fds stay open until it is done, whenever close() comes."""
+        with self._fds_lock:
+            if self._closed:
+                raise CacheStoreError(f"generation {self.generation} in {self.where} was closed")
+            self._reading += 1
+        try:
+            yield self._fd
+        finally:
+            self._done_reading()
+
+    def _done_reading(self) -> None:
+        """An explicit read ended: the last one after close() closes the fds."""
+        with self._fds_lock:
+            self._reading -= 1
+            if self._closed and not self._reading:
+                self._close_fds()
+
     def _fd(self, k: int) -> int:
-        fd = self._fds.get(k)
-        if fd is None:
-            fd = self._fds[k] = os.open(self._col_paths[k], os.O_RDONLY | os.O_CLOEXEC)
-        return fd
+        """The fd of column `k`, opened at its first explicit read (once, whichever thread asks first)."""
+        with self._fds_lock:
+            fd = self._fds.get(k)
+            if fd is None:
+                fd = self._fds[k] = os.open(self._col_paths[k], os.O_RDONLY | os.O_CLOEXEC)
+            return fd
+
+    def _close_fds(self) -> None:
+        """Close the columns' fds (the caller holds the lock, and no read is in flight)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
         if self._fixed is None:
@@ -289,9 +330,10 @@ class MemmapGeneration(GenerationData):
         return out
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
+        with self._fds_lock:
+            self._closed = True
+            if not self._reading:
+                self._close_fds()  # else the last read in flight closes them
         self.columns = []
         self._byte_rows = ()
         self.segments = []

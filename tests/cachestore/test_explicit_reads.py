@@ -6,11 +6,15 @@ every backend answers the same calls (the others gather).
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 
-from cachestore import CorruptSampleError, open_store
+from cachestore import CacheStoreError, CorruptSampleError, open_store
 from cachestore.backends import memmap_generation
+from cachestore.checksums import flat_rows
 
 from .helpers import fixed_sample, pattern_sample, write_generation
 
@@ -89,3 +93,97 @@ def test_a_generation_larger_than_memory_is_written_back_as_it_goes(store_path, 
         assert not reader.verify()
         assert reader[17]["data"][0] == 10**12 + 18 * 10**6
     store.close()
+
+
+def test_an_out_array_that_is_not_contiguous_is_refused(store_path, backend):
+    store = open_store(store_path, backend)
+    write_generation(store, 0, 10)
+    with store.reader(0) as reader:
+        out = _out(reader, 4)
+        big = np.zeros((4, 8, 8), dtype=np.float32)
+        out[0] = big[:, ::2, :]  # the image leaf's shape (4, 8), every other row of a larger array
+        for call in (lambda: reader.get_batch(np.arange(4), out=out), lambda: reader.read_range(0, 4, out),
+                     lambda: reader.read_rows(np.arange(4), out)):
+            with pytest.raises(ValueError, match="out leaf 0 .* not C-contiguous"):
+                call()
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            flat_rows(out, 4)  # what the verified gathers write through, whoever calls them
+        assert not big.any()
+        rows = _out(reader, 8)
+        reader.get_batch(np.arange(2, 6), out=[leaf[2:6] for leaf in rows])  # a slice of the rows is contiguous
+        assert rows[1][2:6].tolist() == [2, 3, 4, 5]
+    store.close()
+
+
+def _generation(store_path):
+    """An open memmap generation of 20 samples (its store closed), read explicitly."""
+    store = open_store(store_path, "memmap")
+    write_generation(store, 0, 20, make=lambda g, i: pattern_sample(g, i, nbytes=256))
+    data = store.backend.open_generation(0)
+    store.close()
+    _, specs = data.batch_layout()
+    return data, lambda n: [np.zeros((n, *shape), dtype=dtype) for dtype, shape in specs]
+
+
+@pytest.mark.timeout(60)
+def test_threads_reading_explicitly_open_each_column_once(store_path, monkeypatch):
+    data, out = _generation(store_path)
+    opened: list[str] = []
+    both_in = threading.Barrier(2, timeout=3)
+    real_open = os.open
+
+    def open_when_both_are_in(path, flags, *args):
+        opened.append(str(path))
+        try:
+            both_in.wait()  # the other thread gets here too, unless the first one keeps it out
+        except threading.BrokenBarrierError:
+            pass  # it was kept out: go on alone
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(memmap_generation.os, "open", open_when_both_are_in)
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_catch, args=(errors, data.read_range, 0, 20, out(20))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    monkeypatch.undo()
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert len(opened) == 1, "each column opened once (a second fd would leak)"
+    data.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_leaves_the_fds_of_reads_in_flight_open_until_they_end(store_path, monkeypatch):
+    data, out = _generation(store_path)
+    reading, finish = threading.Event(), threading.Event()
+    fds: list[int] = []
+    real_read = memmap_generation._pread_into
+
+    def paused_read(fd, dest, offset, path, drop=True):
+        fds.append(fd)
+        reading.set()
+        assert finish.wait(30)
+        real_read(fd, dest, offset, path, drop)
+
+    monkeypatch.setattr(memmap_generation, "_pread_into", paused_read)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _catch(errors, data.read_range, 0, 20, out(20)))
+    thread.start()
+    assert reading.wait(30)
+    data.close()  # while the read is in flight
+    os.fstat(fds[0])  # still open: closing it now would have the read go to whatever file gets its number
+    finish.set()
+    thread.join(30)
+    assert not errors and not thread.is_alive()
+    with pytest.raises(OSError):
+        os.fstat(fds[0])  # the read in flight closed it as it ended
+    with pytest.raises(CacheStoreError, match="closed"):
+        data.read_range(0, 1, out(1))
+
+
+def _catch(errors: list[BaseException], call, *args) -> None:
+    try:
+        call(*args)
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)

@@ -6,6 +6,10 @@ Both must give the same bytes and the same checksums as :func:`cachestore.checks
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -190,3 +194,48 @@ def test_the_first_batch_read_maps_the_whole_generation(native, tmp_path):
         assert mapped_bytes(col) == n * 64 * 1024
     finally:
         store.close()
+
+
+def test_pread_rows_reads_rows_into_their_slots_and_refuses_bad_arguments(native, tmp_path):
+    width, n = 12, 30
+    data = np.arange(n * width, dtype=np.uint32).astype(np.uint8).reshape(n, width)
+    path = tmp_path / "column"
+    path.write_bytes(data.tobytes())
+    rows = np.array([2, 3, 4, 17, 29], dtype=np.int64)  # sorted, with a run
+    slots = np.array([4, 0, 2, 1, 3], dtype=np.int64)
+    dest = np.zeros((len(rows), width), np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert native.pread_rows(fd, dest, width, rows, slots) == 0
+        assert np.array_equal(dest[slots], data[rows])
+        assert native.pread_rows(fd, dest, width, np.array([n], np.int64), slots[:1]) == -1  # past the end
+        with pytest.raises(ValueError, match="int64"):
+            native.pread_rows(fd, dest, width, rows.astype(np.int32), slots.astype(np.int32))
+        with pytest.raises(ValueError, match="int64"):
+            native.pread_rows(fd, dest, width, rows.tobytes()[:-4], slots.tobytes()[:-4])  # not whole int64s
+        with pytest.raises(ValueError, match="int64"):
+            native.pread_rows(fd, dest, width, rows.astype(np.float64), slots)
+        with pytest.raises(ValueError, match="contiguous"):
+            native.pread_rows(fd, dest, width, np.repeat(rows, 2)[::2], slots)
+        huge = np.array([np.iinfo(np.int64).max // width], dtype=np.int64)  # row * width overflows
+        with pytest.raises(ValueError, match="beyond any file offset"):
+            native.pread_rows(fd, dest, width, huge, slots[:1])
+        with pytest.raises(IndexError, match="out of range"):
+            native.pread_rows(fd, dest, width, rows, slots + 1)
+    finally:
+        os.close(fd)
+
+
+def test_a_compiled_gather_older_than_its_callers_is_not_used(monkeypatch):
+    import cachestore
+
+    stale = types.ModuleType("cachestore._gather")
+    stale.__file__ = "_gather.stale.so"
+    # Built before explicit reads of scattered rows: everything but pread_rows.
+    for name in ("MAX_LEAVES", "populate", "row_checksums", "gather_verified", "gather_records"):
+        setattr(stale, name, object())
+    monkeypatch.setitem(sys.modules, "cachestore._gather", stale)
+    monkeypatch.setattr(cachestore, "_gather", stale, raising=False)
+    monkeypatch.delenv("CACHESTORE_NATIVE", raising=False)
+    with pytest.warns(RuntimeWarning, match="lacks pread_rows"):
+        assert native_module._load_native() is None
