@@ -72,8 +72,15 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
-class WriterLock:
-    """Exclusive, non-blocking writer lock on a store directory."""
+class _LockFile:
+    """The open, lock and verify loop both writer locks share (see the module docstring).
+
+    A subclass names how it locks (:attr:`_mode`) and what it says when it cannot
+    (:meth:`_refusal`), and may do something with the file once it holds it (:meth:`_locked`).
+    """
+
+    #: The ``flock`` operation taken (without ``LOCK_NB``).
+    _mode: int
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root) / LOCK_NAME
@@ -81,13 +88,14 @@ class WriterLock:
 
     @property
     def held(self) -> bool:
+        """Whether this object holds the lock now (taken and not released)."""
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock or raise :class:`StoreLockedError` naming the holder."""
+        """Take the lock or raise :class:`StoreLockedError` naming the holder (a no-op when held)."""
         if self._fd is not None:
             return
-        self._deadline = time.monotonic() + PROBE_GRACE
+        deadline = time.monotonic() + PROBE_GRACE
         for _ in range(1000):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -100,44 +108,63 @@ class WriterLock:
                     unlink_name(self.path)
                 continue
             try:
-                held = self._try_lock(fd)
+                held = self._lock(fd, deadline) and self._same_file(fd)
+                if held:
+                    self._locked(fd)
             except BaseException:
-                # Whatever failed (a full disk when writing the pid), the fd must not outlive
-                # this call: it holds the flock, and a leaked one locks the store until exit.
+                # Whatever failed (a full disk when writing the pid, an interrupt), the fd must not
+                # outlive this call: it holds the flock, and a leaked one locks the store until exit.
                 os.close(fd)
                 raise
             if held:
+                self._fd = fd
                 return
-            os.close(fd)
+            os.close(fd)  # the file was unlinked under us by a releasing holder: retry with a new one
         raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
 
-    def _try_lock(self, fd: int) -> bool:
-        """Lock `fd` (open on the lock path): ``True`` when held, ``False`` to retry with a new fd.
-
-        The caller closes `fd` when this returns ``False`` or raises.
-        """
+    def _lock(self, fd: int, deadline: float) -> bool:
+        """``flock`` `fd`, waiting out (until `deadline`) a holder that wrote no pid; raise
+        :class:`StoreLockedError` when a writer holds it."""
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                fcntl.flock(fd, self._mode | fcntl.LOCK_NB)
+                return True
             except BlockingIOError:
                 pid = _read_pid(fd)
-                if pid is None and time.monotonic() < self._deadline:
+                if pid is None and time.monotonic() < deadline:
                     # No pid written: most likely `lock_holder` probing with a shared lock
                     # for a moment (inspect, prune), not a writer. Give it a few ms.
                     time.sleep(0.005)
                     continue
-                who = f"process {pid}" if pid else "another process"
-                raise StoreLockedError(
-                    f"store {self.path.parent} is being written by {who}; "
-                    "only one writer at a time (wait for it to finish, or stop it)"
-                ) from None
+                raise StoreLockedError(self._refusal(f"process {pid}" if pid else "another process")) from None
+
+    def _same_file(self, fd: int) -> bool:
+        """Whether the lock path still names the file `fd` locked (a releasing holder may have
+        unlinked it between our open and our flock)."""
         try:
-            same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+            return os.fstat(fd).st_ino == os.lstat(self.path).st_ino
         except FileNotFoundError:
-            same = False
-        if not same:
-            return False  # the file was unlinked under us by a releasing holder: retry
+            return False
+
+    def _refusal(self, who: str) -> str:
+        """The message of the :class:`StoreLockedError` raised when `who` holds the lock."""
+        raise NotImplementedError
+
+    def _locked(self, fd: int) -> None:
+        """Called once `fd` holds the lock on the file at the path (the caller closes it if this raises)."""
+
+
+class WriterLock(_LockFile):
+    """Exclusive, non-blocking writer lock on a store directory."""
+
+    _mode = fcntl.LOCK_EX
+
+    def _refusal(self, who: str) -> str:
+        return (f"store {self.path.parent} is being written by {who}; "
+                "only one writer at a time (wait for it to finish, or stop it)")
+
+    def _locked(self, fd: int) -> None:
+        """Write our pid into the file, for the messages of those it keeps out."""
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -149,8 +176,6 @@ class WriterLock:
             # A full disk: the flock is the lock, the pid only names us in messages. Keep it, so
             # that prune can free space on a full disk, and a writer fails on its first write
             # with a BudgetExceededError its caller can handle ("stream"), not here.
-        self._fd = fd
-        return True
 
     def release(self) -> None:
         """Unlink the lock file and drop the lock (idempotent)."""
@@ -164,7 +189,7 @@ class WriterLock:
         os.close(fd)
 
 
-class SharedWriterLock:
+class SharedWriterLock(_LockFile):
     """The writer lock taken shared, by each of the processes that write one generation together.
 
     It keeps out what must run alone (an exclusive :class:`WriterLock`: a
@@ -172,50 +197,11 @@ class SharedWriterLock:
     of sharing writers in. The last one out unlinks the file.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.path = Path(root) / LOCK_NAME
-        self._fd: int | None = None
+    _mode = fcntl.LOCK_SH
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> None:
-        """Take the lock shared, or raise :class:`StoreLockedError` naming the exclusive holder."""
-        if self._fd is not None:
-            return
-        deadline = time.monotonic() + PROBE_GRACE
-        for _ in range(1000):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                if is_out_of_space(exc):
-                    raise out_of_space(exc, "creating the writer lock", self.path.parent) from exc
-                if not is_link_error(exc):
-                    raise
-                if os.path.islink(self.path):
-                    unlink_name(self.path)
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pid = _read_pid(fd)
-                os.close(fd)
-                if pid is None and time.monotonic() < deadline:
-                    time.sleep(0.005)  # most likely `lock_holder` probing for a moment
-                    continue
-                who = f"process {pid}" if pid else "another process"
-                raise StoreLockedError(f"store {self.path.parent} is being written by {who}, which does not share "
-                                       "its generation (wait for it to finish, or stop it)") from None
-            try:
-                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._fd = fd
-                return
-            os.close(fd)  # unlinked by a releasing holder under us: retry
-        raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
+    def _refusal(self, who: str) -> str:
+        return (f"store {self.path.parent} is being written by {who}, which does not share "
+                "its generation (wait for it to finish, or stop it)")
 
     def release(self) -> None:
         """Drop the lock; the last holder unlinks the file (idempotent)."""

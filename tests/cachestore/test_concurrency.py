@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import multiprocessing
 import os
 import time
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from cachestore import StoreLockedError
+from cachestore.locking import SharedWriterLock, WriterLock
 
 from .helpers import (WAIT, check_generation, contend_writer, fill_shard, fixed_sample, iterate_generation, leftovers,
                       recv, write_generation)
@@ -112,3 +115,21 @@ def test_reader_opened_before_a_fork_works_in_the_child(disk_store):
         if proc.is_alive():
             proc.kill()
     check_generation(reader, 0, 8)  # and the parent's handles are unharmed
+
+
+@pytest.mark.parametrize("lock_class", [WriterLock, SharedWriterLock])
+def test_a_lock_that_fails_after_opening_its_file_leaves_no_fd_open(tmp_path, monkeypatch, lock_class):
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "no locks available")  # as an NFS mount without a lock daemon says
+
+    before = set(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(OSError, match="no locks"):
+        lock_class(tmp_path).acquire()
+    monkeypatch.undo()
+    assert set(os.listdir("/proc/self/fd")) == before
+    lock = lock_class(tmp_path)
+    lock.acquire()  # nothing left held
+    assert lock.held
+    lock.release()
+    assert not lock.held
