@@ -35,7 +35,7 @@ from .backends.base import GenerationInfo
 from .backends.directory import META_NAME
 from .disk import format_size, parse_size, remove_paths
 from .errors import CacheStoreError, NotAStoreError
-from .locking import LOCK_NAME, lock_holder
+from .locking import LOCK_NAME, SHARED_WRITERS, lock_holder
 from .scratch import dead_windows, list_windows, pid_alive
 from .pruning import Removed
 from .store import Store, open_store
@@ -170,7 +170,9 @@ def describe_store(path: str, verify: bool = False) -> Doc:
             "path": path, "backend": store.backend_name, "format": meta.get("format"),
             "compression": meta.get("compression"), "created": meta.get("created"),
             "fingerprint": meta.get("fingerprint"), "producer": meta.get("producer"),
-            "bytes": store.usage(), "writer_pid": holder,
+            # Processes writing together have no one pid: null, and shared_writers says they write.
+            "bytes": store.usage(), "writer_pid": None if holder == SHARED_WRITERS else holder,
+            "shared_writers": holder == SHARED_WRITERS,
             "generations": [_describe_generation(g, holder) for g in store.generations()],
             "rotation_windows": [_describe_window(*w) for w in list_windows(path)],
             "stale_lock": stale_lock,
@@ -253,8 +255,8 @@ def _render_store(doc: Doc) -> list[str]:
     fields += _dict_fields("fingerprint", doc["fingerprint"])
     fields += [("created", _when(doc["created"])), ("on disk", format_size(doc["bytes"]))]
     holder = doc["writer_pid"]
-    fields.append(("writer", "none" if holder is None else
-                   f"pid {holder} is writing" if holder > 0 else "a live process is writing"))
+    fields.append(("writer", "processes writing together" if doc["shared_writers"] else "none" if holder is None
+                   else f"pid {holder} is writing" if holder > 0 else "a live process is writing"))
     lock = doc["stale_lock"]
     if lock is not None:
         who = f"pid {lock['pid']} ({'alive' if lock['pid_alive'] else 'dead'})" if lock["pid"] else "unknown pid"

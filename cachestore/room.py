@@ -37,6 +37,11 @@ def memory_room(cgroup_root: str | os.PathLike[str] = CGROUP_ROOT,
     cgroup_root, proc_cgroup
         Where the cgroup file systems are, and the file naming the process's
         cgroups (tests point these at fake trees).
+
+    Returns
+    -------
+    int
+        The room in bytes (``psutil``'s available memory when no cgroup limits it).
     """
     room = int(psutil.virtual_memory().available)
     limited = cgroup_room(Path(cgroup_root), Path(proc_cgroup))

@@ -109,6 +109,7 @@ def read_json(path: str | os.PathLike[str], what: str = "") -> Any:
 
 
 def lstat_or_none(path: str | os.PathLike[str]) -> os.stat_result | None:
+    """``os.lstat(path)`` (a symlink itself, never its target), ``None`` when nothing is there."""
     try:
         return os.lstat(path)
     except FileNotFoundError:

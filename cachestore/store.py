@@ -153,7 +153,8 @@ class Store:
 
         The processes (ranks of a node, concurrent jobs) share one staging area
         and claim each sample before computing it, so each is written once;
-        the last one out commits (see :mod:`cachestore.shared`). Needs a
+        the first one to leave with every sample in commits (see
+        :mod:`cachestore.shared`). Needs a
         fingerprint (what makes the other writers' samples this producer's)
         and a backend that supports it (memmap).
 
@@ -217,7 +218,12 @@ class Store:
         return self._lease
 
     def lock_holder(self) -> int | None:
-        """Pid of the live process writing this store (-1 when it has not written its pid yet), else ``None``."""
+        """Pid of the live process writing this store, else ``None``.
+
+        -1 when it has not written its pid yet;
+        :data:`~cachestore.locking.SHARED_WRITERS` (-2) when processes write
+        one generation together (:meth:`join`), and no single pid is the writer.
+        """
         if self._writing:
             return os.getpid()
         return lock_holder(self.path) if self.backend.persistent else None

@@ -224,6 +224,12 @@ class LmdbShard(ShardWriter):
 
 
 class LmdbBackend(DirectoryBackend):
+    """Generations as LMDB environments, one per generation directory (see the module docstring).
+
+    Records of every shard go into one environment per staging area; the commit
+    rewrites fixed-shape samples by column (:mod:`.lmdb_columns`) when they fit that layout.
+    """
+
     name = "lmdb"
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:

@@ -203,6 +203,14 @@ class MemoryStaging(StagingData):
 
 
 class MemoryBackend(Backend):
+    """Generations in this process's memory: nothing on disk, gone when the store is closed.
+
+    Written only from the process (and :class:`~cachestore.Store` object) that opened
+    the writer: shard writers cannot cross processes, so loader workers hand their
+    samples to the training process. Fixed-layout samples go straight into their
+    final columns; others are kept one by one.
+    """
+
     name = "memory"
     supports_multiprocess_write = False
     supports_zero_copy = True

@@ -502,3 +502,18 @@ def test_inspect_and_prune_show_a_shared_area_and_its_writers(tmp_path, capsys):
     finally:
         writer.abort()
         writing.close()
+
+
+def test_inspect_names_processes_writing_together_without_a_pid(tmp_path, capsys):
+    path = tmp_path / "cache"
+    with open_store(path, "memmap", fingerprint=FINGERPRINT) as store:
+        shared = store.join(0, N)
+        shared.put(0, sample(0, 0))
+        code, doc = inspect_json(capsys, path)
+        (info,) = doc["stores"]
+        assert code == 0 and info["writer_pid"] is None and info["shared_writers"] is True
+        code, out, _ = run(capsys, "inspect", path)
+        assert "processes writing together" in out and "a live process" not in out
+        shared.keep()
+        (info,) = inspect_json(capsys, path)[1]["stores"]
+        assert info["writer_pid"] is None and info["shared_writers"] is False
