@@ -206,7 +206,7 @@ def _describe_window(path: str, nbytes: int, pid: int | None) -> Doc:
 
 def _recorded_pid(lock_file: Path) -> int | None:
     try:
-        return int(safefs.read_bytes(lock_file).decode().strip()) or None
+        return int((safefs.read_bytes(lock_file).decode().split() or ["0"])[0]) or None
     except (OSError, ValueError):
         return None
 

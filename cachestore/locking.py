@@ -30,6 +30,11 @@ from .safefs import is_link_error, unlink_name
 LOCK_NAME = "writer.lock"
 #: Seconds a writer waits out a momentary lock taken by `lock_holder`.
 PROBE_GRACE = 0.2
+#: Seconds a writer waits out a brief holder of the lock (a prune removing debris or old generations),
+#: which says so in the lock file, before it gives up as it would against a writer.
+BRIEF_GRACE = 60.0
+#: What a brief holder writes after its pid.
+BRIEF = "brief"
 #: What :func:`lock_holder` says when the writers are processes writing together (:mod:`cachestore.shared`).
 SHARED_WRITERS = -2
 
@@ -67,9 +72,17 @@ def lock_holder(root: str | os.PathLike[str]) -> int | None:
 
 def _read_pid(fd: int) -> int | None:
     try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+        return int((os.pread(fd, 64, 0).decode().split() or ["0"])[0]) or None
     except (ValueError, OSError):
         return None
+
+
+def _brief(fd: int) -> bool:
+    """Whether the holder of the lock file `fd` said it holds it briefly (:data:`BRIEF`)."""
+    try:
+        return os.pread(fd, 64, 0).decode().split()[1:2] == [BRIEF]
+    except (ValueError, OSError, UnicodeDecodeError):
+        return False
 
 
 class _LockFile:
@@ -95,7 +108,8 @@ class _LockFile:
         """Take the lock or raise :class:`StoreLockedError` naming the holder (a no-op when held)."""
         if self._fd is not None:
             return
-        deadline = time.monotonic() + PROBE_GRACE
+        start = time.monotonic()
+        deadline = start + PROBE_GRACE
         for _ in range(1000):
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -108,7 +122,7 @@ class _LockFile:
                     unlink_name(self.path)
                 continue
             try:
-                held = self._lock(fd, deadline) and self._same_file(fd)
+                held = self._lock(fd, deadline, start + BRIEF_GRACE) and self._same_file(fd)
                 if held:
                     self._locked(fd)
             except BaseException:
@@ -122,19 +136,26 @@ class _LockFile:
             os.close(fd)  # the file was unlinked under us by a releasing holder: retry with a new one
         raise StoreLockedError(f"could not take the writer lock of {self.path.parent}")  # pragma: no cover
 
-    def _lock(self, fd: int, deadline: float) -> bool:
-        """``flock`` `fd`, waiting out (until `deadline`) a holder that wrote no pid; raise
-        :class:`StoreLockedError` when a writer holds it."""
+    def _lock(self, fd: int, deadline: float, brief_deadline: float) -> bool:
+        """``flock`` `fd`, waiting out (until `deadline`) a holder that wrote no pid, and (until
+        `brief_deadline`) one that holds it briefly (a prune); raise :class:`StoreLockedError`
+        when a writer holds it."""
         while True:
             try:
                 fcntl.flock(fd, self._mode | fcntl.LOCK_NB)
                 return True
             except BlockingIOError:
                 pid = _read_pid(fd)
-                if pid is None and time.monotonic() < deadline:
+                now = time.monotonic()
+                if pid is None and now < deadline:
                     # No pid written: most likely `lock_holder` probing with a shared lock
                     # for a moment (inspect, prune), not a writer. Give it a few ms.
                     time.sleep(0.005)
+                    continue
+                if pid is not None and _brief(fd) and now < brief_deadline:
+                    # A prune: processes joining a generation (a rank whose neighbour just
+                    # committed and prunes) wait for it rather than fail.
+                    time.sleep(0.01)
                     continue
                 raise StoreLockedError(self._refusal(f"process {pid}" if pid else "another process")) from None
 
@@ -159,6 +180,10 @@ class WriterLock(_LockFile):
 
     _mode = fcntl.LOCK_EX
 
+    def __init__(self, root: str | os.PathLike[str], brief: bool = False) -> None:
+        super().__init__(root)
+        self.brief = brief  # held for a moment (a prune): writers that meet it wait (BRIEF_GRACE)
+
     def _refusal(self, who: str) -> str:
         return (f"store {self.path.parent} is being written by {who}; "
                 "only one writer at a time (wait for it to finish, or stop it)")
@@ -167,7 +192,7 @@ class WriterLock(_LockFile):
         """Write our pid into the file, for the messages of those it keeps out."""
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()}{' ' + BRIEF if self.brief else ''}\n".encode(), 0)
         except OSError as exc:
             if not is_out_of_space(exc):
                 # We hold the lock on the file at the path, so removing it is as safe as release().

@@ -87,7 +87,7 @@ def prune_store(store: Store, keep: int, dry_run: bool, max_bytes: int | str | N
 def _prune_guard(store: Store) -> tuple[WriterLock | None, int | None]:
     """Take the writer lock for a prune: ``(lock, None)``, or ``(None, pid)`` of the live writer."""
     for _ in range(100):
-        lock = WriterLock(store.path)
+        lock = WriterLock(store.path, brief=True)
         try:
             lock.acquire()
             return lock, None

@@ -8,9 +8,10 @@ import multiprocessing
 import os
 import time
 
+import numpy as np
 import pytest
 
-from cachestore import StoreLockedError
+from cachestore import StoreLockedError, open_store
 from cachestore.locking import SharedWriterLock, WriterLock
 
 from .helpers import (WAIT, check_generation, contend_writer, fill_shard, fixed_sample, iterate_generation, leftovers,
@@ -133,3 +134,31 @@ def test_a_lock_that_fails_after_opening_its_file_leaves_no_fd_open(tmp_path, mo
     assert lock.held
     lock.release()
     assert not lock.held
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_waits_for_a_prune_and_still_refuses_a_writer(tmp_path):
+    # A prune holds the writer lock for a moment (and says so in it); a writer that meets it waits,
+    # one that meets another writer fails at once.
+    import threading
+
+    store = open_store(tmp_path / "s", "memmap")
+    prune = WriterLock(store.path, brief=True)
+    prune.acquire()
+    released = threading.Timer(0.3, prune.release)
+    released.start()
+    try:
+        with store.writer(0, num_samples=1) as writer:  # waits for the prune instead of failing
+            assert not prune.held
+            writer.put(0, {"x": np.zeros(2)})
+            writer.commit()
+    finally:
+        released.join()
+    other = WriterLock(store.path)
+    other.acquire()
+    try:
+        with pytest.raises(StoreLockedError, match="being written"):
+            store.writer(1, num_samples=1)
+    finally:
+        other.release()
+        store.close()
