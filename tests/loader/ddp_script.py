@@ -53,6 +53,7 @@ def main() -> None:
             result["computed"].append(loader.epoch_stats[-1].computed)
             dist.barrier()  # every rank's epoch done: the call log holds the node's calls so far
             result["calls"].append(len(read_calls(calls)))
+            dist.barrier()  # and no rank computes the next epoch's samples before every rank has counted
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
