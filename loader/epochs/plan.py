@@ -45,6 +45,9 @@ class EpochPlan:
     # A read epoch: its order ("random" or "block", with the blocks' shape), and whether it reads with
     # explicit I/O (the generation does not fit the memory room: loader.epochs.streaming).
     read_order: str | None = None
+    # When the generation read was committed: a generation removed and written again under the same
+    # id is another one, and readers kept open from epoch to epoch must not serve the old files.
+    committed_at: float | None = None
     blocks: BlockOrder | None = None
     stream: bool = False
 

@@ -114,6 +114,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
         plan.read_order, plan.blocks, plan.stream = _order_used(blocks is not None, s), blocks, choice.stream
+        info = cache.committed().get(generation)
+        plan.committed_at = info.created if info is not None else None
         return plan
     if mode != EpochMode.GENERATE:
         return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)

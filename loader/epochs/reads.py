@@ -46,16 +46,18 @@ class ReadPlaces:
         self.batch_size = batch_size
         self.placement = GatherPlacement()
         self._reader: Reader | None = None
+        self._reader_at: float | None = None  # when its generation was committed (EpochPlan.committed_at)
 
-    def reader(self, store: Store, generation: int) -> Reader:
+    def reader(self, store: Store, generation: int, committed_at: float | None = None) -> Reader:
         """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).
 
         A reader opened per epoch would map the store afresh, so every page an
         epoch touches would be faulted in again.
         """
-        if self._reader is None or self._reader.generation != generation:
+        if self._reader is None or (self._reader.generation, self._reader_at) != (generation, committed_at):
             self.drop_reader()
             self._reader = store.reader(generation)
+            self._reader_at = committed_at
         return self._reader
 
     def drop_reader(self) -> None:
@@ -75,7 +77,7 @@ class ReadPlaces:
     def in_process(self, plan: EpochPlan, stats: EpochStats, store: Store) -> Iterator[Batch]:
         """A read epoch without workers to gather it (``nb_worker=0``, or an in-RAM store workers
         cannot open): inline, or by the threads when that is cheaper."""
-        reader = self.reader(store, plan.generation or 0)
+        reader = self.reader(store, plan.generation or 0, plan.committed_at)
         if self.nb_worker > 0 and gather_threads.usable(reader, self.producer):
             return self.placed(plan, stats, store, None, 0)
         stats.extra["gather"] = "main"
@@ -85,7 +87,7 @@ class ReadPlaces:
                warmup: int) -> Iterator[Batch]:
         """Read epoch `plan` where it costs the loop least: in this process, inline or by its threads
         where the reader allows, or by `pool` (``None``: no workers may read this store)."""
-        reader = self.reader(store, plan.generation or 0)
+        reader = self.reader(store, plan.generation or 0, plan.committed_at)
         by_threads = None
         if gather_threads.usable(reader, self.producer):
             by_threads = lambda p, counts: gather_threads.thread_batches(  # noqa: E731

@@ -262,7 +262,8 @@ class EpochRunner:
         if plan.mode == EpochMode.READ:
             assert store is not None and plan.generation is not None
             if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
-                return stream_batches(plan, stats, self.reads.reader(store, plan.generation), self.producer)
+                return stream_batches(plan, stats, self.reads.reader(store, plan.generation, plan.committed_at),
+                                     self.producer)
             if s.nb_worker == 0 or not store.backend.persistent:
                 return self.reads.in_process(plan, stats, store)
         elif s.nb_worker == 0:
@@ -284,7 +285,7 @@ class EpochRunner:
             assert store is not None and self.cache is not None and plan.generation is not None
             if self.refresh is None:
                 self.refresh = start_refresh(self.cache, self.host, self.indices, plan.generation, s.batch_size)
-            run.reader = (store.spec, plan.generation)
+            run.reader = (store.spec, plan.generation, plan.committed_at)
             run.background = self.refresh
             # Reading a batch takes milliseconds: a deep queue would only hold memory.
             run.max_in_flight = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)

@@ -49,8 +49,9 @@ class WorkerConfig:
     seed: int | None = None  # a worker process's global generators are seeded from (seed, worker_id)
 
 
-#: A committed generation to read: the store's address and the generation id.
-ReadSource: TypeAlias = tuple[StoreSpec, int]
+#: A committed generation to read: the store's address, the generation id, and when it was committed
+#: (``None``: not known; a generation removed and written again under the same id is another one).
+ReadSource: TypeAlias = tuple[StoreSpec, int, "float | None"]
 #: A sample encoded for the training process to write: ``(position, record bytes)``.
 Record: TypeAlias = tuple[int, bytes]
 

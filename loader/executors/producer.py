@@ -186,7 +186,7 @@ class BatchProducer:
         except CacheStoreError as exc:
             if spec.token.shared and not os.path.lexists(spec.token.path):
                 # Committed by another process writing it together (its files moved into the generation).
-                return self.reader((spec.spec, spec.token.generation)).get(pos, copy=True)
+                return self.reader((spec.spec, spec.token.generation, None)).get(pos, copy=True)
             # Adoption checked every record: this is damage since. Serve a computed sample; the
             # stored one stays (it must not be written twice) and a cached read recomputes it.
             log.warning("%s; computing it from the dataset instead", exc)
@@ -200,7 +200,7 @@ class BatchProducer:
         if self._reader_key != key:
             if self._reader is not None:
                 self._reader.close()
-            spec, generation = key
+            spec, generation, _ = key
             self._reader = None  # a failed open must not leave the closed reader behind
             self._reader = Reader.open(spec, generation)
             self._reader_key = key
@@ -273,7 +273,7 @@ class BatchProducer:
             return False
         self.close_shard()
         try:
-            self.reader((spec.spec, spec.token.generation))
+            self.reader((spec.spec, spec.token.generation, None))
         except CacheStoreError:
             return False
         return True
@@ -281,7 +281,7 @@ class BatchProducer:
     def _from_committed(self, task: m.Task) -> Produced:
         """Task `task` of a generate epoch served from the generation another process committed."""
         assert task.shard is not None
-        reader = self.reader((task.shard.spec, task.shard.token.generation))
+        reader = self.reader((task.shard.spec, task.shard.token.generation, None))
         samples: list[Sample] = [reader.get(pos, copy=True) for pos in task.stored_at.tolist()]
         samples = self.transformed(task, samples)
         return Produced(self.collate(samples) if task.collate else samples, staged=len(samples))

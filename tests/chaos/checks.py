@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -833,24 +834,32 @@ def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
 
     Only a break makes another computation legitimate: a prune or ``rm -rf`` (the generation is written
     again), a commit cut short (a member killed or interrupted inside it: the area is discarded), a
-    generation found damaged. Scenarios whose disk fills (a failed commit discards the area; "stream"
-    serves samples it could not write) or whose records are flipped on purpose (misses are recomputed)
-    are left to :func:`check_generations`."""
+    generation found damaged. From a break to the next commit of the generation, what a run serves
+    may come from the copy that went away (files a reader still has open, an area a member still
+    reads back): those serves are not compared, and the first serves after it start afresh.
+    Scenarios whose disk fills (a failed commit discards the area; "stream" serves samples it could
+    not write) or whose records are flipped on purpose (misses are recomputed) are left to
+    :func:`check_generations`."""
     if s["backend"] != "memmap" or any(f in s["faults"] for f in ("disk-full", "coop-disk-full", "bitflip")):
         return []
     breaks = [t for kind in ("prune", "rm-prefix") for window in windows_of(runs, kind) for t in window]
-    # A generate epoch whose area was removed under it served samples no generation keeps.
-    breaks += [e.t_end for run in runs for e in epochs_of(run) if e.mode == "generate"
-               and any(e.t_start <= t <= e.t_end for t in breaks)]
     breaks += [f["time"] for f in read_fired(paths.ctl) if f["kind"] == "killcommit"]
     breaks += [run.ended for run in runs if ctrl_c_inside(run) == "a commit"]
     breaks += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "damaged" in e.stats["extra"]]
+    commits = [(e.t_end, e.version, e.generation) for run in runs for e in epochs_of(run)
+               if e.stats and e.stats["committed"]]
+
+    def settling(t: float, version: int, generation: int) -> bool:
+        """Whether `t` lies between a break and the next commit of the generation."""
+        return any(b <= t < min((c for c, v, g in commits if (v, g) == (version, generation) and c >= b),
+                                default=math.inf) for b in breaks)
+
     served = []  # (time, version, generation, index, nonce, run, epoch)
     for run in runs:
         epochs = {e.epoch: e for e in epochs_of(run)}
         for ev in run.events:
             e = epochs.get(ev.get("epoch")) if ev["ev"] == "batch" else None
-            if e is not None and e.mode in ("read", "generate"):
+            if e is not None and e.mode in ("read", "generate") and not settling(ev["t"], e.version, e.generation):
                 served += [(ev["t"], e.version, e.generation, i, nonce, run.name, e.epoch)
                            for i, nonce in zip(ev["y"], ev["nonce"])]
     first: dict[tuple, tuple] = {}

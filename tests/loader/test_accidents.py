@@ -245,6 +245,27 @@ def test_a_pruned_generation_is_said_to_be_removed_not_being_written(tmp_path):
     assert "removed since" in str(err.value) and "being written" not in str(err.value)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_generation_pruned_and_written_again_is_read_anew(no_leaks, backend, workers):
+    # Readers kept open from epoch to epoch (the training process's, the workers') must not serve the
+    # removed generation's files once it is written again under the same id.
+    settings = dict(batch_size=4, nb_worker=workers, seed=0,
+                    cache_setting={"prefix": str(no_leaks / "c"), "backend": backend})
+    with CachedLoader(ArangeDataset, {"n": 16, "augment": True}, **settings) as loader:
+        def values() -> dict[int, float]:
+            return {int(y): float(x[0]) for b in loader for x, y in zip(b["x"], b["y"])}
+
+        first = values()
+        assert values() == first  # read back
+        loader.store.prune(keep=0)
+        again = values()  # written again: other random values
+        assert [s.mode for s in loader.epoch_stats] == ["generate", "read", "generate"]
+        assert again != first
+        assert values() == again
+
+
 # ---------------------------------------------------------------------------- "~" in a prefix
 def test_a_prefix_starting_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
