@@ -322,12 +322,18 @@ class BatchProducer:
         """Flush the shard (before the result is sent: what was delivered is on disk), then mark the
         claimed samples done; the shard, ``None`` once writing stopped."""
         if shard is None:
+            if claims is not None:
+                # Writing stopped (the budget): what this task computed is not written, and claims
+                # held while it waits for other processes' samples would deadlock with theirs.
+                claims.release()
             return None
         try:
             shard.flush()
         except BudgetExceededError as exc:
             # A buffering backend (lmdb) meets the full disk here, not in put().
             out.budget_error = self._stop_writing(task, exc)
+            if claims is not None:
+                claims.release()
             return None
         except OSError as exc:
             raise _write_failed(task, exc) from exc

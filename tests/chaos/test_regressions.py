@@ -54,6 +54,12 @@ def test_seed_117_next_run_that_only_reads_cleans_up_after_a_killed_writer(tmp_p
     check(117, tmp_path, ORIGINAL)
 
 
+def test_seed_9051_processes_writing_together_onto_a_full_disk_wait_for_no_claim_for_ever(tmp_path):
+    # Three runs write generation 0 together when the disk fills: writing stops (policy "rotate") while
+    # each still held the claims of what it computed and waited for the others' samples.
+    check(9051, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 
