@@ -184,6 +184,12 @@ class GenerationWriter:
         try:
             if self._shard is not None:
                 self._shard.close()
+            meta = self.backend.read_meta()
+            if meta is not None and meta.get("backend") not in (None, self.backend.name):
+                # The prefix was removed and made again, by another process, as a store of another backend.
+                raise CacheStoreError(f"{self.spec.path} now holds a {meta.get('backend')} store (its store.json was "
+                                      f"written again after this writer opened it as {self.backend.name}): "
+                                      f"generation {self.generation} is not committed there")
             info = self.backend.commit(self.token, self.num_samples, dict(extra or {}))
         except BaseException:
             self.abort()

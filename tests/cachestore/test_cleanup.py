@@ -100,3 +100,22 @@ def test_memory_store_frees_pruned_generations(make_store):
     store.close()
     gc.collect()
     assert new() is None
+
+
+def test_a_writer_does_not_commit_into_a_prefix_made_again_as_another_backend(tmp_path):
+    # The prefix removed (rm -rf) while an lmdb writer wrote, and made again by another process as a
+    # memmap store: the lmdb generation would be unreadable there.
+    import shutil
+
+    import numpy as np
+
+    from cachestore import CacheStoreError, open_store
+
+    store = open_store(tmp_path / "s", "lmdb")
+    writer = store.writer(0, num_samples=1)
+    writer.put(0, {"x": np.zeros(2)})
+    shutil.rmtree(tmp_path / "s")
+    open_store(tmp_path / "s").close()  # memmap, the default
+    with pytest.raises(CacheStoreError, match="now holds a memmap store"):
+        writer.commit()
+    store.close()

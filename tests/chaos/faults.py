@@ -141,6 +141,9 @@ def prune_all(prefix: str, how: str) -> dict:
         done = subprocess.run(command + ["prune", prefix, "--keep", "0"], capture_output=True, text=True, timeout=60)
         removed = sorted({int(w[4:]) for w in done.stdout.split() if w.startswith("gen-") and w[4:].isdigit()})
         return {"status": done.returncode, "removed": removed, "output": (done.stdout + done.stderr)[-600:]}
+    if not os.path.exists(os.path.join(prefix, "store.json")):
+        # Removed (rm -rf) and not written again yet: open_store would make a new (memmap) store there.
+        return {"status": 0, "removed": [], "output": "no store at the prefix"}
     try:
         with open_store(prefix) as store:
             gone = store.prune(keep=0)
