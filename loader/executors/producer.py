@@ -220,9 +220,18 @@ class BatchProducer:
             shard = (self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None
                      else None)
         except (CacheStoreError, FileNotFoundError):
-            if not self._committed_meanwhile(task.shard):
+            if self._committed_meanwhile(task.shard):
+                return self._from_committed(task)
+            if task.shard is None or not task.shard.token.shared:
                 raise
-            return self._from_committed(task)
+            # The shared area is gone or broken (its files removed, a member killed inside its commit):
+            # the batch is served all the same, computed and not written; the generation is written
+            # again when an epoch needs it (docs/ARCHITECTURE.md, "Writing together").
+            self.close_shard()
+            log.warning("the shared staging area %s went away or broke while it was written; computing this "
+                        "batch without writing it", task.shard.token.path)
+            computed = self.transformed(task, [self._call(int(i)) for i in task.indices])
+            return Produced(self.collate(computed) if task.collate else computed)
         claims = self._claims if shard is not None else None
         positions = task.stored_at.tolist()
         samples: list[Sample] = []
