@@ -2,10 +2,9 @@
 
 How much faster than torch's ``DataLoader`` is CachedLoader, and how close to
 the machine's limits (memcpy bandwidth) does it get? Each scenario lives in its
-own module; this one picks the sizes (a full run takes about 5-8 minutes on 2
-cores before ``read_transform``, which adds about 4 on a shared machine, and
-``larger_than_memory`` about 6; ``--quick`` about 2, plus 3), runs them and hands the
-results to :mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
+own module; this one picks the sizes (on 2 cores a full run takes about 18-21
+minutes, ``--quick`` about 6), runs them and hands the results to
+:mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
 
 Only light imports at module level: loader workers start with spawn and import
 this module again.
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Run every benchmark scenario (CachedLoader vs torch's DataLoader, and vs memcpy) and write "
                     "benchmarks/results/<date>.json, .md and .png. A report, not a test: missed targets do not "
                     "change the exit status.")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions (about 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions (about 6 minutes)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"output directory (default {RESULTS})")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
                         help=f"run only these scenarios (of: {', '.join(SCENARIOS)})")
