@@ -203,15 +203,21 @@ class WriterLock(_LockFile):
             # with a BudgetExceededError its caller can handle ("stream"), not here.
 
     def release(self) -> None:
-        """Unlink the lock file and drop the lock (idempotent)."""
+        """Unlink the lock file and drop the lock (idempotent).
+
+        Only the file this lock holds is unlinked: after the store was removed (``rm -rf``) another
+        writer may hold a new lock file at the path, which must stay.
+        """
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
-            os.unlink(self.path)
+            if self._same_file(fd):
+                os.unlink(self.path)
         except FileNotFoundError:
             pass
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 class SharedWriterLock(_LockFile):

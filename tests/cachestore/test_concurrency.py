@@ -162,3 +162,22 @@ def test_a_writer_waits_for_a_prune_and_still_refuses_a_writer(tmp_path):
     finally:
         other.release()
         store.close()
+
+
+def test_a_writer_whose_lock_file_was_removed_leaves_the_next_writers_lock_alone(tmp_path):
+    # rm -rf of the store under a writer, then another writer takes a new lock file at the path: the
+    # first one's release must not unlink it, or a third writer would run beside the second.
+    root = tmp_path / "s"
+    root.mkdir()
+    first = WriterLock(root)
+    first.acquire()
+    (root / "writer.lock").unlink()  # what rm -rf does to it
+    second = WriterLock(root)
+    second.acquire()
+    first.release()
+    try:
+        with pytest.raises(StoreLockedError, match="being written"):
+            WriterLock(root).acquire()
+    finally:
+        second.release()
+    assert not (root / "writer.lock").exists()
