@@ -9,10 +9,15 @@ A shared staging area (:mod:`cachestore.shared`) holds two small files:
     The kernel drops the lock when the file description closes, so a process
     killed mid-claim leaves the sample to the others without any clean-up.
 ``done``
-    One ``uint32`` per sample, mapped shared: 0 until the sample is written,
-    then the tag of the shard that holds it (:func:`shard_tag`). A commit keeps,
-    for each index, the copy of the shard the map names, so a copy a killed
-    writer left half done (and someone else computed again) never wins.
+    One ``uint32`` per sample: 0 until the sample is written, then the tag of
+    the shard that holds it (:func:`shard_tag`). A commit keeps, for each index,
+    the copy of the shard the map names, so a copy a killed writer left half
+    done (and someone else computed again) never wins. Its blocks are allocated
+    when the area is made (``posix_fallocate``), and it is read and written with
+    ``pread``/``pwrite``, never through a mapping: on a full file system a store
+    through a shared mapping into a page with no block behind it is a SIGBUS
+    that kills the process (on tmpfs even a load from a hole is), where a
+    ``pwrite`` is an ``ENOSPC`` the budget policy handles.
 
 Why one lock per sample and not per chunk of samples: claims are taken as a
 process walks its own batch, one sample before computing it. Two jobs with the
@@ -28,6 +33,7 @@ process: every :class:`Claims` opens its own, so two threads of one process
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
@@ -39,11 +45,14 @@ import numpy as np
 import numpy.typing as npt
 
 from . import safefs
+from .disk import is_out_of_space, out_of_space
 
 CLAIMS_NAME = "claims"
 DONE_NAME = "done"
 #: ``struct flock`` for ``F_OFD_*``: l_type, l_whence, l_start, l_len, l_pid (0), padded as the kernel lays it out.
 FLOCK = struct.Struct("hhqqi4x")
+#: One entry of the done map.
+TAG = struct.Struct("<I")
 
 
 def shard_tag(shard_id: str) -> int:
@@ -75,13 +84,47 @@ def byte_unlock(fd: int, offset: int) -> None:
 
 
 def create_claim_files(directory: Path, num_samples: int) -> None:
-    """Make the (sparse, zeroed) claim and done files of `num_samples` samples in `directory`."""
+    """Make the claim and done files of `num_samples` samples in `directory`, zeroed.
+
+    The claims file is only ever locked (its size costs no block); the done map's blocks are
+    allocated now, so that marking a sample done cannot meet a full disk (see the module docstring).
+
+    Raises
+    ------
+    BudgetExceededError
+        The file system has no room for the done map.
+    """
     for name, size in ((CLAIMS_NAME, num_samples), (DONE_NAME, 4 * num_samples)):
-        fd = safefs.create_new(directory / name, os.O_RDWR)
         try:
-            os.ftruncate(fd, max(1, size))
-        finally:
-            os.close(fd)
+            fd = safefs.create_new(directory / name, os.O_RDWR)
+            try:
+                os.ftruncate(fd, max(1, size))
+                if name == DONE_NAME:
+                    _reserve(fd, max(1, size))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc, f"creating the {name} file of a shared staging area", directory) from exc
+            raise
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of `data` at `offset` (a short write is retried; the next call reports ``ENOSPC``)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the blocks of the first `size` bytes of `fd` (where the file system can: the writes that
+    follow meet a full disk as ``ENOSPC`` anyway, since they never go through a mapping)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def done_map(directory: Path, num_samples: int) -> npt.NDArray[np.uint32]:
@@ -113,11 +156,10 @@ class Claims:
         self.num_samples = num_samples
         self._fd = safefs.open_nofollow(self.dir / CLAIMS_NAME, os.O_RDWR)
         try:
-            self._done: np.memmap | None = np.memmap(self.dir / DONE_NAME, dtype="<u4", mode="r+",
-                                                     shape=(num_samples,)) if num_samples else None
+            # The done map went (a committing member unlinked it): the claims fd must not outlive this
+            # call, nor its locks the caller's handle on them.
+            self._done_fd = safefs.open_nofollow(self.dir / DONE_NAME, os.O_RDWR)
         except BaseException:
-            # The done map went (a committing member unlinked it) or is short: the claims
-            # fd must not outlive this call, nor its locks the caller's handle on them.
             os.close(self._fd)
             raise
         #: Indices this handle holds claims on.
@@ -130,7 +172,10 @@ class Claims:
 
     def done(self, index: int) -> bool:
         """Whether sample `index` is written (by anyone)."""
-        return self._done is not None and bool(self._done[index])
+        if not 0 <= index < self.num_samples:
+            return False
+        data = os.pread(self._done_fd, TAG.size, TAG.size * index)
+        return len(data) == TAG.size and TAG.unpack(data)[0] != 0  # a short done map: not written
 
     def try_claim(self, index: int) -> bool:
         """Claim `index` if nobody holds it; ``False`` when another holder computes it now.
@@ -163,11 +208,24 @@ class Claims:
     def finish(self, indices: Iterable[int], shard_id: str) -> None:
         """Mark `indices` (claimed by this caller, written and flushed into `shard_id`) done, and give
         their claims back. The order matters: done before unlocking, so a waiter woken by the unlock
-        sees the sample as written."""
-        tag = shard_tag(shard_id)
+        sees the sample as written.
+
+        Raises
+        ------
+        BudgetExceededError
+            No room to mark them (a done map whose blocks could not be reserved): their claims are
+            still held, for the caller to give back (the samples are then not part of the generation).
+        """
+        tag = TAG.pack(shard_tag(shard_id))
         indices = list(indices)
-        if self._done is not None and indices:
-            self._done[np.asarray(indices, dtype=np.int64)] = tag
+        try:
+            for index in indices:
+                if 0 <= index < self.num_samples:
+                    _pwrite_all(self._done_fd, tag, TAG.size * index)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc, "marking samples done", self.dir) from exc
+            raise
         for index in indices:
             if index in self.held:
                 self._unlock(index)
@@ -184,9 +242,9 @@ class Claims:
         byte_unlock(self._fd, index)
 
     def close(self) -> None:
-        """Give every claim back (closing the file does) and unmap the done map."""
+        """Give every claim back (closing the file does) and close the done map."""
         self.held.clear()
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = -1
-        self._done = None
+        for fd in (self._fd, self._done_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._done_fd = -1
