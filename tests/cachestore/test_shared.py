@@ -72,7 +72,11 @@ def test_processes_write_each_sample_once_and_the_last_one_commits(tmp_path, job
     n = 200
     results = run_jobs(tmp_path / "s", n, [None] * jobs)
     assert sum(r[1] for r in results) == n, "each sample written by exactly one process"
-    assert sum(r[2] is True for r in results) == 1, "one commit"
+    # One commit: by a member as it leaves, or (a job that started late, on a busy machine) by a joiner
+    # that found the area complete and published it before the members' own commits could.
+    commits = sum(r[2] is True for r in results)
+    assert commits == 1 or (commits == 0 and any(r[2] == "committed before joining" for r in results)), \
+        f"one commit: {results}"
     assert committed_values(tmp_path / "s", n) == list(range(n))
     assert sorted(os.listdir(tmp_path / "s")) == ["gen-000000", "store.json"]
 
