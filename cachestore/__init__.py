@@ -13,15 +13,16 @@ from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, F
 from .reader import Reader
 from .spec import StoreSpec
 from .pruning import Removed
+from .sink import Put, PutResult, SampleSink
 from .store import Store, open_store
-from .writer import GenerationWriter, ShardSpec
+from .writer import GenerationWriter, ShardSpec, Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
     "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError",
-    "Reader", "Removed", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
-    "UnsupportedSampleError", "available_backends", "open_store", "register_backend", "stack_samples",
+    "Put", "PutResult", "Reader", "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
+    "UnsupportedSampleError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",
 ]
 

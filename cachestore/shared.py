@@ -42,14 +42,15 @@ import numpy as np
 import numpy.typing as npt
 
 from . import safefs
-from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
+from .backends.base import Backend, GenerationInfo, ProducerRecord, StagingToken
 from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
                                staging_record)
-from .claims import CLAIMS_NAME, DONE_NAME, Claims, byte_lock, byte_unlock, create_claim_files, done_map
+from .claims import CLAIMS_NAME, DONE_NAME, byte_lock, byte_unlock, create_claim_files, done_map
 from .codec import Sample
 from .disk import allocated_bytes, remove_paths
 from .errors import CacheStoreError, FingerprintMismatchError, GenerationCommitted
 from .locking import WriterLease
+from .sink import PutResult, SampleSink
 from .spec import StoreSpec
 from .writer import BudgetSource, ShardSpec
 
@@ -78,8 +79,10 @@ def _create(root: Path, name: str, generation: int, num_samples: int, record: Pr
 class SharedWriter:
     """This process's membership of a shared staging area (see the module docstring).
 
-    The same surface as :class:`~cachestore.GenerationWriter` (``present``,
-    ``shard_spec``, ``commit``, ``keep``, ``abort``), with two differences:
+    A :class:`~cachestore.writer.Writer`, as :class:`~cachestore.GenerationWriter`
+    is (``put``, ``present``, ``shard_spec``, ``commit``, ``keep``, ``abort``), with
+    three differences: :meth:`put` claims the sample first and may find it written
+    by another member (``PRESENT``);
     :meth:`commit` returns ``None`` when the generation is not complete (the
     members still writing, or the next joiner, finish it) or another member
     commits it, and nothing a member wrote is ever dropped by another
@@ -117,9 +120,7 @@ class SharedWriter:
         # must not leave this process a member, nor the store locked, until it exits.
         self._finalizer = weakref.finalize(self, _leave, self._fd, lease)
         self.state = "open"
-        self._shard: ShardWriter | None = None
-        self._shard_id = ""
-        self._claims: Claims | None = None
+        self._sink: SampleSink | None = None
         try:
             self.token = StagingToken(str(self.path), generation, budget(reclaim=allocated_bytes(self.path)),
                                       num_samples, backend.compression == "zstd", backend.allow_pickle, shared=True)
@@ -151,8 +152,13 @@ class SharedWriter:
             fd = safefs.open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the last member out removes the area (abort)
-                if os.fstat(fd).st_ino != os.lstat(lock_path).st_ino or self._committed():
+                if os.fstat(fd).st_ino != os.lstat(lock_path).st_ino:
                     raise FileNotFoundError  # committed (and its lock file unlinked) while we waited
+                if self._committed():
+                    # Committed between the first look and opening the lock file, which this process
+                    # may have made again after the committer unlinked it: no area will use it.
+                    _unlink_unheld(fd, lock_path)
+                    raise FileNotFoundError
                 if not os.path.lexists(self.path):
                     _create(root, self.path.name, self.generation, self.num_samples, self.record)
                 found = staging_record(self.path)
@@ -190,26 +196,19 @@ class SharedWriter:
         self._check_open()
         return ShardSpec(self.spec, self.token, self.backend)
 
-    def put(self, index: int, sample: Sample) -> bool:
-        """Write `sample` at `index` unless another member has (or is writing) it; ``True`` when written here."""
+    def put(self, index: int, sample: Sample) -> PutResult:
+        """Write `sample` at `index` unless another member has (or is writing) it: ``WRITTEN`` (and
+        flushed: the others see it done) or ``PRESENT`` (written by another member, waited for)."""
         self._check_open()
-        if self._claims is None:
-            self._claims = Claims(self.path, self.num_samples)
-        if not self._claims.try_claim(index) and not self._claims.wait_claim(index):
-            return False
-        try:
-            # Made inside the try: a shard that cannot be made (the area removed, a full disk) must give
-            # the claim back too, or the other members wait for this sample forever.
-            if self._shard is None:
-                self._shard_id = f"owner-{os.getpid()}-{secrets.token_hex(3)}"
-                self._shard = self.backend.shard_writer(self.token, self._shard_id)
-            self._shard.put(index, sample)
-            self._shard.flush()
-        except BaseException:
-            self._claims.release([index])
-            raise
-        self._claims.finish([index], self._shard_id)
-        return True
+        if self._sink is None or self._sink.closed:
+            self._sink = SampleSink(self.shard_spec(), "owner")
+        put = self._sink.put(index, lambda: sample)
+        if put.result is PutResult.WAIT:
+            self._sink.flush()  # holds nothing then: a wait never waits on a waiter
+            put = self._sink.wait(index, lambda: sample)
+        elif put.result is PutResult.WRITTEN:
+            self._sink.flush()
+        return put.result
 
     def present(self) -> npt.NDArray[np.int64]:
         """Sorted indices every member together has written so far (all of them once it is committed)."""
@@ -233,14 +232,9 @@ class SharedWriter:
             raise CacheStoreError(f"this writer of generation {self.generation} is {self.state}")
 
     def _close_own(self) -> None:
-        shard, self._shard = self._shard, None
-        claims, self._claims = self._claims, None
-        try:
-            if shard is not None:
-                shard.close()
-        finally:
-            if claims is not None:
-                claims.close()
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.close()
 
     def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo | None:
         """Leave; when every sample is in, publish the generation (unless another member does now).
@@ -385,6 +379,19 @@ def _commit_lock(fd: int, wait: bool) -> bool:
 def _commit_unlock(fd: int) -> None:
     """Give the commit lock back."""
     byte_unlock(fd, 0)
+
+
+def _unlink_unheld(fd: int, path: Path) -> None:
+    """Unlink the lock file `path` (open on `fd`, held shared by this process) unless another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
+    try:
+        if os.fstat(fd).st_ino == os.lstat(path).st_ino:
+            safefs.unlink_name(path)
+    except FileNotFoundError:
+        pass
 
 
 def _leave(fd: int, lease: WriterLease) -> None:

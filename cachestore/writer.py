@@ -17,6 +17,7 @@ from .codec import Sample
 from .disk import allocated_bytes
 from .errors import BudgetExceededError, CacheStoreError
 from .locking import WriterLease
+from .sink import PutResult, SampleSink
 from .spec import StoreSpec
 
 
@@ -45,6 +46,62 @@ class ShardSpec:
         """Read access to the samples already written (``None`` when the backend cannot give it here)."""
         backend = self._backend if self._backend is not None else self.spec.open_backend()
         return backend.open_staging(self.token)
+
+    def sink(self, shard_id: str, stop_when_full: bool = False) -> SampleSink:
+        """Where a producer puts the samples it computes, claimed first where processes write the
+        generation together; each put says whether the sample was written, is already there, or must
+        be waited for (see :mod:`cachestore.sink`)."""
+        return SampleSink(self, shard_id, stop_when_full)
+
+
+class Writer(Protocol):
+    """A writer of one generation: :class:`GenerationWriter` (this process holds the store's writer lock)
+    or :class:`cachestore.shared.SharedWriter` (processes write the generation together).
+
+    What a loader holds while it writes a generation: it hands :meth:`shard_spec` to the processes that
+    compute samples (each puts them through :meth:`ShardSpec.sink`), and commits, keeps or aborts.
+    """
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def num_samples(self) -> int | None: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def token(self) -> StagingToken: ...
+
+    @property
+    def state(self) -> str:
+        """``"open"``, then ``"committed"``, ``"kept"``, ``"left"`` or ``"aborted"``."""
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes write this generation too (a commit may then leave it to them)."""
+
+    def put(self, index: int, sample: Sample) -> PutResult:
+        """Store `sample` at `index`: ``WRITTEN``, or ``PRESENT`` when another process has written it."""
+
+    def present(self) -> npt.NDArray[np.int64]:
+        """Sorted indices already written."""
+
+    def shard_spec(self) -> ShardSpec:
+        """A picklable ticket other processes write with."""
+
+    def discard_shard_tail(self, shard_id: str, keep: int) -> None:
+        """Forget what a dead shard writer wrote after its first `keep` samples (where that is needed)."""
+
+    def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo | None:
+        """Publish the generation; ``None`` when it is left to other processes writing it."""
+
+    def keep(self) -> None:
+        """Leave what was written for the next writer of this generation."""
+
+    def abort(self) -> None:
+        """Discard what was written (what others wrote together stays theirs)."""
 
 
 class BudgetSource(Protocol):
@@ -142,8 +199,8 @@ class GenerationWriter:
         if self.state != "open":
             raise CacheStoreError(f"this writer of generation {self.generation} is {self.state}")
 
-    def put(self, index: int, sample: Sample) -> None:
-        """Store `sample` at `index` of this generation."""
+    def put(self, index: int, sample: Sample) -> PutResult:
+        """Store `sample` at `index` of this generation (``WRITTEN``: nobody else writes it)."""
         self._check_open()
         if self._shard is None:
             self._shard = self.backend.shard_writer(self.token, f"owner-{os.getpid()}")
@@ -154,6 +211,7 @@ class GenerationWriter:
             # not when the caller gets round to abort() or the writer is collected.
             self.abort()
             raise
+        return PutResult.WRITTEN
 
     def shard_spec(self) -> ShardSpec:
         """A picklable spec other processes use to write into this generation."""

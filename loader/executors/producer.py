@@ -8,10 +8,9 @@ thread (:mod:`loader.executors.process.worker`), in a Ray actor
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import random
-import secrets
 import sys
 import threading
 from dataclasses import dataclass
@@ -19,10 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from cachestore import Reader, ShardSpec, codec
-from cachestore.backends.base import ShardWriter
-from cachestore.backends.reading import StagingData
-from cachestore.claims import Claims
+from cachestore import Put, PutResult, Reader, SampleSink, codec
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
@@ -100,13 +96,6 @@ def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: i
             raise SampleError(index, exc, "read_transform") from exc
 
 
-def _write_failed(task: m.Task, exc: OSError) -> CacheStoreError:
-    """A store error (not the dataset's) for a write that failed: the generation's files went away."""
-    where = task.shard.token.path if task.shard is not None else "the generation"
-    return CacheStoreError(f"writing into {where} failed ({type(exc).__name__}: {exc}); was the cache "
-                           "directory removed while it was written?")
-
-
 def owned(batch: Batch) -> Batch:
     """`batch` with every numpy array that is not its own, writable memory copied (views of a store,
     and ``np.memmap`` s), as plain ``ndarray`` s."""
@@ -134,63 +123,28 @@ class BatchProducer:
         # are copied into a shared-memory slot anyway.
         self.hands_out = hands_out
         self.read_transform = read_transform
-        self._shard: ShardWriter | None = None
-        self._shard_token: object = None
-        self._shard_name = shard_id  # the shard's name in its staging area (unique per process when shared)
-        self._claims: Claims | None = None  # a shared staging area's claims (cachestore.claims)
-        self._staging: StagingData | None = None  # reads back samples a partial generation already holds
-        self._staging_token: object = None
-        self._writing = True
+        self._sink: SampleSink | None = None  # where the generation being written gets this process's samples
         self._reader: Reader | None = None
         self._reader_key: m.ReadSource | None = None
 
-    # generation shards ---------------------------------------------------
-    def _shard_for(self, spec: ShardSpec) -> ShardWriter | None:
-        if self._shard_token != spec.token:
+    # generation sinks ----------------------------------------------------
+    def _sink_for(self, task: m.Task) -> SampleSink | None:
+        """Where the samples of `task` are put (kept open from task to task of one generation); ``None``
+        when it writes nothing from here (a compute task, or records sent to the training process)."""
+        if task.mode != EpochMode.GENERATE or task.shard is None:
+            return None
+        stop = task.on_budget != BudgetPolicy.ERROR
+        sink = self._sink
+        if sink is None or sink.closed or sink.token != task.shard.token or sink.stop_when_full != stop:
             self.close_shard()
-            # Other processes write a shared area too, with workers of the same numbers: a name of its own.
-            self._shard_name = (f"{self.shard_id}-p{os.getpid()}-{secrets.token_hex(3)}" if spec.token.shared
-                                else self.shard_id)
-            self._shard = spec.open(self._shard_name)
-            self._shard_token = spec.token
-            self._writing = True
-            if spec.token.shared and spec.token.num_samples is not None:
-                self._claims = Claims(spec.token.path, spec.token.num_samples)
-        return self._shard if self._writing else None
+            sink = self._sink = task.shard.sink(self.shard_id, stop_when_full=stop)
+        return sink
 
     def close_shard(self) -> None:
-        shard, self._shard, self._shard_token = self._shard, None, None
-        claims, self._claims = self._claims, None
-        if claims is not None:
-            claims.close()
-        self._writing = True
-        staging, self._staging, self._staging_token = self._staging, None, None
-        if staging is not None:
-            staging.close()
-        if shard is not None:
-            shard.close()
-
-    def _staged(self, spec: ShardSpec | None, pos: int) -> Sample | None:
-        """Sample `pos` as the generation being written already holds it, ``None`` when it cannot be read here."""
-        if spec is None:
-            return None  # records travel to the training process: nothing to read from here
-        if self._staging_token != spec.token:
-            if self._staging is not None:
-                self._staging.close()
-            self._staging, self._staging_token = spec.open_staging(), spec.token
-        if self._staging is None:
-            return None
-        try:
-            sample = self._staging.read(pos)
-            return owned(sample) if self.hands_out else sample
-        except CacheStoreError as exc:
-            if spec.token.shared and not os.path.lexists(spec.token.path):
-                # Committed by another process writing it together (its files moved into the generation).
-                return self.reader((spec.spec, spec.token.generation, None)).get(pos, copy=True)
-            # Adoption checked every record: this is damage since. Serve a computed sample; the
-            # stored one stays (it must not be written twice) and a cached read recomputes it.
-            log.warning("%s; computing it from the dataset instead", exc)
-            return None
+        """Close the shard of the generation being written (its final flush), give its claims back."""
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.close()
 
     # reading ---------------------------------------------------------------
     def reader(self, key: m.ReadSource | None) -> Reader:
@@ -209,159 +163,93 @@ class BatchProducer:
 
     # tasks -----------------------------------------------------------------
     def compute(self, task: m.Task) -> Produced:
-        """Samples of `task` from the dataset, written to the shard if asked, collated.
+        """Samples of `task` from the dataset, put into the generation if asked, collated.
 
-        In a shared staging area (several processes write the generation) each
-        sample is claimed before it is computed: one another process holds is
-        waited for and read back once written, after this task's own samples
-        (nothing is held while waiting), one it finished is read back.
+        Each sample is put through the store's :class:`~cachestore.SampleSink`, which computes it only
+        when it is this process's to write, and says otherwise that it is in the generation already
+        (read back) or that another process computes it now: those are waited for once this task's
+        own samples are written and flushed (nothing is held while waiting; see :mod:`cachestore.sink`).
         """
+        sink = self._sink_for(task)
+        out = Produced(None, records=[] if task.send_records else None)
+        stopped = sink.budget_error if sink is not None else None
+        got: dict[int, Sample] = {}  # position -> sample: a position drawn twice in a task is served once
         try:
-            shard = (self._shard_for(task.shard) if task.mode == EpochMode.GENERATE and task.shard is not None
-                     else None)
-        except (CacheStoreError, FileNotFoundError):
-            if self._committed_meanwhile(task.shard):
-                return self._from_committed(task)
-            if task.shard is None or not task.shard.token.shared:
-                raise
-            # The shared area is gone or broken (its files removed, a member killed inside its commit):
-            # the batch is served all the same, computed and not written; the generation is written
-            # again when an epoch needs it (docs/ARCHITECTURE.md, "Writing together").
-            self.close_shard()
-            log.warning("the shared staging area %s went away or broke while it was written; computing this "
-                        "batch without writing it", task.shard.token.path)
-            computed = self.transformed(task, [self._call(int(i)) for i in task.indices])
-            return Produced(self.collate(computed) if task.collate else computed)
-        claims = self._claims if shard is not None else None
-        positions = task.stored_at.tolist()
-        samples: list[Sample] = []
-        out = Produced(None)
-        records: list[m.Record] | None = [] if task.send_records else None
+            samples, later = self._first_pass(task, sink, out, got)
+            if sink is not None:
+                sink.flush()
+                for k in later:  # nothing is held now: waiting cannot deadlock with another waiter
+                    index, pos = int(task.indices[k]), int(task.stored_at[k])
+                    if pos in got:
+                        out.staged += 1
+                    else:
+                        put = sink.wait(pos, functools.partial(self._call, index))
+                        out.waited += put.result is PutResult.PRESENT
+                        got[pos] = self._outcome(put, sink, index, pos, out)
+                    samples[k] = got[pos]
+        except BaseException:
+            if sink is not None:
+                sink.release()  # samples not written: another process computes them
+            raise
+        if sink is not None and sink.budget_error != stopped:
+            out.budget_error = sink.budget_error  # writing stopped in this task (the budget policy)
+        samples = self.transformed(task, samples)
+        out.batch = self.collate(samples) if task.collate else samples
+        return out
+
+    def _first_pass(self, task: m.Task, sink: SampleSink | None, out: Produced,
+                    got: dict[int, Sample]) -> tuple[list[Sample], list[int]]:
+        """Every sample of `task` that need not wait for another process, in order; the places of those
+        that must (``None`` until they are waited for)."""
         present = task.present.tolist() if task.present is not None else None
-        done: dict[int, Sample] = {}  # a position drawn twice in this task (a sampler's): computed once
-        later: list[int] = []  # positions another process computes now
-        try:
-            for k, (index, pos) in enumerate(zip(task.indices.tolist(), positions)):
-                if pos in done:
-                    samples.append(done[pos])
-                    out.staged += 1
-                    continue
-                if (present is not None and present[k]) or (claims is not None and not claims.try_claim(pos)
-                                                            and claims.done(pos)):
-                    # Already in the generation (written before an interruption, by an earlier batch of this
-                    # epoch, or by another process): served, never rewritten.
-                    samples.append(done.setdefault(pos, self._served_staged(task, index, pos, out)))
-                    continue
-                if claims is not None and pos not in claims.held:
+        samples: list[Sample] = []
+        later: list[int] = []
+        for k, (index, pos) in enumerate(zip(task.indices.tolist(), task.stored_at.tolist())):
+            if pos in got:
+                out.staged += 1
+            elif present is not None and present[k]:
+                # Already in the generation (written before an interruption, or by an earlier batch of this
+                # epoch): served, never rewritten.
+                got[pos] = self._read_back(sink, index, pos, out)
+            elif sink is None:
+                got[pos] = self._computed(index, pos, out)
+            else:
+                put = sink.put(pos, functools.partial(self._call, index))
+                if put.result is PutResult.WAIT:
                     later.append(k)
                     samples.append(None)
                     continue
-                shard = self._put(task, index, pos, shard, samples, done, out, records)
-            shard = self._flush(task, shard, out, claims)
-            for k in later:  # nothing is held now: waiting cannot deadlock with another waiter
-                index, pos = int(task.indices[k]), positions[k]
-                assert claims is not None
-                if claims.wait_claim(pos):  # its holder died before writing it: ours to compute
-                    shard = self._put(task, index, pos, shard, samples, done, out, records, at=k)
-                    shard = self._flush(task, shard, out, claims)
-                else:
-                    samples[k] = done.setdefault(pos, self._served_staged(task, index, pos, out))
-                    out.waited += 1
-        finally:
-            if claims is not None:
-                claims.release()  # claims of samples not written (an error): someone else computes them
-        samples = self.transformed(task, samples)
-        out.batch = self.collate(samples) if task.collate else samples
-        out.records = records
-        return out
+                got[pos] = self._outcome(put, sink, index, pos, out)
+            samples.append(got[pos])
+        return samples, later
 
-    def _committed_meanwhile(self, spec: ShardSpec | None) -> bool:
-        """Whether the shared area `spec` names is gone because another process writing it together
-        committed it (every sample was in): not a removal."""
-        if spec is None or not spec.token.shared or os.path.lexists(spec.token.path):
-            return False
-        self.close_shard()
-        try:
-            self.reader((spec.spec, spec.token.generation, None))
-        except CacheStoreError:
-            return False
-        return True
+    def _outcome(self, put: Put, sink: SampleSink, index: int, pos: int, out: Produced) -> Sample:
+        """The sample a put answered for: the one computed here, or the generation's."""
+        if put.result is PutResult.PRESENT:
+            return self._read_back(sink, index, pos, out)
+        out.written += put.result is PutResult.WRITTEN
+        return put.sample
 
-    def _from_committed(self, task: m.Task) -> Produced:
-        """Task `task` of a generate epoch served from the generation another process committed."""
-        assert task.shard is not None
-        reader = self.reader((task.shard.spec, task.shard.token.generation, None))
-        samples: list[Sample] = [reader.get(pos, copy=True) for pos in task.stored_at.tolist()]
-        samples = self.transformed(task, samples)
-        return Produced(self.collate(samples) if task.collate else samples, staged=len(samples))
-
-    def _served_staged(self, task: m.Task, index: int, pos: int, out: Produced) -> Sample:
+    def _read_back(self, sink: SampleSink | None, index: int, pos: int, out: Produced) -> Sample:
         """Sample `pos` read back from the generation being written (computed when it cannot be read)."""
-        sample = self._staged(task.shard, pos)
+        sample = sink.read(pos) if sink is not None else None
         if sample is None:
             return self._call(index)
         out.staged += 1
-        return sample
+        return owned(sample) if self.hands_out else sample
 
-    def _put(self, task: m.Task, index: int, pos: int, shard: ShardWriter | None, samples: list[Sample],
-             done: dict[int, Sample], out: Produced, records: list[m.Record] | None,
-             at: int | None = None) -> ShardWriter | None:
-        """Compute sample `index`, serve it (append, or at `at`), write it at `pos`; the shard, ``None``
-        once writing stopped (the budget)."""
+    def _computed(self, index: int, pos: int, out: Produced) -> Sample:
+        """Sample `index` computed here, and encoded for the training process when it writes the records."""
         sample = self._call(index)
-        if at is None:
-            samples.append(done.setdefault(pos, sample))
-        else:
-            samples[at] = done.setdefault(pos, sample)
-        if shard is not None:
-            try:
-                shard.put(pos, sample)
-                out.written += 1
-            except BudgetExceededError as exc:
-                out.budget_error = self._stop_writing(task, exc)
-                shard = None
-            except OSError as exc:
-                raise _write_failed(task, exc) from exc
-        if records is not None:
-            records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
-        return shard
-
-    def _flush(self, task: m.Task, shard: ShardWriter | None, out: Produced,
-               claims: Claims | None) -> ShardWriter | None:
-        """Flush the shard (before the result is sent: what was delivered is on disk), then mark the
-        claimed samples done; the shard, ``None`` once writing stopped."""
-        if shard is None:
-            if claims is not None:
-                # Writing stopped (the budget): what this task computed is not written, and claims
-                # held while it waits for other processes' samples would deadlock with theirs.
-                claims.release()
-            return None
-        try:
-            shard.flush()
-        except BudgetExceededError as exc:
-            # A buffering backend (lmdb) meets the full disk here, not in put().
-            out.budget_error = self._stop_writing(task, exc)
-            if claims is not None:
-                claims.release()
-            return None
-        except OSError as exc:
-            raise _write_failed(task, exc) from exc
-        if claims is not None:
-            claims.finish(list(claims.held), self._shard_name)
-        return shard
+        if out.records is not None:
+            out.records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+        return sample
 
     def _call(self, index: int) -> Sample:
         try:
             return self.dataset[index]
         except Exception as exc:
             raise SampleError(index, exc) from exc
-
-    def _stop_writing(self, task: m.Task, exc: BudgetExceededError) -> str:
-        """The generation does not fit: raise (policy "error") or stop writing it and keep serving."""
-        if task.on_budget == BudgetPolicy.ERROR:
-            raise exc
-        self._writing = False
-        return str(exc)
 
     def samples(self, indices: Iterable[int] | np.ndarray, epoch: int) -> list[Sample]:
         """``dataset[i]`` for each of `indices`, in this process: a dataset error is raised as itself,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore import GenerationCommitted, StoreLockedError, open_store
+from cachestore import GenerationCommitted, PutResult, StoreLockedError, open_store
 from cachestore.backends.staging import has_members, members_path
 from cachestore.claims import Claims, create_claim_files, done_map, shard_tag
 
@@ -40,7 +40,7 @@ def writer_job(path: str, n: int, seed: int, kill_after: int | None, results, ho
             holding.set()
             go.wait(60)
             os.kill(os.getpid(), signal.SIGKILL)
-        mine += writer.put(i, sample(i))
+        mine += writer.put(i, sample(i)) is PutResult.WRITTEN
     info = writer.commit()
     results.put((os.getpid(), mine, info is not None))
 

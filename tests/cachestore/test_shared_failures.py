@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore import CacheStoreError, GenerationCommitted, open_store
+from cachestore import CacheStoreError, GenerationCommitted, PutResult, open_store
 from cachestore.backends.staging import has_members, members_path
 from cachestore.claims import DONE_NAME, Claims, create_claim_files
 
@@ -63,7 +63,7 @@ def test_a_damaged_generation_is_replaced_by_processes_writing_it_together(path)
         assert store.generations()[0].damaged
         shared = store.join(0, N)  # what the loader does for a damaged generation
         for i in range(N):
-            assert shared.put(i, sample(i))
+            assert shared.put(i, sample(i)) is PutResult.WRITTEN
         info = shared.commit()
         assert info is not None and info.committed and shared.state == "committed"
     assert committed_values(path) == list(range(N))
