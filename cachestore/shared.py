@@ -130,7 +130,7 @@ class SharedWriter:
                 # Complete, its writers gone or about to go (ranks that went on to their next epoch): publish
                 # it now, or wait for the member publishing it, rather than read it back sample by sample.
                 _commit_lock(self._fd, wait=True)
-                if self._publishable():
+                if self._holds_area() and self._publishable():
                     self._publish({"committed_by": "a process that joined it complete"})
                 else:
                     self._end("left")
@@ -250,11 +250,21 @@ class SharedWriter:
                 safefs.unlink_name(members_path(self.path))
             self._end("left")
             return None
-        if (not self.complete() or not _commit_lock(self._fd, wait=False)
+        if (not self.complete() or not _commit_lock(self._fd, wait=False) or not self._holds_area()
                 or not self._publishable()):
             self._end("left")
             return None
         return self._publish(dict(extra or {}))
+
+    def _holds_area(self) -> bool:
+        """Whether the members file this process holds is still the area's. A commit that failed half way
+        removes the area and unlinks the file while other members still hold it; a joiner then makes a
+        new area and a new file. The commit lock of the old file is no lock on the new area: taken by a
+        member of the old one, two processes would publish the new area at once."""
+        try:
+            return os.fstat(self._fd).st_ino == os.lstat(members_path(self.path)).st_ino
+        except FileNotFoundError:
+            return False
 
     def _publishable(self) -> bool:
         """Whether the area (its commit lock held) is still there to publish: not committed by the member
@@ -315,10 +325,7 @@ class SharedWriter:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        try:
-            return os.fstat(self._fd).st_ino == os.lstat(members_path(self.path)).st_ino
-        except FileNotFoundError:
-            return False
+        return self._holds_area()
 
     def _keep_canonical(self) -> None:
         """Drop every logged copy of a sample but the one the done map names (see :mod:`cachestore.claims`)."""

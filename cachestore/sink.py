@@ -102,6 +102,7 @@ class SampleSink:
         self._staging: StagingData | None = None
         self._staging_open = False
         self._reader: Reader | None = None
+        self._area: tuple[int, int] | None = None  # (device, inode) of the shared area it opened
 
     # putting ---------------------------------------------------------------
     def put(self, pos: int, compute: Callable[[], Sample]) -> Put:
@@ -149,6 +150,8 @@ class SampleSink:
             self._stop(exc)
             return Put(PutResult.UNWRITTEN, sample)
         except OSError as exc:
+            if self._replaced():  # a shared area removed under this producer: served, not written
+                return Put(PutResult.UNWRITTEN, sample)
             self.release()
             raise self._write_failed(exc) from exc
         except BaseException:
@@ -163,16 +166,36 @@ class SampleSink:
             return
         try:
             self._shard.flush()
-            if self._claims is not None and self._claims.held:
+            if self._claims is not None and self._claims.held and not self._replaced():
                 self._claims.finish(list(self._claims.held), self.name)
         except BudgetExceededError as exc:  # a buffering backend (lmdb) meets the full disk here
             self._stop(exc)
         except OSError as exc:
-            self.release()
-            raise self._write_failed(exc) from exc
+            if not self._replaced():
+                self.release()
+                raise self._write_failed(exc) from exc
         except BaseException:
             self.release()
             raise
+
+    def _replaced(self) -> bool:
+        """Whether the shared area this sink opened was removed under it (a commit that failed half way;
+        other processes may have made a new one since): it then writes nothing more, and its shard's
+        files (removed) give their blocks back."""
+        if self._area is None:
+            return False
+        try:
+            st = os.stat(self.token.path)
+            if (st.st_dev, st.st_ino) == self._area:
+                return False
+        except FileNotFoundError:
+            pass
+        log.warning("the shared staging area %s was removed while this process wrote it; its samples are "
+                    "computed without being written from now on", self.token.path)
+        self._writing = False
+        self.release()
+        self._drop_shard()
+        return True
 
     def release(self) -> None:
         """Give back every claim held for a sample not written (someone else computes it)."""
@@ -243,6 +266,9 @@ class SampleSink:
             raise CacheStoreError(f"this sample sink of {self.token.path} is closed")
         self._opened = True
         try:
+            if self.token.shared:
+                st = os.stat(self.token.path)
+                self._area = (st.st_dev, st.st_ino)
             self._shard = self.spec.open(self.name)
             if self.token.shared and self.token.num_samples is not None:
                 self._claims = Claims(self.token.path, self.token.num_samples)

@@ -18,6 +18,7 @@ import pytest
 from cachestore import CacheStoreError, GenerationCommitted, PutResult, open_store
 from cachestore.backends.staging import has_members, members_path
 from cachestore.claims import DONE_NAME, Claims, create_claim_files
+from cachestore.disk import remove_paths
 
 pytestmark = pytest.mark.timeout(60)
 FP = {"dataset": "shared-failures"}
@@ -169,3 +170,23 @@ def test_claims_of_an_area_without_its_done_map_leave_no_fd_open(tmp_path):
     with pytest.raises(FileNotFoundError):
         Claims(tmp_path, 4)
     assert open_fds() == before
+
+
+def test_a_member_of_an_area_removed_under_it_does_not_publish_the_new_one(path):
+    # A commit that failed half way (a full disk) removed the area and unlinked its members file while
+    # another member was still in; a joiner made a new area since, and publishes it. The old member
+    # holds the commit lock of the old file, which is no lock on the new area: had it published the new
+    # area as well, one of the two commits would have found the generation committed already.
+    with open_store(path, "memmap", fingerprint=FP) as store, open_store(path, "memmap", fingerprint=FP) as other:
+        old = store.join(0, N)
+        remove_paths([str(old.path)])  # what the failed commit leaves
+        members_path(old.path).unlink()
+        new = other.join(0, N)  # another process
+        for i in range(N):
+            new.put(i, sample(i))
+        assert old.commit() is None and old.state == "left"
+        assert shared_areas(path) == [new.path]
+        info = new.commit()
+        assert info is not None and info.committed
+    assert committed_values(path) == list(range(N))
+    assert sorted(os.listdir(path)) == ["gen-000000", "store.json"]
