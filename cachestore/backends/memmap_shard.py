@@ -7,6 +7,7 @@ segment for the others, and an index row per sample, appended after the data at 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -18,11 +19,11 @@ import numpy as np
 from .. import codec, safefs
 from ..checksums import checksum
 from ..codec import Leaf, TreeDef
-from ..disk import allocated_bytes, is_out_of_space
+from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError
 from ..room import fits
 from .base import ShardWriter, StagingToken
-from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema
+from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -63,15 +64,19 @@ def write_back(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _write_all(fd: int, data: Bytes, offset: int | None = None) -> None:
-    """Write all of `data`: a regular file takes a short write when the disk fills,
-    and only the next call reports ``ENOSPC``; ignoring the count loses bytes silently."""
-    view = memoryview(cast("ReadableBuffer", data)).cast("B")
-    while view:
-        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
-        view = view[n:]
-        if offset is not None:
-            offset += n
+def _write_all(fd: int, data: Bytes, offset: int | None = None, close: bool = False) -> None:
+    """Write all of `data` (and close `fd` after, with `close`): a regular file takes a short write when the
+    disk fills, and only the next call reports ``ENOSPC``; ignoring the count loses bytes silently."""
+    try:
+        view = memoryview(cast("ReadableBuffer", data)).cast("B")
+        while view:
+            n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+            view = view[n:]
+            if offset is not None:
+                offset += n
+    finally:
+        if close:
+            os.close(fd)
 
 
 class MemmapShard(ShardWriter):
@@ -87,31 +92,62 @@ class MemmapShard(ShardWriter):
         self._cols: list[tuple[int, int]] = []  # (fd, row bytes)
         self._seg_fd: int | None = None
         self._seg_end = 0
-        self._idx_fd = safefs.open_nofollow(self.dir / f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        # Every file is opened relative to the staging area as it was when the shard opened: a shard whose
+        # area was removed under it (a commit that failed half way) and made again by other processes
+        # writes nothing into the new one (its columns are opened at the first sample, by name).
+        self._dir_fd = safefs.open_nofollow(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._idx_fd = self._open(f"{shard_id}.idx", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        except BaseException as exc:
+            os.close(self._dir_fd)
+            if is_out_of_space(exc):
+                raise out_of_space(exc, f"opening shard {shard_id}", self.dir) from exc
+            raise
         # Whether the generation outgrows the memory room (decided at the first sample), and the
         # bytes written since the last write-back.
         self._streaming: bool | None = None
         self._unsynced = 0
         self._rows: list[tuple[int, int, int, int, int, int, int]] = []
 
+    def _open(self, name: str, flags: int) -> int:
+        """Open `name` of this shard's staging area (never through a symlink)."""
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._dir_fd)
+        except OSError as exc:
+            if safefs.is_link_error(exc) and os.path.islink(self.dir / name):
+                raise safefs.symlink_error(self.dir / name) from None
+            raise
+
+    def _load_schema(self) -> TreeDef | None:
+        """The treedef the columns of this shard's area hold, ``None`` when no shard claimed one."""
+        try:
+            fd = self._open(SCHEMA, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return codec.treedef_from_json(json.loads(f.read()))
+
     def _claim_schema(self, treedef: TreeDef) -> None:
         self._schema_checked = True
-        schema = load_schema(self.dir)
+        schema = self._load_schema()
         if schema is None and not self.compress and codec.is_stackable(treedef) and codec.leaf_specs(treedef):
-            tmp = self.dir / f".schema-{self.shard_id}.tmp"
-            safefs.write_new(tmp, json.dumps(codec.treedef_to_json(treedef)).encode())
+            tmp = f".schema-{self.shard_id}.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=self._dir_fd)
             try:
-                os.link(tmp, self.dir / SCHEMA)
-            except FileExistsError:
-                pass
+                _write_all(self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL),
+                           json.dumps(codec.treedef_to_json(treedef)).encode(), close=True)
+                with contextlib.suppress(FileExistsError):  # another shard claimed it first
+                    os.link(tmp, SCHEMA, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd, follow_symlinks=False)
             finally:
-                tmp.unlink()
-            schema = load_schema(self.dir)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=self._dir_fd)
+            schema = self._load_schema()
         if schema is None or self.compress:
             return
         self._schema = schema
         for k, rowbytes in enumerate(codec.row_bytes(codec.leaf_specs(schema))):
-            fd = safefs.open_nofollow(self.dir / col_name(k), os.O_RDWR | os.O_CREAT)
+            fd = self._open(col_name(k), os.O_RDWR | os.O_CREAT)
             self._cols.append((fd, rowbytes))
 
     def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
@@ -128,8 +164,7 @@ class MemmapShard(ShardWriter):
                 return nbytes
             record = codec.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
-                self._seg_fd = safefs.open_nofollow(self.dir / f"{self.shard_id}.seg",
-                                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                self._seg_fd = self._open(f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends
             _write_all(self._seg_fd, record)
             self._rows.append((index, 0, 0, self._seg_end, len(record), checksum([record]),
@@ -182,6 +217,7 @@ class MemmapShard(ShardWriter):
             os.close(fd)
         self._cols = []
         self._seg_fd = None
+        os.close(self._dir_fd)
 
     def usage(self) -> int:
         return allocated_bytes(self.dir)
