@@ -139,6 +139,46 @@ def test_full_disk_is_an_error_not_a_sigbus(small_fs, disk_backend, children):
         _assert_room_again(store, path)
 
 
+def _write_together_on_full_disk(path: str, mount_point: str, conn) -> None:
+    """In a child: join a generation of one-byte samples, write one, fill the disk, write on; report."""
+    n = 4096  # the done map's first page holds 1024 samples, the column's first page all of them
+    store = open_store(path, "memmap", fingerprint={"data": "full"})
+    writer = store.join(0, n)
+    results = [writer.put(0, {"b": np.full(1, 0, np.uint8)}).value]
+    fill(mount_point)
+    try:
+        # Row 2000 lies in the column's first page, which has its block: the write succeeds, and marking the
+        # sample done goes to the done map's second page (a SIGBUS when it went through a mapping).
+        for i in range(2000, n):
+            results.append(writer.put(i, {"b": np.full(1, i % 256, np.uint8)}).value)
+        conn.send(("all written", results))
+    except Exception as exc:
+        conn.send((type(exc).__name__, results))
+    writer.abort()
+    conn.send(sorted(os.listdir(path)))
+
+
+def test_writing_together_onto_a_full_disk_is_an_error_not_a_sigbus(small_fs, children):
+    path = small_fs / "store"
+    proc, conn = children(_write_together_on_full_disk, str(path), str(small_fs))
+    try:
+        kind, results = recv(conn)
+    except AssertionError:
+        proc.join(WAIT)
+        raise AssertionError(f"the writer died with exit code {proc.exitcode} (-7: a SIGBUS)") from None
+    assert kind == "BudgetExceededError", (kind, proc.exitcode)
+    assert results[:2] == ["written", "written"]  # the second one was marked done on the full disk
+    assert recv(conn) == ["store.json"]  # the last member out removed the area
+    proc.join(WAIT)
+    assert proc.exitcode == 0
+    free(small_fs)
+    with open_store(path, "memmap", fingerprint={"data": "full"}) as store:
+        writer = store.join(0, 4)
+        for i in range(4):
+            writer.put(i, {"b": np.full(1, i, np.uint8)})
+        assert writer.commit() is not None
+
+
 def test_shard_of_an_aborted_generation_closes_quietly(small_fs, disk_backend):
     # As the loader without workers does it: a shard from the writer's spec in this process.
     path = small_fs / "store"

@@ -60,6 +60,25 @@ def test_seed_9051_processes_writing_together_onto_a_full_disk_wait_for_no_claim
     check(9051, tmp_path)
 
 
+def test_seed_20261130_processes_writing_together_onto_a_full_disk_die_of_no_sigbus(tmp_path):
+    # Marking a sample done went through a shared mapping of the done map: on the full tmpfs, a SIGBUS
+    # killed coop1. Then a producer kept the shard the full disk had closed, and failed the next epoch.
+    check(20261130, tmp_path)
+
+
+def test_seed_4112075_a_sample_read_back_from_an_area_removed_under_it_is_computed(tmp_path):
+    # A member's commit failed on the full disk and removed the area while another read a sample back from
+    # it: FileNotFoundError on an index file the read had just listed.
+    check(4112075, tmp_path)
+
+
+def test_seed_4112090_a_member_of_a_removed_area_does_not_publish_its_successor(tmp_path):
+    # After a commit that failed on the full disk (the area removed, its members file unlinked), a member
+    # of the old area took the commit lock of the old file and published the new area beside its own
+    # committer: "generation 0 ... is already committed".
+    check(4112090, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 

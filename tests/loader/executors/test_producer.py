@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from cachestore import open_store
-from cachestore.backends.staging import mark_committing
+import numpy as np
+import pytest
+
+from cachestore import BudgetExceededError, open_store
+from cachestore.backends import memmap_staging
+from cachestore.backends.staging import mark_committing, members_path
 from cachestore.claims import CLAIMS_NAME, DONE_NAME
+from cachestore.disk import remove_paths
 from loader.executors import messages as m
 from loader.executors.producer import BatchProducer
 from loader.settings import EpochMode
 
+from ...fullfs import fill, free, mounted_tmpfs
 from ..datasets import ArangeDataset
 
 
@@ -54,3 +60,73 @@ def test_a_batch_is_read_from_the_generation_another_process_committed(tmp_path)
         producer.close_shard()
     finally:
         store.close()
+
+
+def _remove_area(area: Path) -> None:
+    """What a member's commit that failed half way (a full disk) leaves: no area, no members file."""
+    remove_paths([str(area)])
+    members_path(area).unlink()
+
+
+def test_samples_of_an_area_removed_under_a_member_are_computed(tmp_path):
+    # Another member's commit failed on a full disk and removed the area: samples this producer found
+    # done there are computed, not read from a generation that was never committed.
+    store = open_store(tmp_path / "s", "memmap", fingerprint={"data": 1})
+    writer = store.join(0, 8)
+    for i in range(4):
+        writer.put(i, {"x": np.full(4, 100.0 + i, dtype=np.float32), "y": i})
+    producer = BatchProducer(ArangeDataset(8), None, "w0", allow_pickle=False)
+    try:
+        out = producer.compute(generate_task(writer.shard_spec(), [0]))
+        assert out.batch["x"][:, 0].tolist() == [100.0] and out.staged == 1  # read back from the area
+        _remove_area(writer.path)
+        out = producer.compute(generate_task(writer.shard_spec(), [1, 2, 5]))
+        assert out.batch["y"].tolist() == [1, 2, 5] and out.batch["x"][:, 0].tolist() == [1.0, 2.0, 5.0]
+        assert out.written == 0
+    finally:
+        producer.close_shard()
+        writer.abort()
+        store.close()
+
+
+def test_a_record_file_that_vanishes_while_it_is_read_back_is_computed(tmp_path, monkeypatch):
+    # The area is being removed (a failed commit) while this producer reads a sample back: an index file
+    # listed a moment ago is gone when it is read.
+    store = open_store(tmp_path / "s", "memmap", fingerprint={"data": 1})
+    writer = store.join(0, 8)
+    for i in range(4):
+        writer.put(i, {"x": np.full(4, 100.0 + i, dtype=np.float32), "y": i})
+
+    def vanished(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(memmap_staging, "read_rows", vanished)
+    producer = BatchProducer(ArangeDataset(8), None, "w0", allow_pickle=False)
+    try:
+        out = producer.compute(generate_task(writer.shard_spec(), [1, 2]))
+        assert out.batch["y"].tolist() == [1, 2] and out.staged == 0
+    finally:
+        producer.close_shard()
+        writer.abort()
+        store.close()
+
+
+def test_a_shard_that_met_a_full_disk_is_opened_again_for_the_next_task(tmp_path):
+    # Policy "error": the task raises; the same generation's next task (another epoch, with room again)
+    # writes through a new shard instead of the one the full disk closed.
+    with mounted_tmpfs(tmp_path / "fs", "4m") as mount:
+        store = open_store(mount / "s", "memmap", fingerprint={"data": 1})
+        writer = store.join(0, 64)
+        spec = writer.shard_spec()
+        producer = BatchProducer(ArangeDataset(64, shape=(4096,)), None, "w0", allow_pickle=False)
+        try:
+            fill(mount)
+            with pytest.raises(BudgetExceededError):
+                producer.compute(generate_task(spec, [0, 1, 2]))
+            free(mount)
+            out = producer.compute(generate_task(spec, [0, 1, 2]))
+            assert out.written == 3 and out.batch["y"].tolist() == [0, 1, 2]
+        finally:
+            producer.close_shard()
+            writer.abort()
+            store.close()
