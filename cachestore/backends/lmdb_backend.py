@@ -278,7 +278,8 @@ class LmdbBackend(DirectoryBackend):
         n = check_complete(np.concatenate(logged) if logged else [], num_samples, f"generation in {staging}")
         try:
             if not (staging / "data.mdb").exists():
-                env = lmdb.open(str(staging), map_size=1 << 20, writemap=False)
+                # An empty generation, made here alone: no lock file (LMDB writes one through a mapping).
+                env = lmdb.open(str(staging), map_size=1 << 20, writemap=False, lock=False)
                 env.close()
             else:
                 _allocate_lock_file(staging)

@@ -110,8 +110,10 @@ def convert(txn: Txn, n: int, target: Path, record_key: Callable[[int], bytes],
         return _fixed_records(treedef, size, one_layout)
     chunk_rows = max(1, CHUNK_BYTES // max(1, sum(widths)))
     try:
+        # lock=False: this process alone writes the new environment, and LMDB maps its lock file
+        # writable (a first touch of a page without a block, on a full disk, is a SIGBUS).
         env = lmdb.open(str(target), map_size=1 << 40, writemap=False, sync=False, metasync=False,
-                        readahead=False, max_dbs=0, lock=True)
+                        readahead=False, max_dbs=0, lock=False)
     except (lmdb.Error, OSError):  # no room even for an empty environment: keep the records
         shutil.rmtree(target, ignore_errors=True)
         return None

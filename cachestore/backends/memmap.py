@@ -24,7 +24,7 @@ from .base import ShardWriter, StagingToken
 from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .manifest import Manifest
-from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema, read_rows, truncate
+from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema, read_rows, reserve, truncate
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
 from .memmap_staging import StagingRecords
@@ -57,13 +57,14 @@ class MemmapBackend(DirectoryBackend):
         n = check_complete(rows["index"], num_samples, f"generation in {staging}")
         rows = rows[np.argsort(rows["index"], kind="stable")]
         schema = load_schema(staging)
+        in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
         if schema is not None:
             for k, rowbytes in enumerate(codec.row_bytes(codec.leaf_specs(schema))):
-                truncate(staging / col_name(k), n * rowbytes)
+                # Rows of samples kept in segments are holes in a column: their blocks are reserved.
+                (reserve if in_cols < n else truncate)(staging / col_name(k), n * rowbytes)
         with os.fdopen(safefs.create_new(staging / "index.npy"), "wb") as f:
             np.save(f, rows)
         safefs.write_new(staging / "shards.json", json.dumps(shard_ids).encode())
-        in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
         layout = "fixed" if n and in_cols == n else ("records" if in_cols == 0 else "mixed")
         return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
                 "stored_bytes": int(rows["length"].sum())}

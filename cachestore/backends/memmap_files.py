@@ -19,6 +19,7 @@ Inside a generation directory:
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -63,5 +64,25 @@ def truncate(path: Path, size: int) -> None:
     fd = safefs.open_nofollow(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def reserve(path: Path, size: int) -> None:
+    """Make the column `path` `size` bytes long with every block allocated.
+
+    Rows of samples kept in segments (a mixed generation) are holes in the column; readers map it, and
+    on tmpfs even a read of a hole through a mapping takes a block: on a full file system, a SIGBUS.
+    Allocated at commit, a full disk is an ``ENOSPC`` here instead (the commit's out-of-space path).
+    """
+    fd = safefs.open_nofollow(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
     finally:
         os.close(fd)

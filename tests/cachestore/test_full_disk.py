@@ -227,3 +227,49 @@ def _fd_links() -> list[str]:
         except OSError:
             pass
     return links
+
+
+def test_a_mixed_generation_has_no_holes_in_its_columns(small_fs):
+    # Rows of samples kept in segments are holes in the column files, which readers map: on a full tmpfs,
+    # a read of a hole through a mapping is a SIGBUS. The commit reserves their blocks.
+    path = small_fs / "store"
+    with open_store(path, "memmap") as store:
+        writer = store.writer(0, 8)
+        for i in range(8):
+            # Odd samples have another structure: they go to the shard's segment, their column rows stay empty.
+            writer.put(i, {"x": np.full(1024, i, np.float32)} if i % 2 == 0 else {"x": np.full(1024, i, np.float32),
+                                                                                   "odd": np.int64(i)})
+        info = writer.commit()
+        assert info.layout == "mixed"
+        column = path / "gen-000000" / "col-0.bin"
+        assert column.stat().st_blocks * 512 >= 8 * 4096
+
+
+def _commit_lmdb_on_full_disk(path: str, mount_point: str, conn) -> None:
+    """In a child: write a generation of small fixed samples, fill the disk, commit; report."""
+    with open_store(path, "lmdb") as store:
+        writer = store.writer(0, 16)
+        shard = writer.shard_spec().open("w0")  # as a worker writes: flushed and closed before the commit
+        for i in range(16):
+            shard.put(i, {"x": np.full(4, i, np.float32)})
+        shard.close()
+        fill(mount_point)
+        try:
+            info = writer.commit()
+            conn.send(("committed", info.extra.get("lmdb_layout")))
+        except Exception as exc:
+            conn.send((type(exc).__name__, str(exc)))
+
+
+def test_an_lmdb_commit_on_a_full_disk_is_an_error_not_a_sigbus(small_fs, children):
+    # The commit rewrites fixed samples by column into a new LMDB environment; LMDB writes its lock file
+    # through a mapping, and the first page it touched on the full tmpfs was a SIGBUS.
+    proc, conn = children(_commit_lmdb_on_full_disk, str(small_fs / "store"), str(small_fs))
+    try:
+        kind, _ = recv(conn)
+    except AssertionError:
+        proc.join(WAIT)
+        raise AssertionError(f"the writer died with exit code {proc.exitcode} (-7: a SIGBUS)") from None
+    assert kind in ("committed", "BudgetExceededError")
+    proc.join(WAIT)
+    assert proc.exitcode == 0
