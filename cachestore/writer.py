@@ -145,6 +145,8 @@ class GenerationWriter:
     left behind is removed.
     """
 
+    shared = False
+
     def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int | None,
                  lease: WriterLease, budget: BudgetSource, record: ProducerRecord | None = None,
                  resume: bool = False) -> None:

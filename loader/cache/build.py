@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cachestore import GenerationInfo, GenerationWriter, codec
-from cachestore.shared import SharedWriter
+from cachestore import GenerationInfo, Writer, codec
 from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
@@ -66,9 +65,9 @@ class GenerationBuild:
         Workers write their shards themselves (:func:`workers_can_write`).
     """
 
-    def __init__(self, writer: GenerationWriter | SharedWriter, policy: BudgetPolicy, in_workers: bool) -> None:
+    def __init__(self, writer: Writer, policy: BudgetPolicy, in_workers: bool) -> None:
         self.writer = writer
-        self.shared = isinstance(writer, SharedWriter)
+        self.shared = writer.shared
         self.generation = writer.generation
         self.policy = BudgetPolicy(policy)
         self.in_workers = in_workers

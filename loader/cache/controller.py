@@ -16,12 +16,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-from cachestore import GenerationInfo, GenerationWriter, Store, open_store
+from cachestore import GenerationInfo, Store, Writer, open_store
 from cachestore.disk import format_size, read_only
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
                                FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
 from cachestore.room import fits, memory_room
-from cachestore.shared import SharedWriter
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout
@@ -316,7 +315,7 @@ class CacheController:
         # workers that open the store. Workers that send records (Ray, an in-RAM store) would compute
         # them again to serve them, and serve other values than the generation then holds.
         resume = executor is None or in_workers
-        writer: GenerationWriter | SharedWriter
+        writer: Writer
         try:
             if self.shares(resume):
                 # GenerationCommitted: another process committed it meanwhile (the caller reads it).
@@ -347,7 +346,7 @@ class CacheController:
             extra["background"] = True
         complete = build.shared and build.complete()  # before leaving: the area may go with the commit
         info = build.commit(extra)
-        if (info is None and isinstance(build.writer, SharedWriter) and not os.path.lexists(build.writer.path)
+        if (info is None and build.shared and not os.path.lexists(build.writer.token.path)
                 and build.generation not in self.committed()):
             log.warning("the staging area of generation %d of %s was removed during the epoch (was the cache "
                         "directory removed?): its samples were served, and it is written again when an epoch "
