@@ -198,7 +198,8 @@ class SharedWriter:
 
     def put(self, index: int, sample: Sample) -> PutResult:
         """Write `sample` at `index` unless another member has (or is writing) it: ``WRITTEN`` (and
-        flushed: the others see it done) or ``PRESENT`` (written by another member, waited for)."""
+        flushed: the others see it done), ``PRESENT`` (written by another member, waited for), or
+        ``UNWRITTEN`` (the area went away or broke under this member: see :mod:`cachestore.sink`)."""
         self._check_open()
         if self._sink is None or self._sink.closed:
             self._sink = SampleSink(self.shard_spec(), "owner")

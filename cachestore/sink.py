@@ -120,6 +120,7 @@ class SampleSink:
     def wait(self, pos: int, compute: Callable[[], Sample]) -> Put:
         """Sample `pos`, which :meth:`put` answered ``WAIT``, once its holder is done (call :meth:`flush`
         first): ``PRESENT``, or ``WRITTEN`` (and flushed) when its holder died before writing it."""
+        self._open()
         claims = self._claims
         if self._committed:
             return Put(PutResult.PRESENT)
@@ -260,10 +261,10 @@ class SampleSink:
     def _open(self) -> None:
         """Open the shard (and the claims of a shared area) at the first use. A shared area found
         committed is read from; one gone or broken is computed into without writing."""
-        if self._opened:
-            return
         if self.closed:
             raise CacheStoreError(f"this sample sink of {self.token.path} is closed")
+        if self._opened:
+            return
         self._opened = True
         try:
             if self.token.shared:

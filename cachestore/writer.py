@@ -83,7 +83,8 @@ class Writer(Protocol):
         """Whether other processes write this generation too (a commit may then leave it to them)."""
 
     def put(self, index: int, sample: Sample) -> PutResult:
-        """Store `sample` at `index`: ``WRITTEN``, or ``PRESENT`` when another process has written it."""
+        """Store `sample` at `index`: ``WRITTEN``; when processes write together, ``PRESENT`` (another has
+        written it) or ``UNWRITTEN`` (their area went away under this one)."""
 
     def present(self) -> npt.NDArray[np.int64]:
         """Sorted indices already written."""
