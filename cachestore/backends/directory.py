@@ -290,16 +290,23 @@ class DirectoryBackend(Backend):
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
         old = max(found, key=allocated_bytes)
-        if parse_shared(old.name) is not None:
-            self._unshare(old, num_samples)
         staging = self.path / staging_dirname(generation)
-        os.rename(old, staging)
-        fsync_dir(self.path)
-        for entry in staging.iterdir():
-            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                safefs.unlink_name(entry)  # a dead writer's half-written temp file (its rename never came)
-        kept = self._adopt_shards(staging, f"a{secrets.token_hex(3)}-", num_samples)
-        write_json_atomic(staging / STAGING_META, {**record, "generation": generation, "kept": False})
+        try:
+            if parse_shared(old.name) is not None:
+                self._unshare(old, num_samples)
+            os.rename(old, staging)
+            fsync_dir(self.path)
+            for entry in staging.iterdir():
+                if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                    safefs.unlink_name(entry)  # a dead writer's half-written temp file (its rename never came)
+            kept = self._adopt_shards(staging, f"a{secrets.token_hex(3)}-", num_samples)
+            write_json_atomic(staging / STAGING_META, {**record, "generation": generation, "kept": False})
+        except OSError as exc:
+            # Rewriting the shards' logs needs a little room: on a full disk the budget policy decides.
+            # What could not be adopted stays a partial generation (a copy whose log went is not served).
+            if is_out_of_space(exc) and not isinstance(exc, BudgetExceededError):
+                raise out_of_space(exc, f"adopting the partial generation {generation}", self.path) from exc
+            raise
         log.info("adopted the partial generation %d in %s (%d of %d samples present)", generation, old.name,
                  kept, num_samples)
         return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",

@@ -273,3 +273,27 @@ def test_an_lmdb_commit_on_a_full_disk_is_an_error_not_a_sigbus(small_fs, childr
     assert kind in ("committed", "BudgetExceededError")
     proc.join(WAIT)
     assert proc.exitcode == 0
+
+
+def test_adopting_a_partial_generation_on_a_full_disk_is_a_budget_error(small_fs, disk_backend):
+    # Adoption rewrites the shards' logs under new names: on a full disk that is the budget's call (the
+    # loader's policy), never a bare OSError; what was kept is still there to adopt once there is room.
+    path = small_fs / "store"
+    with open_store(path, disk_backend, fingerprint={"data": "partial"}) as store:
+        writer = store.writer(0, 20, resume=True)
+        shard = writer.shard_spec().open("w0")
+        for i in range(8):
+            shard.put(i, sample(0, i))
+        shard.close()
+        writer.keep()
+        fill(small_fs)  # not the inodes: the writer lock is made again
+        with pytest.raises(BudgetExceededError, match="disk full while adopting"):
+            store.writer(0, 20, resume=True)
+        free(small_fs)
+        writer = store.writer(0, 20, resume=True)
+        assert writer.adopted
+        for i in range(20):
+            if i not in writer.present():
+                writer.put(i, sample(0, i))
+        writer.commit()
+        check_generation(store.reader(0), 0, 20, sample)

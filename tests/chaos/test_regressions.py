@@ -79,6 +79,12 @@ def test_seed_4112090_a_member_of_a_removed_area_does_not_publish_its_successor(
     check(4112090, tmp_path)
 
 
+def test_seed_58203186_adopting_a_partial_generation_on_a_full_disk_applies_the_budget_policy(tmp_path):
+    # The disk filled during epoch 0; epoch 1 adopted what it kept, and rewriting the shards' logs on the
+    # full disk raised a bare OSError instead of BudgetExceededError (policy "stream").
+    check(58203186, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 
