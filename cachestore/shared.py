@@ -47,8 +47,8 @@ from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing,
                                staging_record)
 from .claims import CLAIMS_NAME, DONE_NAME, byte_lock, byte_unlock, create_claim_files, done_map
 from .codec import Sample
-from .disk import allocated_bytes, remove_paths
-from .errors import CacheStoreError, FingerprintMismatchError, GenerationCommitted
+from .disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
+from .errors import BudgetExceededError, CacheStoreError, FingerprintMismatchError, GenerationCommitted
 from .locking import WriterLease
 from .sink import PutResult, SampleSink
 from .spec import StoreSpec
@@ -112,8 +112,10 @@ class SharedWriter:
         self.path = root / shared_dirname(generation, record.get("fingerprint"))
         try:
             self._fd = self._join(root)
-        except BaseException:
+        except BaseException as exc:
             lease.release()
+            if is_out_of_space(exc) and not isinstance(exc, BudgetExceededError):
+                raise out_of_space(exc, f"joining the writers of generation {generation}", root) from exc
             raise
         # From here on the membership and the lease go back whatever happens (the finalizer is
         # idempotent): a failure below (the area removed under us, a budget that cannot be measured)

@@ -297,3 +297,20 @@ def test_adopting_a_partial_generation_on_a_full_disk_is_a_budget_error(small_fs
                 writer.put(i, sample(0, i))
         writer.commit()
         check_generation(store.reader(0), 0, 20, sample)
+
+
+def test_joining_on_a_disk_without_an_inode_left_is_a_budget_error(small_fs):
+    # Another process writes the store together (the writer lock is there); making the shared area of
+    # another generation needs inodes the disk no longer has.
+    path = small_fs / "store"
+    with open_store(path, "memmap", fingerprint={"data": 1}) as first, \
+            open_store(path, "memmap", fingerprint={"data": 1}) as second:
+        member = first.join(0, 20)
+        fill(small_fs, inodes=True)
+        with pytest.raises(BudgetExceededError, match="disk full"):
+            second.join(1, 20)
+        free(small_fs)
+        member.abort()
+        joined = second.join(1, 20)
+        joined.abort()
+    assert sorted(os.listdir(path)) == ["store.json"]
