@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import multiprocessing as mp
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ from loader.executors.process.segments import WorkerSegments, write_batch
 from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
 
+from ....fullfs import fill, mounted_tmpfs
 from ...conftest import my_segments
 from ...datasets import BigSampleDataset
 
@@ -77,3 +79,39 @@ def test_loader_carries_big_batches_in_either_mode(no_leaks, monkeypatch, memfd)
                     seen.append(y)
             assert seen == list(range(6))
         assert loader._res.slots.memfd == memfd
+
+
+def _grow_on_full_shm(mount: str, conn) -> None:
+    """In a child whose slots are files on the small tmpfs `mount`: fill it, grow a slot; report."""
+    shm._SHM_DIR = mount
+    pool = SlotPool(1, memfd=False)
+    worker = WorkerSegments()
+    try:
+        slot, name, size = pool.acquire()
+        fill(mount)
+        try:
+            write_batch(worker, slot, name, size, {"x": np.zeros(3 << 18, np.int64)})  # 6 MiB: grows the slot
+            conn.send("written")
+        except OSError as exc:
+            conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        worker.close()
+        pool.close()
+
+
+def test_a_slot_grown_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
+    # A slot's pages are allocated when it is made or grown: a full /dev/shm (here a small tmpfs standing in
+    # for it) is an OSError there, not a SIGBUS when the batch is copied in. memfd slots are not in
+    # /dev/shm at all: their pages are charged to memory, allocated the same way.
+    with mounted_tmpfs(tmp_path / "shm", "4m") as mount:
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_grow_on_full_shm, args=(str(mount), theirs))
+        proc.start()
+        try:
+            assert ours.poll(30), f"the worker died with exit code {proc.exitcode} (-7: a SIGBUS)"
+            assert "cannot allocate" in ours.recv()
+        finally:
+            proc.join(30)
+        assert proc.exitcode == 0
+        assert not [p for p in os.listdir(mount) if p.startswith("cachestore-")]
