@@ -178,7 +178,13 @@ class SharedWriter:
                 os.close(fd)
                 continue
             except BaseException:
-                os.close(fd)
+                try:
+                    if not os.path.lexists(self.path):
+                        # The area could not be made (a full disk): the lock file this process may have made
+                        # for it goes too, unless another process holds it.
+                        _unlink_unheld(fd, lock_path)
+                finally:
+                    os.close(fd)
                 raise
         raise CacheStoreError(f"could not join the writers of generation {self.generation} of {root}: the "
                               "area kept being committed or removed under this process")

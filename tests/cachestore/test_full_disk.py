@@ -314,3 +314,12 @@ def test_joining_on_a_disk_without_an_inode_left_is_a_budget_error(small_fs):
         joined = second.join(1, 20)
         joined.abort()
     assert sorted(os.listdir(path)) == ["store.json"]
+
+
+def test_a_shared_area_that_cannot_be_made_leaves_no_lock_file(small_fs):
+    path = small_fs / "store"
+    with open_store(path, "memmap", fingerprint={"data": 1}) as store:
+        fill(small_fs)
+        with pytest.raises(BudgetExceededError, match="disk full"):
+            store.join(0, 2000)  # no room for its record, nor for its done map
+        assert sorted(os.listdir(path)) == ["store.json"]

@@ -85,6 +85,12 @@ def test_seed_58203186_adopting_a_partial_generation_on_a_full_disk_applies_the_
     check(58203186, tmp_path)
 
 
+def test_seed_58203260_a_shared_area_that_cannot_be_made_on_a_full_disk_leaves_no_lock_file(tmp_path):
+    # The disk was full when run1 joined generation 0 again: making the area failed, and the members file
+    # it had made for it stayed under the prefix after every run closed.
+    check(58203260, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 
