@@ -47,9 +47,9 @@ ROOMS = [
     ("cachestore.store", "cachestore (store)"),
     ("cachestore.reader", "cachestore (store)"),
     ("cachestore.writer", "cachestore (store)"),
+    ("cachestore.sink", "cachestore (store)"),
     ("cachestore.spec", "cachestore (store)"),
     ("cachestore.shared", "cachestore (store)"),
-    ("cachestore.sink", "cachestore (store)"),
     ("cachestore.backends", "cachestore/backends"),
     ("cachestore", "cachestore (core)"),
 ]
