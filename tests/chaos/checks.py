@@ -588,6 +588,8 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
     explained: set[int] = set()  # positions in `fired` an exception accounted for
     for run in runs:
         epochs = {e.epoch: e for e in epochs_of(run)}
+        # A timeout kills the executor, the stuck worker with it: a later timeout is about a hang since.
+        last_timeout = float("-inf")
         for err in errors_of(run):
             where = f"{run.name} epoch {err['epoch']}: {err['type']}"
             mro = err["mro"]
@@ -604,8 +606,9 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                                     f"{err['index']} that raised ({mode} epoch, nb_worker={run.spec['nb_worker']})")
                 explained.update(match)
             elif TIMEOUT_ERROR in mro:
-                match = [k for k, f in enumerate(fired) if f["kind"] == "hang" and f["time"] <= err["t"]
-                         and owner_run(f["pid"], runs, paths.ctl) is run]
+                match = [k for k, f in enumerate(fired) if f["kind"] == "hang"
+                         and last_timeout < f["time"] <= err["t"] and owner_run(f["pid"], runs, paths.ctl) is run]
+                last_timeout = err["t"]
                 # Writing together, a worker that needs a sample another run's hung worker claimed waits for
                 # that claim (Claims.wait_claim) until the other run's timeout kills its worker.
                 theirs = [f for f in fired if f["kind"] == "hang" and f["time"] <= err["t"]
@@ -667,7 +670,8 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
 def removed_during(s: dict, runs: list, run, t0: float, t1: float) -> str | None:
     """What may have removed a committed generation between `t0` and `t1` (a run's epoch): a prune or
     ``rm -rf`` of the prefix, another run on it that wrote (its commit prunes older generations; a full
-    disk makes it remove them first) or took the prefix over for a new dataset version; ``None``."""
+    disk makes it remove them first; a background refresh commits as the epoch of its generation
+    starts) or took the prefix over for a new dataset version; ``None``."""
     for kind in ("prune", "rm-prefix"):
         for start, end in windows_of(runs, kind):
             if start <= t1 and end >= t0:
@@ -679,9 +683,14 @@ def removed_during(s: dict, runs: list, run, t0: float, t1: float) -> str | None
             continue
         if other.started <= t1 and other.ended >= t0 and other.spec["version"] != run.spec["version"]:
             return f"{other.name} (another dataset version)"
+        before: int | None = None
         for e in epochs_of(other):
-            if e.mode == "generate" and e.t_start <= t1 and e.t_end >= t0:
-                return f"{other.name} epoch {e.epoch}, which wrote generation {e.generation}"
+            if e.t_start <= t1 and e.t_end >= t0:
+                if e.mode == "generate":
+                    return f"{other.name} epoch {e.epoch}, which wrote generation {e.generation}"
+                if e.mode == "read" and before is not None and e.generation is not None and e.generation > before:
+                    return f"{other.name} epoch {e.epoch}, which moved on to generation {e.generation} (committed)"
+            before = e.generation if e.generation is not None else before
     return None
 
 

@@ -91,6 +91,13 @@ def test_seed_58203260_a_shared_area_that_cannot_be_made_on_a_full_disk_leaves_n
     check(58203260, tmp_path)
 
 
+def test_seed_91357317_a_generation_pruned_by_another_runs_refresh_commit_is_explained(tmp_path):
+    # run1's background refresh committed generation 1 (and pruned 0) as its epoch 3 began, just before
+    # run-c's epoch 1 opened generation 0: the check did not count a refresh commit as a removal. The
+    # moment itself is pinned in test_checks.py.
+    check(91357317, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 

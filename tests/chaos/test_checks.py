@@ -1,0 +1,72 @@
+"""The chaos checks on hand-made event logs: what they accept as explained, and what they do not.
+
+A check that blames the loader for what a fault (or another run) did makes every chaos run fail by
+chance; one that explains too much hides bugs. Each case here is a log a real run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+from . import checks
+
+SCENARIO = {"backend": "memmap", "tmpfs": False, "mode": "cache", "policy": "error"}
+
+
+def run(name: str, pid: int, events: list[dict], version: int = 1):
+    return types.SimpleNamespace(name=name, pid=pid, events=events, spec={"version": version},
+                                 started=events[0]["t"], ended=events[-1]["t"])
+
+
+def epoch(t: float, number: int) -> dict:
+    return {"ev": "epoch", "t": t, "epoch": number}
+
+
+def stats(t: float, number: int, mode: str, generation: int) -> dict:
+    return {"ev": "stats", "t": t, "epoch": number, "completed": True,
+            "stats": {"mode": mode, "generation": generation}}
+
+
+def timeout(t: float, number: int, pid: int, indices: list[int], starting: bool = False) -> dict:
+    message = "no data within timeout=2 s" + (f"\n(not available: {checks.STARTING})" if starting else "")
+    return {"ev": "error", "t": t, "epoch": number, "type": checks.TIMEOUT_ERROR, "mro": [checks.TIMEOUT_ERROR],
+            "message": message, "pid": pid, "indices": indices, "notes": [], "traceback": ""}
+
+
+def paths_with_hang(tmp_path: Path, index: int, pid: int, t: float, ppid: int = 100) -> checks.Paths:
+    """The control directory of a run (training pid `ppid`) whose worker `pid` hung in ``dataset[index]``."""
+    for name in ("fired", "procs"):
+        (tmp_path / "ctl" / name).mkdir(parents=True)
+    (tmp_path / "ctl" / "fired" / f"hang-{index}-{pid}").write_text(json.dumps({"time": t}))
+    (tmp_path / "ctl" / "procs" / str(pid)).write_text(json.dumps({"ppid": ppid}))
+    return checks.Paths(prefix=str(tmp_path / "cache"), rotation="", ctl=str(tmp_path / "ctl"), mount="")
+
+
+def test_a_timeout_after_the_one_that_killed_a_hung_worker_is_not_blamed_on_that_hang(tmp_path):
+    # Epoch 2's timeout named the hung worker and killed the executor; epoch 3's new workers were still
+    # starting when its own timeout came (a loaded machine): no hang of epoch 3 to name.
+    paths = paths_with_hang(tmp_path, index=28, pid=101, t=10.5)
+    events = [epoch(10.0, 2), timeout(12.5, 2, pid=101, indices=[28]), stats(12.6, 2, "read", 0),
+              epoch(12.6, 3), timeout(14.6, 3, pid=202, indices=[13, 17, 6], starting=True),
+              stats(14.7, 3, "read", 0)]
+    assert checks.check_errors(SCENARIO, [run("run1", 100, events)], paths) == []
+
+
+def test_a_timeout_that_names_another_worker_than_the_hung_one_is_a_problem(tmp_path):
+    paths = paths_with_hang(tmp_path, index=28, pid=101, t=10.5)
+    events = [epoch(10.0, 2), timeout(12.5, 2, pid=202, indices=[13]), stats(12.6, 2, "read", 0)]
+    problems = checks.check_errors(SCENARIO, [run("run1", 100, events)], paths)
+    assert len(problems) == 1 and "but the stuck worker is pid 101" in problems[0]
+
+
+def test_a_generation_pruned_by_another_runs_refresh_commit_is_explained():
+    # run1's background refresh completed generation 1 as its epoch 3 began: that commit pruned
+    # generation 0 while run-c's epoch 1 was about to read it.
+    run1 = run("run1", 100, [epoch(1.0, 2), stats(2.0, 2, "read", 0), epoch(2.0, 3), stats(3.0, 3, "read", 1)])
+    runc = run("run-c", 200, [epoch(2.1, 1), stats(2.5, 1, "read", 0)])
+    assert "run1 epoch 3" in checks.removed_during(SCENARIO, [run1, runc], runc, 2.1, 2.4)
+    # The same epochs with no generation newer than the one before: nothing was committed, nor removed.
+    still = run("run1", 100, [epoch(1.0, 2), stats(2.0, 2, "read", 0), epoch(2.0, 3), stats(3.0, 3, "read", 0)])
+    assert checks.removed_during(SCENARIO, [still, runc], runc, 2.1, 2.4) is None
