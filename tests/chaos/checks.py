@@ -609,12 +609,17 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 match = [k for k, f in enumerate(fired) if f["kind"] == "hang"
                          and last_timeout < f["time"] <= err["t"] and owner_run(f["pid"], runs, paths.ctl) is run]
                 last_timeout = err["t"]
+                previous = next((p for p in reversed(errors_of(run)) if p["t"] < err["t"]), None)
                 # Writing together, a worker that needs a sample another run's hung worker claimed waits for
                 # that claim (Claims.wait_claim) until the other run's timeout kills its worker.
                 theirs = [f for f in fired if f["kind"] == "hang" and f["time"] <= err["t"]
                           and s["backend"] == "memmap" and f["index"] in (err["indices"] or [])
                           and owner_run(f["pid"], runs, paths.ctl) not in (run, None)]
-                if not match and STARTING in err["message"]:
+                # The executor a timeout killed is started again at the next epoch: its first batch waits for
+                # new workers, which a loaded machine may start slower than `timeout`.
+                restarted = previous is not None and previous["epoch"] == err["epoch"] - 1 and \
+                    "batch 0 of epoch" in err["message"]
+                if not match and (STARTING in err["message"] or restarted):
                     pass  # the loaded machine started workers slower than `timeout`: see notes()
                 elif not match and theirs:
                     pass

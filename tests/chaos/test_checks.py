@@ -70,3 +70,16 @@ def test_a_generation_pruned_by_another_runs_refresh_commit_is_explained():
     # The same epochs with no generation newer than the one before: nothing was committed, nor removed.
     still = run("run1", 100, [epoch(1.0, 2), stats(2.0, 2, "read", 0), epoch(2.0, 3), stats(3.0, 3, "read", 0)])
     assert checks.removed_during(SCENARIO, [still, runc], runc, 2.1, 2.4) is None
+
+
+def test_a_timeout_of_the_first_batch_after_the_executor_was_killed_is_a_slow_start(tmp_path):
+    # Epoch 3's timeout killed the executor; epoch 4's first batch waited for new workers, the one named
+    # had just finished starting (so the message shows its stack, not "still starting").
+    paths = paths_with_hang(tmp_path, index=28, pid=101, t=10.5)
+    events = [epoch(10.0, 3), timeout(12.5, 3, pid=101, indices=[28]), stats(12.6, 3, "read", 0),
+              epoch(12.6, 4), dict(timeout(14.6, 4, pid=303, indices=[34]), message="no data within timeout=2 s: "
+                                   "batch 0 of epoch 4 has not arrived after 2.0 s"), stats(14.7, 4, "read", 0)]
+    assert checks.check_errors(SCENARIO, [run("run1", 100, events)], paths) == []
+    # Not the first batch: a worker that started long ago and hangs with no fault is a problem.
+    events[4]["message"] = "no data within timeout=2 s: batch 3 of epoch 4 has not arrived after 2.0 s"
+    assert len(checks.check_errors(SCENARIO, [run("run1", 100, events)], paths)) == 1
