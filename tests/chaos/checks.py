@@ -615,9 +615,11 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 theirs = [f for f in fired if f["kind"] == "hang" and f["time"] <= err["t"]
                           and s["backend"] == "memmap" and f["index"] in (err["indices"] or [])
                           and owner_run(f["pid"], runs, paths.ctl) not in (run, None)]
-                # The executor a timeout killed is started again at the next epoch: its first batch waits for
-                # new workers, which a loaded machine may start slower than `timeout`.
-                restarted = previous is not None and previous["epoch"] == err["epoch"] - 1 and \
+                # A run's first epoch starts its workers, and the next epoch after a worker error starts them
+                # again (the error killed the executor): the first batch waits for new workers, which a loaded
+                # machine may start (and have import the dataset's module) slower than `timeout`.
+                first = previous is None and err["epoch"] == min(epochs, default=err["epoch"])
+                restarted = (first or previous is not None and previous["epoch"] == err["epoch"] - 1) and \
                     "batch 0 of epoch" in err["message"]
                 if not match and (STARTING in err["message"] or restarted):
                     pass  # the loaded machine started workers slower than `timeout`: see notes()

@@ -83,3 +83,11 @@ def test_a_timeout_of_the_first_batch_after_the_executor_was_killed_is_a_slow_st
     # Not the first batch: a worker that started long ago and hangs with no fault is a problem.
     events[4]["message"] = "no data within timeout=2 s: batch 3 of epoch 4 has not arrived after 2.0 s"
     assert len(checks.check_errors(SCENARIO, [run("run1", 100, events)], paths)) == 1
+
+
+def test_a_timeout_of_a_runs_first_batch_is_a_slow_start(tmp_path):
+    # A new run's workers were importing the dataset's module when its first batch ran out of time.
+    paths = paths_with_hang(tmp_path, index=28, pid=101, t=1.0, ppid=999)  # another run's hang
+    events = [epoch(10.0, 0), dict(timeout(13.0, 0, pid=303, indices=[17]), message="no data within timeout=3 s: "
+                                   "batch 0 of epoch 0 has not arrived after 3.0 s"), stats(13.1, 0, "read", 0)]
+    assert checks.check_errors(SCENARIO, [run("run2", 100, events)], paths) == []
