@@ -45,7 +45,7 @@ from .backends.staging import members_path
 from .claims import Claims, byte_lock, byte_unlock
 from .codec import Sample
 from .disk import is_out_of_space, out_of_space
-from .errors import BudgetExceededError, CacheStoreError
+from .errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .reader import Reader
 
 if TYPE_CHECKING:
@@ -252,10 +252,15 @@ class SampleSink:
                 return None
         return self._reader
 
-    def _generation_sample(self, pos: int) -> Sample:
+    def _generation_sample(self, pos: int) -> Sample | None:
         reader = self._generation()
         assert reader is not None
-        return reader.get(pos, copy=True)
+        try:
+            return reader.get(pos, copy=True)
+        except CorruptSampleError as exc:
+            # A corrupt record is a miss, as in any read of the generation: the caller computes it.
+            log.warning("%s; computing it from the dataset instead", exc)
+            return None
 
     # opening and closing -------------------------------------------------------
     def _open(self) -> None:

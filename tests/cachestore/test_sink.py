@@ -123,3 +123,24 @@ def test_a_generation_committed_meanwhile_is_read_not_computed(store):
         assert sink.read(2)["y"] == 2 and calls.made == []
     finally:
         sink.close()
+
+
+def test_a_corrupt_record_of_the_generation_committed_meanwhile_is_a_miss(store):
+    # Another process committed the area, then a byte of it was flipped: the sample is computed again by
+    # the caller (read() says it cannot be read), as every read of a generation treats a corrupt record.
+    first = store.join(0, N)
+    spec = first.shard_spec()
+    for i in range(N):
+        first.put(i, sample(i))
+    info = first.commit()
+    column = Path(info.path) / "col-0.bin"
+    data = bytearray(column.read_bytes())
+    data[2 * 64] ^= 0xFF  # sample 2's first float (16 float32 per row)
+    column.write_bytes(bytes(data))
+    sink = spec.sink("w0")
+    try:
+        assert sink.put(2, Calls()(2)).result is PutResult.PRESENT
+        assert sink.read(2) is None
+        assert sink.read(3)["y"] == 3
+    finally:
+        sink.close()

@@ -98,6 +98,12 @@ def test_seed_91357317_a_generation_pruned_by_another_runs_refresh_commit_is_exp
     check(91357317, tmp_path)
 
 
+def test_seed_62830230_a_corrupt_record_read_back_from_a_generation_committed_meanwhile_is_a_miss(tmp_path):
+    # run-c wrote generation 0 together with run1, which committed it; a byte of it was flipped, and
+    # run-c's worker, reading sample 5 back from the committed generation, raised CorruptSampleError.
+    check(62830230, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 
