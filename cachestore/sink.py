@@ -294,8 +294,8 @@ class SampleSink:
             # The shared area is gone or broken (its files removed, a member killed inside its commit):
             # samples are served all the same, computed and not written; the generation is written again
             # when an epoch needs it (docs/ARCHITECTURE.md, "Writing together").
-            log.warning("the shared staging area %s went away or broke while it was written; computing "
-                        "samples without writing them", self.token.path)
+            log.warning("the shared staging area %s went away or broke while it was written (%s: %s); computing "
+                        "samples without writing them", self.token.path, type(exc).__name__, exc)
             self._writing = False
 
     def _stop(self, exc: BudgetExceededError) -> None:

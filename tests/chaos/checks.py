@@ -576,8 +576,8 @@ def _disk_full_during(runs: list, t0: float, t1: float) -> bool:
     for t, state in changes:
         if t > t1:
             break
-        if t >= t0 and state:
-            return True
+        if t >= t0 and (state or full):
+            return True  # it fills in the window, or was full from `t0` until this change freed it
         full = state
     return full
 
@@ -690,15 +690,31 @@ def removed_during(s: dict, runs: list, run, t0: float, t1: float) -> str | None
             continue
         if other.started <= t1 and other.ended >= t0 and other.spec["version"] != run.spec["version"]:
             return f"{other.name} (another dataset version)"
-        before: int | None = None
         for e in epochs_of(other):
-            if e.t_start <= t1 and e.t_end >= t0:
-                if e.mode == "generate":
-                    return f"{other.name} epoch {e.epoch}, which wrote generation {e.generation}"
-                if e.mode == "read" and before is not None and e.generation is not None and e.generation > before:
-                    return f"{other.name} epoch {e.epoch}, which moved on to generation {e.generation} (committed)"
-            before = e.generation if e.generation is not None else before
+            if e.mode == "generate" and e.t_start <= t1 and e.t_end >= t0:
+                return f"{other.name} epoch {e.epoch}, which wrote generation {e.generation}"
+        for start, end, generation in commits_of(other):
+            if start <= t1 and end >= t0:
+                return f"{other.name}'s commit of generation {generation} (it prunes older ones)"
     return None
+
+
+def commits_of(run) -> list[tuple[float, float, int]]:
+    """``(from, to, generation)``: when each commit `run` made, or found made, as its epochs went on, may
+    have happened: an epoch that wrote and committed its generation (at its end); an epoch of a generation
+    newer than its previous epoch's (a background refresh completes and commits it once that epoch has
+    begun, before its first batch). Each prunes the generations older than the one committed."""
+    out: list[tuple[float, float, int]] = []
+    before: int | None = None
+    for e in epochs_of(run):
+        if e.generation is None:
+            continue
+        if e.stats is not None and e.stats.get("committed"):
+            out.append((e.t_end, e.t_end, e.generation))
+        elif e.mode == "read" and before is not None and e.generation > before:
+            out.append((e.t_start, e.t_end, e.generation))
+        before = e.generation
+    return out
 
 
 def committed_now(paths: Paths) -> list[int]:
@@ -864,11 +880,17 @@ def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
     breaks += [e.t_start for run in runs for e in epochs_of(run) if e.stats and "damaged" in e.stats["extra"]]
     commits = [(e.t_end, e.version, e.generation) for run in runs for e in epochs_of(run)
                if e.stats and e.stats["committed"]]
+    # A commit prunes the generations older than the one it published (as an epoch that wrote it ends, or
+    # as the epoch of a background refresh's generation begins): a break for those.
+    newer = [(t, g) for run in runs for t, _, g in commits_of(run)]
+
+    def breaks_of(generation: int) -> list[float]:
+        return breaks + [t for t, g in newer if g > generation]
 
     def settling(t: float, version: int, generation: int) -> bool:
         """Whether `t` lies between a break and the next commit of the generation."""
         return any(b <= t < min((c for c, v, g in commits if (v, g) == (version, generation) and c >= b),
-                                default=math.inf) for b in breaks)
+                                default=math.inf) for b in breaks_of(generation))
 
     served = []  # (time, version, generation, index, nonce, run, epoch)
     for run in runs:
@@ -883,7 +905,7 @@ def check_shared_content(s: dict, runs: list, paths: Paths) -> list[str]:
     for t, version, generation, index, nonce, name, epoch in sorted(served):
         key = (version, generation, index)
         seen = first.get(key)
-        if seen is None or any(seen[0] < b <= t for b in breaks):
+        if seen is None or any(seen[0] < b <= t for b in breaks_of(generation)):
             first[key] = (t, nonce, name, epoch)
         elif seen[1] != nonce:
             differ[(version, generation)].append(f"{index} ({seen[2]} epoch {seen[3]}, then {name} epoch {epoch})")

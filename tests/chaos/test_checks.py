@@ -17,7 +17,7 @@ SCENARIO = {"backend": "memmap", "tmpfs": False, "mode": "cache", "policy": "err
 
 def run(name: str, pid: int, events: list[dict], version: int = 1):
     return types.SimpleNamespace(name=name, pid=pid, events=events, spec={"version": version},
-                                 started=events[0]["t"], ended=events[-1]["t"])
+                                 started=events[0]["t"], ended=events[-1]["t"], interrupted=False)
 
 
 def epoch(t: float, number: int) -> dict:
@@ -26,7 +26,7 @@ def epoch(t: float, number: int) -> dict:
 
 def stats(t: float, number: int, mode: str, generation: int) -> dict:
     return {"ev": "stats", "t": t, "epoch": number, "completed": True,
-            "stats": {"mode": mode, "generation": generation}}
+            "stats": {"mode": mode, "generation": generation, "committed": False, "extra": {}}}
 
 
 def timeout(t: float, number: int, pid: int, indices: list[int], starting: bool = False) -> dict:
@@ -66,7 +66,7 @@ def test_a_generation_pruned_by_another_runs_refresh_commit_is_explained():
     # generation 0 while run-c's epoch 1 was about to read it.
     run1 = run("run1", 100, [epoch(1.0, 2), stats(2.0, 2, "read", 0), epoch(2.0, 3), stats(3.0, 3, "read", 1)])
     runc = run("run-c", 200, [epoch(2.1, 1), stats(2.5, 1, "read", 0)])
-    assert "run1 epoch 3" in checks.removed_during(SCENARIO, [run1, runc], runc, 2.1, 2.4)
+    assert "commit of generation 1" in checks.removed_during(SCENARIO, [run1, runc], runc, 2.1, 2.4)
     # The same epochs with no generation newer than the one before: nothing was committed, nor removed.
     still = run("run1", 100, [epoch(1.0, 2), stats(2.0, 2, "read", 0), epoch(2.0, 3), stats(3.0, 3, "read", 0)])
     assert checks.removed_during(SCENARIO, [still, runc], runc, 2.1, 2.4) is None
@@ -91,3 +91,34 @@ def test_a_timeout_of_a_runs_first_batch_is_a_slow_start(tmp_path):
     events = [epoch(10.0, 0), dict(timeout(13.0, 0, pid=303, indices=[17]), message="no data within timeout=3 s: "
                                    "batch 0 of epoch 0 has not arrived after 3.0 s"), stats(13.1, 0, "read", 0)]
     assert checks.check_errors(SCENARIO, [run("run2", 100, events)], paths) == []
+
+
+def batch(t: float, number: int, index: int, nonce: int) -> dict:
+    return {"ev": "batch", "t": t, "epoch": number, "y": [index], "v": [1], "nonce": [nonce], "bad": [], "wait": 0.0}
+
+
+def test_a_generation_computed_again_after_a_newer_one_pruned_it_is_no_other_copy(tmp_path):
+    # run1 committed generation 0 with computation 11 of sample 6, then its refresh committed generation
+    # 1, which pruned 0; run-c, planned to write 0 before that, found it gone and computed 6 afresh (22).
+    paths = paths_with_hang(tmp_path, index=0, pid=1, t=0.0)
+    committed = stats(2.0, 0, "generate", 0)
+    committed["stats"]["committed"] = True
+    run1 = run("run1", 100, [epoch(1.0, 0), batch(1.5, 0, 6, 11), committed, epoch(2.0, 1), stats(3.0, 1, "read", 0),
+                             epoch(3.0, 2), stats(4.0, 2, "read", 1)])
+    runc = run("run-c", 200, [epoch(2.5, 0), batch(4.5, 0, 6, 22), stats(4.6, 0, "generate", 0)])
+    scenario = dict(SCENARIO, faults=["concurrent-run"])
+    assert checks.check_shared_content(scenario, [run1, runc], paths) == []
+    # Without the newer commit nothing removed generation 0: another computation of it is a problem.
+    run1.events = run1.events[:-2]
+    problems = checks.check_shared_content(scenario, [run1, runc], paths)
+    assert len(problems) == 1 and "6 (run1 epoch 0, then run-c epoch 0)" in problems[0]
+
+
+def test_a_disk_freed_during_an_epoch_was_full_at_its_start():
+    # coop1 filled the disk before run1's epoch began and freed it 20 ms before run1's write failed.
+    coop1 = run("coop1", 300, [{"ev": "action", "t": 7.31, "kind": "fill-disk"},
+                               {"ev": "action", "t": 7.358, "kind": "free-disk"}])
+    assert checks._disk_full_during([coop1], 7.336, 7.360)
+    assert checks._disk_full_during([coop1], 7.2, 7.32)  # filled in the window
+    assert not checks._disk_full_during([coop1], 7.36, 7.5)  # freed before it
+    assert not checks._disk_full_during([coop1], 7.0, 7.3)  # filled after it

@@ -104,6 +104,19 @@ def test_seed_62830230_a_corrupt_record_read_back_from_a_generation_committed_me
     check(62830230, tmp_path)
 
 
+def test_seed_62830308_a_generation_pruned_by_a_newer_commit_may_be_computed_again(tmp_path):
+    # run-c planned to write generation 0 together with run1; by the time its workers started, run1 had
+    # committed 0 and its refresh had committed 1, which pruned 0: run-c computed samples afresh. The
+    # check took that for another copy of a generation nothing had removed (pinned in test_checks.py).
+    check(62830308, tmp_path)
+
+
+def test_seed_62830312_a_disk_freed_while_a_write_failed_was_full(tmp_path):
+    # coop1 filled the disk before run1's epoch 2 and freed it 2 ms before run1's write failed on it
+    # (policy "error"); the check looked only at the disk's state when the error came.
+    check(62830312, tmp_path)
+
+
 def test_seed_148_disk_rotation_window_on_a_full_disk(tmp_path):
     check(148, tmp_path, ORIGINAL)
 
