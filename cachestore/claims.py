@@ -13,11 +13,12 @@ A shared staging area (:mod:`cachestore.shared`) holds two small files:
     the shard that holds it (:func:`shard_tag`). A commit keeps, for each index,
     the copy of the shard the map names, so a copy a killed writer left half
     done (and someone else computed again) never wins. Its blocks are allocated
-    when the area is made (``posix_fallocate``), and it is read and written with
-    ``pread``/``pwrite``, never through a mapping: on a full file system a store
+    when the area is made (``posix_fallocate``): on a full file system a store
     through a shared mapping into a page with no block behind it is a SIGBUS
-    that kills the process (on tmpfs even a load from a hole is), where a
-    ``pwrite`` is an ``ENOSPC`` the budget policy handles.
+    that kills the process (on tmpfs even a load from a hole is). It is mapped
+    only when every page has its block; a done map with holes (an area an older
+    version made) is read and written with ``pread``/``pwrite``, where a full
+    disk is an ``ENOSPC`` the budget policy handles.
 
 Why one lock per sample and not per chunk of samples: claims are taken as a
 process walks its own batch, one sample before computing it. Two jobs with the
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import struct
 import zlib
@@ -117,6 +119,13 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def _reserved(fd: int, size: int) -> bool:
+    """Whether the first `size` bytes of `fd`'s file have all their blocks (no hole a store or, on tmpfs,
+    a load through a mapping would have to allocate)."""
+    st = os.fstat(fd)
+    return size > 0 and st.st_size >= size and st.st_blocks * 512 >= -(-size // st.st_blksize) * st.st_blksize
+
+
 def _reserve(fd: int, size: int) -> None:
     """Allocate the blocks of the first `size` bytes of `fd` (where the file system can: the writes that
     follow meet a full disk as ``ENOSPC`` anyway, since they never go through a mapping)."""
@@ -162,6 +171,14 @@ class Claims:
         except BaseException:
             os.close(self._fd)
             raise
+        self._map: mmap.mmap | None = None
+        self._done: npt.NDArray[np.uint32] | None = None
+        if _reserved(self._done_fd, TAG.size * num_samples):
+            # Every page has its block (the map was reserved when the area was made): marks and looks go
+            # through a mapping, a fancy assignment per flush rather than a pwrite per sample. A done map
+            # with holes (an area an older version made) is read and written with pread/pwrite.
+            self._map = mmap.mmap(self._done_fd, TAG.size * num_samples)
+            self._done = np.frombuffer(self._map, dtype="<u4")
         #: Indices this handle holds claims on.
         self.held: set[int] = set()
 
@@ -174,6 +191,8 @@ class Claims:
         """Whether sample `index` is written (by anyone)."""
         if not 0 <= index < self.num_samples:
             return False
+        if self._done is not None:
+            return bool(self._done[index])
         data = os.pread(self._done_fd, TAG.size, TAG.size * index)
         return len(data) == TAG.size and TAG.unpack(data)[0] != 0  # a short done map: not written
 
@@ -219,9 +238,13 @@ class Claims:
         tag = TAG.pack(shard_tag(shard_id))
         indices = list(indices)
         try:
-            for index in indices:
-                if 0 <= index < self.num_samples:
-                    _pwrite_all(self._done_fd, tag, TAG.size * index)
+            if self._done is not None:
+                inside = np.asarray([i for i in indices if 0 <= i < self.num_samples], dtype=np.int64)
+                self._done[inside] = shard_tag(shard_id)
+            else:
+                for index in indices:
+                    if 0 <= index < self.num_samples:
+                        _pwrite_all(self._done_fd, tag, TAG.size * index)
         except OSError as exc:
             if is_out_of_space(exc):
                 raise out_of_space(exc, "marking samples done", self.dir) from exc
@@ -244,6 +267,10 @@ class Claims:
     def close(self) -> None:
         """Give every claim back (closing the file does) and close the done map."""
         self.held.clear()
+        self._done = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         for fd in (self._fd, self._done_fd):
             if fd >= 0:
                 os.close(fd)

@@ -323,3 +323,35 @@ def test_a_shared_area_that_cannot_be_made_leaves_no_lock_file(small_fs):
         with pytest.raises(BudgetExceededError, match="disk full"):
             store.join(0, 2000)  # no room for its record, nor for its done map
         assert sorted(os.listdir(path)) == ["store.json"]
+
+
+def _mark_in_a_sparse_done_map(directory: str, mount_point: str, conn) -> None:
+    """In a child: claim files made sparse (as an older version made them), a full disk, a mark; report."""
+    from cachestore.claims import CLAIMS_NAME, DONE_NAME, Claims
+    for name, size in ((CLAIMS_NAME, 4096), (DONE_NAME, 4 * 4096)):
+        with open(os.path.join(directory, name), "wb") as f:
+            f.truncate(size)
+    claims = Claims(directory, 4096)
+    fill(mount_point)
+    try:
+        assert claims.try_claim(3000)
+        claims.finish([3000], "w0")
+        conn.send(("marked", claims._done is None))
+    except Exception as exc:
+        conn.send((type(exc).__name__, claims._done is None))
+
+
+def test_a_done_map_with_holes_is_never_mapped(small_fs, children):
+    # A shared area an older version made has a sparse done map: marking a sample there on a full disk
+    # must be an error (BudgetExceededError), never a store through a mapping of a hole (a SIGBUS).
+    area = small_fs / "area"
+    area.mkdir()
+    proc, conn = children(_mark_in_a_sparse_done_map, str(area), str(small_fs))
+    try:
+        kind, unmapped = recv(conn)
+    except AssertionError:
+        proc.join(WAIT)
+        raise AssertionError(f"the writer died with exit code {proc.exitcode} (-7: a SIGBUS)") from None
+    assert (kind, unmapped) == ("BudgetExceededError", True)
+    proc.join(WAIT)
+    assert proc.exitcode == 0
