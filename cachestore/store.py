@@ -173,7 +173,7 @@ class Store:
                                   "store with a fingerprint; use writer()" if record["fingerprint"] is None else
                                   f"the {self.backend_name} backend cannot be written by several processes "
                                   "together; use writer()")
-        if self._writing:
+        if self.writing:
             raise StoreLockedError(f"store {self.path} already has an open writer in this process")
         Path(self.path).mkdir(parents=True, exist_ok=True)
         lock = SharedWriterLock(self.path)
@@ -205,11 +205,12 @@ class Store:
         return None if fingerprint is None else {"fingerprint": fingerprint}
 
     @property
-    def _writing(self) -> bool:
+    def writing(self) -> bool:
+        """Whether this process holds the store's writer lease now."""
         return self._lease is not None and not self._lease.released
 
     def _take_lease(self) -> WriterLease:
-        if self._writing:
+        if self.writing:
             raise StoreLockedError(f"store {self.path} already has an open writer in this process")
         if self._lock is not None:
             Path(self.path).mkdir(parents=True, exist_ok=True)
@@ -224,7 +225,7 @@ class Store:
         :data:`~cachestore.locking.SHARED_WRITERS` (-2) when processes write
         one generation together (:meth:`join`), and no single pid is the writer.
         """
-        if self._writing:
+        if self.writing:
             return os.getpid()
         return lock_holder(self.path) if self.backend.persistent else None
 
@@ -339,7 +340,7 @@ class Store:
 
     def close(self) -> None:
         """Release the store (a memory store frees its arrays)."""
-        if self._lock is not None and not self._writing:
+        if self._lock is not None and not self.writing:
             self._lock.release()
         if not self.backend.persistent:
             self.backend.close()

@@ -49,6 +49,7 @@ ROOMS = [
     ("cachestore.writer", "cachestore (store)"),
     ("cachestore.spec", "cachestore (store)"),
     ("cachestore.shared", "cachestore (store)"),
+    ("cachestore.pruning", "cachestore (store)"),
     ("cachestore.backends", "cachestore/backends"),
     ("cachestore", "cachestore (core)"),
 ]
