@@ -83,8 +83,11 @@ class Piece:
     obj_offset: int
 
 
-def plan(sizes: list[int], pack_bytes: int = PACK_BYTES, chunk_bytes: int = CHUNK_BYTES) -> list[list[Piece]]:
-    """The pieces of each object, for files of `sizes` laid end to end (empty files take none)."""
+def plan(sizes: list[int], pack_bytes: int | None = None, chunk_bytes: int | None = None) -> list[list[Piece]]:
+    """The pieces of each object, for files of `sizes` laid end to end (empty files take none);
+    :data:`PACK_BYTES` and :data:`CHUNK_BYTES` by default."""
+    pack_bytes = pack_bytes or PACK_BYTES
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     total = sum(sizes)
     if total == 0:
         return []
