@@ -73,7 +73,7 @@ class WeedServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited with {self.proc.returncode}: {self.log_tail()}")
-            if self._bucket_ready():
+            if self._bucket_ready() and self._serves():
                 return
             time.sleep(0.1)
         self.stop()
@@ -87,6 +87,20 @@ class WeedServer:
         except urllib.error.HTTPError as exc:
             return exc.code in (403, 200)
         except OSError:
+            return False
+
+    def _serves(self) -> bool:
+        """Whether a signed write and read go through (after a restart, S3 answers before its volumes do)."""
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(self.bucket, endpoint=self.endpoint, access_key_id=self.key, secret_access_key=self.secret,
+                        region="us-east-1", client_options={"allow_http": True},
+                        retry_config={"max_retries": 0})
+        try:
+            obstore.put(store, "ready-probe", b"ok")
+            return bytes(obstore.get(store, "ready-probe").bytes()) == b"ok"
+        except Exception:
             return False
 
     def log_tail(self) -> str:
