@@ -125,7 +125,7 @@ def _claims(remote: "RemoteStore", generation: int, part: int, nparts: int) -> d
     out: dict[int, list[tuple[float, str]]] = {}
     for info in remote.client.list_objects(layout.parts_prefix(remote.key, generation, nparts)):
         name = info.key.rsplit("/", 1)[-1]
-        base = name.split("~", 1)[0]
+        base = name.split("@", 1)[0]
         parsed = layout.parse_claim(base)
         if parsed is not None and parsed[0] == part:
             out.setdefault(parsed[1], []).append((info.modified, name))
@@ -156,7 +156,7 @@ def claim_part(remote: "RemoteStore", generation: int, part: int, nparts: int, *
     if conditional_puts(remote):
         won = remote.client.put_new(key, body)
     else:
-        mine = f"{key}~{secrets.token_hex(8)}"
+        mine = f"{key}@{secrets.token_hex(8)}"
         remote.client.put(mine, body)
         time.sleep(SETTLE_SECONDS)  # a claimant that wrote at the same time is listed by now
         first = min(_claims(remote, generation, part, nparts).get(attempt, []), default=None)
@@ -366,6 +366,8 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
     tmp_schema = staging / f".{shard}.schema.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     schema_file = fs.file(SCHEMA)
     widths = [0]
+    convert: list[bool] = [False]  # the area's columns hold another structure: this part's go to records
+    tmp_cols: dict[str, Path] = {}
 
     def place(name: str) -> tuple[Path, int, bool]:
         if name == "index.bin":
@@ -375,6 +377,9 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
         if name == SCHEMA:
             return tmp_schema, 0, True
         if name.startswith("col-") and name.endswith(".bin") and name[4:-4].isdigit():
+            if convert[0]:
+                tmp_cols[name] = staging / f".{shard}.{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+                return tmp_cols[name], 0, True
             return staging / name, pm.set.start * widths[int(name[4:-4])], False
         raise RemoteManifestError(f"part {pm.part} of generation {pm.generation} on {remote.path} holds a file "
                                   f"{name!r} a part does not have")
@@ -385,7 +390,7 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
         schema = codec.treedef_from_json(json.loads(safefs.read_bytes(tmp_schema)))
         check_treedef(schema, local.allow_pickle, f"part {pm.part} of generation {pm.generation}")
         widths = codec.row_bytes(codec.leaf_specs(schema))
-        _claim_schema(staging, tmp_schema)
+        convert[0] = not _claim_schema(staging, tmp_schema)
         rest = tuple(f for f in fs.files if f.name != SCHEMA)
         fs = type(fs)(fs.name, fs.start, fs.stop, fs.objects, rest)
     try:
@@ -395,6 +400,9 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
                 raise RemoteManifestError(f"part {pm.part} of generation {pm.generation} holds {f.name!r} beyond "
                                           "its schema's columns")
         download_set(remote, pm.generation, fs, staging, place)
+        if convert[0]:
+            _columns_to_records(staging, shard, tmp_index, tmp_cols, schema, pm)
+            widths = []
         _verify_part(staging, shard, tmp_index, pm, widths, local.allow_pickle)
         os.rename(tmp_index, staging / f"{shard}.idx")
         safefs.fsync_dir(staging)
@@ -403,20 +411,64 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
             if os.path.lexists(path):
                 safefs.unlink_name(path)
         raise
+    finally:
+        for path in tmp_cols.values():
+            if os.path.lexists(path):
+                safefs.unlink_name(path)
 
 
-def _claim_schema(staging: Path, tmp: Path) -> None:
-    """Make `tmp` the area's schema (a link: the first writer wins), or check it equals the one there."""
+def _claim_schema(staging: Path, tmp: Path) -> bool:
+    """Make `tmp` the area's schema (a link: the first writer wins); whether the area's schema is the same
+    structure (``False``: another node's first sample claimed another one, as a shard's can)."""
     try:
         os.link(tmp, staging / SCHEMA)
+        return True
     except FileExistsError:
-        if safefs.read_bytes(staging / SCHEMA) != safefs.read_bytes(tmp):
-            mine = codec.treedef_from_json(json.loads(safefs.read_bytes(tmp)))
-            theirs = codec.treedef_from_json(json.loads(safefs.read_bytes(staging / SCHEMA)))
-            if mine != theirs:
-                raise CacheStoreError(f"a fetched part's samples have another structure than those of {staging}")
+        if safefs.read_bytes(staging / SCHEMA) == safefs.read_bytes(tmp):
+            return True
+        mine = codec.treedef_from_json(json.loads(safefs.read_bytes(tmp)))
+        return bool(mine == codec.treedef_from_json(json.loads(safefs.read_bytes(staging / SCHEMA))))
     finally:
         safefs.unlink_name(tmp)
+
+
+def _columns_to_records(staging: Path, shard: str, index_path: Path, cols: dict[str, Path], schema: Any,
+                        pm: PartManifest) -> None:
+    """Make the part's column samples records of its shard (each verified first), for an area whose
+    columns hold another structure; the index is rewritten to match."""
+    where = f"part {pm.part} of generation {pm.generation}"
+    rows = np.frombuffer(safefs.read_bytes(index_path), dtype=INDEX_DTYPE).copy()
+    if len(rows) != pm.set.stop - pm.set.start:
+        raise RemoteManifestError(f"{where}: its index does not hold one row per sample")
+    specs = codec.leaf_specs(schema)
+    widths = codec.row_bytes(specs)
+    in_cols = np.flatnonzero(rows["shard"] == COLUMN)
+    held = int(in_cols[-1]) + 1 if in_cols.size else 0  # a part's columns end at its last column sample
+    maps = []
+    for k, w in enumerate(widths):
+        path = cols.get(col_name(k))
+        size = os.path.getsize(path) if path is not None else 0
+        if w and held and (path is None or size < held * w):
+            raise RemoteManifestError(f"{where}: {col_name(k)} is missing or too short")
+        maps.append(np.memmap(path, dtype=np.uint8, mode="r", shape=(held, w)) if w and held and path is not None
+                    else np.zeros((held, 0), dtype=np.uint8))
+    fd = safefs.open_nofollow(staging / f"{shard}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        pos = os.fstat(fd).st_size
+        for j in np.flatnonzero(rows["shard"] == COLUMN).tolist():
+            leaves = [np.frombuffer(m[j].tobytes(), dtype=dtype).reshape(shape) for m, (dtype, shape) in zip(maps, specs)]
+            if checksum(leaves) != int(rows[j]["checksum"]):
+                raise CorruptPart(f"{where}: sample {int(rows[j]['index'])} fails its checksum")
+            rec = codec.encode_record(schema, leaves)
+            os.write(fd, rec)
+            rows[j]["shard"], rows[j]["offset"], rows[j]["length"] = 0, pos, len(rec)
+            rows[j]["checksum"] = xxhash.xxh3_64_intdigest(rec)
+            pos += len(rec)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    safefs.unlink_name(index_path)
+    safefs.write_new(index_path, rows.tobytes())
 
 
 def _verify_part(staging: Path, shard: str, index_path: Path, pm: PartManifest, widths: list[int],
@@ -476,7 +528,7 @@ def remote_generations(remote: "RemoteStore") -> list[RemoteGeneration]:
         published, claimed = seen.setdefault((g, nparts), (set(), set()))
         if name.startswith("part-") and name.endswith(".json") and name[5:-5].isdigit():
             published.add(int(name[5:-5]))
-        elif (c := layout.parse_claim(name.split("~", 1)[0])) is not None:
+        elif (c := layout.parse_claim(name.split("@", 1)[0])) is not None:
             claimed.add(c[0])
     for (g, nparts), (published, claimed) in sorted(seen.items()):
         if g not in out:

@@ -58,6 +58,9 @@ class _Set:
     segments: list[FileEntry | None]  # by the rows' shard number
     columns: list[FileEntry]
     base: int  # the sample of a column's first row
+    schema: TreeDef | None = None  # of the samples in its columns (parts computed apart may differ)
+    specs: tuple[LeafSpec, ...] = ()
+    widths: tuple[int, ...] = ()
 
 
 class RemoteGeneration(GenerationData):
@@ -72,8 +75,6 @@ class RemoteGeneration(GenerationData):
         self.allow_pickle = allow_pickle
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self.schema: TreeDef | None = None
-        self.specs: list[LeafSpec] = []
         self.sets: list[_Set] = []
         self.lease: ReaderLease | None = None
         for k, fs in enumerate(m.sets):
@@ -82,15 +83,17 @@ class RemoteGeneration(GenerationData):
             self.sets.append(self._open_set(k, fs, m.layout == "whole"))
         self._starts = np.array([s.start for s in self.sets], dtype=np.int64)
         self._fixed: BatchLayout | None = self._layout()
+        self.specs: list[LeafSpec] = self._fixed[1] if self._fixed is not None else []
         self._widths = codec.row_bytes(self.specs)
         self.lease = ReaderLease(remote, generation)
 
     # opening --------------------------------------------------------------------
     def _layout(self) -> BatchLayout | None:
-        """The batch layout when every sample of every set is in the columns, else ``None``."""
-        if self.schema is None or not all(bool(np.all(s.rows["shard"] == COLUMN)) for s in self.sets):
+        """The batch layout when every sample of every set is in columns of one schema, else ``None``."""
+        first = self.sets[0].schema
+        if first is None or not all(s.schema == first and bool(np.all(s.rows["shard"] == COLUMN)) for s in self.sets):
             return None
-        return (self.schema, self.specs)
+        return (first, list(self.sets[0].specs))
 
     def _small(self, k: int, fs: FileSet, name: str) -> bytes | None:
         f = fs.file(name)
@@ -121,8 +124,8 @@ class RemoteGeneration(GenerationData):
             raise RemoteManifestError(f"{self.where}: the index of {fs.name} does not list samples "
                                       f"{fs.start}..{fs.stop - 1} in order")
         schema_raw = self._small(k, fs, "schema.json")
-        if schema_raw is not None:
-            self._take_schema(schema_raw, fs)
+        schema = self._parse_schema(schema_raw, fs) if schema_raw is not None else None
+        specs = codec.leaf_specs(schema) if schema is not None else []
         if whole:
             names = json.loads(self._small(k, fs, "shards.json") or b"[]")
             if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
@@ -131,26 +134,27 @@ class RemoteGeneration(GenerationData):
         else:
             segments = [fs.file("records.seg")]
         columns = []
-        in_cols = bool(np.any(rows["shard"] == COLUMN))
-        if in_cols and self.schema is None:
+        col_rows = np.flatnonzero(rows["shard"] == COLUMN)
+        in_cols = bool(col_rows.size)
+        held = int(col_rows[-1]) + 1 if in_cols else 0  # a column holds rows up to its last column sample
+        if in_cols and schema is None:
             raise RemoteManifestError(f"{self.where}: {fs.name} has samples in columns but no schema")
-        for j, width in enumerate(codec.row_bytes(self.specs) if in_cols else []):
+        for j, width in enumerate(codec.row_bytes(specs) if in_cols else []):
             col = fs.file(f"col-{j}.bin")
-            if col is None or col.size < (fs.stop - (0 if whole else fs.start)) * width:
+            if col is None or col.size < (held + (fs.start if whole else 0)) * width:
                 raise RemoteManifestError(f"{self.where}: col-{j}.bin of {fs.name} is missing or too short")
             columns.append(col)
         self._check_rows(rows, segments, fs)
-        return _Set(fs, fs.start, rows, segments, columns, 0 if whole else fs.start)
+        return _Set(fs, fs.start, rows, segments, columns, 0 if whole else fs.start, schema, tuple(specs),
+                    tuple(codec.row_bytes(specs)))
 
-    def _take_schema(self, raw: bytes, fs: FileSet) -> None:
+    def _parse_schema(self, raw: bytes, fs: FileSet) -> TreeDef:
         try:
             schema = codec.treedef_from_json(json.loads(raw))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             raise RemoteManifestError(f"{self.where}: the schema of {fs.name} is invalid ({exc})") from None
         check_treedef(schema, self.allow_pickle, self.where)
-        if self.schema is not None and schema != self.schema:
-            raise RemoteManifestError(f"{self.where}: the parts disagree on the samples' structure")
-        self.schema, self.specs = schema, codec.leaf_specs(schema)
+        return schema
 
     def _check_rows(self, rows: Any, segments: list[FileEntry | None], fs: FileSet) -> None:
         """Every record row lies inside a segment that is there (column rows were checked by their files)."""
@@ -225,29 +229,28 @@ class RemoteGeneration(GenerationData):
     def _samples(self, idx: npt.NDArray[np.int64]) -> list[Sample]:
         """Samples `idx` (checked), each with one read for its record or its columns' rows."""
         wants: list[Want] = []
-        kinds = []
+        kinds: list[tuple[int, Any, _Set | None]] = []
         for i in idx.tolist():
             st = self._set_of(i)
             row = st.rows[i - st.start]
             s = self.sets.index(st)
             if int(row["shard"]) == COLUMN:
-                kinds.append((i, row, len(st.columns)))
-                wants += [(s, col, (i - st.base) * w, w) for col, w in zip(st.columns, self._widths)]
+                kinds.append((i, row, st))
+                wants += [(s, col, (i - st.base) * w, w) for col, w in zip(st.columns, st.widths)]
             else:
                 seg = st.segments[int(row["shard"])]
                 assert seg is not None  # checked at open: a record row names a segment that is there
-                kinds.append((i, row, -1))
+                kinds.append((i, row, None))
                 wants.append((s, seg, int(row["offset"]), int(row["length"])))
         got = iter(self._fetch(wants))
         out = []
-        for i, row, ncols in kinds:
-            if ncols >= 0:
-                assert self.schema is not None
+        for i, row, in_set in kinds:
+            if in_set is not None and in_set.schema is not None:
                 leaves = [np.frombuffer(next(got), dtype=dtype).reshape(shape).copy()
-                          for dtype, shape in self.specs]
+                          for dtype, shape in in_set.specs]
                 if self.verify and checksum(leaves) != row["checksum"]:
                     raise self.corrupt(i, "checksum mismatch")
-                out.append(codec.unflatten(self.schema, leaves))
+                out.append(codec.unflatten(in_set.schema, leaves))
                 continue
             rec = next(got)
             if self.verify and xxhash.xxh3_64_intdigest(rec) != int(row["checksum"]):
