@@ -195,6 +195,19 @@ SIZES["full"].update(sweep={"n": 600, "repeats": 2}, torchrun={"n": 800, "repeat
 SIZES["quick"].update(sweep={"n": 200, "repeats": 1}, torchrun={"n": 400, "repeats": 1})
 RUNNERS.update(sweep=_sweep, torchrun=_torchrun)
 
+def _remote(results: dict, sizes: dict) -> None:
+    from .remote import remote_scenario
+
+    results["remote"] = remote_scenario(log=_log, **sizes["remote"])
+
+
+# The remote tier against a local SeaweedFS (benchmarks/remote.py): publish, fetch and direct reads vs
+# the client's raw requests; about a minute of a full run.
+SCENARIOS += ["remote"]
+SIZES["full"].update(remote={"mb": 256, "repeats": 3})
+SIZES["quick"].update(remote={"mb": 96, "repeats": 1})
+RUNNERS.update(remote=_remote)
+
 _T0 = [time.perf_counter()]  # reset by main()
 
 

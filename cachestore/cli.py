@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TypeAlias
 
-from . import __version__, safefs
+from . import __version__, cli_remote, safefs
 from .backends.base import GenerationInfo
 from .backends.directory import META_NAME
 from .disk import format_size, parse_size, remove_paths
@@ -53,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if cli_remote.handles(args):  # push, pull, or a remote URL (s3://, file://): cachestore/cli_remote.py
+        return cli_remote.run(args)
     try:
         roots, is_parent = find_stores(args.path)
     except NotAStoreError as exc:
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="also remove partial generations of this store's dataset (kept by an interrupted "
                             "run for the next one to complete); those of another dataset always go")
     prune.set_defaults(run=_prune)
+    cli_remote.add_commands(commands)
     return parser
 
 

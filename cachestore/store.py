@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, TypeAlias
+from typing import Callable, TypeAlias, cast
 
 import xxhash
 
@@ -31,6 +32,9 @@ FORMAT_VERSION = 2
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10
+#: What opens an ``s3://`` or ``file://`` URL: the remote tier, imported by name on first use (it sits
+#: above the store, and needs the ``remote`` extra), as the backend registry imports backends.
+REMOTE_OPENER = "cachestore.remote:open_remote"
 #: What identifies the producer of a store's samples (the loader's dataset fingerprint): JSON values.
 Fingerprint: TypeAlias = dict[str, object]
 
@@ -395,6 +399,14 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
     Returns
     -------
     Store
+        For an ``s3://`` or ``file://`` URL, a read-only :class:`cachestore.remote.RemoteStore`
+        (``reader()`` reads straight from the remote; endpoint and credentials from the
+        ``AWS_*`` environment variables; needs the ``remote`` extra).
     """
+    if isinstance(path, str) and path.split("://", 1)[0] in ("s3", "file") and "://" in path:
+        module, _, attr = REMOTE_OPENER.partition(":")
+        opener = getattr(importlib.import_module(module), attr)
+        return cast(Store, opener(path, fingerprint=fingerprint, backend=backend or "memmap",
+                                  allow_pickle=allow_pickle, verify=verify))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
                  readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify)

@@ -199,6 +199,22 @@ class GenerationWriter:
         self._lease.release()
         return info
 
+    def install(self) -> GenerationInfo:
+        """Publish the staging area as it is: it already holds a committed generation's files, verified
+        (a generation fetched from a remote, :mod:`cachestore.remote.fetch`), so nothing is merged."""
+        self._check_open()
+        try:
+            if self._shard is not None:
+                raise CacheStoreError("a generation that was written into cannot be installed; commit it")
+            info = self.backend.install(self.token)
+        except BaseException:
+            self.abort()
+            raise
+        self.state = "committed"
+        self._finalizer.detach()
+        self._lease.release()
+        return info
+
     def abort(self) -> None:
         """Discard everything written (idempotent)."""
         self._end("aborted", self.backend.discard)

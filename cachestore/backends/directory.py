@@ -255,6 +255,25 @@ class DirectoryBackend(Backend):
             raw_bytes=summary.get("raw_bytes", 0), stored_bytes=summary.get("stored_bytes", 0), extra=extra,
         )
 
+    def install(self, token: StagingToken) -> GenerationInfo:
+        # The files came whole with their manifest (cachestore/remote/fetch.py checked them): the
+        # commit's last steps only, so the generation appears whole or not at all.
+        staging = Path(token.path)
+        final = self.path / gen_dirname(token.generation)
+        if os.path.lexists(final):
+            raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+        safefs.require_real_dir(staging, "staging area")
+        _, damage = check_generation(staging, token.generation, self._check_files)
+        if damage is not None:
+            raise self._damaged(token.generation, damage)
+        fsync_dir(staging)
+        os.rename(staging, final)
+        fsync_dir(self.path)
+        info = self._generation_info(final)
+        if info is None:
+            raise GenerationNotFoundError(f"generation {token.generation} of {self.path} vanished as it was installed")
+        return info
+
     def discard(self, token: StagingToken) -> None:
         remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
