@@ -10,7 +10,7 @@ from typing import Callable, TypeAlias
 
 import xxhash
 
-from . import safefs
+from . import untrusted
 from .backends import get_backend
 from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
 from .budget import Budget
@@ -37,9 +37,10 @@ Fingerprint: TypeAlias = dict[str, object]
 
 def _read_existing_backend(path: str) -> str | None:
     try:
-        backend = safefs.read_json(Path(path) / "store.json").get("backend")
-    except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
+        meta = untrusted.parse_store_meta(untrusted.read_document(Path(path) / "store.json"), path)
+    except (OSError, ValueError):  # a symlinked or malformed store.json is refused by read_meta
         return None
+    backend = meta.get("backend")
     return backend if isinstance(backend, str) else None
 
 
@@ -81,8 +82,8 @@ class Store:
                     "fingerprint": fingerprint, "producer": producer, "created": time.time()}
             self.backend.write_meta(meta)
         else:
-            stored_format = meta.get("format", 0)
-            if isinstance(stored_format, (int, float)) and stored_format > FORMAT_VERSION:
+            stored_format = meta.get("format", 0)  # an int (untrusted.parse_store_meta)
+            if isinstance(stored_format, int) and stored_format > FORMAT_VERSION:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
             stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)

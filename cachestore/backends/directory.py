@@ -64,11 +64,12 @@ from typing import Collection
 import numpy as np
 import numpy.typing as npt
 
-from .. import safefs
+from .. import safefs, untrusted
 from ..budget import Budget
 from ..claims import CLAIMS_NAME, DONE_NAME, done_map
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
-from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
+from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError,
+                      MalformedFileError)
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from ..scratch import dead_windows, pid_alive
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
@@ -81,12 +82,27 @@ from .staging import (MEMBERS_SUFFIX, SHARED_PREFIX, STAGING_META, has_members, 
 log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
+#: The bytes a ``store.json`` may take (a fingerprint and a producer's description).
+META_BYTES = 1 << 20
 GEN_PREFIX = "gen-"
 
 
 def gen_dirname(generation: int) -> str:
     """The directory name of committed generation `generation` (``gen-000003``)."""
     return f"{GEN_PREFIX}{generation:06d}"
+
+
+def parse_gen_dirname(name: str) -> int | None:
+    """The generation a directory name names, ``None`` when it is no name :func:`gen_dirname` makes.
+
+    Only that exact spelling: ``gen-٠`` (a Unicode digit) or ``gen-0`` is nobody's generation,
+    and is left alone; read as generation 0, a prune took it for a damaged generation 0 and
+    removed the sound ``gen-000000`` in its place.
+    """
+    if not name.startswith(GEN_PREFIX):
+        return None
+    generation = untrusted.decimal(name[len(GEN_PREFIX):])
+    return generation if generation is not None and gen_dirname(generation) == name else None
 
 
 class DirectoryBackend(Backend):
@@ -98,14 +114,14 @@ class DirectoryBackend(Backend):
 
     # metadata -----------------------------------------------------------
     def read_meta(self) -> StoreMeta | None:
+        path = self.path / META_NAME
         try:
-            meta: StoreMeta = safefs.read_json(self.path / META_NAME, "the store metadata")
-            return meta
+            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES),
+                                              str(path))
         except FileNotFoundError:
             return None
-        except ValueError as exc:
-            raise CacheStoreError(f"{self.path / META_NAME} is unreadable ({exc}); "
-                                  "the store metadata is damaged") from exc
+        except MalformedFileError as exc:
+            raise MalformedFileError(f"{exc}; the store metadata is damaged") from None
 
     def write_meta(self, meta: StoreMeta) -> None:
         try:
@@ -122,7 +138,7 @@ class DirectoryBackend(Backend):
         if not self.path.is_dir():
             return infos
         for entry in sorted(self.path.iterdir()):
-            if entry.name.startswith(GEN_PREFIX) and entry.name[len(GEN_PREFIX):].isdigit():
+            if parse_gen_dirname(entry.name) is not None:
                 info = self._generation_info(entry)
                 if info is not None:
                     infos.append(info)
@@ -148,8 +164,11 @@ class DirectoryBackend(Backend):
         return infos
 
     def _generation_info(self, gen_dir: Path) -> GenerationInfo | None:
-        """What listing shows of `gen_dir`; ``None`` when it vanished (pruned) while we looked."""
-        generation = int(gen_dir.name[len(GEN_PREFIX):])
+        """What listing shows of `gen_dir` (a name :func:`parse_gen_dirname` reads); ``None`` when it
+        vanished (pruned) while we looked."""
+        generation = parse_gen_dirname(gen_dir.name)
+        if generation is None:
+            return None
         try:
             manifest, damage = check_generation(gen_dir, generation, self._check_files)
             st = gen_dir.lstat()
@@ -344,7 +363,7 @@ class DirectoryBackend(Backend):
             raise self._damaged(generation, damage)
         try:
             return self._open(gen_dir, manifest)
-        except CorruptSampleError as exc:  # what only opening finds (an LMDB record count)
+        except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
             raise self._damaged(generation, str(exc)) from exc
 
     def remove_generation(self, generation: int) -> int:
