@@ -73,6 +73,56 @@ class Opaque:
         return f"Opaque({self.value!r})"
 
 
+def touch(path: str) -> str:
+    """Create the file `path`: what unpickling a :class:`Planted` runs."""
+    Path(path).write_text("the writer's code ran in the reader")
+    return path
+
+
+class Planted:
+    """An object whose unpickling runs code (writes the file `marker`): a store's writer planting
+    it, with ``allow_pickle=True``, gets that code run in any reader that unpickles the sample."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (touch, (self.marker,))
+
+
+def planted_sample(marker: str, index: int) -> dict:
+    """A sample with a :class:`Planted` leaf (records layout: a pickled leaf is not stackable)."""
+    return {"x": np.full(3, index, dtype=np.float32), "y": index, "planted": Planted(marker)}
+
+
+def reseal(gen_dir: str | os.PathLike) -> None:
+    """After editing files of a committed generation, record their new sizes and the manifest's new
+    checksum, as someone who meant to would: only what the store checks beyond that can refuse it."""
+    import json
+
+    from cachestore.backends.manifest import manifest_checksum
+
+    gen_dir = Path(gen_dir)
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    if "files" in manifest:
+        manifest["files"] = {name: (gen_dir / name).lstat().st_size for name in manifest["files"]}
+    manifest.pop("checksum", None)
+    manifest["checksum"] = manifest_checksum(manifest)
+    (gen_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def as_older_store(gen_dir: str | os.PathLike) -> None:
+    """Make a committed generation's manifest look written before manifests recorded file sizes,
+    the schema and their own checksum (what an older cachestore's commit left)."""
+    import json
+
+    gen_dir = Path(gen_dir)
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    for key in ("files", "checksum") if "lmdb_layout" in manifest else ("files", "checksum", "schema"):
+        manifest.pop(key, None)  # (an LMDB layout has always recorded its schema)
+    (gen_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
 # --------------------------------------------------------------------- comparisons
 
 
