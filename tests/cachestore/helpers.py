@@ -298,3 +298,49 @@ def read_everything(path: str, backend: str, conn: Any) -> None:
         report["open"] = str(exc)
     report["verify"] = [str(exc) for exc in store.verify()]
     conn.send(report)
+
+
+def read_truncated(path: str, victim: str, read: str, gather: str, conn: Any) -> None:
+    """Open the newest generation of `path`, read from it, cut its file `victim` to a quarter under
+    the open reader, then `read` again (``batch``, ``sample``, ``verify``, ``rows``); report
+    ``(error type, message)`` or ``("returned", "")``. A SIGBUS kills this process instead."""
+    from cachestore import native as native_module
+
+    if gather == "python":
+        native_module.NATIVE = None
+    store = open_store(path, readonly=True)
+    reader = store.reader()
+    n = len(reader)
+    reader.get_batch(list(range(n)))  # mapped, and paged in
+    file = Path(store.reader().data.where) / victim if victim != "*.seg" else \
+        next(Path(reader.data.where).glob("*.seg"))
+    os.truncate(file, file.stat().st_size // 4)
+    calls = {"batch": lambda: reader.get_batch(list(range(n))[::-1]), "sample": lambda: reader[n - 1],
+             "verify": lambda: reader.verify(),
+             "rows": lambda: reader.read_rows(np.arange(n - 4, n), [np.empty((4, *shape), dtype)
+                                                                   for dtype, shape in reader.batch_layout()[1]])}
+    try:
+        result = calls[read]()
+        if read == "verify":
+            conn.send(("verify", "; ".join(str(e) for e in result)))
+        else:
+            conn.send(("returned", ""))
+    except Exception as exc:  # reported to the parent
+        conn.send((type(exc).__name__, str(exc)))
+    conn.close()
+
+
+def fault_unguarded(path: str, conn: Any) -> None:
+    """Read through the compiled gather once (its SIGBUS guard installed), cut the file, then touch
+    the mapping outside any guard: the process must die of SIGBUS as it would without the guard."""
+    from cachestore import native as native_module
+
+    gather = native_module.NATIVE
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    rows = data.reshape(-1, 4096)
+    sums = np.empty(len(rows), dtype=np.uint64)
+    assert gather is not None and gather.row_checksums((rows,), (4096,), len(rows), sums)
+    os.truncate(path, 4096)
+    assert not gather.row_checksums((rows,), (4096,), len(rows), sums), "the guard reports the fault"
+    conn.send("guarded fault reported")
+    conn.send(int(rows[-1].sum()))  # unguarded: SIGBUS
