@@ -16,7 +16,7 @@ from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
 from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
-                     NotAStoreError, StoreLockedError)
+                     MalformedFileError, NotAStoreError, StoreLockedError)
 from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
 from .pruning import Removed, prune_store
 from .reader import Reader
@@ -68,7 +68,14 @@ class Store:
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
         self.spec = StoreSpec(self.path, backend, compression, allow_pickle, verify)
-        self.backend: Backend = self.spec.open_backend()
+        try:
+            self.backend: Backend = self.spec.open_backend()
+        except ValueError as exc:  # an unknown name
+            if backend != existing:
+                raise
+            raise MalformedFileError(f"{Path(self.path) / 'store.json'} names backend {backend!r}: {exc} "
+                                     "(a store of a newer cachestore, or of a backend registered elsewhere "
+                                     "with register_backend?)") from None
         self.backend_name = backend
         self.compression = compression
         self._lock = WriterLock(self.path) if self.backend.persistent else None

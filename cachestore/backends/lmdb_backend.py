@@ -377,6 +377,11 @@ class LmdbBackend(DirectoryBackend):
     def open_staging(self, token: StagingToken) -> StagingData:
         return LmdbStaging(Path(token.path), self.verify, self.allow_pickle)
 
+    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
+        data = gen_dir / "data.mdb"
+        kind = safefs.describe_entry(data)
+        return None if kind == "a file" else f"{data} is {kind}"
+
 
 class LmdbStaging(StagingData):
     """Samples of an LMDB staging area, read through this process's environment of it."""
@@ -423,8 +428,3 @@ class LmdbStaging(StagingData):
         if self._env is not None and self._pid == os.getpid():
             release_env(self._key, self._pid)
         self._env = None
-
-    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
-        data = gen_dir / "data.mdb"
-        kind = safefs.describe_entry(data)
-        return None if kind == "a file" else f"{data} is {kind}"

@@ -128,7 +128,7 @@ class MemmapBackend(DirectoryBackend):
         n = manifest["num_samples"]
         try:
             check_index(gen_dir / "index.npy", n)
-            read_shard_ids(gen_dir)
+            shard_ids = read_shard_ids(gen_dir)
             schema = generation_schema(gen_dir, manifest)
         except FileNotFoundError as exc:
             return f"{exc.filename} is missing"
@@ -144,4 +144,9 @@ class MemmapBackend(DirectoryBackend):
                 return f"{col} is {'missing' if st is None else safefs.describe_entry(col)}"
             if st.st_size < needed:
                 return f"{col} is truncated: {st.st_size} bytes, {n} samples need {needed}"
+        for shard_id in shard_ids:  # (a manifest with no "files" list, of an older store, did not say)
+            seg = gen_dir / f"{shard_id}.seg"
+            st = safefs.lstat_or_none(seg)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                return f"{seg} is {safefs.describe_entry(seg)}"
         return None
