@@ -40,9 +40,8 @@ adds the backend's checks (``_check_files``, LMDB's record count). Damaged
 generations are listed with ``committed=False``, pruned whatever ``keep``
 says, and replaced by the next writer of their id.
 
-Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
-of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
-not create is never touched, and a symlink among the debris is unlinked, never
+Debris is recognised by name only (:mod:`.debris`): a file the store did not
+create is never touched, and a symlink among the debris is unlinked, never
 followed. No other store-owned name is followed either (:mod:`..safefs`):
 ``store.json`` and manifests are read with ``O_NOFOLLOW``, temp files are
 created with ``O_EXCL | O_NOFOLLOW``, a staging area must be a real directory
@@ -71,13 +70,13 @@ from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError,
                       MalformedFileError)
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
-from ..scratch import dead_windows, pid_alive
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
+from .debris import find_debris
 from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
-from .staging import (MEMBERS_SUFFIX, SHARED_PREFIX, STAGING_META, has_members, mark_committing, matches,
-                      members_path, parse_shared, parse_staging, staging_dirname, staging_record, tmp_owner)
+from .staging import (STAGING_META, has_members, mark_committing, matches, members_path, parse_shared,
+                      parse_staging, staging_dirname, staging_record)
 
 log = logging.getLogger(__name__)
 
@@ -380,43 +379,7 @@ class DirectoryBackend(Backend):
 
     def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
-        found: list[tuple[str, int]] = []
-        if not self.path.is_dir():
-            return found
-        for entry in self.path.iterdir():
-            if entry.name.startswith(SHARED_PREFIX):
-                found += self._shared_debris(entry, keep_record)
-                continue
-            parsed = parse_staging(entry.name)
-            if parsed is not None and parsed[1] != keep_pid and str(entry) not in keep_paths:
-                if keep_record is not None and safefs.is_real_dir(entry) and matches(
-                        staging_record(entry), keep_record):
-                    continue  # a partial generation of this producer: the next writer adopts it
-                found.append((str(entry), allocated_bytes(entry)))
-            elif (tmp := TEMP_NAME.match(entry.name)) and not pid_alive(int(tmp.group(1))):
-                # a live pid may be between writing and renaming its temp file
-                found.append((str(entry), allocated_bytes(entry)))
-        found += dead_windows(self.path)
-        return sorted(found)
-
-    def _shared_debris(self, entry: Path, keep_record: ProducerRecord | None) -> list[tuple[str, int]]:
-        """`entry` (a name of the shared namespace) when it is debris: an area (or its lock file) nobody is a
-        member of, whose commit was cut short or whose producer is not `keep_record`; a dead creator's temp."""
-        owner = tmp_owner(entry.name)
-        if owner is not None:
-            return [] if pid_alive(owner) else [(str(entry), allocated_bytes(entry))]
-        area = entry.with_name(entry.name[:-len(MEMBERS_SUFFIX)]) if entry.name.endswith(MEMBERS_SUFFIX) else entry
-        if parse_shared(area.name) is None or has_members(area):
-            return []
-        if entry != area:  # a lock file: debris with its area, or alone
-            return [] if os.path.lexists(area) else [(str(entry), allocated_bytes(entry))]
-        record = staging_record(area) if safefs.is_real_dir(area) else None
-        if keep_record is not None and matches(record, keep_record):
-            return []  # a partial generation of this producer: the next process to write it joins it
-        out = [(str(area), allocated_bytes(area))]
-        if os.path.lexists(members_path(area)):
-            out.append((str(members_path(area)), allocated_bytes(members_path(area))))
-        return out
+        return find_debris(self.path, keep_pid, keep_record, keep_paths)
 
     def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
