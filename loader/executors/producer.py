@@ -118,8 +118,7 @@ def owned(batch: Batch) -> Batch:
 
     if all(own(leaf) for leaf in leaves):
         return batch
-    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves],
-                           allow_pickle=True)  # flattened just above
+    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves], allow_pickle=True)
 
 
 class BatchProducer:
