@@ -388,7 +388,10 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         Bytes (or ``"20GB"``) the whole store may take. ``None``: the free space
         of the file system minus a reserve (free RAM for ``memory``).
     allow_pickle
-        Store samples of unsupported types with pickle instead of refusing them.
+        Store samples of unsupported types with pickle instead of refusing them, and load such
+        samples when reading. Loading one runs code of whoever wrote the store: pass it only for
+        a store whose writer you trust (without it, reading one is :class:`PickleRefusedError`;
+        verifying checks it without loading it).
     readonly
         Never create or write; a missing store raises :class:`NotAStoreError`.
     fingerprint
