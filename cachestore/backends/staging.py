@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from .. import safefs
 from ..errors import CacheStoreError
-from ..untrusted import decimal
+from ..untrusted import decimal, read_document
 from .base import ProducerRecord
 
 STAGING_PREFIX = ".staging-"
@@ -54,8 +54,8 @@ def parse_staging(name: str) -> tuple[int, int] | None:
 def staging_record(staging: Path) -> ProducerRecord | None:
     """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
     try:
-        record = safefs.read_json(staging / STAGING_META)
-    except (OSError, ValueError):
+        record = read_document(staging / STAGING_META, "a staging record", 1 << 20)
+    except (OSError, ValueError):  # MalformedFileError among them: too large, too deep, not JSON
         return None
     return record if isinstance(record, dict) else None
 

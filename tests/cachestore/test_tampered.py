@@ -359,3 +359,18 @@ def test_a_record_with_a_malformed_structure_is_a_corrupt_sample(store_path, cap
     assert "sample 5" in capsys.readouterr().out
     reader.close()
     store.close()
+
+
+@pytest.mark.parametrize("record", ["[" * 100_000 + "]" * 100_000, "[1, 2]", "{\"fingerprint\": {\"a\": [[[]]]}}"],
+                         ids=["nested", "list", "foreign"])
+def test_a_staging_area_with_a_malformed_record_is_debris_not_a_crash(store_path, capsys, record):
+    store = open_store(store_path, "memmap", fingerprint={"dataset": "d"})
+    write_generation(store, 0, N)
+    staging = Path(store_path) / ".staging-000001-999999999-ab"  # of a pid that is not alive
+    staging.mkdir()
+    (staging / "staging.json").write_text(record)
+    assert [g.id for g in store.generations()] == [0, 1]
+    assert main(["inspect", store_path]) == 0
+    assert main(["prune", store_path]) == 0
+    assert not staging.exists() and _gen(store_path).exists()
+    store.close()
