@@ -52,6 +52,8 @@ MAX_LEAF_BYTES = 1 << 48
 #: Array dtype kinds a store holds (bool, ints, floats, complex, datetimes, fixed bytes and text);
 #: never objects (references, which the codec pickles instead) or records.
 DTYPE_KINDS = "biufcmMSU"
+#: What a tensor leaf holds: numbers in this machine's byte order (as torch hands them to numpy).
+TENSOR_KINDS = "biufc"
 _DIGITS = re.compile(r"[0-9]{1,18}", re.ASCII)
 #: The largest number a name of the store holds (generation ids, pids): 18 digits.
 MAX_DECIMAL = 10 ** 18 - 1
@@ -276,6 +278,8 @@ def _node(obj: object, where: str, depth: int, budget: list[int]) -> TreeDef:
         if tag == "t" and rest[0] == BFLOAT16:
             return (tag, BFLOAT16, parse_shape(rest[1], 2, where))
         dtype = parse_dtype(rest[0], where)
+        if tag == "t" and (dtype.kind not in TENSOR_KINDS or not dtype.isnative):
+            raise MalformedFileError(f"{where}: a tensor of dtype {rest[0]!r}, which no tensor has")
         return (tag, str(rest[0]), parse_shape(rest[1], dtype.itemsize, where))
     if tag == "g" and len(rest) == 1:
         parse_dtype(rest[0], where)

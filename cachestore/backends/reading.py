@@ -73,6 +73,8 @@ class GenerationData(ABC):
             return codec.unflatten(treedef, leaves, allow_pickle=self.allow_pickle)
         except PickleRefusedError:
             raise refused(self.where, self.generation, index) from None
+        except UnicodeDecodeError as exc:  # a str leaf whose (checked) bytes are not UTF-8
+            raise self.corrupt(index, f"a text leaf is not UTF-8 ({exc})") from None
 
     @abstractmethod
     def read(self, index: int, copy: bool = True) -> Sample:

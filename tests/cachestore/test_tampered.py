@@ -374,3 +374,16 @@ def test_a_staging_area_with_a_malformed_record_is_debris_not_a_crash(store_path
     assert main(["prune", store_path]) == 0
     assert not staging.exists() and _gen(store_path).exists()
     store.close()
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_a_text_leaf_that_is_not_utf8_is_a_corrupt_sample(store_path, backend):
+    store = open_store(store_path, backend)
+    write_generation(store, 0, N, variable_sample)
+    meta = json.dumps(["s", 2]).encode()
+    record = struct.pack("<4sIII", b"CSR1", 0, len(meta), 2) + meta + bytes(-len(meta) % 16) + b"\xff\xfe"
+    (_plant_memmap if backend == "memmap" else _plant_lmdb)(store_path, 3, record)
+    with store.reader(0) as reader:
+        with pytest.raises(CorruptSampleError, match="sample 3 of generation 0 .* not UTF-8"):
+            reader[3]
+    store.close()

@@ -153,3 +153,10 @@ def test_unflatten_loads_a_pickled_leaf_only_when_told():
     with pytest.raises(PickleRefusedError):
         codec.unflatten(treedef, leaves)
     assert codec.unflatten(treedef, leaves, allow_pickle=True) == {"o": Opaque(3)}
+
+
+@pytest.mark.parametrize("dtype", ["<U3", "<M8[s]", ">f4", "|S2"])
+def test_a_tensor_leaf_holds_numbers_only(dtype):
+    with pytest.raises(MalformedFileError, match="no tensor has"):
+        untrusted.parse_treedef(["t", dtype, [2]], "here")
+    assert untrusted.parse_treedef(["a", dtype, [2]], "here") == ("a", dtype, (2,))
