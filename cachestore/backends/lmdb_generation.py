@@ -30,13 +30,12 @@ from ..checksums import checksum
 from ..codec import Batch, Leaf, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, CorruptSampleError
-from .manifest import manifest_int
 from ..native import native_gather
 from ..room import fits
 from . import lmdb_columns
 from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices
-from .manifest import Manifest
+from .manifest import Manifest, manifest_int
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
