@@ -96,6 +96,13 @@ static __thread sigjmp_buf *guard_env;
 static int guards;
 static struct sigaction previous_bus;
 
+static volatile sig_atomic_t chaining, reentered;
+
+static void set_bus_action(const struct sigaction *action)
+{
+    sigaction(SIGBUS, action, NULL);
+}
+
 static void on_sigbus(int sig, siginfo_t *info, void *context)
 {
     if (__atomic_load_n(&guards, __ATOMIC_SEQ_CST) > 0 && guard_env != NULL) {
@@ -103,22 +110,36 @@ static void on_sigbus(int sig, siginfo_t *info, void *context)
         guard_env = NULL;
         siglongjmp(*env, 1);
     }
-    if (previous_bus.sa_flags & SA_SIGINFO) {
-        if (previous_bus.sa_sigaction != NULL) {
-            previous_bus.sa_sigaction(sig, info, context);
-            return;
-        }
-    } else if (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN) {
-        previous_bus.sa_handler(sig);
-        return;
-    }
-    /* The default action: returning re-runs the faulting access, which now kills the process
-     * as it would have without us (an ignored SIGBUS from a fault would loop forever). */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    sigaction(SIGBUS, &dfl, NULL);
+    if (chaining) {
+        /* Back here from the handler we chained to (faulthandler, enabled after us, raises the
+         * signal again to the handler it found, which is us): the default action ends it. */
+        reentered = 1;
+        set_bus_action(&dfl);
+        return;
+    }
+    int is_function = (previous_bus.sa_flags & SA_SIGINFO) ? previous_bus.sa_sigaction != NULL
+                      : (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN);
+    if (!is_function) {
+        /* The default action: returning re-runs the faulting access, which now kills the process
+         * as it would have without us (an ignored SIGBUS from a fault would loop forever). */
+        set_bus_action(&dfl);
+        return;
+    }
+    chaining = 1;
+    reentered = 0;
+    if (previous_bus.sa_flags & SA_SIGINFO)
+        previous_bus.sa_sigaction(sig, info, context);
+    else
+        previous_bus.sa_handler(sig);
+    chaining = 0;
+    /* It returned: it either made the access good (the re-run succeeds) or let it through, to
+     * whatever it leaves installed; we step out of the way, unless it came back to us. */
+    if (!reentered)
+        set_bus_action(&previous_bus);
 }
 
 /* Put on_sigbus first in line for SIGBUS, keeping whatever handled it before for faults that are

@@ -330,9 +330,13 @@ def read_truncated(path: str, victim: str, read: str, gather: str, conn: Any) ->
     conn.close()
 
 
-def fault_unguarded(path: str, conn: Any) -> None:
+def fault_unguarded(path: str, faulthandler_after: bool, conn: Any) -> None:
     """Read through the compiled gather once (its SIGBUS guard installed), cut the file, then touch
-    the mapping outside any guard: the process must die of SIGBUS as it would without the guard."""
+    the mapping outside any guard: the process must die of SIGBUS as it would without the guard
+    (`faulthandler_after`: with Python's faulthandler enabled after the guard, which then chains
+    to it and it back to the guard)."""
+    import faulthandler
+
     from cachestore import native as native_module
 
     gather = native_module.NATIVE
@@ -340,6 +344,8 @@ def fault_unguarded(path: str, conn: Any) -> None:
     rows = data.reshape(-1, 4096)
     sums = np.empty(len(rows), dtype=np.uint64)
     assert gather is not None and gather.row_checksums((rows,), (4096,), len(rows), sums)
+    if faulthandler_after:
+        faulthandler.enable()
     os.truncate(path, 4096)
     assert not gather.row_checksums((rows,), (4096,), len(rows), sums), "the guard reports the fault"
     conn.send("guarded fault reported")

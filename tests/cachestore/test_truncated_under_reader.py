@@ -55,11 +55,13 @@ def test_the_data_file_cut_under_an_lmdb_reader(store_path, children, read, make
     assert kind in ("CorruptSampleError", "verify") and "data.mdb" in message and "truncated" in message, message
 
 
-def test_the_guard_catches_only_its_own_faults(tmp_path, children, native):
-    # A SIGBUS outside the compiled gather still ends the process, as it did before the guard.
+@pytest.mark.parametrize("faulthandler_after", [False, True], ids=["alone", "faulthandler-after"])
+def test_the_guard_catches_only_its_own_faults(tmp_path, children, native, faulthandler_after):
+    # A SIGBUS outside the compiled gather still ends the process, as it did before the guard
+    # (and does not loop between the guard and a handler installed after it).
     path = tmp_path / "file"
     path.write_bytes(bytes(range(256)) * 16 * 64)
-    proc, conn = children(fault_unguarded, str(path))
+    proc, conn = children(fault_unguarded, str(path), faulthandler_after)
     assert recv(conn) == "guarded fault reported"
     proc.join(WAIT)
     assert proc.exitcode == -signal.SIGBUS
