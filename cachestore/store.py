@@ -11,13 +11,13 @@ from typing import Callable, TypeAlias, cast
 
 import xxhash
 
-from . import safefs
+from . import untrusted
 from .backends import get_backend
 from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
 from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
-                     NotAStoreError, StoreLockedError)
+                     MalformedFileError, NotAStoreError, StoreLockedError)
 from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
 from .pruning import Removed, prune_store
 from .reader import Reader
@@ -41,9 +41,10 @@ Fingerprint: TypeAlias = dict[str, object]
 
 def _read_existing_backend(path: str) -> str | None:
     try:
-        backend = safefs.read_json(Path(path) / "store.json").get("backend")
-    except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
+        meta = untrusted.parse_store_meta(untrusted.read_document(Path(path) / "store.json"), path)
+    except (OSError, ValueError):  # a symlinked or malformed store.json is refused by read_meta
         return None
+    backend = meta.get("backend")
     return backend if isinstance(backend, str) else None
 
 
@@ -71,7 +72,14 @@ class Store:
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
         self.spec = StoreSpec(self.path, backend, compression, allow_pickle, verify)
-        self.backend: Backend = self.spec.open_backend()
+        try:
+            self.backend: Backend = self.spec.open_backend()
+        except ValueError as exc:  # an unknown name
+            if backend != existing:
+                raise
+            raise MalformedFileError(f"{Path(self.path) / 'store.json'} names backend {backend!r}: {exc} "
+                                     "(a store of a newer cachestore, or of a backend registered elsewhere "
+                                     "with register_backend?)") from None
         self.backend_name = backend
         self.compression = compression
         self._lock = WriterLock(self.path) if self.backend.persistent else None
@@ -85,8 +93,8 @@ class Store:
                     "fingerprint": fingerprint, "producer": producer, "created": time.time()}
             self.backend.write_meta(meta)
         else:
-            stored_format = meta.get("format", 0)
-            if isinstance(stored_format, (int, float)) and stored_format > FORMAT_VERSION:
+            stored_format = meta.get("format", 0)  # an int (untrusted.parse_store_meta)
+            if isinstance(stored_format, int) and stored_format > FORMAT_VERSION:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
             stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)
@@ -385,7 +393,10 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         Bytes (or ``"20GB"``) the whole store may take. ``None``: the free space
         of the file system minus a reserve (free RAM for ``memory``).
     allow_pickle
-        Store samples of unsupported types with pickle instead of refusing them.
+        Store samples of unsupported types with pickle instead of refusing them, and load such
+        samples when reading. Loading one runs code of whoever wrote the store: pass it only for
+        a store whose writer you trust (without it, reading one is :class:`PickleRefusedError`;
+        verifying checks it without loading it).
     readonly
         Never create or write; a missing store raises :class:`NotAStoreError`.
     fingerprint

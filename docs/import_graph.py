@@ -42,7 +42,6 @@ ROOMS = [
     ("loader.resources", "loader (shared)"),
     ("loader", "loader (shared)"),
     ("loader.distributed", "loader (shared)"),
-    ("cachestore.cli_remote", "cachestore (cli)"),
     ("cachestore.cli", "cachestore (cli)"),
     ("cachestore.remote", "cachestore/remote"),
     ("cachestore.__main__", "cachestore (cli)"),

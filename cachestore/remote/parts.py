@@ -49,6 +49,8 @@ from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, read_
 from ..checksums import checksum, row_checksums
 from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
+from ..records import encode_record
+from ..untrusted import parse_json, parse_treedef
 from . import layout
 from .errors import ObjectNotFoundError, RemoteManifestError
 from .fetch import download_set, object_sizes
@@ -184,7 +186,7 @@ def part_sources(staging: Path, start: int, stop: int) -> list[Source]:
     chosen: list[Any] = [None] * n
     shard_of: list[str] = [""] * n
     schema_path = staging / SCHEMA
-    specs = codec.leaf_specs(codec.treedef_from_json(safefs.read_json(schema_path))) if schema_path.exists() else []
+    specs = codec.leaf_specs(parse_treedef(safefs.read_json(schema_path), str(schema_path))) if schema_path.exists() else []
     widths = codec.row_bytes(specs)
     slot_sums = _column_sums(staging, start, stop, widths, found)
     for rows, shard in found:
@@ -387,7 +389,7 @@ def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: P
     if schema_file is not None:  # the columns' widths decide where their slices go: read the schema first
         schema_fs = type(fs)(fs.name, fs.start, fs.stop, fs.objects, (schema_file,))
         download_set(remote, pm.generation, schema_fs, staging, place)
-        schema = codec.treedef_from_json(json.loads(safefs.read_bytes(tmp_schema)))
+        schema = parse_treedef(parse_json(safefs.read_bytes(tmp_schema), str(tmp_schema)), str(tmp_schema))
         check_treedef(schema, local.allow_pickle, f"part {pm.part} of generation {pm.generation}")
         widths = codec.row_bytes(codec.leaf_specs(schema))
         convert[0] = not _claim_schema(staging, tmp_schema)
@@ -426,8 +428,9 @@ def _claim_schema(staging: Path, tmp: Path) -> bool:
     except FileExistsError:
         if safefs.read_bytes(staging / SCHEMA) == safefs.read_bytes(tmp):
             return True
-        mine = codec.treedef_from_json(json.loads(safefs.read_bytes(tmp)))
-        return bool(mine == codec.treedef_from_json(json.loads(safefs.read_bytes(staging / SCHEMA))))
+        mine = parse_treedef(parse_json(safefs.read_bytes(tmp), str(tmp)), str(tmp))
+        return bool(mine == parse_treedef(parse_json(safefs.read_bytes(staging / SCHEMA), str(staging / SCHEMA)),
+                                       str(staging / SCHEMA)))
     finally:
         safefs.unlink_name(tmp)
 
@@ -459,7 +462,7 @@ def _columns_to_records(staging: Path, shard: str, index_path: Path, cols: dict[
             leaves = [np.frombuffer(m[j].tobytes(), dtype=dtype).reshape(shape) for m, (dtype, shape) in zip(maps, specs)]
             if checksum(leaves) != int(rows[j]["checksum"]):
                 raise CorruptPart(f"{where}: sample {int(rows[j]['index'])} fails its checksum")
-            rec = codec.encode_record(schema, leaves)
+            rec = encode_record(schema, leaves)
             os.write(fd, rec)
             rows[j]["shard"], rows[j]["offset"], rows[j]["length"] = 0, pos, len(rec)
             rows[j]["checksum"] = xxhash.xxh3_64_intdigest(rec)

@@ -35,6 +35,8 @@ from ..collate import stack_samples
 from ..errors import CorruptSampleError
 from ..reader import Reader
 from ..spec import StoreSpec
+from ..records import decode_record
+from ..untrusted import parse_json, parse_shard_ids, parse_treedef
 from . import layout
 from .errors import RemoteManifestError
 from .leases import ReaderLease
@@ -127,9 +129,8 @@ class RemoteGeneration(GenerationData):
         schema = self._parse_schema(schema_raw, fs) if schema_raw is not None else None
         specs = codec.leaf_specs(schema) if schema is not None else []
         if whole:
-            names = json.loads(self._small(k, fs, "shards.json") or b"[]")
-            if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-                raise RemoteManifestError(f"{self.where}: shards.json of {fs.name} is not a list of names")
+            where = f"{self.where}: shards.json of {fs.name}"
+            names = parse_shard_ids(parse_json(self._small(k, fs, "shards.json") or b"[]", where), where)
             segments = [fs.file(f"{name}.seg") for name in names]
         else:
             segments = [fs.file("records.seg")]
@@ -150,7 +151,7 @@ class RemoteGeneration(GenerationData):
 
     def _parse_schema(self, raw: bytes, fs: FileSet) -> TreeDef:
         try:
-            schema = codec.treedef_from_json(json.loads(raw))
+            schema = parse_treedef(parse_json(raw, f"{self.where}: schema of {fs.name}"), f"{self.where}: schema of {fs.name}")
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             raise RemoteManifestError(f"{self.where}: the schema of {fs.name} is invalid ({exc})") from None
         check_treedef(schema, self.allow_pickle, self.where)
@@ -250,17 +251,17 @@ class RemoteGeneration(GenerationData):
                           for dtype, shape in in_set.specs]
                 if self.verify and checksum(leaves) != row["checksum"]:
                     raise self.corrupt(i, "checksum mismatch")
-                out.append(codec.unflatten(in_set.schema, leaves))
+                out.append(codec.unflatten(in_set.schema, leaves, allow_pickle=self.allow_pickle))
                 continue
             rec = next(got)
             if self.verify and xxhash.xxh3_64_intdigest(rec) != int(row["checksum"]):
                 raise self.corrupt(i, "checksum mismatch")
             try:
-                treedef, leaves = codec.decode_record(rec, copy=True)
+                treedef, leaves = decode_record(rec, copy=True)
             except (CorruptSampleError, ValueError, TypeError, KeyError, IndexError) as exc:
                 raise self.corrupt(i, f"its record does not decode ({exc})") from None
             check_treedef(treedef, self.allow_pickle, f"sample {i} of {self.where}")
-            out.append(codec.unflatten(treedef, leaves))
+            out.append(codec.unflatten(treedef, leaves, allow_pickle=self.allow_pickle))
         return out
 
     def batch_layout(self) -> BatchLayout | None:

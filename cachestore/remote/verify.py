@@ -23,6 +23,8 @@ from ..backends.reading import GenerationData
 from ..checksums import checksum
 from ..codec import TreeDef
 from ..errors import CorruptSampleError
+from ..records import decode_record
+from ..untrusted import parse_treedef
 from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
@@ -86,7 +88,7 @@ def _load_index(path: Path, where: str) -> Any:
 
 def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, where: str) -> None:
     try:
-        schema = codec.treedef_from_json(safefs.read_json(gen_dir / SCHEMA))
+        schema = parse_treedef(safefs.read_json(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
     except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise CorruptSampleError(f"{where}: its schema is unreadable ({exc})") from None
     check_treedef(schema, allow_pickle, where)
@@ -133,7 +135,7 @@ def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str) -> Non
 def _check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str]) -> None:
     """A record's structure is valid (checked once per distinct structure)."""
     try:
-        treedef, _ = codec.decode_record(rec, copy=False)
+        treedef, _ = decode_record(rec, copy=False)
     except (CorruptSampleError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise CorruptSampleError(f"{where} does not decode ({exc})") from None
     text = json.dumps(codec.treedef_to_json(treedef))

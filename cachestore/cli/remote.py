@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from .disk import format_size
-from .errors import CacheStoreError
-from .remote.url import is_remote_url
+from ..disk import format_size
+from ..errors import CacheStoreError
+from ..remote.url import is_remote_url
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
@@ -63,23 +63,23 @@ def run(args: argparse.Namespace) -> int:
         status: int = command(args)
         return status
     except (CacheStoreError, OSError, ValueError) as exc:
-        from .remote.settings import redact
+        from ..remote.settings import redact
 
         print(f"cachestore: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_PROBLEMS
 
 
 def _open(url: str) -> Any:
-    from .remote import open_remote
+    from ..remote import open_remote
 
     return open_remote(url)
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .remote import open_remote
-    from .remote.client import Client
-    from .remote.layout import STORE_KEY
-    from .remote.settings import remote_settings
+    from ..remote import open_remote
+    from ..remote.client import Client
+    from ..remote.layout import STORE_KEY
+    from ..remote.settings import remote_settings
 
     settings = remote_settings(args.path)
     tail = str(settings.url).rstrip("/").rsplit("/", 1)[-1]
@@ -136,8 +136,8 @@ def _prune(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from .remote import open_remote
-    from .store import open_store
+    from ..remote import open_remote
+    from ..store import open_store
 
     local = open_store(args.path, readonly=True)
     remote = open_remote(args.url, local=local)
@@ -153,8 +153,8 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from .remote import open_remote
-    from .store import open_store
+    from ..remote import open_remote
+    from ..store import open_store
 
     remote = open_remote(args.path)
     meta = remote.doc()
