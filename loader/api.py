@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
@@ -18,6 +18,7 @@ from .attributes import LoaderAttributes
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
+from .errors import NotPicklableError
 from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
@@ -291,6 +292,17 @@ class CachedLoader(LoaderAttributes):
             self._cursor.close_active()
             self._producer.close()
             self._finalizer()
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        """Refused, saying what to send instead (pickle would fail on a queue deep inside)."""
+        store = self._res.store
+        where = (f"; this loader's committed cache is readable anywhere with cachestore.open_store({store.path!r})"
+                 ".reader()" if store is not None else
+                 "; a cache a loader committed is readable anywhere with cachestore.open_store(<its path>).reader()")
+        raise NotPicklableError(
+            f"a {type(self).__name__} cannot be pickled or copied: it holds worker processes, shared memory and an "
+            "open store. Send what builds it instead (the dataset, or its class and parameters, and the loader's "
+            f"arguments) and build a {type(self).__name__} where it is needed{where}")
 
     def __enter__(self) -> CachedLoader:
         return self

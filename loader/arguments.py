@@ -12,6 +12,8 @@ import os
 import secrets
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from .dataset import DatasetSource
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
@@ -62,6 +64,16 @@ def _seconds(name: str, value: object, what: str, zero: bool) -> float | None:
     return float(value)
 
 
+def _flag(name: str, value: object) -> bool:
+    """`value` as a bool: ``True``, ``False`` (a numpy bool too); anything else is a ``ValueError``, in
+    torch's words for ``drop_last``, since ``bool("False")`` is true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    hint = ("; a string is true whatever it says: convert it first (e.g. value.lower() == 'true')"
+            if isinstance(value, str) else "")
+    raise ValueError(f"{name} should be a boolean value, but got {name}={value!r}{hint}")
+
+
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
@@ -88,6 +100,8 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
+    if shuffle is not None:  # after the conflicts: torch says those first, whatever shuffle's type
+        shuffle = _flag("shuffle", shuffle)
     for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         if given is None:
             continue
@@ -102,7 +116,7 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
             raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
                              "> 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
         int_at_least("prefetch_factor", a["prefetch_factor"], 1)
-    if a["persistent_workers"] and workers == 0:
+    if _flag("persistent_workers", a["persistent_workers"]) and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if a["multiprocessing_context"] is not None and workers == 0:
         raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
@@ -124,7 +138,7 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
                                   "consumer_index": int(getattr(sampler, "rank")),
                                   "seed": sampler_seed}
     else:
-        out = {"shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
+        out = {"shuffle": shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
                "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
                             if sampler is not None or batch_sampler is not None else None)}
     out.update({
@@ -168,7 +182,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
                         "dataset_params)")
     source = DatasetSource.of(a["dataset"], params)
-    use_threading, gpu_indices = bool(a["use_threading"]), a["gpu_indices"]
+    use_threading, gpu_indices = _flag("use_threading", a["use_threading"]), a["gpu_indices"]
     nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
     ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
                                           min(4, os.cpu_count() or 1), use_threading, gpu_indices)
@@ -219,12 +233,12 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     return LoaderSettings(
         dataset=source,
         batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(torch["shuffle"]),
-        seed=seed, drop_last=bool(a["drop_last"]),
+        seed=seed, drop_last=_flag("drop_last", a["drop_last"]),
         nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
         collate_fn=_callable("collate_fn", a["collate_fn"]),
         max_queue_size=int_at_least("max_queue_size", torch.get("max_queue_size", a["max_queue_size"]), 1),
         prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
-        use_threading=use_threading, device=a["device"], pin_memory=bool(a["pin_memory"]),
+        use_threading=use_threading, device=a["device"], pin_memory=_flag("pin_memory", a["pin_memory"]),
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
         max_minibatch_length=check_int("max_minibatch_length", a["max_minibatch_length"], 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
