@@ -8,9 +8,11 @@ naming the argument at fault. ``loader.compat`` uses the same table.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import os
 import secrets
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +35,19 @@ ALIASES: dict[str, str] = {
 START_METHODS = ("spawn", "fork")
 #: Batches in flight unless max_queue_size (or prefetch_factor) says otherwise.
 DEFAULT_QUEUE = 20
+
+
+class Unbatched:
+    """The collate of ``batch_size=None``: each batch holds one sample, served as the sample itself, or as
+    what `collate_fn` makes of it (torch applies ``collate_fn`` to each sample without auto-batching).
+    A ``device`` turns its arrays into tensors, as torch's ``default_convert`` does."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any] | None = None) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        (sample,) = samples
+        return sample if self.collate_fn is None else self.collate_fn(sample)
 
 
 def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, object], owner: str) -> dict[str, object]:
@@ -90,6 +105,20 @@ def _distributed_sampler(sampler: object) -> bool:
     """Whether `sampler` is torch's ``DistributedSampler`` (or a subclass), without importing torch."""
     return sampler is not None and any(klass.__name__ == "DistributedSampler" and klass.__module__.startswith(
         "torch.utils.data") for klass in type(sampler).__mro__)
+
+
+def _start_method_of(context: object) -> str:
+    """The start method of torch's `multiprocessing_context` (a name or a context), refused as torch refuses it."""
+    if isinstance(context, str):
+        valid = multiprocessing.get_all_start_methods()
+        if context not in valid:
+            raise ValueError(f"multiprocessing_context option should specify a valid start method in {valid!r}, "
+                             f"but got multiprocessing_context={context!r}")
+        return context
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError("multiprocessing_context option should be a valid context object or a string specifying "
+                        f"the start method, but got multiprocessing_context={context}")
+    return context.get_start_method()
 
 
 def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
@@ -156,7 +185,7 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         out["seed"] = int(initial_seed()) % 2**63
     context = a["multiprocessing_context"]
     if context is not None:
-        method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
+        method = _start_method_of(context)
         if method not in START_METHODS:
             raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS))} (or "
                              f"their multiprocessing contexts), got {context!r}")
@@ -230,12 +259,19 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
         seed = secrets.randbits(63) if consumers == 1 else 0
+    drop_last, collate_fn = _flag("drop_last", a["drop_last"]), _callable("collate_fn", a["collate_fn"])
+    if a["batch_size"] is None:  # torch's: no auto-batching; batches of one sample, served as the sample
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+        batch_size, collate_fn = 1, Unbatched(collate_fn)
+    else:
+        batch_size = int_at_least("batch_size", a["batch_size"], 1)
     return LoaderSettings(
         dataset=source,
-        batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(torch["shuffle"]),
-        seed=seed, drop_last=_flag("drop_last", a["drop_last"]),
+        batch_size=batch_size, nb_worker=workers, shuffle=bool(torch["shuffle"]),
+        seed=seed, drop_last=drop_last,
         nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
-        collate_fn=_callable("collate_fn", a["collate_fn"]),
+        collate_fn=collate_fn,
         max_queue_size=int_at_least("max_queue_size", torch.get("max_queue_size", a["max_queue_size"]), 1),
         prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
         use_threading=use_threading, device=a["device"], pin_memory=_flag("pin_memory", a["pin_memory"]),

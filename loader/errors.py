@@ -38,6 +38,11 @@ class NotImportableError(CacheStoreError, ValueError):
     """Something the workers need cannot be sent to them (the message names it and the ways out)."""
 
 
+class SettingFixedError(CacheStoreError, ValueError, AttributeError):
+    """A setting of a built loader was assigned (torch raises ``ValueError`` for its own; Python's
+    ``AttributeError`` for a read-only attribute)."""
+
+
 class NotPicklableError(CacheStoreError, TypeError):
     """A loader was pickled (or deep-copied): it holds processes, shared memory and an open store."""
 
@@ -75,7 +80,7 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
 
 
 __all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "NotPicklableError", "SampleError",
-           "WorkerError", "WorkerTimeoutError", "tag_sample_index"]
+           "SettingFixedError", "WorkerError", "WorkerTimeoutError", "tag_sample_index"]
 
 
 def add_note(exc: BaseException, note: str) -> None:
