@@ -121,6 +121,22 @@ def _start_method_of(context: object) -> str:
     return context.get_start_method()
 
 
+def _iterable_conflicts(a: Mapping[str, object]) -> None:
+    """torch's ``ValueError`` for the arguments an iterable-style dataset cannot take (before the
+    dataset itself is refused or taken), without importing torch."""
+    dataset = a["dataset"]
+    if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
+               for k in type(dataset).__mro__):
+        return
+    if a["shuffle"] not in (False, None):
+        raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                         f"shuffle={a['shuffle']}")
+    for name in ("sampler", "batch_sampler"):
+        if a[name] is not None:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
+                             f"{name}={a[name]}")
+
+
 def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
     """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
     conflicting pairs, counting only what the caller passed), as our settings."""
@@ -210,8 +226,14 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if a["dataset"] is None:
         raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
                         "dataset_params)")
+    _iterable_conflicts(a)
     source = DatasetSource.of(a["dataset"], params)
     use_threading, gpu_indices = _flag("use_threading", a["use_threading"]), a["gpu_indices"]
+    for name, value in (("num_workers", a["nb_worker"]), ("timeout", a["timeout"])):  # torch's words for these
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"{name} option should be non-negative" + (
+                f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
+                else f" (timeout={value})"))
     nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
     ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
                                           min(4, os.cpu_count() or 1), use_threading, gpu_indices)

@@ -388,3 +388,24 @@ def test_a_state_from_a_sampler_that_draws_more_than_the_dataset_resumes():
     with CachedLoader(ArangeDataset(8), batch_size=4, num_workers=0, sampler=sampler()) as loader:
         loader.load_state_dict(state)
         assert sum(1 for _ in loader) == 10 - 6
+
+
+class Counting(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(4))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": -1}, "num_workers option should be non-negative"),
+    ({"timeout": -1}, "timeout option should be non-negative"),
+    ({"dataset": Counting(), "shuffle": True}, "DataLoader with IterableDataset: expected unspecified shuffle"),
+    ({"dataset": Counting(), "sampler": [0, 1]}, "DataLoader with IterableDataset: expected unspecified sampler"),
+    ({"dataset": Counting(), "batch_sampler": [[0, 1]]},
+     "DataLoader with IterableDataset: expected unspecified batch_sampler"),
+])
+def test_bad_arguments_raise_torchs_words(kwargs, message):
+    kwargs = {"dataset": ArangeDataset(8), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        torch.utils.data.DataLoader(**kwargs)
+    with pytest.raises(ValueError, match=message):
+        CachedLoader(**kwargs)
