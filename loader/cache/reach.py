@@ -138,14 +138,10 @@ def finish(hasher: _ValueHasher) -> None:
         obj = walk.pending.pop()
         name = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', '?')}"
         sub = hasher.sub()
-        try:
-            if isinstance(obj, type):
-                _class_body(sub, obj)
-            else:
-                _function_body(sub, obj, name, 0)
-        except FingerprintError:  # reached by name only: counts by its type (see the module docstring)
-            sub = hasher.sub()
-            sub.tag("unhashable", type(obj).__qualname__)
+        if isinstance(obj, type):
+            _class_body(sub, obj)
+        else:
+            _function_body(sub, obj, name, 0, lenient=True)
         reached.append((name, sub.h.digest()))
     for reached_name, digest in sorted(reached):
         hasher.tag("reached", reached_name, digest)
@@ -173,12 +169,21 @@ def feed_function(hasher: _ValueHasher, fn: Any, where: str, depth: int) -> None
     _function_body(hasher, fn, where, depth)
 
 
-def _function_body(hasher: _ValueHasher, fn: Any, where: str, depth: int) -> None:
+def _function_body(hasher: _ValueHasher, fn: Any, where: str, depth: int, lenient: bool = False) -> None:
     # Its name says little (a lambda, a local function, one edited since): its code, defaults,
-    # closure and the globals its code names say what it does.
+    # closure and the globals its code names say what it does. `lenient`: reached by a name only,
+    # a default or closure value that cannot be hashed counts by its type (see the module docstring).
     code = fn.__code__
     hasher._code(code)
-    _function_values(hasher, fn, where, depth)
+    if lenient:  # one by one: a decorator's closure holds the function it wraps, queued by itself
+        for part, values in (("defaults", list(fn.__defaults__ or ())),
+                             ("kwdefaults", sorted((fn.__kwdefaults__ or {}).items())),
+                             ("closure", [_cell(c) for c in fn.__closure__ or ()])):
+            hasher.tag(part, len(values))
+            for value in values:
+                _named(hasher, value, set(), f"{where} {part}")
+    else:
+        _function_values(hasher, fn, where, depth)
     globals_ = getattr(fn, "__globals__", {})
     names = code_names(code)
     for global_name in sorted(names & globals_.keys()):

@@ -355,3 +355,20 @@ def test_caches_python_sets_on_a_class_later_do_not_change_its_hash():
     Fresh(3).__reduce_ex__(4)  # sets Fresh.__slotnames__ (copyreg), as pickling the dataset for workers does
     assert vars(Fresh)["__slotnames__"] == []
     assert _source_hash(Fresh) == before
+
+
+def test_a_helper_whose_closure_holds_a_lock_still_counts_by_its_code(user_modules):
+    source = """
+        import threading
+        def make(lock):
+            def guarded(x):
+                with lock:
+                    return x * {factor}
+            return guarded
+        helper = make(threading.Lock())
+        def transform(x):
+            return helper(x)
+    """
+    first = params_hash({"f": user_modules("reach_closure", source.format(factor=2)).transform})
+    assert params_hash({"f": user_modules("reach_closure", source.format(factor=2)).transform}) == first
+    assert params_hash({"f": user_modules("reach_closure", source.format(factor=3)).transform}) != first
