@@ -118,10 +118,11 @@ class _ValueHasher:
         return _ValueHasher(self.walk)
 
     def tag(self, *parts: Any) -> None:
+        chunks: list[bytes] = []  # one update per tag: the hot path of hashing code
         for part in parts:
             data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
-            self.h.update(len(data).to_bytes(8, "little"))
-            self.h.update(data)
+            chunks += (len(data).to_bytes(8, "little"), data)
+        self.h.update(b"".join(chunks))
 
     def digest_of(self, obj: Any, where: str, depth: int) -> bytes:
         sub = self.sub()
