@@ -141,10 +141,10 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
     """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
     conflicting pairs, counting only what the caller passed), as our settings."""
     sampler, batch_sampler, shuffle = a["sampler"], a["batch_sampler"], a["shuffle"]
+    if sampler is not None and shuffle:  # torch's order: this one first
+        raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None and (a["batch_size"] != 1 or shuffle or sampler is not None or a["drop_last"]):
         raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
     if shuffle is not None:  # after the conflicts: torch says those first, whatever shuffle's type
         shuffle = _flag("shuffle", shuffle)
     for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):

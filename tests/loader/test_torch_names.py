@@ -32,6 +32,8 @@ NOT_A_CONTEXT = object()
     ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "drop_last": True}, "batch_sampler"),
     ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "sampler": range(8)}, "batch_sampler"),
     ({"sampler": SequentialSampler(range(8)), "shuffle": True}, "sampler option is mutually exclusive with shuffle"),
+    ({"batch_sampler": BatchSampler(SequentialSampler(range(8)), 2, False), "sampler": SequentialSampler(range(8)),
+      "shuffle": 3}, "sampler option is mutually exclusive with shuffle"),
     ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor option could only be specified in multiprocessing"),
     ({"num_workers": 0, "persistent_workers": True}, "persistent_workers option needs num_workers > 0"),
     ({"num_workers": 0, "multiprocessing_context": "fork"}, "multiprocessing_context can only be used"),
