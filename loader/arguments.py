@@ -121,12 +121,38 @@ def _start_method_of(context: object) -> str:
     return context.get_start_method()
 
 
-def _iterable_conflicts(a: Mapping[str, object]) -> None:
-    """torch's ``ValueError`` for the arguments an iterable-style dataset cannot take (before the
-    dataset itself is refused or taken), without importing torch."""
-    dataset = a["dataset"]
+def _dataset_source(a: Mapping[str, object]) -> DatasetSource:
+    params = a["dataset_params"]
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
+    if a["dataset"] is None:
+        raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
+                        "dataset_params)")
+    return DatasetSource.of(a["dataset"], params)
+
+
+def _batching(a: Mapping[str, object]) -> tuple[int, bool, Callable[..., Any] | None]:
+    """``(batch_size, drop_last, collate_fn)``; ``batch_size=None`` (torch's: no auto-batching) makes
+    batches of one sample, served as the sample (:class:`Unbatched`)."""
+    drop_last, collate_fn = _flag("drop_last", a["drop_last"]), _callable("collate_fn", a["collate_fn"])
+    if a["batch_size"] is not None:
+        return int_at_least("batch_size", a["batch_size"], 1), drop_last, collate_fn
+    if drop_last:
+        raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+    return 1, drop_last, Unbatched(collate_fn)
+
+
+def _refused_as_torch(a: Mapping[str, object]) -> None:
+    """torch's own ``ValueError`` s for what it refuses first: a negative ``num_workers`` or ``timeout``, and
+    the arguments an iterable-style dataset cannot take (before the dataset itself is refused or
+    taken), without importing torch."""
+    for name, value in (("num_workers", a["nb_worker"]), ("timeout", a["timeout"])):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"{name} option should be non-negative" + (
+                f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
+                else f" (timeout={value})"))
     if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
-               for k in type(dataset).__mro__):
+               for k in type(a["dataset"]).__mro__):
         return
     if a["shuffle"] not in (False, None):
         raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
@@ -220,20 +246,9 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     ValueError
         Naming the argument (or setting key) at fault.
     """
-    params = a["dataset_params"]
-    if params is not None and not isinstance(params, dict):
-        raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
-    if a["dataset"] is None:
-        raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
-                        "dataset_params)")
-    _iterable_conflicts(a)
-    source = DatasetSource.of(a["dataset"], params)
+    _refused_as_torch(a)
+    source = _dataset_source(a)
     use_threading, gpu_indices = _flag("use_threading", a["use_threading"]), a["gpu_indices"]
-    for name, value in (("num_workers", a["nb_worker"]), ("timeout", a["timeout"])):  # torch's words for these
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            raise ValueError(f"{name} option should be non-negative" + (
-                f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
-                else f" (timeout={value})"))
     nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
     ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
                                           min(4, os.cpu_count() or 1), use_threading, gpu_indices)
@@ -281,13 +296,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
         seed = secrets.randbits(63) if consumers == 1 else 0
-    drop_last, collate_fn = _flag("drop_last", a["drop_last"]), _callable("collate_fn", a["collate_fn"])
-    if a["batch_size"] is None:  # torch's: no auto-batching; batches of one sample, served as the sample
-        if drop_last:
-            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
-        batch_size, collate_fn = 1, Unbatched(collate_fn)
-    else:
-        batch_size = int_at_least("batch_size", a["batch_size"], 1)
+    batch_size, drop_last, collate_fn = _batching(a)
     return LoaderSettings(
         dataset=source,
         batch_size=batch_size, nb_worker=workers, shuffle=bool(torch["shuffle"]),
