@@ -15,6 +15,7 @@ from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes
+from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -138,6 +139,7 @@ class CachedLoader(LoaderAttributes):
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
+        self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
         sweep_dead_segments()

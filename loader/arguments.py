@@ -201,8 +201,6 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if "nb_consumer" in torch:
         nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
     consumers = default_nb if nb_consumer is None else nb_consumer
-    if cache is not None:
-        cache = cache.resolve_scope(str(a["executor"]), consumers)
     deferred = consumer_index is None and nb_consumer is not None and consumers > 1
     index = default_idx if consumer_index is None else consumer_index
     if index >= consumers:

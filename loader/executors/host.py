@@ -21,6 +21,16 @@ PICKLING_START_METHODS = ("spawn", "forkserver")
 INITIAL_SLOTS = 4
 
 
+def executor_class(name: str) -> type[Executor]:
+    """The executor class of ``executor=name`` (``"process"`` or ``"ray"``), to ask its capabilities."""
+    if name == "ray":
+        # The module imports ray only when an executor is built: `import loader` never imports it.
+        from .ray import RayExecutor
+
+        return RayExecutor
+    return WorkerPool
+
+
 class ExecutorHost:
     """Starts, kills and tidies the loader's executor (see the module docstring).
 
