@@ -84,7 +84,9 @@ class CachedLoader(LoaderAttributes):
         ``"equal"`` (every consumer as many batches) or ``"contiguous"``
         (``swift_loader``'s runs); see :class:`loader.distributed.ConsumerLayout`.
     start_method
-        ``"spawn"`` (default) or ``"fork"``.
+        ``"auto"`` (default: fork while nothing unsafe runs in this process, else
+        spawn; see :mod:`loader.executors.process.start`), ``"fork"``, ``"spawn"``
+        or ``"forkserver"``.
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
     timeout
