@@ -45,7 +45,7 @@ from typing import Callable, Sequence, Union
 from ...errors import WorkerError
 from .. import messages as m
 from ..base import DeathListeners, StuckWorker
-from .start import context_for, fork_is_safe, main_file_hidden
+from .start import context_for, fork_is_safe, start
 from .worker import thread_stack, worker_main
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,12 @@ class WorkerPool(DeathListeners):
         if self.use_threading:
             proc: Worker = threading.Thread(target=worker_main, args=(child_conn, config, False),
                                          name=f"cachestore-worker-{wid}", daemon=True)
+            proc.start()
         else:
             ctx = context_for(self.start_method, first, self.dataset_module)
             proc = ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
                                name=f"cachestore-worker-{wid}", daemon=True)
-        with main_file_hidden():
-            proc.start()
+            start(proc, ctx.get_start_method())
         if not self.use_threading:
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))

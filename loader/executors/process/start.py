@@ -23,6 +23,7 @@ are local.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import multiprocessing.context
 import multiprocessing.process
@@ -98,6 +99,26 @@ def context_for(method: str, first: bool, dataset_module: str | None) -> multipr
     if method != "auto":
         return mp.get_context(method)
     return mp.get_context("fork" if first and fork_is_safe()[0] else "spawn")
+
+
+def start(proc: multiprocessing.process.BaseProcess, method: str) -> None:
+    """Start worker process `proc` (of a `method` context).
+
+    A fork freezes this process's objects for the child's garbage collector
+    (``gc.freeze``, undone here right after): a collection in the child would
+    otherwise write into the header of every object the training process holds
+    and copy each page they lie in, and forked workers would end up holding a
+    copy of the training process's heap.
+    """
+    if method != "fork":
+        with main_file_hidden():
+            proc.start()
+        return
+    gc.freeze()
+    try:
+        proc.start()
+    finally:
+        gc.unfreeze()
 
 
 _MAIN_LOCK = threading.Lock()
