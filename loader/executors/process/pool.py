@@ -145,15 +145,17 @@ class WorkerPool(DeathListeners):
     def _start(self, wid: int, first: bool) -> WorkerHandle:
         parent_conn, child_conn = mp.Pipe(duplex=True)
         config = self.make_config(wid)
+        proc: Worker
         if self.use_threading:
-            proc: Worker = threading.Thread(target=worker_main, args=(child_conn, config, False),
-                                         name=f"cachestore-worker-{wid}", daemon=True)
+            proc = threading.Thread(target=worker_main, args=(child_conn, config, False),
+                                    name=f"cachestore-worker-{wid}", daemon=True)
             proc.start()
         else:
             ctx = context_for(self.start_method, first, self.dataset_module)
-            proc = ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
-                               name=f"cachestore-worker-{wid}", daemon=True)
-            start(proc, ctx.get_start_method())
+            process = ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
+                                  name=f"cachestore-worker-{wid}", daemon=True)
+            start(process, ctx.get_start_method())
+            proc = process
         if not self.use_threading:
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
