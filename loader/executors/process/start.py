@@ -43,7 +43,8 @@ def fork_is_safe() -> tuple[bool, str]:
     """Whether this process can fork a worker now, and if not why.
 
     Unsafe: a thread other than this (main) one, whose locks a child would
-    inherit held; CUDA initialised (a forked child cannot use it); a slot of a
+    inherit held; CUDA initialised (a forked child cannot use it); Ray
+    initialised (its native threads hold locks too); a slot of a
     loader mapped here (forked workers would keep its pages alive as long as
     they live); a system other than Linux. The store's locks are released
     with ``LOCK_UN``, so a descriptor a worker inherited never keeps one held.
@@ -55,6 +56,9 @@ def fork_is_safe() -> tuple[bool, str]:
     torch_cuda = sys.modules.get("torch.cuda")
     if torch_cuda is not None and torch_cuda.is_initialized():
         return False, "CUDA is initialised in the training process"
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return False, "Ray is initialised in the training process (its threads)"
     try:
         with open("/proc/self/maps") as maps:
             if any(is_segment_path(line.split(maxsplit=5)[-1].strip()) for line in maps if "/" in line):
