@@ -67,9 +67,9 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
         why_not = f"partition={settings.partition!r} keeps each consumer's part in a store of its own"
     if why_not is None and consumers > 1 and not settings.deferred_start:
         why_not = _differing_ranks(settings, num_samples)
-    if why_not is None or consumers == 1:
+    if why_not is None:
         return replace(settings, cache=replace(cache, scope="node"))
-    if cache.scope == "node":
+    if cache.scope == "node" and consumers > 1:
         raise ValueError(f"cache_setting['scope']='node' has the {consumers} ranks of a node write one store "
                          f"together, which they cannot here: {why_not}. Use scope='rank' (a store per rank) or "
                          "leave scope out to have it chosen")
