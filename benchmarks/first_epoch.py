@@ -38,10 +38,11 @@ def _ours(dataset_class: type, kwargs: dict, batch_size: int, workers: int, star
         start = time.perf_counter()
         with CachedLoader(dataset_class, kwargs, batch_size=batch_size, nb_worker=workers,
                           cache_setting={"prefix": f"{tmp}/cache"}, start_method=start_method) as loader:
-            forked = not any("spawn_main" in " ".join(psutil.Process(pid).cmdline()) for pid in loader.worker_pids())
             for _batch in loader:
                 pass
             seconds = time.perf_counter() - start
+            # After the epoch: a spawned child has the parent's command line until it execs.
+            forked = not any("spawn_main" in " ".join(psutil.Process(pid).cmdline()) for pid in loader.worker_pids())
             mode = loader.epoch_stats[0].mode
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

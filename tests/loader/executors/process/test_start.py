@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def spawned(pid: int) -> bool:
-    """Whether worker `pid` is a fresh interpreter (spawn), not a fork of the training process."""
+    """Whether worker `pid` is a fresh interpreter (spawn), not a fork of the training process. Asked
+    once it served a batch: a spawned child has the parent's command line until it execs."""
     return "spawn_main" in " ".join(psutil.Process(pid).cmdline())
 
 
@@ -34,10 +35,10 @@ def test_the_default_forks_the_first_workers_while_nothing_unsafe_runs(no_leaks)
     with CachedLoader(ArangeDataset, {"n": 40}, batch_size=4, nb_worker=2,
                       cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": 2}) as loader:
         assert loader.start_method == "auto"
+        assert [served(loader) for _ in range(2)] == [list(range(40))] * 2
         pids = loader.worker_pids()
         assert len(pids) == 2 and not any(spawned(pid) for pid in pids)
         assert all(psutil.Process(pid).ppid() == os.getpid() for pid in pids)
-        assert [served(loader) for _ in range(2)] == [list(range(40))] * 2
         # Slots are mapped now: a fork would keep them alive, so a replacement is spawned.
         assert fork_is_safe()[0] is False
         os.kill(pids[0], signal.SIGKILL)
@@ -52,8 +53,8 @@ def test_the_default_spawns_while_another_thread_runs(no_leaks):
     try:
         assert fork_is_safe()[0] is False
         with CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=2) as loader:
-            assert all(spawned(pid) for pid in loader.worker_pids())
             assert served(loader) == list(range(12))
+            assert all(spawned(pid) for pid in loader.worker_pids())
     finally:
         stop.set()
         thread.join()
