@@ -196,6 +196,20 @@ SIZES["quick"].update(sweep={"n": 200, "repeats": 1}, torchrun={"n": 400, "repea
 RUNNERS.update(sweep=_sweep, torchrun=_torchrun)
 
 
+def _remote(results: dict, sizes: dict) -> None:
+    from .remote import remote_scenario
+
+    results["remote"] = remote_scenario(log=_log, **sizes["remote"])
+
+
+# The remote tier against a local SeaweedFS (benchmarks/remote.py): publish, fetch and direct reads vs
+# the client's raw requests; about a minute of a full run.
+SCENARIOS += ["remote"]
+SIZES["full"].update(remote={"mb": 256, "repeats": 3})
+SIZES["quick"].update(remote={"mb": 96, "repeats": 1})
+RUNNERS.update(remote=_remote)
+
+
 def _first_epoch(results: dict, sizes: dict) -> None:
     from .first_epoch import first_epoch_scenario
 
@@ -209,6 +223,7 @@ SCENARIOS += ["first_epoch"]
 SIZES["full"].update(first_epoch={"n": 640, "repeats": 3})
 SIZES["quick"].update(first_epoch={"n": 320, "repeats": 2})
 RUNNERS.update(first_epoch=_first_epoch)
+
 
 _T0 = [time.perf_counter()]  # reset by main()
 

@@ -133,7 +133,9 @@ class CacheSettings:
     ``"zstd"``; ``disk_budget`` bytes or ``"20GB"``; ``on_budget_exceeded``
     ``"error"`` (default), ``"stream"`` or ``"rotate"``; ``verify`` checks
     record checksums on read (default ``True``); ``allow_pickle`` stores
-    otherwise unsupported sample types with pickle; ``background_refresh``
+    otherwise unsupported sample types with pickle, and loads them from the
+    cache (which runs code of whoever wrote it: only for a cache you trust;
+    without it such a cached sample is ``PickleRefusedError``); ``background_refresh``
     computes the next generation with idle workers during the cached epochs
     before it: ``"auto"`` (default) whenever the budget has room for a second
     generation (else written during its own epoch, with one log line saying

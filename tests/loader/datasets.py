@@ -194,3 +194,17 @@ class TableDataset:
     def __getitem__(self, index: int):
         x = self.table[index]
         return self.transform(x) if self.transform is not None else x
+
+
+class PlantedDataset(ArangeDataset):
+    """Sample i also holds an object whose unpickling writes the file `marker`
+    (``tests.cachestore.helpers.Planted``): cached, it is a pickled leaf."""
+
+    def __init__(self, marker: str, n: int = 8) -> None:
+        super().__init__(n=n)
+        self.marker = marker
+
+    def __getitem__(self, index: int) -> dict:
+        from tests.cachestore.helpers import Planted
+
+        return {**super().__getitem__(index), "planted": Planted(self.marker)}

@@ -185,7 +185,9 @@ class SlotPool:
         owner = (ctypes.c_char * max(meta.total, 1)).from_buffer(self._maps[slot])
         weakref.finalize(owner, self.release, slot)
         leaves = leaf_views(owner, meta.specs, meta.offsets)
-        return codec.unflatten_batch(meta.treedef, leaves) if meta.stacked else codec.unflatten(meta.treedef, leaves)
+        if meta.stacked:
+            return codec.unflatten_batch(meta.treedef, leaves)
+        return codec.unflatten(meta.treedef, leaves, allow_pickle=True)  # a batch our own workers made
 
     def shrink(self) -> list[str]:
         """Retire the free slots the period since the last call did not need; return their names.
