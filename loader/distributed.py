@@ -16,6 +16,8 @@ import numpy as np
 
 from cachestore.safefs import write_json_atomic
 
+from .errors import RanksTimeoutError
+
 #: Seconds the ranks of a torchrun job without ``torch.distributed`` wait for each other's files.
 RENDEZVOUS_TIMEOUT = 300.0
 #: Seconds between looks at the rendezvous directory (processes of one job, no event to wait on).
@@ -66,7 +68,7 @@ def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any
 
     Raises
     ------
-    TimeoutError
+    RanksTimeoutError
         A rank did not arrive within :data:`RENDEZVOUS_TIMEOUT` seconds.
     """
     key = f"{os.environ.get('TORCHELASTIC_RUN_ID')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-" \
@@ -88,9 +90,9 @@ def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any
             except (OSError, ValueError):
                 pass
         if missing and time.monotonic() > deadline:
-            raise TimeoutError(f"ranks {sorted(missing)} of this torchrun job did not construct their loader within "
-                               f"{RENDEZVOUS_TIMEOUT:.0f} s (the ranks compare their datasets in {where}): every rank "
-                               "constructs its loader, or initialise torch.distributed first")
+            raise RanksTimeoutError(f"ranks {sorted(missing)} of this torchrun job did not construct their loader "
+                                    f"within {RENDEZVOUS_TIMEOUT:.0f} s (the ranks compare their datasets in {where}): "
+                                    "every rank constructs its loader, or initialise torch.distributed first")
         if missing:
             time.sleep(RENDEZVOUS_POLL)
     (where / f"read-{rank}").touch()
