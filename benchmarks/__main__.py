@@ -195,6 +195,7 @@ SIZES["full"].update(sweep={"n": 600, "repeats": 2}, torchrun={"n": 800, "repeat
 SIZES["quick"].update(sweep={"n": 200, "repeats": 1}, torchrun={"n": 400, "repeats": 1})
 RUNNERS.update(sweep=_sweep, torchrun=_torchrun)
 
+
 def _remote(results: dict, sizes: dict) -> None:
     from .remote import remote_scenario
 
@@ -207,6 +208,22 @@ SCENARIOS += ["remote"]
 SIZES["full"].update(remote={"mb": 256, "repeats": 3})
 SIZES["quick"].update(remote={"mb": 96, "repeats": 1})
 RUNNERS.update(remote=_remote)
+
+
+def _first_epoch(results: dict, sizes: dict) -> None:
+    from .first_epoch import first_epoch_scenario
+
+    results["first_epoch"] = first_epoch_scenario(cost=COST, workers=WORKERS, batch_size=BATCH,
+                                                  **sizes["first_epoch"])
+
+
+# Construction and first epoch against torch's, with a dataset module that imports torch and one that
+# does not (benchmarks/first_epoch.py): about a minute of a full run.
+SCENARIOS += ["first_epoch"]
+SIZES["full"].update(first_epoch={"n": 640, "repeats": 3})
+SIZES["quick"].update(first_epoch={"n": 320, "repeats": 2})
+RUNNERS.update(first_epoch=_first_epoch)
+
 
 _T0 = [time.perf_counter()]  # reset by main()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from .first_epoch import first_epoch_rows
 from .sweep import sweep_rows
 from .torchrun_node import torchrun_rows
 
@@ -124,7 +125,7 @@ def _expensive_rows(results: dict) -> list[TargetRow]:
             _row(plain, "epoch 0 (both start their workers)",
                  f"{exp['ours_epoch']['median'][0]:.2f} s vs {exp['torch_epoch']['median'][0]:.2f} s",
                  times(exp["epoch0_ratio"]), "<= 1.15x", lambda r: r <= 1.15,
-                 "ours spawns its workers, torch forks")]
+                 "both fork their workers (ours: start_method='auto')")]
     if exp.get("refresh_ratio"):
         e = exp["refresh_epoch"]
         rows.append(_row(plain, f"epoch {e} (refresh)",
@@ -291,7 +292,7 @@ def _larger_than_memory_rows(results: dict) -> list[TargetRow]:
 ROW_BUILDERS: list[Callable[[dict], list[TargetRow]]] = [
     _throughput_rows, _expensive_rows, _read_transform_rows, _training_rows, _setup_rows, _rotation_rows,
     _memory_rows, _latency_rows, _larger_than_memory_rows]
-ROW_BUILDERS += [sweep_rows, torchrun_rows]
+ROW_BUILDERS += [sweep_rows, torchrun_rows, first_epoch_rows]
 
 
 def target_rows(results: dict) -> list[TargetRow]:

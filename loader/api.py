@@ -16,6 +16,7 @@ from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes, TorchArguments
+from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -90,7 +91,9 @@ class CachedLoader(LoaderAttributes):
         ``"equal"`` (every consumer as many batches) or ``"contiguous"``
         (``swift_loader``'s runs); see :class:`loader.distributed.ConsumerLayout`.
     start_method
-        ``"spawn"`` (default) or ``"fork"``.
+        ``"auto"`` (default: fork while nothing unsafe runs in this process, else
+        spawn; see :mod:`loader.executors.process.start`), ``"fork"``, ``"spawn"``
+        or ``"forkserver"``.
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
     timeout
@@ -147,6 +150,7 @@ class CachedLoader(LoaderAttributes):
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
+        self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
         sweep_dead_segments()

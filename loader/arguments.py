@@ -29,10 +29,9 @@ ALIASES: dict[str, str] = {
     "worker_per_consumer": "nb_worker",
     "num_workers": "nb_worker",  # torch.utils.data.DataLoader's
 }
-#: Start methods of worker processes. Not ``forkserver``: its children are the server's, not the
-#: training process's, so the parent-death signal that takes workers down with a killed training
-#: process would watch the wrong one.
-START_METHODS = ("spawn", "fork")
+#: Start methods of worker processes (``multiprocessing_context`` takes those of ``multiprocessing``).
+#: ``"auto"`` (the default): fork where it is safe, else spawn (:mod:`loader.executors.process.start`).
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 #: Batches in flight unless max_queue_size (or prefetch_factor) says otherwise.
 DEFAULT_QUEUE = 20
 
@@ -228,8 +227,8 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
     context = a["multiprocessing_context"]
     if context is not None:
         method = _start_method_of(context)
-        if method not in START_METHODS:
-            raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS))} (or "
+        if method not in START_METHODS[1:]:
+            raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS[1:]))} (or "
                              f"their multiprocessing contexts), got {context!r}")
         if a["start_method"] is not None and a["start_method"] != method:
             raise ValueError(f"start_method={a['start_method']!r} and multiprocessing_context ({method!r}) "
@@ -258,9 +257,10 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
     torch = _torch_arguments(a, workers)
-    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "spawn")
+    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "auto")
     if start_method not in START_METHODS:
-        raise ValueError(f"start_method must be 'spawn' (the default) or 'fork', got {start_method!r}")
+        raise ValueError(f"start_method must be 'auto' (the default), 'fork', 'spawn' or 'forkserver', "
+                         f"got {start_method!r}")
     cache = CacheSettings.parse(a["cache_setting"]) if a["cache_setting"] is not None else None
     if cache is not None and cache.background_refresh is True:
         why = refresh_impossible(cache, workers)
@@ -281,8 +281,6 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if "nb_consumer" in torch:
         nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
     consumers = default_nb if nb_consumer is None else nb_consumer
-    if cache is not None:
-        cache = cache.resolve_scope(str(a["executor"]), consumers)
     deferred = consumer_index is None and nb_consumer is not None and consumers > 1
     index = default_idx if consumer_index is None else consumer_index
     if index >= consumers:

@@ -26,6 +26,10 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     stack: str | None = None
 
 
+class RanksTimeoutError(CacheStoreError, TimeoutError):
+    """The ranks of a job, comparing their datasets when their loaders are built, did not all arrive."""
+
+
 class ClusterUnreachableError(WorkerError, ConnectionError):
     """The Ray cluster ``executor_options['address']`` names does not answer."""
 
