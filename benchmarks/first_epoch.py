@@ -25,7 +25,6 @@ import resource
 import shutil
 import tempfile
 import time
-from typing import Any
 
 import psutil
 
@@ -110,12 +109,12 @@ def _workers(case: dict) -> str:
 
 def first_epoch_rows(results: dict) -> list:
     """Target rows: ours <= 1.15x torch's first epoch, per dataset."""
-    from .targets import _row, pm, times
+    from .tables import pm, row, times
 
     fe = results.get("first_epoch")
     if not fe:
         return []
-    return [_row("first epoch <= 1.15x torch's (construction and worker start included)",
+    return [row("first epoch <= 1.15x torch's (construction and worker start included)",
                  f"dataset module imports {label.split()[0]}; {fe['n']} samples, {fe['cost_ms']:g} ms each",
                  f"{pm(case['ours_s'])} s vs {pm(case['torch_s'])} s", times(case["ratio"]), "<= 1.15x",
                  lambda r: r <= 1.15, f"our workers: {_workers(case)} (start_method={fe['start_method']}); CPU "
@@ -125,7 +124,7 @@ def first_epoch_rows(results: dict) -> list:
 
 def first_epoch_section(fe: dict) -> list[str]:
     """The report's section: per dataset, every run of both and the ratios."""
-    from .report import md_table
+    from .tables import md_table
 
     rows = [[label, " ".join(f"{v:.2f}" for v in case["ours_s"]["values"]),
              " ".join(f"{v:.2f}" for v in case["torch_s"]["values"]),

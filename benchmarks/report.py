@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from .first_epoch import first_epoch_section
 from .sweep import sweep_section
-from .targets import MIB, TargetRow, pm, target_rows
+from .tables import MIB, TargetRow, md_table, pm
+from .targets import target_rows
 from .torchrun_node import torchrun_section
 
 
@@ -22,15 +22,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def md_table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
-    """A Markdown table; `align` has one letter per column (``l`` or ``r``, default: first left, rest right)."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    rule = ["---:" if a == "r" else ":---" for a in align]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def targets_table(rows: list[TargetRow]) -> str:

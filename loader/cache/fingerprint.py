@@ -230,13 +230,13 @@ class _ValueHasher:
             return
         reach.feed_function(self, obj, where, depth)
 
-    def _code(self, code: types.CodeType) -> None:
+    def code(self, code: types.CodeType) -> None:
         """Bytecode, names and constants: not the file name or line numbers (a line added above moves them)."""
         nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
         self.tag("code", code.co_code, "\0".join(code.co_names), "\0".join(code.co_varnames),
                  "\0".join(_const_repr(c) for c in code.co_consts))
         for const in nested:
-            self._code(const)
+            self.code(const)
 
     def _reduced(self, obj: Any, where: str, depth: int) -> None:
         kind = type(obj)

@@ -36,14 +36,11 @@ import sys
 import sysconfig
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 
 from cachestore.errors import FingerprintError
-
-if TYPE_CHECKING:
-    from .fingerprint import _ValueHasher
 
 #: Class attributes that say nothing about what the class computes, change with a moved line, or are
 #: caches set on the class later (copyreg's ``__slotnames__`` when an instance is first pickled, an
@@ -118,18 +115,37 @@ class Walk:
     pending: list[Any] = field(default_factory=list)
 
 
-def _reference(hasher: _ValueHasher, obj: Any, kind: str, name: str) -> None:
+class Hasher(Protocol):
+    """What the walk needs of the fingerprint's hasher (:mod:`loader.cache.fingerprint`)."""
+
+    walk: Walk
+    h: Any  # the running digest (hashlib)
+
+    def sub(self) -> Hasher:
+        """A hasher for a part, in the same walk."""
+
+    def tag(self, *parts: Any) -> None:
+        """Feed a tagged tuple of plain values."""
+
+    def feed(self, obj: Any, where: str, depth: int = 0, attributes: bool = False) -> None:
+        """Feed a value (by value, or by what it reaches)."""
+
+    def code(self, code: types.CodeType) -> None:
+        """Feed a code object's bytecode, names and constants."""
+
+
+def _reference(hasher: Hasher, obj: Any, kind: str, name: str) -> None:
     """Name `obj` here (with its own code, for a function: two lambdas share a name) and queue it."""
     hasher.tag(kind, name)
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
-        hasher._code(code)
+        hasher.code(code)
     if id(obj) not in hasher.walk.queued:
         hasher.walk.queued[id(obj)] = obj
         hasher.walk.pending.append(obj)
 
 
-def finish(hasher: _ValueHasher) -> None:
+def finish(hasher: Hasher) -> None:
     """Feed what every queued function and class is (in an order of their own: the same whatever order
     they were reached in), following what each of them reaches in turn."""
     walk = hasher.walk
@@ -147,7 +163,7 @@ def finish(hasher: _ValueHasher) -> None:
         hasher.tag("reached", reached_name, digest)
 
 
-def feed_function(hasher: _ValueHasher, fn: Any, where: str, depth: int) -> None:
+def feed_function(hasher: Hasher, fn: Any, where: str, depth: int) -> None:
     """A function given as a value (an attribute, a closure's cell): installed code by name and version,
     user code by value (its code, defaults, closure, and the globals its code names)."""
     module = getattr(fn, "__module__", None)
@@ -169,12 +185,12 @@ def feed_function(hasher: _ValueHasher, fn: Any, where: str, depth: int) -> None
     _function_body(hasher, fn, where, depth)
 
 
-def _function_body(hasher: _ValueHasher, fn: Any, where: str, depth: int, lenient: bool = False) -> None:
+def _function_body(hasher: Hasher, fn: Any, where: str, depth: int, lenient: bool = False) -> None:
     # Its name says little (a lambda, a local function, one edited since): its code, defaults,
     # closure and the globals its code names say what it does. `lenient`: reached by a name only,
     # a default or closure value that cannot be hashed counts by its type (see the module docstring).
     code = fn.__code__
-    hasher._code(code)
+    hasher.code(code)
     if lenient:  # one by one: a decorator's closure holds the function it wraps, queued by itself
         for part, values in (("defaults", list(fn.__defaults__ or ())),
                              ("kwdefaults", sorted((fn.__kwdefaults__ or {}).items())),
@@ -191,7 +207,7 @@ def _function_body(hasher: _ValueHasher, fn: Any, where: str, depth: int, lenien
         _named(hasher, globals_[global_name], names, f"{where} global {global_name}")
 
 
-def _function_values(hasher: _ValueHasher, fn: Any, where: str, depth: int) -> None:
+def _function_values(hasher: Hasher, fn: Any, where: str, depth: int) -> None:
     hasher.feed(getattr(fn, "__defaults__", None), f"{where}.__defaults__", depth + 1)
     hasher.feed(getattr(fn, "__kwdefaults__", None), f"{where}.__kwdefaults__", depth + 1)
     cells = [_cell(c) for c in getattr(fn, "__closure__", None) or ()]
@@ -205,7 +221,7 @@ def _cell(cell: Any) -> Any:
         return None
 
 
-def _named(hasher: _ValueHasher, value: Any, names: set[str], where: str) -> None:
+def _named(hasher: Hasher, value: Any, names: set[str], where: str) -> None:
     """A value code reaches by a name (a global, a module's attribute, a class attribute): user
     functions and classes are queued, user modules followed through `names`, installed code named,
     data hashed by value; what cannot be hashed counts by its type (see the module docstring)."""
@@ -236,7 +252,7 @@ def _is_generator(value: Any) -> bool:
     return isinstance(value, tuple(kinds))
 
 
-def feed_module(hasher: _ValueHasher, module: types.ModuleType, names: set[str] | None, where: str) -> None:
+def feed_module(hasher: Hasher, module: types.ModuleType, names: set[str] | None, where: str) -> None:
     """A module: installed by name and version; user code by the attributes `names` name in it."""
     version = installed_version(module.__name__)
     hasher.tag("module", module.__name__, version or "")
@@ -248,7 +264,7 @@ def feed_module(hasher: _ValueHasher, module: types.ModuleType, names: set[str] 
         _named(hasher, namespace[attribute], names, f"{where}.{attribute}")
 
 
-def feed_class(hasher: _ValueHasher, cls: type) -> None:
+def feed_class(hasher: Hasher, cls: type) -> None:
     """A class: installed by name and version; user code by name here, and by its attributes (methods by
     their code and what they reach) and its bases once, from the work list (:func:`finish`)."""
     name = f"{cls.__module__}.{cls.__qualname__}"
@@ -259,7 +275,7 @@ def feed_class(hasher: _ValueHasher, cls: type) -> None:
         _reference(hasher, cls, "type", name)
 
 
-def _class_body(hasher: _ValueHasher, cls: type) -> None:
+def _class_body(hasher: Hasher, cls: type) -> None:
     for base in cls.__bases__:
         feed_class(hasher, base)
     name = f"{cls.__module__}.{cls.__qualname__}"
