@@ -43,6 +43,7 @@ ROOMS = [
     ("loader", "loader (shared)"),
     ("loader.distributed", "loader (shared)"),
     ("cachestore.cli", "cachestore (cli)"),
+    ("cachestore.remote", "cachestore/remote"),
     ("cachestore.__main__", "cachestore (cli)"),
     ("cachestore.store", "cachestore (store)"),
     ("cachestore.reader", "cachestore (store)"),
@@ -50,6 +51,7 @@ ROOMS = [
     ("cachestore.sink", "cachestore (store)"),
     ("cachestore.spec", "cachestore (store)"),
     ("cachestore.shared", "cachestore (store)"),
+    ("cachestore.pruning", "cachestore (store)"),
     ("cachestore.backends", "cachestore/backends"),
     ("cachestore", "cachestore (core)"),
 ]

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 
-from .. import codec, safefs
+from .. import codec, records, safefs, untrusted
 from ..checksums import checksum
 from ..codec import Leaf, TreeDef
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
-from ..errors import BudgetExceededError
+from ..errors import BudgetExceededError, MalformedFileError
 from ..room import fits
 from .base import ShardWriter, StagingToken
-from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
+from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, SCHEMA_BYTES, col_name
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -119,13 +119,21 @@ class MemmapShard(ShardWriter):
             raise
 
     def _load_schema(self) -> TreeDef | None:
-        """The treedef the columns of this shard's area hold, ``None`` when no shard claimed one."""
+        """The treedef the columns of this shard's area hold, ``None`` when no shard claimed one (checked as
+        :func:`.memmap_files.load_schema` checks it: another process wrote it)."""
         try:
             fd = self._open(SCHEMA, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        with os.fdopen(fd, "rb") as f:
-            return codec.treedef_from_json(json.loads(f.read()))
+        try:
+            data = os.pread(fd, SCHEMA_BYTES + 1, 0)
+        finally:
+            os.close(fd)
+        where = str(self.dir / SCHEMA)
+        schema = untrusted.parse_treedef(untrusted.parse_json(data, where, SCHEMA_BYTES), where)
+        if not codec.is_stackable(schema):
+            raise MalformedFileError(f"{where} names leaves that are not stacked in columns (str, bytes or None)")
+        return schema
 
     def _claim_schema(self, treedef: TreeDef) -> None:
         self._schema_checked = True
@@ -162,7 +170,7 @@ class MemmapShard(ShardWriter):
                 self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
                 self._written(nbytes)
                 return nbytes
-            record = codec.encode_record(treedef, leaves, self.compress)
+            record = records.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
                 self._seg_fd = self._open(f"{self.shard_id}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 self._seg_end = os.fstat(self._seg_fd).st_size  # a shard reopened after a close appends

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from cachestore import GenerationInfo, Writer, codec
+from cachestore.records import decode_record
 from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
@@ -165,7 +166,9 @@ class GenerationBuild:
             self._main_shard = self.spec.open(MAIN_SHARD)
         for pos, record in records:
             try:
-                self._main_shard.put(pos, codec.unflatten(*codec.decode_record(record, copy=False)))
+                # Records our own workers encoded: their pickled leaves are this run's.
+                sample = codec.unflatten(*decode_record(record, copy=False), allow_pickle=True)
+                self._main_shard.put(pos, sample)
             except BudgetExceededError as exc:
                 self.over_budget(str(exc), exc)
                 return 0

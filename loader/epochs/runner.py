@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from cachestore import codec
+from cachestore import codec, records
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, GenerationCommitted, GenerationNotFoundError
 
@@ -341,7 +341,7 @@ class EpochRunner:
     def sample_bytes(self) -> int:
         """Bytes one sample takes as a record (one dataset call in this process)."""
         sample = self.producer.dataset[int(self.indices[0])] if len(self.indices) else None
-        return len(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        return len(records.encode_record(*codec.flatten(sample, allow_pickle=True)))
 
     # resuming --------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[str, object] | None, dict[str, object] | None]:

@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from cachestore import Put, PutResult, Reader, SampleSink, codec
+from cachestore.records import encode_record
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
@@ -106,7 +107,7 @@ def owned(batch: Batch) -> Batch:
 
     if all(own(leaf) for leaf in leaves):
         return batch
-    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves])
+    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves], allow_pickle=True)
 
 
 class BatchProducer:
@@ -242,7 +243,7 @@ class BatchProducer:
         """Sample `index` computed here, and encoded for the training process when it writes the records."""
         sample = self._call(index)
         if out.records is not None:
-            out.records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+            out.records.append((pos, encode_record(*codec.flatten(sample, self.allow_pickle))))
         return sample
 
     def _call(self, index: int) -> Sample:

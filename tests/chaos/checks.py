@@ -95,7 +95,7 @@ def known_bug(problem: str) -> str | None:
     return next((bug for bug, (pattern, _) in KNOWN_BUGS.items() if re.search(pattern, problem, re.S)), None)
 
 
-#: What a WorkerTimeoutError says of a worker that was still starting (spawn) when the timeout expired.
+#: What a WorkerTimeoutError says of a worker that was still starting (spawned) when the timeout expired.
 STARTING = "the worker had not finished starting"
 
 
@@ -621,8 +621,10 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 first = previous is None and err["epoch"] == min(epochs, default=err["epoch"])
                 restarted = (first or previous is not None and previous["epoch"] == err["epoch"] - 1) and \
                     "batch 0 of epoch" in err["message"]
-                if not match and (STARTING in err["message"] or restarted):
-                    pass  # the loaded machine started workers slower than `timeout`: see notes()
+                if (STARTING in err["message"] or restarted) and (not match or err["pid"] != fired[match[-1]]["pid"]):
+                    # The loaded machine started workers slower than `timeout`: see notes(). A worker still
+                    # starting is no hung one.
+                    pass
                 elif not match and theirs:
                     pass
                 elif not match:
