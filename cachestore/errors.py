@@ -77,5 +77,6 @@ class NotAStoreError(CacheStoreError, FileNotFoundError):
 
 
 class GenerationCommitted(CacheStoreError, FileExistsError):
-    """A process asked to write a generation that the processes writing it together committed meanwhile:
-    read it instead (:meth:`cachestore.Store.join`)."""
+    """A process asked to write a generation that is committed already (the processes writing it together,
+    or another writer, committed it meanwhile): read it instead (:meth:`cachestore.Store.join`,
+    :meth:`cachestore.Store.writer`)."""

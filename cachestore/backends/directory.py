@@ -67,8 +67,8 @@ from .. import safefs, untrusted
 from ..budget import Budget
 from ..claims import CLAIMS_NAME, DONE_NAME, done_map
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
-from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError,
-                      MalformedFileError)
+from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationCommitted,
+                      GenerationNotFoundError, MalformedFileError)
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
@@ -210,7 +210,9 @@ class DirectoryBackend(Backend):
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         if self.clear_damaged(generation):
-            raise CacheStoreError(f"generation {generation} of {self.path} is already committed; "
+            # GenerationCommitted: a loader that planned to write it reads it instead (another process, a
+            # concurrent run of another backend than memmap, committed it since it looked).
+            raise GenerationCommitted(f"generation {generation} of {self.path} is already committed; "
                                   "write a new generation id or prune this one first")
         staging = self.path / staging_dirname(generation)
         try:

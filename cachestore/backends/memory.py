@@ -25,7 +25,7 @@ from .. import codec
 from ..budget import Budget
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..errors import CacheStoreError, GenerationNotFoundError
+from ..errors import CacheStoreError, GenerationCommitted, GenerationNotFoundError
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
 from .reading import BatchLayout, GenerationData, StagingData
@@ -241,7 +241,7 @@ class MemoryBackend(Backend):
 
     def begin(self, generation: int, budget: Budget, num_samples: int | None) -> StagingToken:
         if generation in self._gens:
-            raise CacheStoreError(f"generation {generation} of memory store {self.root} is already committed")
+            raise GenerationCommitted(f"generation {generation} of memory store {self.root} is already committed")
         token = StagingToken(f"memory:{next(_tokens)}", generation, budget, num_samples, False, self.allow_pickle)
         self._staging[token.path] = _Staging(token)
         return token

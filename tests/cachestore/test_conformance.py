@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from cachestore import (CacheStoreError, GenerationNotFoundError, StoreLockedError, UnsupportedSampleError,
-                        open_store, stack_samples)
+from cachestore import (CacheStoreError, GenerationCommitted, GenerationNotFoundError, StoreLockedError,
+                        UnsupportedSampleError, open_store, stack_samples)
 
 from .helpers import (Opaque, assert_same, check_generation, fixed_sample, leftovers, variable_sample,
                       write_generation)
@@ -277,7 +277,9 @@ def test_one_writer_per_store(store):
 
 def test_committed_generation_cannot_be_rewritten(store):
     write_generation(store, 0, 2)
-    with pytest.raises(CacheStoreError, match="already committed"):
+    # GenerationCommitted: a loader that planned to write it (another process committed it since it
+    # looked) reads it instead.
+    with pytest.raises(GenerationCommitted, match="already committed"):
         store.writer(0, 2)
     write_generation(store, 1, 2)  # and the failed attempt released the lock
 

@@ -553,6 +553,10 @@ def check_generations(s: dict, runs: list, paths: Paths) -> list[str]:
                 content[key] = {i: nonce for i, _, nonce in e.served}
             continue
         known = content[key]
+        if e.error is not None and NOT_FOUND_ERROR in e.error["mro"]:
+            # The generation was removed while this epoch read it (check_errors says by what): a reader
+            # that found it half removed took it for damage, and its batch was a miss, computed afresh.
+            continue
         flips_before = {i for t, g, i in flipped if g == e.generation and t < e.t_end}
         differ = []
         for batch in e.batches:
