@@ -43,7 +43,7 @@ class EpochPlan:
     fill: np.ndarray | None = None
     transform_seed: int | None = None  # the run's seed when served samples go through read_transform
     # A read epoch: its order ("random" or "block", with the blocks' shape), and whether it reads with
-    # explicit I/O (the generation does not fit the memory room: loader.epochs.streaming).
+    # explicit I/O (the generation does not fit the memory room: loader.epochs.reads.streamed).
     read_order: str | None = None
     # When the generation read was committed: a generation removed and written again under the same
     # id is another one, and readers kept open from epoch to epoch must not serve the old files.

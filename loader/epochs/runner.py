@@ -4,7 +4,7 @@ One :class:`EpochRunner` per started loader. For each epoch it settles what a
 broken-off epoch left (:mod:`loader.cache.pending`), plans the epoch
 (:mod:`loader.epochs.planner`), opens the generation a generate epoch writes,
 runs the batches - inline (:mod:`loader.epochs.inline`), on the executor
-(:mod:`loader.epochs.scheduler`), where reads cost least
+(:mod:`loader.epochs.scheduler`), by the read path chosen for a read epoch
 (:mod:`loader.epochs.reads`), or through a rotation window
 (:mod:`loader.epochs.rotation`) - and commits at the end, or applies the
 budget policy (:mod:`loader.cache.policy`). A background refresh
@@ -42,10 +42,10 @@ from ..distributed import ConsumerLayout
 
 from .planner import plan_epoch
 from .plan import EpochPlan, EpochStats
-from .reads import ReadPlaces
+from .reads.paths import ReadPaths
+from .reads.workers import WorkerReads
 from .rotation import batch_sizes, rotation_epoch
 from .scheduler import PoolRun, run_pool
-from .streaming import stream_batches
 from .windows import DiskWindow, MemoryWindow
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class EpochRunner:
         self.state = RunState(settings.seed, settings.rotation)
         self.indices = layout.partition(0)
         self.host = ExecutorHost(settings, producer, res)
-        self.reads = ReadPlaces(producer, res, settings.nb_worker, settings.batch_size)
+        self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         self.cache: CacheController | None = None
         self.refresh: BackgroundRefresh | None = None
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
@@ -261,13 +261,10 @@ class EpochRunner:
             return self.rotation_batches(plan, stats)
         if plan.mode == EpochMode.READ:
             assert store is not None and plan.generation is not None
-            if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
-                return stream_batches(plan, stats, self.reads.reader(store, plan.generation, plan.committed_at),
-                                     self.producer)
-            if s.nb_worker == 0 or not store.backend.persistent:
-                return self.reads.in_process(plan, stats, store)
+            if plan.stream or s.nb_worker == 0 or not store.backend.persistent:  # no worker reads it
+                return self.reads.choose(plan, stats, store, None).batches(plan, stats)
         elif s.nb_worker == 0:
-            return run_inline(plan, self.producer, None, build, stats)
+            return run_inline(plan, self.producer, build, stats)
         executor = self.host.ensure()
         run = PoolRun(executor, self.host.slot_pool(), s.max_queue_size, self.kill_executor,
                       s.max_minibatch_length, s.prefetch_time if plan.epoch == 0 else None, build=build,
@@ -290,7 +287,7 @@ class EpochRunner:
             # Reading a batch takes milliseconds: a deep queue would only hold memory.
             run.max_in_flight = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)
             if self.refresh is None:  # a refresh needs the workers' idle time: they gather then
-                return self.reads.placed(plan, stats, store, lambda p: run_pool(p, run, stats), run.max_in_flight)
+                return self.reads.choose(plan, stats, store, WorkerReads(run)).batches(plan, stats)
             stats.extra["gather"] = "workers"
         return run_pool(plan, run, stats)
 

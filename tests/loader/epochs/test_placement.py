@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loader import CachedLoader
-from loader.epochs.placement import PROBE_BATCHES
+from loader.epochs.reads.placement import PROBE_BATCHES
 
 from ..datasets import ArangeDataset
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from loader import CachedLoader
-from loader.epochs.threads import THREAD_PREFIX, BatchBuffers
+from loader.epochs.reads.threads import THREAD_PREFIX, BatchBuffers
 
 from ..datasets import ArangeDataset, read_calls
 

@@ -1,0 +1,42 @@
+"""Read epochs gathered by the training process itself, batch by batch as the loop asks.
+
+The path without a hand-off: no task, no slot, no thread. A batch is gathered
+into new arrays: the allocator hands back the memory of the batch before last,
+and private memory (huge pages) is faster to write than a reused shared-memory
+slot (4 KiB pages). For small samples it is the cheapest path (the hand-off
+from workers costs more than the gather; ``loader/epochs/reads/placement.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from cachestore import Reader
+
+from ...dataset import Batch
+from ...errors import SampleError
+from ...executors.producer import BatchProducer
+from ..inline import dataset_error
+from ..plan import EpochPlan, EpochStats
+from .base import ReadPath, read_task
+
+
+class MainReads(ReadPath):
+    """Batches gathered by the training process with `reader` (see the module docstring)."""
+
+    name = "main"
+
+    def __init__(self, producer: BatchProducer, reader: Reader) -> None:
+        self.producer = producer
+        self.reader = reader
+
+    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
+        try:
+            for positions in list(plan.batches):
+                batch = self.producer.read(read_task(plan, positions), self.reader)
+                stats.read += len(positions)
+                stats.batches += 1
+                stats.samples += len(positions)
+                yield batch
+        except SampleError as exc:  # a recomputed miss: the dataset's own exception, raised here
+            raise dataset_error(exc, plan.epoch) from None
