@@ -12,20 +12,18 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterator
 
-from ..cache.build import GenerationBuild
 from ..errors import SampleError, add_note
 from ..executors import messages as m
 from ..executors.producer import BatchProducer
-from ..settings import EpochMode
 from .plan import EpochPlan, EpochStats
+from .work import ComputeWork
 
 
-def run_inline(plan: EpochPlan, producer: BatchProducer, build: GenerationBuild | None,
-               stats: EpochStats) -> Iterator[Any]:
-    """The batches of compute or generate epoch `plan`, computed (and written into `build`, when
-    given) in this process; then its unserved batches, computed and written, never delivered."""
+def run_inline(plan: EpochPlan, producer: BatchProducer, work: ComputeWork, stats: EpochStats) -> Iterator[Any]:
+    """The batches of compute or generate epoch `plan`, computed (and written, as `work` says) in this
+    process; then its unserved batches, computed and written, never delivered."""
     try:
-        yield from _inline_batches(plan, producer, build, stats)
+        yield from _inline_batches(plan, producer, work, stats)
     except SampleError as exc:
         raise dataset_error(exc, plan.epoch) from None
 
@@ -40,22 +38,17 @@ def dataset_error(exc: SampleError, epoch: int) -> BaseException:
     return exc.cause
 
 
-def _inline_batches(plan: EpochPlan, producer: BatchProducer, build: GenerationBuild | None,
+def _inline_batches(plan: EpochPlan, producer: BatchProducer, work: ComputeWork,
                     stats: EpochStats) -> Iterator[Any]:
+    build = work.build
     served_batches = list(plan.batches)
-    for number, positions in enumerate(itertools.chain(served_batches, plan.unserved)):
+    for number, positions in enumerate(itertools.chain(served_batches, work.unserved)):
         served = number < len(served_batches)
-        fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
-        if build is not None:
-            redraw = plan.repeats.get(number)
-            fields = build.task_fields(positions, redraw.earlier if redraw is not None else None)
-            fields.pop("send_records", None)  # this process writes its shard itself
-            if fields["mode"] == EpochMode.GENERATE:
-                fields["shard"] = build.spec
+        redraw = work.repeats.get(number)
         task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
-                      transform_seed=plan.transform_seed if served else None, **fields)
+                      transform_seed=plan.transform_seed if served else None,
+                      **work.part(positions, redraw.earlier if redraw is not None else None, here=True))
         out = producer.produce(task)
-        batch = out.batch
         stats.computed += len(positions) - out.staged
         stats.read += out.staged
         stats.waited += out.waited
@@ -67,7 +60,6 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, build: GenerationB
         if served:
             stats.batches += 1
             stats.samples += len(positions)
-            yield batch
+            yield out.batch
     if build is not None:
         producer.close_shard()  # before the loader commits or discards the generation
-

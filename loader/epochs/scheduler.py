@@ -1,7 +1,7 @@
-"""Running one epoch: feed tasks to the executor (or run them inline), reorder, deliver.
+"""Running an epoch's tasks on the executor: submit them, reorder the results, deliver the batches.
 
-The loader decides *what* an epoch does (:class:`EpochPlan`); this module
-does it. Batches are delivered in order; at most ``max_in_flight`` batches
+The epoch's kind decides what its tasks do (:mod:`loader.epochs.work`); this
+module runs them. Batches are delivered in order; at most ``max_in_flight`` batches
 are in flight. Results of an epoch that was abandoned (``break``) are
 recognised by their epoch number and dropped (see the shutdown note in
 :mod:`loader.executors.process.pool` and ``docs/ARCHITECTURE.md``).
@@ -18,14 +18,13 @@ import numpy as np
 
 from cachestore.collate import stack_samples
 
-from ..cache.build import GenerationBuild
 from ..cache.refresh import BackgroundRefresh
 from ..dataset import Batch, CollateFn, Sample
 from ..executors import messages as m
 from ..executors.base import Executor, late_work_report, worker_timeout
 from ..executors.process.slots import SlotPool
-from ..settings import EpochMode
 from .plan import EpochPlan, EpochStats
+from .work import ComputeWork, Work
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,8 @@ class PoolRun:
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
     bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
-    ``collate=False`` each batch is the list of its samples. ``build`` is the
-    generation a generate epoch writes, ``reader`` the ``(StoreSpec,
-    generation)`` a read epoch gathers from, and ``background`` a
+    ``collate=False`` each batch is the list of its samples (and nothing is
+    counted: rotation counts its serves itself). ``background`` is a
     :class:`~loader.cache.refresh.BackgroundRefresh` that gets the workers' spare time.
     """
 
@@ -64,8 +62,6 @@ class PoolRun:
     minibatch: int | None = None
     prefetch_time: float | None = None
     collate: bool = True
-    build: GenerationBuild | None = None
-    reader: m.ReadSource | None = None
     background: BackgroundRefresh | None = None
     timeout: float | None = None
     split_ends: bool = False
@@ -90,8 +86,8 @@ class PoolEpoch:
     worker, :meth:`_wait` waits for one message (or raises past the timeout).
     """
 
-    def __init__(self, plan: EpochPlan, run: PoolRun, stats: EpochStats) -> None:
-        self.plan, self.run, self.stats = plan, run, stats
+    def __init__(self, plan: EpochPlan, run: PoolRun, stats: EpochStats, work: Work) -> None:
+        self.plan, self.run, self.stats, self.work = plan, run, stats, work
         self.executor, self.slots = run.executor, run.slots
         self.inflight: dict[tuple[int, int], m.Task] = {}
         self.parts_of: dict[int, int] = {}  # batch -> tasks it was split into
@@ -140,10 +136,10 @@ class PoolEpoch:
     def _start(self) -> None:
         plan, run = self.plan, self.run
         batches: Iterable[np.ndarray] = plan.batches
-        if plan.unserved:
+        if self.work.unserved:
             batches = list(batches)
             self.first_unserved = len(batches)
-            batches += plan.unserved
+            batches += self.work.unserved
         self.source = iter(batches)
         self.following = next(self.source, None)
         self.prefetch_deadline = time.monotonic() + run.prefetch_time if run.prefetch_time else None
@@ -157,7 +153,7 @@ class PoolEpoch:
     def _fill(self) -> None:
         """Submit batches while fewer than the depth are ahead of the loop."""
         while not self.exhausted and self.submitted - self.delivered < self.depth:
-            redraw = self.plan.repeats.get(self.submitted)
+            redraw = self.work.repeats.get(self.submitted)
             if redraw is not None and not self._received(redraw.after):
                 break  # it reads back samples an earlier batch still computes: once that one is in
             positions, self.following = self.following, next(self.source, None)
@@ -174,7 +170,7 @@ class PoolEpoch:
             self.parts_of[seq] = 1
             self.done[seq] = {0: []}
             return
-        redraw = plan.repeats.get(seq)
+        redraw = self.work.repeats.get(seq)
         step = run.minibatch or len(positions)
         if run.split_ends and (seq == 0 or last) and executor.nb_worker > 1:
             step = min(step, -(-len(positions) // executor.nb_worker))
@@ -190,21 +186,13 @@ class PoolEpoch:
         for part, s in enumerate(starts):
             chunk = positions[s:s + step]
             slot, name, size = self.slots.acquire()
-            fields = self._work(chunk, repeat[s:s + step] if repeat is not None else None)
+            fields = self.work.part(chunk, repeat[s:s + step] if repeat is not None else None)
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=whole,
                           transform_seed=plan.transform_seed if self._served(seq) and run.collate else None,
                           **fields)
             self.inflight[(seq, part)] = task
             executor.submit(task)
-
-    def _work(self, chunk: np.ndarray, repeat: np.ndarray | None) -> dict[str, Any]:
-        """The part of a task that says what it does (compute, write, read)."""
-        if self.plan.mode == EpochMode.READ:
-            return {"mode": EpochMode.READ, "reader": self.run.reader}
-        if self.plan.mode == EpochMode.GENERATE and self.run.build is not None:
-            return self.run.build.task_fields(chunk, repeat)
-        return {"mode": EpochMode.COMPUTE}
 
     # receiving ------------------------------------------------------------------
     def _received(self, upto: int) -> bool:
@@ -240,14 +228,8 @@ class PoolEpoch:
             self.done.setdefault(msg.seq, {})[msg.part] = msg.batch
         else:
             self.done.setdefault(msg.seq, {})[msg.part] = self.slots.view(task.slot, msg.meta)
-        if plan.mode == EpochMode.READ:
-            stats.read += len(task.indices)
-        elif run.collate:
-            stats.computed += len(task.indices) - msg.staged
-            stats.read += msg.staged
-            stats.waited += msg.waited
-            if run.build is not None:
-                stats.written += run.build.accept(msg)
+        if run.collate:
+            self.work.count(task, msg, stats)
 
     def _take(self, prefetching: bool) -> tuple[bool, Any] | None:
         """``(served, batch)`` for the next batch when all its parts are in (and no prefetch holds it back)."""
@@ -315,10 +297,10 @@ class PoolEpoch:
         return {(self.plan.epoch, s, p) for (s, p) in self.inflight if s == self.delivered}
 
 
-def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
-    """An epoch run by the executor; yields batches in order.
+def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats, work: Work | None = None) -> Iterator[Any]:
+    """An epoch run by the executor, its tasks doing `work` (default: compute); yields batches in order.
 
     ``plan.batches`` may be any iterable of position arrays (it is consumed
     ``run.max_in_flight`` batches ahead).
     """
-    return PoolEpoch(plan, run, stats).batches()
+    return PoolEpoch(plan, run, stats, work if work is not None else ComputeWork()).batches()

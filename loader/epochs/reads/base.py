@@ -30,7 +30,7 @@ from ...executors import messages as m
 from ...executors.producer import BatchProducer
 from ...settings import EpochMode
 from ..inline import dataset_error
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 
 
 class ReadPath(ABC):
@@ -42,17 +42,17 @@ class ReadPath(ABC):
     warmup: int = 0
 
     @abstractmethod
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         """The batches of read epoch `plan`, in order, counted into `stats`."""
 
 
-def read_task(plan: EpochPlan, positions: np.ndarray) -> m.Task:
+def read_task(plan: ReadPlan, positions: np.ndarray) -> m.Task:
     """The task that reads `positions` of read epoch `plan` in this process."""
     return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
                   positions=positions, transform_seed=plan.transform_seed)
 
 
-def recompute(plan: EpochPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Batch:
+def recompute(plan: ReadPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Batch:
     """A corrupt record: the batch from the dataset, in this process (it says so in the log)."""
     try:
         return producer.recompute(read_task(plan, positions), exc)

@@ -17,7 +17,7 @@ from ...dataset import Batch
 from ...errors import SampleError
 from ...executors.producer import BatchProducer
 from ..inline import dataset_error
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from .base import ReadPath, read_task
 
 
@@ -30,7 +30,7 @@ class MainReads(ReadPath):
         self.producer = producer
         self.reader = reader
 
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         try:
             for positions in list(plan.batches):
                 batch = self.producer.read(read_task(plan, positions), self.reader)

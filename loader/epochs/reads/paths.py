@@ -11,11 +11,13 @@ the training process, its threads and the workers.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from cachestore import Reader, Store
 
 from ...executors.producer import BatchProducer
 from ...resources import Resources
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from . import threads as gather_threads
 from .base import ReadPath
 from .main import MainReads
@@ -47,7 +49,7 @@ class ReadPaths:
         self.batch_size = batch_size
         self.placement = GatherPlacement()
         self._reader: Reader | None = None
-        self._reader_at: float | None = None  # when its generation was committed (EpochPlan.committed_at)
+        self._reader_at: float | None = None  # when its generation was committed (ReadPlan.committed_at)
 
     def reader(self, store: Store, generation: int, committed_at: float | None = None) -> Reader:
         """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).
@@ -75,20 +77,23 @@ class ReadPaths:
             self.res.threads = GatherThreads(min(self.nb_worker, usable_cpus()))
         return self.res.threads
 
-    def choose(self, plan: EpochPlan, stats: EpochStats, store: Store, workers: WorkerReads | None) -> ReadPath:
-        """The read path of read epoch `plan` (`workers`: ``None`` where they may not read `store`)."""
+    def choose(self, plan: ReadPlan, stats: EpochStats, store: Store,
+               workers: Callable[[], WorkerReads | None]) -> ReadPath:
+        """The read path of read epoch `plan`, said in `stats` (`workers()`: the workers' path, ``None``
+        where they cannot read `store`; asked only where they may read the epoch)."""
         reader = self.reader(store, plan.generation or 0, plan.committed_at)
         if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
-            stats.extra["gather"] = "stream"
+            stats.extra["gather"] = StreamedReads.name
             return StreamedReads(reader, self.producer)
         main = MainReads(self.producer, reader)
+        pool = workers()
         threads = None
         if self.nb_worker > 0 and gather_threads.usable(reader, self.producer):
             threads = ThreadReads(reader, self.producer, self.threads())
-        if workers is None and threads is None:
-            stats.extra["gather"] = "main"
+        if pool is None and threads is None:
+            stats.extra["gather"] = main.name
             return main
-        return Placed(self.placement, (store.path, plan.generation, self.batch_size), main, workers, threads)
+        return Placed(self.placement, (store.path, plan.generation, self.batch_size), main, pool, threads)
 
     def epoch_ended(self, stats: EpochStats) -> None:
         """A read epoch ended: the threads' free buffers go when the threads did not gather it (as

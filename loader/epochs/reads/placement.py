@@ -43,7 +43,7 @@ import time
 from typing import Iterable, Iterator
 
 from ...dataset import Batch
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from .base import ReadPath
 
 #: What a choice of place holds for: (store path, generation, batch size).
@@ -86,7 +86,7 @@ class GatherPlacement:
         # once warm, and what its start cost on top.
         self.runs: dict[PlaceKey, dict[str, list[tuple[float, float]]]] = {}
 
-    def batches(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, main: ReadPath, workers: ReadPath | None,
+    def batches(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath, workers: ReadPath | None,
                 threads: ReadPath | None) -> Iterator[Batch]:
         """The batches of read epoch `plan`, read by `main` (the training process), `workers` or
         `threads`: ``None`` where they may not read this store (not both)."""
@@ -112,7 +112,7 @@ class GatherPlacement:
             return workers.batches(plan, stats)
         return self._probe(key, plan, stats, main, workers or threads)
 
-    def _probe(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, main: ReadPath,
+    def _probe(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath,
                rest: ReadPath | None) -> Iterator[Batch]:
         """First read epoch: time the training process's gather; `rest` (the workers; without them,
         the threads) serves the rest."""
@@ -138,7 +138,7 @@ class GatherPlacement:
         self.choices[key] = ("pending" if rest.name == "workers" else "pending-threads",
                              {"main": statistics.median(main_times)})
 
-    def _time(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, parts: list[ReadPath],
+    def _time(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, parts: list[ReadPath],
               costs: dict[str, float], then_threads: bool = False) -> Iterator[Batch]:
         """A later probe epoch: time each of `parts` (read paths) on its share of the
         batches, in order, now warm (the workers' first epoch mapped the store's pages and grew their
@@ -198,5 +198,5 @@ class Placed(ReadPath):
         self.placement, self.key = placement, key
         self.main, self.workers, self.threads = main, workers, threads
 
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         return self.placement.batches(self.key, plan, stats, self.main, self.workers, self.threads)

@@ -36,7 +36,7 @@ from ...errors import SampleError
 from ...executors.producer import BatchProducer
 from ..inline import dataset_error
 from ..order import WINDOW_BLOCKS
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from .base import ReadPath, read_task, recompute
 
 
@@ -60,7 +60,7 @@ class StreamedReads(ReadPath):
         self.producer = producer
         self.io_threads = io_threads
 
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         reader, producer = self.reader, self.producer
         layout = reader.batch_layout()
         if layout is None:
@@ -86,7 +86,7 @@ class StreamedReads(ReadPath):
                 yield batch
 
 
-def _batch(plan: EpochPlan, positions: np.ndarray, leaves: list[Leaf], treedef: codec.TreeDef,
+def _batch(plan: ReadPlan, positions: np.ndarray, leaves: list[Leaf], treedef: codec.TreeDef,
            producer: BatchProducer) -> Batch:
     """The batch the default collate makes of `leaves` (stacked rows), or through the user's functions."""
     task = read_task(plan, positions)

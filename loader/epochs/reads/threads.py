@@ -47,7 +47,7 @@ from cachestore import CorruptSampleError, Reader
 
 from ...executors.producer import BatchProducer
 from ...leaves import leaf_views, plan_layout
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from .base import ReadPath, recompute
 
 #: Thread names start with this (see GatherThreads.shutdown).
@@ -170,7 +170,7 @@ class ThreadReads(ReadPath):
         self.threads = threads
         self.warmup = threads.buffers.keep  # the first buffers allocated, their pages faulted in
 
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Any]:
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Any]:
         threads, reader = self.threads, self.reader
         batches = list(plan.batches)
         pending: collections.deque[concurrent.futures.Future] = collections.deque()

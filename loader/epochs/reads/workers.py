@@ -12,19 +12,22 @@ from __future__ import annotations
 from typing import Iterator
 
 from ...dataset import Batch
-from ..plan import EpochPlan, EpochStats
+from ..plan import EpochStats, ReadPlan
 from ..scheduler import PoolRun, run_pool
+from ..work import ReadWork
 from .base import ReadPath
 
 
 class WorkerReads(ReadPath):
-    """Batches of a read epoch gathered by the executor's workers, as `run` says."""
+    """Batches of a read epoch gathered by the executor's workers, as `run` says, from the generation
+    `work` names."""
 
     name = "workers"
 
-    def __init__(self, run: PoolRun) -> None:
+    def __init__(self, run: PoolRun, work: ReadWork) -> None:
         self.run = run
+        self.work = work
         self.warmup = run.max_in_flight  # the batches queued ahead of the loop at the start
 
-    def batches(self, plan: EpochPlan, stats: EpochStats) -> Iterator[Batch]:
-        return run_pool(plan, self.run, stats)
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
+        return run_pool(plan, self.run, stats, self.work)
