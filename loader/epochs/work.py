@@ -19,7 +19,6 @@ import numpy as np
 
 from ..cache.build import GenerationBuild
 from ..executors import messages as m
-from ..settings import EpochMode
 from .order import Redraw
 from .plan import EpochStats
 
@@ -47,13 +46,8 @@ class ComputeWork:
         """The fields of a task computing `positions` (`earlier`: those an earlier batch drew; `here`:
         the task runs in the training process, which writes its own shard)."""
         if self.build is None:
-            return {"mode": EpochMode.COMPUTE}
-        fields = self.build.task_fields(positions, earlier)
-        if here:
-            fields.pop("send_records", None)
-            if fields["mode"] == EpochMode.GENERATE:
-                fields["shard"] = self.build.spec
-        return fields
+            return {}
+        return {"write": self.build.write_part(positions, earlier, here)}
 
     def count(self, task: m.Task, msg: m.BatchDone, stats: EpochStats) -> None:
         """Count a delivered result into `stats` (and its samples into the generation)."""
@@ -73,7 +67,7 @@ class ReadWork:
         self.repeats: dict[int, Redraw] = {}
 
     def part(self, positions: np.ndarray, earlier: np.ndarray | None, here: bool = False) -> dict[str, Any]:
-        return {"mode": EpochMode.READ, "reader": self.source}
+        return {"reader": self.source}
 
     def count(self, task: m.Task, msg: m.BatchDone, stats: EpochStats) -> None:
         stats.read += len(task.indices)

@@ -336,7 +336,7 @@ class RayExecutor(DeathListeners):
                 batch = producer.gather(task, reader)
             except CorruptSampleError as exc:
                 log.warning("%s; computing this batch on a Ray actor instead", str(exc))
-                self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))
+                self._submit_remote(dataclasses.replace(task, reader=None))
                 return None
         except Exception as exc:
             return task_failure(exc, task, LOCAL_WORKER)

@@ -22,13 +22,12 @@ from typing import ClassVar, Iterator
 
 import numpy as np
 
-from cachestore import CorruptSampleError
+from cachestore import CorruptSampleError, Reader
 
 from ...dataset import Batch
 from ...errors import SampleError
 from ...executors import messages as m
 from ...executors.producer import BatchProducer
-from ...settings import EpochMode
 from ..inline import dataset_error
 from ..plan import EpochStats, ReadPlan
 
@@ -46,15 +45,24 @@ class ReadPath(ABC):
         """The batches of read epoch `plan`, in order, counted into `stats`."""
 
 
-def read_task(plan: ReadPlan, positions: np.ndarray) -> m.Task:
-    """The task that reads `positions` of read epoch `plan` in this process."""
-    return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
-                  positions=positions, transform_seed=plan.transform_seed)
+class LocalReads(ReadPath):
+    """A read path of the training process itself (its own gather, its threads, its I/O threads):
+    `reader` is its reader of the generation `source` names, `producer` computes a batch whose
+    record is corrupt."""
 
+    def __init__(self, producer: BatchProducer, reader: Reader, source: m.ReadSource) -> None:
+        self.producer = producer
+        self.reader = reader
+        self.source = source
 
-def recompute(plan: ReadPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Batch:
-    """A corrupt record: the batch from the dataset, in this process (it says so in the log)."""
-    try:
-        return producer.recompute(read_task(plan, positions), exc)
-    except SampleError as err:  # the dataset's (or read_transform's) own exception
-        raise dataset_error(err, plan.epoch) from None
+    def task(self, plan: ReadPlan, positions: np.ndarray) -> m.Task:
+        """The task that reads `positions` of read epoch `plan`."""
+        return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
+                      reader=self.source, transform_seed=plan.transform_seed)
+
+    def recompute(self, plan: ReadPlan, positions: np.ndarray, exc: CorruptSampleError) -> Batch:
+        """A corrupt record: the batch from the dataset, in this process (it says so in the log)."""
+        try:
+            return self.producer.recompute(self.task(plan, positions), exc)
+        except SampleError as err:  # the dataset's (or read_transform's) own exception
+            raise dataset_error(err, plan.epoch) from None

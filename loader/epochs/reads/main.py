@@ -11,29 +11,22 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from cachestore import Reader
-
 from ...dataset import Batch
 from ...errors import SampleError
-from ...executors.producer import BatchProducer
 from ..inline import dataset_error
 from ..plan import EpochStats, ReadPlan
-from .base import ReadPath, read_task
+from .base import LocalReads
 
 
-class MainReads(ReadPath):
-    """Batches gathered by the training process with `reader` (see the module docstring)."""
+class MainReads(LocalReads):
+    """Batches gathered by the training process with its reader (see the module docstring)."""
 
     name = "main"
-
-    def __init__(self, producer: BatchProducer, reader: Reader) -> None:
-        self.producer = producer
-        self.reader = reader
 
     def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         try:
             for positions in list(plan.batches):
-                batch = self.producer.read(read_task(plan, positions), self.reader)
+                batch = self.producer.read(self.task(plan, positions), self.reader)
                 stats.read += len(positions)
                 stats.batches += 1
                 stats.samples += len(positions)

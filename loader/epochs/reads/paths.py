@@ -15,6 +15,7 @@ from typing import Callable
 
 from cachestore import Reader, Store
 
+from ...executors import messages as m
 from ...executors.producer import BatchProducer
 from ...resources import Resources
 from ..plan import EpochStats, ReadPlan
@@ -82,14 +83,15 @@ class ReadPaths:
         """The read path of read epoch `plan`, said in `stats` (`workers()`: the workers' path, ``None``
         where they cannot read `store`; asked only where they may read the epoch)."""
         reader = self.reader(store, plan.generation or 0, plan.committed_at)
+        source: m.ReadSource = (store.spec, plan.generation or 0, plan.committed_at)
         if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
             stats.extra["gather"] = StreamedReads.name
-            return StreamedReads(reader, self.producer)
-        main = MainReads(self.producer, reader)
+            return StreamedReads(self.producer, reader, source)
+        main = MainReads(self.producer, reader, source)
         pool = workers()
         threads = None
         if self.nb_worker > 0 and gather_threads.usable(reader, self.producer):
-            threads = ThreadReads(reader, self.producer, self.threads())
+            threads = ThreadReads(self.producer, reader, source, self.threads())
         if pool is None and threads is None:
             stats.extra["gather"] = main.name
             return main

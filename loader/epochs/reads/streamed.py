@@ -33,11 +33,12 @@ from cachestore.codec import Leaf, LeafSpec
 
 from ...dataset import Batch
 from ...errors import SampleError
+from ...executors import messages as m
 from ...executors.producer import BatchProducer
 from ..inline import dataset_error
 from ..order import WINDOW_BLOCKS
 from ..plan import EpochStats, ReadPlan
-from .base import ReadPath, read_task, recompute
+from .base import LocalReads
 
 
 #: I/O threads of a streamed epoch: enough requests in flight for a disk's queue.
@@ -50,15 +51,12 @@ PREFETCH_BATCHES = 4
 THREAD_PREFIX = "cachestore-io"
 
 
-class StreamedReads(ReadPath):
-    """Batches of a read epoch read from `reader` with explicit I/O ahead of the loop (see the module docstring)."""
+class StreamedReads(LocalReads):
+    """Batches of a read epoch read with the training process's reader, with explicit I/O ahead of the
+    loop (see the module docstring)."""
 
     name = "stream"
-
-    def __init__(self, reader: Reader, producer: BatchProducer, io_threads: int = IO_THREADS) -> None:
-        self.reader = reader
-        self.producer = producer
-        self.io_threads = io_threads
+    io_threads = IO_THREADS
 
     def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
         reader, producer = self.reader, self.producer
@@ -74,10 +72,10 @@ class StreamedReads(ReadPath):
                 leaves = _by_rows(batches, specs, reader, pool, self.io_threads)
             for positions, got in zip(batches, leaves):
                 if isinstance(got, CorruptSampleError):
-                    batch = recompute(plan, producer, positions, got)
+                    batch = self.recompute(plan, positions, got)
                 else:
                     try:
-                        batch = _batch(plan, positions, got, treedef, producer)
+                        batch = _batch(self.task(plan, positions), got, treedef, producer)
                     except SampleError as exc:  # read_transform's own exception
                         raise dataset_error(exc, plan.epoch) from None
                 stats.read += len(positions)
@@ -86,13 +84,11 @@ class StreamedReads(ReadPath):
                 yield batch
 
 
-def _batch(plan: ReadPlan, positions: np.ndarray, leaves: list[Leaf], treedef: codec.TreeDef,
-           producer: BatchProducer) -> Batch:
+def _batch(task: m.Task, leaves: list[Leaf], treedef: codec.TreeDef, producer: BatchProducer) -> Batch:
     """The batch the default collate makes of `leaves` (stacked rows), or through the user's functions."""
-    task = read_task(plan, positions)
     if not producer.custom_collate and not producer.transforms(task):
         return codec.unflatten_batch(treedef, leaves)
-    samples = [codec.unflatten(treedef, [leaf[i] for leaf in leaves]) for i in range(len(positions))]
+    samples = [codec.unflatten(treedef, [leaf[i] for leaf in leaves]) for i in range(len(task.indices))]
     samples = producer.transformed(task, samples)
     return producer.collate(samples)
 

@@ -45,10 +45,11 @@ import numpy as np
 
 from cachestore import CorruptSampleError, Reader
 
+from ...executors import messages as m
 from ...executors.producer import BatchProducer
 from ...leaves import leaf_views, plan_layout
 from ..plan import EpochStats, ReadPlan
-from .base import ReadPath, recompute
+from .base import LocalReads
 
 #: Thread names start with this (see GatherThreads.shutdown).
 THREAD_PREFIX = "cachestore-gather"
@@ -159,14 +160,15 @@ class GatherThreads:
         self.buffers.close()
 
 
-class ThreadReads(ReadPath):
-    """Batches of a read epoch gathered by `threads` from `reader`, at most ``threads.ahead`` ahead."""
+class ThreadReads(LocalReads):
+    """Batches of a read epoch gathered by `threads` with the training process's reader, at most
+    ``threads.ahead`` ahead."""
 
     name = "threads"
 
-    def __init__(self, reader: Reader, producer: BatchProducer, threads: GatherThreads) -> None:
-        self.reader = reader
-        self.producer = producer
+    def __init__(self, producer: BatchProducer, reader: Reader, source: m.ReadSource,
+                 threads: GatherThreads) -> None:
+        super().__init__(producer, reader, source)
         self.threads = threads
         self.warmup = threads.buffers.keep  # the first buffers allocated, their pages faulted in
 
@@ -183,7 +185,7 @@ class ThreadReads(ReadPath):
                 try:
                     batch = pending.popleft().result()
                 except CorruptSampleError as exc:
-                    batch = recompute(plan, self.producer, positions, exc)
+                    batch = self.recompute(plan, positions, exc)
                 stats.read += len(positions)
                 stats.batches += 1
                 stats.samples += len(positions)

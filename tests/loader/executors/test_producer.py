@@ -9,13 +9,12 @@ from cachestore.backends.staging import mark_committing
 from cachestore.claims import CLAIMS_NAME, DONE_NAME
 from loader.executors import messages as m
 from loader.executors.producer import BatchProducer
-from loader.settings import EpochMode
 
 from ..datasets import ArangeDataset
 
 
 def generate_task(spec, indices: list[int]) -> m.Task:
-    return m.Task(seq=0, part=0, epoch=0, indices=np.array(indices), mode=EpochMode.GENERATE, shard=spec,
+    return m.Task(seq=0, part=0, epoch=0, indices=np.array(indices), write=m.WritePart(spec),
                   positions=np.array(indices))
 
 
