@@ -245,7 +245,7 @@ class RayExecutor(DeathListeners):
     def begin_epoch(self) -> None:
         self.restarts = 0
         # Reads queued by an abandoned epoch are answered unread: their results are dropped anyway,
-        # and the answer gives their shared-memory slot back (loader.epochs.scheduler, receive).
+        # and the answer gives their shared-memory slot back (loader.epochs.scheduler.PoolEpoch._receive).
         while self._local:
             task = self._local.popleft()
             self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))
