@@ -22,34 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-RESULTS = Path(__file__).resolve().parent / "results"
-# memory first: its baseline is then a training process with torch loaded and little else (the memory
-# backend's throughput case leaves the heap fragmented: freed memory glibc does not hand back)
-SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
-             "latency", "larger_than_memory"]
-
-#: Sizes of a full run and of ``--quick``.
-SIZES: dict[str, dict[str, Any]] = {
-    "full": {"expensive": {"n": 1000, "repeats": 3}, "big_n": 10000, "small_n": 100000, "tp_repeats": 3,
-             "rotation": {"n": 1000, "repeats": 3}, "read_transform": {"n": 1000, "repeats": 3},
-             "memory": {"n": 1000, "epochs": 4, "k": 2, "cached_n": 4000, "repeats": 3},
-             "training_step": {"n": 640, "epochs": 10, "k": 5, "repeats": 3},
-             "setup_time": {"n": 640, "repeats": 5},
-             "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1},
-             # stores of 2 GB read under a 512 MiB limit (why these: benchmarks/larger_than_memory.py)
-             "larger_than_memory": {"limit_mib": 512, "store_mb": 2000, "budget_s": 15}},
-    "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
-              "rotation": {"n": 300, "repeats": 2}, "read_transform": {"n": 300, "repeats": 1},
-              "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
-              "training_step": {"n": 320, "epochs": 5, "k": 4, "repeats": 1},
-              "setup_time": {"n": 384, "repeats": 3},
-              "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1},
-              "larger_than_memory": {"limit_mib": 384, "store_mb": 1250, "budget_s": 4}},
-}
-COST, WORKERS, BATCH, TP_BATCH, STEP = 0.005, 2, 64, 256, 0.08
-#: CPU seconds the set-up scenario's training process spends building its "model" (the set-up target: >= 1 s).
-SETUP_GAP = 1.0
-BACKENDS = ["memmap", "lmdb", "memory"]
+from .config import BACKENDS, BATCH, COST, RESULTS, SCENARIOS, SETUP_GAP, SIZES, STEP, TP_BATCH, WORKERS
 
 
 def _meta(argv: list[str], quick: bool) -> dict:
@@ -168,13 +141,6 @@ def _larger_than_memory(results: dict, sizes: dict) -> None:
                                                                 s["budget_s"], log=_log)
 
 
-RUNNERS: dict[str, Callable[[dict, dict], None]] = {
-    "memcpy": _memcpy, "throughput": _throughput, "expensive": _expensive, "rotation": _rotation,
-    "read_transform": _read_transform,
-    "memory": _memory, "training_step": _training_step, "setup_time": _setup_time, "latency": _latency,
-    "larger_than_memory": _larger_than_memory}
-
-
 def _sweep(results: dict, sizes: dict) -> None:
     from .sweep import sweep_scenario
 
@@ -188,12 +154,26 @@ def _torchrun(results: dict, sizes: dict) -> None:
                                             **sizes["torchrun"])
 
 
-# Several processes on one store (benchmarks/sweep.py, benchmarks/torchrun_node.py), about 2.5 minutes
-# of a full run (1 of --quick): added as one block so the lists above stay as they were.
-SCENARIOS += ["sweep", "torchrun"]
-SIZES["full"].update(sweep={"n": 600, "repeats": 2}, torchrun={"n": 800, "repeats": 2})
-SIZES["quick"].update(sweep={"n": 200, "repeats": 1}, torchrun={"n": 400, "repeats": 1})
-RUNNERS.update(sweep=_sweep, torchrun=_torchrun)
+def _remote(results: dict, sizes: dict) -> None:
+    from .remote import remote_scenario
+
+    results["remote"] = remote_scenario(log=_log, **sizes["remote"])
+
+
+def _first_epoch(results: dict, sizes: dict) -> None:
+    from .first_epoch import first_epoch_scenario
+
+    results["first_epoch"] = first_epoch_scenario(cost=COST, workers=WORKERS, batch_size=BATCH,
+                                                  **sizes["first_epoch"])
+
+
+#: Each scenario's runner, in the order of :data:`benchmarks.config.SCENARIOS`.
+RUNNERS: dict[str, Callable[[dict, dict], None]] = {
+    "memcpy": _memcpy, "memory": _memory, "expensive": _expensive, "rotation": _rotation,
+    "read_transform": _read_transform, "training_step": _training_step, "setup_time": _setup_time,
+    "throughput": _throughput, "latency": _latency, "larger_than_memory": _larger_than_memory, "sweep": _sweep,
+    "torchrun": _torchrun, "remote": _remote, "first_epoch": _first_epoch}
+
 
 _T0 = [time.perf_counter()]  # reset by main()
 

@@ -83,8 +83,8 @@ def expensive_scenario(n: int, cost: float, epochs: int, k: int, workers: int, b
     -------
     dict
         Per-run epoch times of both, their per-epoch median/min/max, and the
-        ratios: total time, epoch 0 (both start their workers: spawn for ours,
-        fork for torch) and the first refresh epoch ``k`` against torch's median
+        ratios: total time, epoch 0 (both start their workers, by fork: ours with
+        ``start_method="auto"``) and the first refresh epoch ``k`` against torch's median
         steady epoch (1 and later) of the same pair.
     """
     kwargs = {"n": n, "cost": cost}

@@ -534,7 +534,7 @@ ROWS = ["store: samples, size on disk", "sequential cold read, 8 MiB reads (the 
 
 def markdown_section(result: dict) -> list[str]:
     """The report's section of this scenario: the conditions, then one column per sample size."""
-    from .report import md_table
+    from .tables import md_table
 
     limit = result["limit_bytes"]
     if result["mode"] == "cgroup":
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reader:
         return _reader_main(args.reader[0], json.loads(args.reader[1]))
-    from .__main__ import SIZES
+    from .config import SIZES
 
     size = SIZES["quick" if args.quick else "full"]["larger_than_memory"]
     result = larger_than_memory_scenario(size["limit_mib"] << 20, size["store_mb"] * 10**6, size["budget_s"],

@@ -16,10 +16,13 @@ memory runs are separate from the timed runs.
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
+import subprocess
+import sys
 import tempfile
-import threading
 from typing import Any
 
 import psutil
@@ -53,11 +56,13 @@ def process_memory(proc: psutil.Process) -> dict[str, int]:
     return out
 
 
-def tree_memory(root: psutil.Process | None = None) -> dict[str, int]:
-    """Sums of :func:`process_memory` over `root` (default: this process) and its descendants."""
+def tree_memory(root: psutil.Process | None = None, exclude: int | None = None) -> dict[str, int]:
+    """Sums of :func:`process_memory` over `root` (default: this process) and its descendants but `exclude`."""
     root = root or psutil.Process()
     total = {"processes": 0}
     for proc in [root, *root.children(recursive=True)]:
+        if proc.pid == exclude:
+            continue
         try:
             mem = process_memory(proc)
         except (psutil.Error, OSError):
@@ -70,6 +75,12 @@ def tree_memory(root: psutil.Process | None = None) -> dict[str, int]:
 
 class PeakMemory:
     """Context manager: peak memory of this process tree while the block runs.
+
+    The tree is sampled by a process of its own (:func:`watch`), not a thread of
+    this one: a thread running in the training process is what makes a loader
+    spawn its workers instead of forking them (``loader/executors/process/start.py``),
+    so a sampler thread would measure the loader it turned into another. The
+    sampler's own process is left out of the sums.
 
     Attributes
     ----------
@@ -86,30 +97,42 @@ class PeakMemory:
         self.baseline: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _sample(self) -> None:
-        mem = tree_memory()
-        self.samples += 1
-        for key, value in mem.items():
-            self.peak[key] = max(self.peak.get(key, 0), value)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
+        self._watcher: subprocess.Popen | None = None
 
     def __enter__(self) -> "PeakMemory":
-        self.baseline = tree_memory()
-        self.peak = dict(self.baseline)
-        self._thread = threading.Thread(target=self._run, name="PeakMemory", daemon=True)
-        self._thread.start()
+        self._watcher = subprocess.Popen([sys.executable, "-c", "from benchmarks.memory import watch; watch()",
+                                          str(os.getpid()), str(self.interval)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert self._watcher.stdout is not None
+        self._watcher.stdout.readline()  # "ready": it samples from now on
+        self.baseline = tree_memory(exclude=self._watcher.pid)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
+        assert self._watcher is not None
+        out, _ = self._watcher.communicate("", timeout=60)  # EOF on its stdin: one last sample, then its peak
+        found = json.loads(out)
+        last = tree_memory(exclude=self._watcher.pid)
+        self.samples = found["samples"] + 1
+        self.peak = {key: max(found["peak"].get(key, 0), last.get(key, 0), self.baseline.get(key, 0))
+                     for key in set(found["peak"]) | set(last) | set(self.baseline)}
+
+
+def watch() -> None:
+    """The sampler process of :class:`PeakMemory`: ``python -c ... ROOT_PID INTERVAL``. Samples the tree of
+    ROOT_PID (itself left out) every INTERVAL seconds until its stdin closes, then prints the peak as JSON."""
+    root, interval = psutil.Process(int(sys.argv[1])), float(sys.argv[2])
+    peak: dict[str, int] = {}
+    samples = 0
+    print("ready", flush=True)
+    while True:
+        for key, value in tree_memory(root, exclude=os.getpid()).items():
+            peak[key] = max(peak.get(key, 0), value)
+        samples += 1
+        if select.select([sys.stdin], [], [], interval)[0]:  # readable: the block ended (EOF)
+            break
+    print(json.dumps({"peak": peak, "samples": samples}), flush=True)
 
 
 def memory_scenario(dataset_class: type, kwargs: dict, epochs: int, k: float, workers: int, batch_size: int,

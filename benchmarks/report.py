@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
+from .first_epoch import first_epoch_section
 from .sweep import sweep_section
-from .targets import MIB, TargetRow, pm, target_rows
+from .tables import MIB, TargetRow, md_table, pm
+from .targets import target_rows
 from .torchrun_node import torchrun_section
 
 
@@ -21,15 +22,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def md_table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
-    """A Markdown table; `align` has one letter per column (``l`` or ``r``, default: first left, rest right)."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    rule = ["---:" if a == "r" else ":---" for a in align]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def targets_table(rows: list[TargetRow]) -> str:
@@ -72,7 +64,7 @@ def _expensive_section(exp: dict) -> list[str]:
             f"{exp['epochs']} epochs, update_frequency={exp['update_frequency']}, {exp['workers']} workers, "
             f"batch {exp['batch_size']}", "",
             f"Seconds per epoch, median of {_runs(exp['repeats'])} of each (alternating). Epoch 0 includes starting "
-            "the workers (ours: spawn, torch: fork).", "",
+            "the workers (both fork them: ours with start_method='auto').", "",
             md_table(["epoch", "CachedLoader mode", "CachedLoader s", "torch DataLoader s", "ours / torch"], rows,
                      "llrrr")]
 
@@ -192,8 +184,9 @@ def _memory_section(cases: list[dict]) -> list[str]:
                      mib(mem["torch_peak_rss"])])
     c0 = cases[0]
     return ["### 4. Peak memory, all processes", "",
-            f"Sum over the training process and all its children, sampled every {c0['interval_s']:g} s in a "
-            f"background thread; MiB, median of {_runs(c0['repeats'])}. Metric: {how}. *added*: peak minus the "
+            f"Sum over the training process and all its children, sampled every {c0['interval_s']:g} s by a "
+            "process of its own (a thread would make ours spawn its workers); MiB, median of "
+            f"{_runs(c0['repeats'])}. Metric: {how}. *added*: peak minus the "
             "same sum just before the loader was built. torch's DataLoader loads the dataset itself (no cache); "
             "the target allows ours one generation of the store more.", "",
             md_table(["case", "loader", f"peak {metric}", f"added {metric}", "store MiB", "peak sum of RSS"], rows,
@@ -234,7 +227,7 @@ def _setup_section(st: dict) -> list[str]:
             "right after construction. Ours: a cache with default settings, so the first epoch generates "
             "(computes and writes the store); torch: `DataLoader(shuffle=True)`, workers not persistent. *CPU*: "
             "user + system seconds, steadier than wall times when neighbours load the machine; the workers' "
-            "includes their start (ours: spawn, a fresh interpreter and its imports; torch: fork).", "",
+            "includes their start (both fork: ours with start_method='auto', at construction).", "",
             md_table(["case", "measure", "CachedLoader", "torch DataLoader", "ours / torch"], [
                 ["gap", "first epoch, loop start to end", pm(gap["ours_first_epoch_s"]),
                  pm(gap["torch_first_epoch_s"]), f"{gap['ratio']['median']:.2f}x"],
@@ -288,7 +281,7 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     sections = [("expensive", _expensive_section), ("throughput", lambda cases: _throughput_section(cases, memcpy)),
                 ("rotation", _rotation_section), ("memory", _memory_section), ("training_step", _training_section),
                 ("setup_time", _setup_section), ("read_transform", _read_transform_section)]
-    sections += [("sweep", sweep_section), ("torchrun", torchrun_section)]
+    sections += [("sweep", sweep_section), ("torchrun", torchrun_section), ("first_epoch", first_epoch_section)]
     for key, section in sections:
         if results.get(key):
             out += section(results[key]) + [""]

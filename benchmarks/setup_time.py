@@ -1,15 +1,16 @@
 """Set-up time: the first epoch when the training script does something between building the loader and the loop.
 
 A training script builds its loader, then its model (seconds of CPU: layers,
-weights, a compile), then loops. CachedLoader starts its workers from a
-background thread at construction, so their start (spawn: a fresh interpreter,
-the imports, the dataset) overlaps the model building; torch's ``DataLoader``
-starts its workers (fork) at ``iter()``, so its first epoch includes that
-start. Two cases (docs/ARCHITECTURE.md):
+weights, a compile), then loops. CachedLoader starts its workers at
+construction (forked, with the default ``start_method="auto"``, while nothing
+unsafe runs in the training process; else spawned from a background thread, a
+fresh interpreter with its imports, so that start overlaps the model
+building); torch's ``DataLoader`` starts its workers (fork) at ``iter()``, so
+its first epoch includes that start. Two cases (docs/ARCHITECTURE.md):
 
 * **gap**: construct the loader, spend `gap` seconds of CPU in the training
   process's main thread (:func:`~benchmarks.datasets.burn_cpu`: building a
-  model uses CPU and holds the GIL, so the spawner thread has to get its turn,
+  model uses CPU and holds the GIL, so a spawner thread has to get its turn,
   unlike a sleep), then time the first epoch from the start of the loop to its
   end. Target: ours <= 1.05x torch. Starting the workers takes CPU too, and
   on a small machine some of it is taken from the model building: the wall
@@ -29,11 +30,9 @@ includes, as a training loop sees it). Both loaders are fully shut down
 between repetitions; ours and torch alternate, so a neighbour's load hits both.
 
 What a spawned worker imports is part of its start: the training script's main
-module again, besides the dataset's. Here that is ``benchmarks/__main__.py``,
-which imports little (a worker is ready after about 0.3 s of CPU); a script
-that imports torch at the top makes every worker import torch too (about 1.5 s
-of CPU more on the machine this was written on), which a 1 s set-up on 2 cores
-does not cover.
+module again, besides the dataset's (about 0.3 s of CPU here, 1.5 s more for a
+script or dataset module that imports torch); a forked one imports nothing
+(:mod:`benchmarks.first_epoch` measures both kinds of dataset module).
 """
 
 from __future__ import annotations

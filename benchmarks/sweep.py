@@ -193,8 +193,8 @@ _LABELS = {"shared": "one prefix, seeds 100-103", "private": "a prefix per job (
 
 def sweep_section(sw: dict) -> list[str]:
     """The report's section: one row per variant (medians over the repetitions), then each job of the last."""
-    from .report import md_table
-    from .targets import pm
+    from .tables import md_table
+    from .tables import pm
 
     rows = []
     for v in sw["variants"]:
@@ -234,7 +234,7 @@ def _runs(n: int) -> str:
 
 def sweep_rows(results: dict) -> list:
     """Target rows: calls per generation with one prefix, and each job's generate epoch against private ones."""
-    from .targets import _row, _value, times
+    from .tables import row, times, value
 
     sw = results.get("sweep")
     if not sw:
@@ -243,12 +243,12 @@ def sweep_rows(results: dict) -> list:
     rows = []
     for v in (x for x in sw["variants"] if x != "private"):
         label = "different seeds" if v == "shared" else "same seed"
-        rows.append(_row(f"sweep, {sw['jobs']} jobs on one prefix: dataset calls per generation <= 1.05 N",
+        rows.append(row(f"sweep, {sw['jobs']} jobs on one prefix: dataset calls per generation <= 1.05 N",
                          f"{label}; {where}",
                          f"private prefixes: {sw['private_calls_per_n']['median']:.2f} N",
-                         _value("{:.2f}", " N", sw[f"{v}_calls_per_n"]), "<= 1.05 N", lambda c: c <= 1.05))
+                         value("{:.2f}", " N", sw[f"{v}_calls_per_n"]), "<= 1.05 N", lambda c: c <= 1.05))
         for key, which in (("mean", "mean of the jobs"), ("max", "worst job")):
-            rows.append(_row(f"sweep: each job's generate epoch <= 0.35x {sw['jobs']} jobs with private prefixes",
+            rows.append(row(f"sweep: each job's generate epoch <= 0.35x {sw['jobs']} jobs with private prefixes",
                              f"{label}, {which}",
                              f"{sw[f'{v}_epoch_s']['median']:.2f} s vs {sw['private_epoch_s']['median']:.2f} s "
                              "(mean job)", times(sw[f"{v}_ratio_{key}"]), "<= 0.35x", lambda r: r <= 0.35))
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         config = json.loads(args.job)
         write_json(config["out"], run_job(config))
         return 0
-    from .__main__ import COST, SIZES
+    from .config import COST, SIZES
 
     result = sweep_scenario(cost=COST, **SIZES["quick" if args.quick else "full"]["sweep"])
     print("\n".join(sweep_section(result)))

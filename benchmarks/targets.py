@@ -9,69 +9,15 @@ when a target is missed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Callable
 
+from .first_epoch import first_epoch_rows
 from .sweep import sweep_rows
+from .tables import MIB, TargetRow, percent, pm, row, seconds, times, value
 from .torchrun_node import torchrun_rows
-
-MIB = 1 << 20
-
-Figure = float | dict  # a single number, or a summary (median, min, max, ...) of repetitions
-
-
-@dataclass(frozen=True)
-class TargetRow:
-    """One line of the targets table."""
-
-    target: str  # what docs/ARCHITECTURE.md asks, in short
-    case: str  # which measurement (backend, epoch, ...)
-    measured: str  # the figures behind the value
-    value: str  # the figure the goal is about, formatted ("3.4x (3.1-3.6)", "2.1%", "0.27 s")
-    number: float  # its median, as a number (for the JSON)
-    goal: str  # e.g. ">= 2x"
-    met: bool  # whether the median meets the goal
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def pm(summary: dict, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    """``median ± spread`` of a :func:`~benchmarks.common.summarize` dict, scaled."""
-    return f"{fmt.format(summary['median'] * scale)} ± {fmt.format(summary['spread'] * scale)}"
-
-
-def _value(fmt: str, unit: str, figure: Figure, scale: float = 1.0) -> tuple[str, float]:
-    """``(text, median)``: a summary shows its min-max range after the median, e.g. ``3.40x (3.10-3.62)``."""
-    if not isinstance(figure, dict):
-        return f"{fmt.format(figure * scale)}{unit}", figure
-    text = f"{fmt.format(figure['median'] * scale)}{unit}"
-    if figure["n"] > 1:
-        text += f" ({fmt.format(figure['min'] * scale)}–{fmt.format(figure['max'] * scale)})"
-    return text, figure["median"]
-
-
-def times(figure: Figure) -> tuple[str, float]:
-    return _value("{:.2f}", "x", figure)
-
-
-def percent(figure: Figure) -> tuple[str, float]:
-    return _value("{:.1f}", "%", figure, 100)
-
-
-def seconds(figure: Figure) -> tuple[str, float]:
-    return _value("{:.2f}", " s", figure)
-
 
 def _scaled(summary: dict, factor: float) -> dict:
     return {**summary, **{k: summary[k] * factor for k in ("median", "min", "max", "spread")}}
-
-
-def _row(target: str, case: str, measured: str, value: tuple[str, float], goal: str,
-         ok: Callable[[float], bool], note: str = "") -> TargetRow:
-    text, number = value
-    return TargetRow(target, case, measured, text, number, goal, bool(ok(number)), note)
 
 
 def _throughput_rows(results: dict) -> list[TargetRow]:
@@ -83,22 +29,22 @@ def _throughput_rows(results: dict) -> list[TargetRow]:
         where = f"{case['backend']} (ours read in {case['ours_reads_in']})"
         if big and memcpy:
             share = _scaled(ours, case["sample_bytes"] / memcpy)
-            rows.append(_row("cached epoch, 48 KiB samples: >= 0.5x memcpy", where,
+            rows.append(row("cached epoch, 48 KiB samples: >= 0.5x memcpy", where,
                              f"{ours['median'] * case['sample_bytes'] / 1e9:.2f} GB/s vs memcpy "
                              f"{memcpy / 1e9:.2f} GB/s (memory-bound)",
                              times(share), ">= 0.5x", lambda r: r >= 0.5))
         if big and memcpy and case["backend"] == "memmap":
-            rows.append(_row("cached epoch of the loader, 48 KiB, memmap: >= 0.8x memcpy", where,
+            rows.append(row("cached epoch of the loader, 48 KiB, memmap: >= 0.8x memcpy", where,
                              f"{ours['median'] * case['sample_bytes'] / 1e9:.2f} GB/s vs memcpy "
                              f"{memcpy / 1e9:.2f} GB/s (memory-bound)",
                              times(_scaled(ours, case["sample_bytes"] / memcpy)), ">= 0.8x", lambda r: r >= 0.8))
         if not big and case["backend"] == "memmap":
-            rows.append(_row("cached epoch, 16-float samples: >= 1.5M samples/s", where,
-                             f"{pm(ours, 1e-3, '{:.1f}')} k samples/s", _value("{:.2f}", "M/s", _scaled(ours, 1e-6)),
+            rows.append(row("cached epoch, 16-float samples: >= 1.5M samples/s", where,
+                             f"{pm(ours, 1e-3, '{:.1f}')} k samples/s", value("{:.2f}", "M/s", _scaled(ours, 1e-6)),
                              ">= 1.5M/s", lambda r: r >= 1.5))
         no_workers = case.get("no_workers_samples_per_s")
         if no_workers:
-            rows.append(_row("cached epoch: never slower with workers than without",
+            rows.append(row("cached epoch: never slower with workers than without",
                              f"{case['backend']}, {'48 KiB' if big else 'small'} samples "
                              f"(gather in {case.get('gather_place')})",
                              f"{pm(ours, 1e-3, '{:.1f}')} vs {pm(no_workers, 1e-3, '{:.1f}')} k samples/s "
@@ -106,7 +52,7 @@ def _throughput_rows(results: dict) -> list[TargetRow]:
                              times(ours["median"] / no_workers["median"]), ">= 1x (noise: >= 0.95x)",
                              lambda r: r >= 0.95))
         goal = 2.0 if big else 10.0
-        rows.append(_row(f"cached epoch, {'48 KiB' if big else 'small'} samples: >= {goal:g}x torch", where,
+        rows.append(row(f"cached epoch, {'48 KiB' if big else 'small'} samples: >= {goal:g}x torch", where,
                          f"{pm(ours, 1e-3, '{:.1f}')} vs {pm(torch, 1e-3, '{:.1f}')} k samples/s",
                          times(case["ratio"]), f">= {goal:g}x", lambda r: r >= goal))
     return rows
@@ -117,17 +63,17 @@ def _expensive_rows(results: dict) -> list[TargetRow]:
     if not exp:
         return []
     plain = "generate epoch <= 1.15x a plain (torch) epoch"
-    rows = [_row(f"expensive dataset, {exp['epochs']} epochs, K={exp['update_frequency']}: total <= 0.3x torch",
+    rows = [row(f"expensive dataset, {exp['epochs']} epochs, K={exp['update_frequency']}: total <= 0.3x torch",
                  f"{exp['n']} samples, {exp['cost_ms']:g} ms each",
                  f"{pm(exp['ours_total'])} s vs {pm(exp['torch_total'])} s", times(exp["total_ratio"]),
                  "<= 0.3x", lambda r: r <= 0.3),
-            _row(plain, "epoch 0 (both start their workers)",
+            row(plain, "epoch 0 (both start their workers)",
                  f"{exp['ours_epoch']['median'][0]:.2f} s vs {exp['torch_epoch']['median'][0]:.2f} s",
                  times(exp["epoch0_ratio"]), "<= 1.15x", lambda r: r <= 1.15,
-                 "ours spawns its workers, torch forks")]
+                 "both fork their workers (ours: start_method='auto')")]
     if exp.get("refresh_ratio"):
         e = exp["refresh_epoch"]
-        rows.append(_row(plain, f"epoch {e} (refresh)",
+        rows.append(row(plain, f"epoch {e} (refresh)",
                          f"{exp['ours_epoch']['median'][e]:.2f} s vs torch's median epoch "
                          f"{_median(exp['torch_epoch']['median'][1:]):.2f} s",
                          times(exp["refresh_ratio"]), "<= 1.15x", lambda r: r <= 1.15))
@@ -141,12 +87,12 @@ def _read_transform_rows(results: dict) -> list[TargetRow]:
     steady = ", ".join(str(e) for e in rt["steady_epochs"])
     distinct, epochs = rt["distinct"], rt["epochs"]
     torch = distinct["torch"]["median"]
-    return [_row(f"read transform, {epochs} epochs, K={rt['update_frequency']}: total <= 0.35x torch",
+    return [row(f"read transform, {epochs} epochs, K={rt['update_frequency']}: total <= 0.35x torch",
                  f"{rt['n']} samples, {rt['cost_ms']:g} ms decode + crop and flip",
                  f"{pm(rt['ours_total'])} s vs {pm(rt['torch_total'])} s", times(rt["total_ratio"]),
                  "<= 0.35x", lambda r: r <= 0.35,
                  f"without read_transform: {rt['plain_total_ratio']['median']:.2f}x"),
-            _row("read transform: steady cached epochs >= 0.8x the transform's limit",
+            row("read transform: steady cached epochs >= 0.8x the transform's limit",
                  f"read epochs {steady}, batch {rt['batch_size']}",
                  f"{pm(rt['ours_steady_samples_per_s'], 1, '{:.0f}')} vs "
                  f"{pm(rt['limit_samples_per_s'], 1, '{:.0f}')} samples/s (the transform alone in "
@@ -154,11 +100,11 @@ def _read_transform_rows(results: dict) -> list[TargetRow]:
             # Crops are drawn among CROP_CHOICES, so even independent draws repeat now and then
             # (expected_distinct_uniform, a little under the epochs): the goal is torch's own figure,
             # within noise.
-            _row(f"read transform: distinct crops per sample over {epochs} epochs = torch's",
+            row(f"read transform: distinct crops per sample over {epochs} epochs = torch's",
                  "ours with read_transform",
                  f"torch {torch:.3f}, ours without read_transform {distinct['ours_plain']['median']:.3f} "
                  f"(independent draws: {rt['expected_distinct_uniform']:.3f})",
-                 _value("{:.3f}", f" of {epochs}", distinct["ours"]), f">= torch's - 0.05 ({torch - 0.05:.2f})",
+                 value("{:.3f}", f" of {epochs}", distinct["ours"]), f">= torch's - 0.05 ({torch - 0.05:.2f})",
                  lambda d: d >= torch - 0.05)]
 
 
@@ -180,7 +126,7 @@ def _training_rows(results: dict) -> list[TargetRow]:
         note = f"the cached epochs leave the workers {ts['idle_margin']:.1f}x the time the refresh needs"
         if name == "ours" and modes[worst] == "generate":
             note = "a generate epoch: the loop waited while its samples were computed"
-        rows.append(_row(target, f"{how}: worst epoch after the first",
+        rows.append(row(target, f"{how}: worst epoch after the first",
                          f"epoch {worst} ({modes[worst]}); torch's worst {torch_worst:.1%}",
                          percent(fractions[worst]), "<= 5%", lambda r: r <= 0.05, note))
     return rows
@@ -191,10 +137,10 @@ def _rotation_rows(results: dict) -> list[TargetRow]:
     if not rot:
         return []
     r, calls = rot["rotation"], rot["dataset_calls_per_served_sample"]
-    return [_row(f"rotation R={r}: fresh samples per served ~ 1/R", f"{rot['n']} samples, window {rot['window']}",
+    return [row(f"rotation R={r}: fresh samples per served ~ 1/R", f"{rot['n']} samples, window {rot['window']}",
                  "dataset calls / samples served (steady epochs)", (f"{calls:.3f}", calls), f"{1 / r:.2f} ± 0.02",
                  lambda c: abs(c - 1 / r) <= 0.02),
-            _row(f"rotation R={r}: served samples/s >= 3x plain", "vs the same loader without cache",
+            row(f"rotation R={r}: served samples/s >= 3x plain", "vs the same loader without cache",
                  f"{pm(rot['served_samples_per_s'], 1, '{:.0f}')} vs "
                  f"{pm(rot['plain_samples_per_s'], 1, '{:.0f}')} samples/s",
                  times(rot["served_ratio"]), ">= 3x", lambda s: s >= 3)]
@@ -204,7 +150,7 @@ def _memory_rows(results: dict) -> list[TargetRow]:
     rows = []
     for mem in results.get("memory") or []:
         ours, torch, store = mem["ours_peak"]["median"], mem["torch_peak"]["median"], mem["store_bytes"]
-        rows.append(_row("peak memory <= torch's + the store's pages",
+        rows.append(row("peak memory <= torch's + the store's pages",
                          f"{mem['label']}; all processes, sum of {mem['metric'].upper()}",
                          f"{ours / MIB:.0f} MiB vs torch {torch / MIB:.0f} + store {store / MIB:.0f} MiB",
                          times(_scaled(mem["ours_peak"], 1 / (torch + store))), "<= 1x", lambda r: r <= 1,
@@ -219,14 +165,14 @@ def _latency_rows(results: dict) -> list[TargetRow]:
     if first:
         for key, case in (("ours_committed_store", "committed store (read epoch)"),
                           ("ours_empty_store", "empty store (generate epoch)")):
-            rows.append(_row("first batch within 1 s of construction (warm)", case,
+            rows.append(row("first batch within 1 s of construction (warm)", case,
                              f"torch: {first['torch']['median']:.2f} s", seconds(first[key]), "<= 1 s",
                              lambda s: s <= 1.0))
     idle = results.get("idle_cpu")
     if idle:
-        rows.append(_row("no CPU in the training process while it waits", "sleeping dataset, no cache",
+        rows.append(row("no CPU in the training process while it waits", "sleeping dataset, no cache",
                          f"share of a core; torch: {idle['torch_cpu_share']['median']:.2%}",
-                         _value("{:.2f}", "%", idle["ours_cpu_share"], 100), "<= 1% of a core", lambda s: s <= 0.01,
+                         value("{:.2f}", "%", idle["ours_cpu_share"], 100), "<= 1% of a core", lambda s: s <= 0.01,
                          f"{idle['batches_per_s']:g} batches/s handed over"))
     return rows
 
@@ -236,13 +182,13 @@ def _setup_rows(results: dict) -> list[TargetRow]:
     if not st:
         return []
     gap, first = st["gap"], st["no_gap"]
-    return [_row(f"first epoch after a {st['gap_s']:g} s set-up vs torch",
+    return [row(f"first epoch after a {st['gap_s']:g} s set-up vs torch",
                  f"{st['n']} samples, {st['cost_ms']:g} ms each; {st['gap_s']:g} s CPU between construction "
                  "and loop",
                  f"{pm(gap['ours_first_epoch_s'])} s vs {pm(gap['torch_first_epoch_s'])} s",
                  times(gap["ratio"]), "<= 1.05x", lambda r: r <= 1.05,
                  f"construction to end of epoch, set-up included: {gap['total_ratio']['median']:.2f}x"),
-            _row("first batch when the loop starts at once",
+            row("first batch when the loop starts at once",
                  f"expensive dataset, batch {st['batch_size']}, from the start of construction",
                  f"constructor {first['ours_construct_s']['median'] * 1e3:.0f} ms; "
                  f"torch: {first['torch_first_batch_s']['median']:.2f} s",
@@ -284,16 +230,15 @@ def _larger_than_memory_rows(results: dict) -> list[TargetRow]:
                  lambda: f"{gbps('lmdb', 'epoch')} vs {gbps('sequential')}", ">= 0.3x", lambda x: x >= 0.3,
                  "else the README says memmap is the backend for caches larger than memory")):
             if r[key] is not None:
-                rows.append(_row(target, where, measured(), times(r[key]), goal, ok, note))
+                rows.append(row(target, where, measured(), times(r[key]), goal, ok, note))
     return rows
 
 
 ROW_BUILDERS: list[Callable[[dict], list[TargetRow]]] = [
     _throughput_rows, _expensive_rows, _read_transform_rows, _training_rows, _setup_rows, _rotation_rows,
-    _memory_rows, _latency_rows, _larger_than_memory_rows]
-ROW_BUILDERS += [sweep_rows, torchrun_rows]
+    _memory_rows, _latency_rows, _larger_than_memory_rows, sweep_rows, torchrun_rows, first_epoch_rows]
 
 
 def target_rows(results: dict) -> list[TargetRow]:
     """Every target row the results allow (a scenario that was not run gives none)."""
-    return [row for build in ROW_BUILDERS for row in build(results)]
+    return [r for build in ROW_BUILDERS for r in build(results)]

@@ -136,8 +136,8 @@ def torchrun_scenario(n: int, cost: float, ranks: int = 4, workers: int = 0, bat
 
 def torchrun_section(tr: dict) -> list[str]:
     """The report's section: one row per scope (medians over the repetitions), then each rank of the last."""
-    from .report import md_table
-    from .targets import pm
+    from .tables import md_table
+    from .tables import pm
 
     rows = []
     for scope, label in (("node", "node store (default)"), ("rank", "store per rank")):
@@ -176,20 +176,20 @@ def torchrun_section(tr: dict) -> list[str]:
 
 def torchrun_rows(results: dict) -> list:
     """Target rows: every sample computed once per generation, and the share of the data a rank sees."""
-    from .targets import _row, _value
+    from .tables import row, value
 
     tr = results.get("torchrun")
     if not tr:
         return []
     where = f"{tr['ranks']} ranks, {tr['n']} samples, {tr['cost_ms']:g} ms each"
-    rows = [_row("torchrun, one node: dataset calls per generation <= 1.05 N", f"{scope} scope, {where}",
-                 "the dataset's own count of calls / N", _value("{:.2f}", " N", tr[f"{scope}_calls_per_n"]),
+    rows = [row("torchrun, one node: dataset calls per generation <= 1.05 N", f"{scope} scope, {where}",
+                 "the dataset's own count of calls / N", value("{:.2f}", " N", tr[f"{scope}_calls_per_n"]),
                  "<= 1.05 N", lambda c: c <= 1.05) for scope in SCOPES]
     node, rank = tr["node_seen_min"], tr["rank_seen_min"]
-    rows.append(_row(f"torchrun, node store: a rank sees >= 90% of the node's data over {tr['read_epochs']} "
+    rows.append(row(f"torchrun, node store: a rank sees >= 90% of the node's data over {tr['read_epochs']} "
                      "read epochs", f"worst rank; {where}",
                      f"store per rank: {rank['median']:.1%}; independent random quarters: "
-                     f"{tr['expected_independent']:.1%}", _value("{:.1f}", "%", node, 100), ">= 90%",
+                     f"{tr['expected_independent']:.1%}", value("{:.1f}", "%", node, 100), ">= 90%",
                      lambda s: s >= 0.9))
     return rows
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.torchrun_node", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     args = parser.parse_args(argv)
-    from .__main__ import COST, SIZES
+    from .config import COST, SIZES
 
     result = torchrun_scenario(cost=COST, **SIZES["quick" if args.quick else "full"]["torchrun"])
     print("\n".join(torchrun_section(result)))

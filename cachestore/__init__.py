@@ -8,8 +8,8 @@ from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
-                     FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, NotAStoreError, StoreLockedError,
-                     SymlinkError, UnsupportedSampleError)
+                     FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
+                     NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError)
 from .reader import Reader
 from .spec import StoreSpec
 from .pruning import Removed
@@ -20,8 +20,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
-    "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError", "GenerationWriter", "NotAStoreError",
-    "Reader", "Removed", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
-    "UnsupportedSampleError", "available_backends", "open_store", "register_backend", "stack_samples",
+    "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
+    "GenerationWriter", "MalformedFileError", "NotAStoreError", "PickleRefusedError", "Reader", "Removed",
+    "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError", "UnsupportedSampleError",
+    "available_backends", "open_store", "register_backend", "stack_samples",
 ]
 

@@ -13,6 +13,15 @@
  * is hashed from the store (which brings it into this core's cache) and copied from that cache to
  * the batch, so the data crosses the memory bus once, and the whole batch runs with the GIL released.
  *
+ * Reading a mapping of a file that was truncated after it was mapped is a SIGBUS, which kills the
+ * process: a store is a directory anyone with write access may change under a reader
+ * (docs/ARCHITECTURE.md, "Untrusted stores"). So every loop over a mapping runs under a guard: a
+ * SIGBUS handler (installed, ahead of any other, at each guarded call) that finds a guard set by
+ * the faulting thread jumps back out of the loop, and the call reports the fault (gather_verified
+ * -2, gather_records kind 3, row_checksums False) instead of the process dying. A SIGBUS with no
+ * guard set goes on to the handler found before ours, or to the default action. The guard costs a
+ * sigaction call and a sigsetjmp per call, nothing per row.
+ *
  * The hash is the xxh3 of the `xxhash` package the checksums were written with: its extension
  * module exports the XXH3 functions, and we look them up there (dlsym) instead of carrying a second
  * copy of the hash. The module fails to import when they cannot be found; the loader then uses the
@@ -25,6 +34,8 @@
 #include <string.h>
 #include <errno.h>
 #include <limits.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -76,6 +87,84 @@ static void copy_out(uint8_t *dst, const uint8_t *src, size_t n, int stream)
 #endif
     memcpy(dst, src, n);
 }
+
+
+/* The guard (see the top of this file). guard_env is this thread's jump target while it reads a
+ * mapping; guards counts the threads inside one, so a SIGBUS elsewhere never touches this module's
+ * thread-local storage (whose first use in a thread may allocate: nothing a signal handler may do). */
+static __thread sigjmp_buf *guard_env;
+static int guards;
+static struct sigaction previous_bus;
+
+static volatile sig_atomic_t chaining, reentered;
+
+static void set_bus_action(const struct sigaction *action)
+{
+    sigaction(SIGBUS, action, NULL);
+}
+
+static void on_sigbus(int sig, siginfo_t *info, void *context)
+{
+    if (__atomic_load_n(&guards, __ATOMIC_SEQ_CST) > 0 && guard_env != NULL) {
+        sigjmp_buf *env = guard_env;
+        guard_env = NULL;
+        siglongjmp(*env, 1);
+    }
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    if (chaining) {
+        /* Back here from the handler we chained to (faulthandler, enabled after us, raises the
+         * signal again to the handler it found, which is us): the default action ends it. */
+        reentered = 1;
+        set_bus_action(&dfl);
+        return;
+    }
+    int is_function = (previous_bus.sa_flags & SA_SIGINFO) ? previous_bus.sa_sigaction != NULL
+                      : (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN);
+    if (!is_function) {
+        /* The default action: returning re-runs the faulting access, which now kills the process
+         * as it would have without us (an ignored SIGBUS from a fault would loop forever). */
+        set_bus_action(&dfl);
+        return;
+    }
+    chaining = 1;
+    reentered = 0;
+    if (previous_bus.sa_flags & SA_SIGINFO)
+        previous_bus.sa_sigaction(sig, info, context);
+    else
+        previous_bus.sa_handler(sig);
+    chaining = 0;
+    /* It returned: it either made the access good (the re-run succeeds) or let it through, to
+     * whatever it leaves installed; we step out of the way, unless it came back to us. */
+    if (!reentered)
+        set_bus_action(&previous_bus);
+}
+
+/* Put on_sigbus first in line for SIGBUS, keeping whatever handled it before for faults that are
+ * not ours; called with the GIL held (so two threads never install at once) before each guarded
+ * loop, since another library (faulthandler, torch's workers) may have installed its own since. */
+static int ensure_guard(void)
+{
+    struct sigaction current, ours;
+    if (sigaction(SIGBUS, NULL, &current) < 0)
+        return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus)
+        return 0;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_sigbus;
+    /* SA_NODEFER: SIGBUS stays unblocked in the handler, so the jump out (which restores no
+     * signal mask, costing no system call) leaves the next fault catchable too. */
+    ours.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&ours.sa_mask);
+    previous_bus = current;
+    return sigaction(SIGBUS, &ours, NULL);
+}
+
+/* Enter and leave a guarded region (the caller's sigsetjmp is the target). */
+#define GUARD_ENTER(env) (__atomic_add_fetch(&guards, 1, __ATOMIC_SEQ_CST), guard_env = &(env))
+#define GUARD_LEAVE() (guard_env = NULL, __atomic_sub_fetch(&guards, 1, __ATOMIC_SEQ_CST))
 
 /* Look a symbol up in the xxhash extension, preferring its CPU-dispatching variant. */
 static void *lookup(void *lib, const char *name)
@@ -238,21 +327,33 @@ static uint64_t hash_record(const uint8_t *const *src, const Py_ssize_t *w, int 
     return xxh3_digest(state);
 }
 
+/* The xxh3 streaming state each_row needs for `a` (NULL when it needs none); 0, or -1 when out of
+ * memory. Made before a guarded loop, so a jump out of the loop leaks nothing. */
+static int row_state(const Args *a, void **state)
+{
+    size_t total = 0;
+    for (int k = 0; k < a->ncol; k++)
+        total += (size_t)a->widths[k];
+    *state = NULL;
+    if (a->ncol > 1 && total > SMALL_RECORD && (*state = xxh3_create()) == NULL)
+        return -1;
+    return 0;
+}
+
 /* Rows `rows` (or 0..n-1 when NULL) of the columns: each hashed into sums[j] when `sums` is set,
- * else checked against expected[j] and copied into the outs. Runs without the GIL. Returns the
- * position of the first row whose checksum differs (rows after it are not gathered), n when all
- * match, -1 when out of memory. */
-static Py_ssize_t each_row(const Args *a, Py_ssize_t n, const int64_t *rows, int stream,
-                           uint64_t *sums)
+ * else checked against expected[j] and copied into the outs. Runs without the GIL, under the
+ * guard (guarded_rows). Returns the position of the first row whose checksum differs (rows after
+ * it are not gathered), n when all match. */
+/* noinline (here and record_rows): a function that calls sigsetjmp is compiled with every local
+ * kept in memory, and the loop inlined into guarded_rows ran a fifth slower. */
+static __attribute__((noinline)) Py_ssize_t each_row(const Args *a, Py_ssize_t n, const int64_t *rows,
+                                                     int stream, uint64_t *sums, void *state)
 {
     int n_leaves = a->ncol;
     const uint64_t *expected = (const uint64_t *)a->expected.buf;
     size_t total = 0;
     for (int k = 0; k < n_leaves; k++)
         total += (size_t)a->widths[k];
-    void *state = NULL;
-    if (n_leaves > 1 && total > SMALL_RECORD && (state = xxh3_create()) == NULL)
-        return -1;
     unsigned char small[SMALL_RECORD];
     const uint8_t *src[MAX_LEAVES];
     Py_ssize_t j = 0;
@@ -276,8 +377,22 @@ static Py_ssize_t each_row(const Args *a, Py_ssize_t n, const int64_t *rows, int
     if (stream)
         _mm_sfence(); /* streamed stores are ordered before whatever this thread does next */
 #endif
-    if (state)
-        xxh3_free(state);
+    return j;
+}
+
+/* each_row under the guard: -2 when a page of a column could not be read (SIGBUS: the file behind
+ * the mapping is shorter than the mapping). */
+static Py_ssize_t guarded_rows(const Args *a, Py_ssize_t n, const int64_t *rows, int stream,
+                               uint64_t *sums, void *state)
+{
+    sigjmp_buf env;
+    if (sigsetjmp(env, 0) != 0) {
+        GUARD_LEAVE();
+        return -2;
+    }
+    GUARD_ENTER(env);
+    Py_ssize_t j = each_row(a, n, rows, stream, sums, state);
+    GUARD_LEAVE();
     return j;
 }
 
@@ -286,7 +401,8 @@ PyDoc_STRVAR(gather_verified_doc,
 "Copy rows `idx` of each column into `outs`, checking each row's xxh3 against `expected`.\n\n"
 "columns: one contiguous buffer per leaf, rows of widths[k] bytes; idx: int64 rows;\n"
 "outs: one writable buffer per leaf, len(idx) rows; expected: uint64 checksums, one per row.\n"
-"Returns the position of the first row whose checksum differs, or -1 when all match.");
+"Returns the position of the first row whose checksum differs, -1 when all match, or -2 when a\n"
+"page of a column could not be read (SIGBUS: its file was truncated after it was mapped).");
 
 static PyObject *gather_verified(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -303,19 +419,31 @@ static PyObject *gather_verified(PyObject *self, PyObject *args, PyObject *kwarg
         return NULL;
     }
     Py_ssize_t n = a.idx.len / (Py_ssize_t)sizeof(int64_t), bad;
-    Py_BEGIN_ALLOW_THREADS
-    bad = each_row(&a, n, (const int64_t *)a.idx.buf, stream, NULL);
-    Py_END_ALLOW_THREADS
-    release(&a);
-    if (bad < 0)
+    void *state;
+    if (row_state(&a, &state) < 0) {
+        release(&a);
         return PyErr_NoMemory();
+    }
+    if (ensure_guard() < 0) {
+        if (state)
+            xxh3_free(state);
+        release(&a);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    bad = guarded_rows(&a, n, (const int64_t *)a.idx.buf, stream, NULL, state);
+    Py_END_ALLOW_THREADS
+    if (state)
+        xxh3_free(state);
+    release(&a);
     return PyLong_FromSsize_t(bad == n ? -1 : bad);
 }
 
 PyDoc_STRVAR(row_checksums_doc,
 "row_checksums(columns, widths, n, sums)\n--\n\n"
 "Write into `sums` (n uint64) the xxh3 of each row's leaves concatenated.\n\n"
-"columns: one contiguous buffer per leaf, `n` rows of widths[k] bytes each.");
+"columns: one contiguous buffer per leaf, `n` rows of widths[k] bytes each. Returns True, or\n"
+"False when a page of a column could not be read (SIGBUS: a mapped file truncated).");
 
 static PyObject *row_checksums(PyObject *self, PyObject *args)
 {
@@ -348,16 +476,88 @@ static PyObject *row_checksums(PyObject *self, PyObject *args)
         goto fail;
     }
     Py_ssize_t done;
+    void *state;
+    if (row_state(&a, &state) < 0) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (ensure_guard() < 0) {
+        if (state)
+            xxh3_free(state);
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
     Py_BEGIN_ALLOW_THREADS
-    done = each_row(&a, n, NULL, 0, (uint64_t *)a.expected.buf);
+    done = guarded_rows(&a, n, NULL, 0, (uint64_t *)a.expected.buf, state);
     Py_END_ALLOW_THREADS
+    if (state)
+        xxh3_free(state);
     release(&a);
-    if (done < 0)
-        return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return PyBool_FromLong(done >= 0);
 fail:
     release(&a);
     return NULL;
+}
+
+/* The records of a gather_records call (see there). */
+typedef struct {
+    const Py_buffer *views;
+    Py_ssize_t start, stop, size, body;
+    const Py_buffer *prefix;
+    const Py_ssize_t *offsets;
+    const Args *a;
+    int verify, stream;
+} Records;
+
+/* Records r->start..r->stop-1 checked and copied, *at naming the one at hand: 0 when all are
+ * copied, 1 when one is laid out otherwise, 2 when its checksum differs. Without the GIL. */
+static __attribute__((noinline)) int record_rows(const Records *r, volatile Py_ssize_t *at)
+{
+    int kind = 0;
+    Py_ssize_t j;
+    for (j = r->start; j < r->stop; j++) {
+        *at = j;
+        const uint8_t *v = (const uint8_t *)r->views[j].buf;
+        if (r->views[j].len != r->size || memcmp(v + r->body, r->prefix->buf, (size_t)r->prefix->len) != 0) {
+            kind = 1;
+            break;
+        }
+        if (r->verify) {
+            uint64_t stored;
+            memcpy(&stored, v, sizeof stored);
+#if PY_BIG_ENDIAN
+            stored = __builtin_bswap64(stored);
+#endif
+            /* Hashing first brings the record into this core's cache; the copies then read it there. */
+            if (xxh3_oneshot(v + r->body, (size_t)(r->size - r->body)) != stored) {
+                kind = 2;
+                break;
+            }
+        }
+        for (int k = 0; k < r->a->nout; k++)
+            copy_out((uint8_t *)r->a->outs[k].buf + (size_t)j * (size_t)r->a->widths[k], v + r->offsets[k],
+                     (size_t)r->a->widths[k], r->stream);
+    }
+    *at = j;
+#if defined(__SSE2__)
+    if (r->stream)
+        _mm_sfence();
+#endif
+    return kind;
+}
+
+/* record_rows under the guard: 3 when record *at could not be read (SIGBUS). */
+static int guarded_records(const Records *r, volatile Py_ssize_t *at)
+{
+    sigjmp_buf env;
+    if (sigsetjmp(env, 0) != 0) {
+        GUARD_LEAVE();
+        return 3;
+    }
+    GUARD_ENTER(env);
+    int kind = record_rows(r, at);
+    GUARD_LEAVE();
+    return kind;
 }
 
 PyDoc_STRVAR(gather_records_doc,
@@ -366,7 +566,8 @@ PyDoc_STRVAR(gather_records_doc,
 "Each value must be `size` bytes and hold `prefix` at `body` (the layout of the batch's first\n"
 "record); with `verify`, its first 8 bytes (little-endian) must be the xxh3 of value[body:].\n"
 "spans: (offset in the value, bytes) per out. Returns (0, len(values)) when all are copied,\n"
-"(1, j) when record j is None or laid out otherwise, (2, j) when its checksum differs.");
+"(1, j) when record j is None or laid out otherwise, (2, j) when its checksum differs, (3, j)\n"
+"when it could not be read (SIGBUS: the file mapped behind it was truncated).");
 
 static PyObject *gather_records(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -417,39 +618,19 @@ static PyObject *gather_records(PyObject *self, PyObject *args, PyObject *kwargs
             goto done;
         taken = stop + 1;
     }
-    int kind = 0;
-    Py_ssize_t j;
-    Py_BEGIN_ALLOW_THREADS
-    for (j = start; j < stop; j++) {
-        const uint8_t *v = (const uint8_t *)views[j].buf;
-        if (views[j].len != size || memcmp(v + body, prefix.buf, (size_t)prefix.len) != 0) {
-            kind = 1;
-            break;
-        }
-        if (verify) {
-            uint64_t stored;
-            memcpy(&stored, v, sizeof stored);
-#if PY_BIG_ENDIAN
-            stored = __builtin_bswap64(stored);
-#endif
-            /* Hashing first brings the record into this core's cache; the copies then read it there. */
-            if (xxh3_oneshot(v + body, (size_t)(size - body)) != stored) {
-                kind = 2;
-                break;
-            }
-        }
-        for (int k = 0; k < a.nout; k++)
-            copy_out((uint8_t *)a.outs[k].buf + (size_t)j * (size_t)a.widths[k], v + offsets[k],
-                     (size_t)a.widths[k], stream);
+    Records r = {views, start, stop, size, body, &prefix, offsets, &a, verify, stream};
+    volatile Py_ssize_t j = start;
+    int kind;
+    if (ensure_guard() < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
     }
-    if (j == stop && stop < n)
+    Py_BEGIN_ALLOW_THREADS
+    kind = guarded_records(&r, &j);
+    if (kind == 0 && stop < n)
         kind = 1; /* a missing record */
-#if defined(__SSE2__)
-    if (stream)
-        _mm_sfence();
-#endif
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(in)", kind, j);
+    result = Py_BuildValue("(in)", kind, (Py_ssize_t)j);
 done:
     if (views != NULL) {
         for (Py_ssize_t i = start; i < taken; i++)
@@ -618,7 +799,10 @@ PyMODINIT_FUNC PyInit__gather(void)
     if (load_xxh3() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "MAX_LEAVES", MAX_LEAVES) < 0)
+    /* GUARDED: reads of a truncated mapping are reported, not a SIGBUS (cachestore/native.py
+     * uses no build without it). */
+    if (m != NULL && (PyModule_AddIntConstant(m, "MAX_LEAVES", MAX_LEAVES) < 0
+                      || PyModule_AddIntConstant(m, "GUARDED", 1) < 0))
         Py_CLEAR(m);
     return m;
 }

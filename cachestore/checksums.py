@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from .errors import CorruptSampleError
 from .native import native_gather
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ def row_checksums(rows: Sequence[npt.NDArray[np.uint8]], n: int) -> list[int]:
     native = native_gather()
     if native is not None and len(rows) <= native.MAX_LEAVES and all(r.flags.c_contiguous for r in rows):
         sums = np.empty(n, dtype=np.uint64)
-        native.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums)
+        if not native.row_checksums(tuple(rows), tuple(r.shape[1] for r in rows), n, sums):
+            raise CorruptSampleError("a page of the rows could not be read: the file mapped behind them "
+                                     "was truncated since it was mapped")
         return sums.tolist()
     width = sum(r.shape[1] for r in rows)
     hash_one = xxhash.xxh3_64_intdigest

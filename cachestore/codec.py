@@ -16,32 +16,24 @@ Treedef nodes (nested tuples, so they hash and compare cheaply)::
     ("s", n) ("y", n)       str (utf-8) / bytes of n bytes
     ("p", n)                pickled object (only with ``allow_pickle``)
 
-A *record* is the self-describing byte form of one sample used by the
-variable-size layouts: a 16-byte header, the treedef as JSON, then each leaf,
-16-byte aligned so leaves can be viewed in place without a copy.
+The byte form of one sample (a *record*) is :mod:`cachestore.records`; a treedef read
+back from a store is parsed by :func:`cachestore.untrusted.parse_treedef`. A pickled leaf
+is loaded only where the caller says so (``allow_pickle``): unpickling runs code of whoever
+wrote the bytes (docs/ARCHITECTURE.md, "Untrusted stores").
 """
 
 from __future__ import annotations
 
-import json
 import math
 import pickle
-import struct
 import sys
-import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeAlias, Union, cast
+from typing import Any, Callable, Iterator, Sequence, TypeAlias, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from .errors import CorruptSampleError, UnsupportedSampleError
-
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
-    from zstandard import ZstdCompressor, ZstdDecompressor
-
-    from .native import Bytes
+from .errors import PickleRefusedError, UnsupportedSampleError
 
 #: A sample (see above; with ``allow_pickle`` anything picklable): ``object``, since torch is
 #: never imported here and pickle takes anything.
@@ -55,12 +47,8 @@ Leaf: TypeAlias = npt.NDArray[np.generic]
 #: ``(dtype, shape)`` of a leaf.
 LeafSpec: TypeAlias = tuple[np.dtype[np.generic], tuple[int, ...]]
 
-_MAGIC = b"CSR1"
-_HEADER = struct.Struct("<4sIII")  # magic, flags, json length, reserved
-_FLAG_ZSTD = 1
-ALIGN = 16
-
-_BFLOAT16 = "bfloat16"
+#: The dtype name of a bfloat16 tensor's leaf (numpy has none: stored as int16).
+BFLOAT16 = "bfloat16"
 
 
 def _torch() -> ModuleType | None:
@@ -78,7 +66,7 @@ def _tensor_to_numpy(x: Any) -> tuple[str, Leaf]:
     torch = cast(ModuleType, _torch())  # `x` is a tensor: torch is imported
     x = x.detach().cpu().contiguous()
     if x.dtype == torch.bfloat16:
-        return _BFLOAT16, x.view(torch.int16).numpy()
+        return BFLOAT16, x.view(torch.int16).numpy()
     try:
         arr = x.numpy()
     except (TypeError, RuntimeError) as exc:
@@ -92,7 +80,7 @@ def _numpy_to_tensor(dtype: str, arr: Leaf) -> object:
     if not arr.flags.writeable:
         arr = arr.copy()  # torch warns on read-only buffers and may write through them
     tensor = torch.from_numpy(arr)
-    if dtype == _BFLOAT16:
+    if dtype == BFLOAT16:
         tensor = tensor.view(torch.bfloat16)
     return tensor
 
@@ -220,7 +208,7 @@ def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
         for child in _children(node):
             _specs(child, out)
     elif tag in ("a", "t"):
-        dtype = np.dtype(np.int16) if node[1] == _BFLOAT16 else np.dtype(cast(str, node[1]))
+        dtype = np.dtype(np.int16) if node[1] == BFLOAT16 else np.dtype(cast(str, node[1]))
         out.append((dtype, tuple(_shape(node))))
     elif tag == "g":
         out.append((np.dtype(cast(str, node[1])), ()))
@@ -230,10 +218,18 @@ def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
         out.append((np.dtype(np.uint8), (cast(int, node[1]),)))
 
 
-def unflatten(treedef: TreeDef, leaves: Sequence[Leaf]) -> Sample:
-    """Rebuild one sample from `treedef` and its leaves (inverse of :func:`flatten`)."""
+def unflatten(treedef: TreeDef, leaves: Sequence[Leaf], allow_pickle: bool = False) -> Sample:
+    """Rebuild one sample from `treedef` and its leaves (inverse of :func:`flatten`).
+
+    Raises
+    ------
+    PickleRefusedError
+        A leaf is pickled and `allow_pickle` is not set: loading it would run whatever code its
+        bytes name. Set it only for bytes this program's own code pickled, or a store whose
+        writer the reader trusts.
+    """
     it = iter(leaves)
-    return _build(treedef, it, _leaf_value)
+    return _build(treedef, it, lambda node, leaf: _leaf_value(node, leaf, allow_pickle))
 
 
 def unflatten_batch(treedef: TreeDef, leaves: Sequence[Leaf]) -> Batch:
@@ -261,7 +257,7 @@ def _build(node: TreeDef, it: Iterator[Leaf], leaf_fn: Callable[[TreeDef, Leaf |
     return leaf_fn(node, next(it))
 
 
-def _leaf_value(node: TreeDef, leaf: Leaf | None) -> object:
+def _leaf_value(node: TreeDef, leaf: Leaf | None, allow_pickle: bool) -> object:
     tag = node[0]
     if tag == "n":
         return None
@@ -282,6 +278,9 @@ def _leaf_value(node: TreeDef, leaf: Leaf | None) -> object:
         return arr.tobytes().decode("utf-8")
     if tag == "y":
         return arr.tobytes()
+    if not allow_pickle:
+        raise PickleRefusedError("the sample holds a pickled leaf, and allow_pickle is not set: loading it "
+                                 "would run code of whoever wrote it")
     return pickle.loads(arr.tobytes())
 
 
@@ -318,37 +317,6 @@ def treedef_to_json(node: TreeDef) -> list[object]:
     return list(node)
 
 
-def treedef_from_json(data: object) -> TreeDef:
-    """Inverse of :func:`treedef_to_json` (`data` as parsed from JSON)."""
-    obj: Any = data  # nested lists, indexed as their tags say
-    tag = obj[0]
-    if tag == "d":
-        return ("d", tuple(obj[1]), tuple(treedef_from_json(c) for c in obj[2]))
-    if tag in ("l", "u"):
-        return (tag, tuple(treedef_from_json(c) for c in obj[1]))
-    if tag in ("a", "t"):
-        return (tag, obj[1], tuple(obj[2]))
-    return tuple(obj)
-
-
-_local = threading.local()
-
-
-def _zstd() -> tuple[ZstdCompressor, ZstdDecompressor]:
-    # zstd contexts are not thread-safe; one pair per thread (and so per process).
-    pair = getattr(_local, "zstd", None)
-    if pair is None:
-        import zstandard
-
-        pair = (zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor())
-        _local.zstd = pair
-    return pair
-
-
-def _pad(n: int) -> int:
-    return -n % ALIGN
-
-
 def leaf_bytes(leaf: Leaf) -> npt.NDArray[np.uint8]:
     """The bytes of a contiguous leaf as a flat uint8 view (no copy).
 
@@ -356,98 +324,3 @@ def leaf_bytes(leaf: Leaf) -> npt.NDArray[np.uint8]:
     not export one, and ``memoryview.cast`` refuses non-native byte orders.
     """
     return leaf.reshape(-1).view(np.uint8)
-
-
-def encode_record(treedef: TreeDef, leaves: Sequence[Leaf], compress: bool = False) -> bytes:
-    """Serialise one flattened sample into a self-describing record."""
-    meta = json.dumps(treedef_to_json(treedef), separators=(",", ":")).encode()
-    parts: list[Any] = [meta, bytes(_pad(len(meta)))]
-    for leaf in leaves:
-        parts.append(leaf_bytes(leaf))
-        parts.append(bytes(_pad(leaf.nbytes)))
-    body = b"".join(parts)
-    flags = 0
-    if compress:
-        body = _zstd()[0].compress(body)
-        flags |= _FLAG_ZSTD
-    return _HEADER.pack(_MAGIC, flags, len(meta), 0) + body
-
-
-#: Record structure JSON -> (treedef, [(dtype, shape, count, nbytes) per leaf]): parsing it and
-#: sizing its leaves again for every record cost more than reading a 48 KiB sample.
-_treedef_cache: dict[bytes, tuple[TreeDef, list[tuple[np.dtype[np.generic], tuple[int, ...], int, int]]]] = {}
-
-
-def _structure(meta: bytes) -> tuple[TreeDef, list[tuple[np.dtype[np.generic], tuple[int, ...], int, int]]]:
-    """``(treedef, [(dtype, shape, count, nbytes) per leaf])`` of a record's structure JSON."""
-    cached = _treedef_cache.get(meta)
-    if cached is None:
-        try:
-            treedef = treedef_from_json(json.loads(meta))
-            layout = [(dtype, shape, math.prod(shape), dtype.itemsize * math.prod(shape))
-                      for dtype, shape in leaf_specs(treedef)]
-        except (ValueError, IndexError, TypeError, KeyError) as exc:
-            raise CorruptSampleError(f"record structure is unreadable: {exc}") from exc
-        cached = (treedef, layout)
-        if len(_treedef_cache) < 4096:  # bounded: variable-shape data would grow it forever
-            _treedef_cache[meta] = cached
-    return cached
-
-
-def record_layout(buf: Bytes) -> tuple[TreeDef, int, list[tuple[int, int]]] | None:
-    """Where the leaves of an uncompressed record lie, so a batch can be gathered without decoding.
-
-    Returns ``(treedef, head, [(offset, nbytes) per leaf])`` with offsets from the start of
-    the record; ``head`` is the length of header plus structure JSON, so records of the same
-    length whose first ``head`` bytes are equal share this layout. ``None`` for a compressed
-    record.
-    """
-    view = memoryview(cast("ReadableBuffer", buf)).cast("B")
-    flags, meta_len = _read_header(view)
-    if flags & _FLAG_ZSTD:
-        return None
-    head = _HEADER.size + meta_len
-    treedef, layout = _structure(bytes(view[_HEADER.size:head]))
-    offset, spans = head + _pad(meta_len), []
-    for _, _, _, nbytes in layout:
-        if offset + nbytes > len(view):
-            raise CorruptSampleError("record is truncated")
-        spans.append((offset, nbytes))
-        offset += nbytes + _pad(nbytes)
-    return treedef, head, spans
-
-
-def _read_header(view: memoryview) -> tuple[int, int]:
-    """``(flags, structure length)`` of a record, checking its magic."""
-    if len(view) < _HEADER.size:
-        raise CorruptSampleError("record shorter than its header")
-    magic, flags, meta_len, _ = _HEADER.unpack_from(view)
-    if magic != _MAGIC:
-        raise CorruptSampleError("record has a bad magic number")
-    return flags, meta_len
-
-
-def decode_record(buf: Bytes, copy: bool = True) -> tuple[TreeDef, list[Leaf]]:
-    """Parse a record into ``(treedef, leaves)``.
-
-    With ``copy=False`` and an uncompressed record, leaves are read-only views
-    into `buf` (valid only as long as `buf` is).
-    """
-    view = memoryview(cast("ReadableBuffer", buf)).cast("B")
-    flags, meta_len = _read_header(view)
-    body = view[_HEADER.size:]
-    if flags & _FLAG_ZSTD:
-        try:
-            body = memoryview(_zstd()[1].decompress(body))
-        except Exception as exc:  # zstandard raises its own ZstdError
-            raise CorruptSampleError(f"record does not decompress: {exc}") from exc
-    treedef, layout = _structure(bytes(body[:meta_len]))
-    offset = meta_len + _pad(meta_len)
-    leaves = []
-    for dtype, shape, count, nbytes in layout:
-        if offset + nbytes > len(body):
-            raise CorruptSampleError("record is truncated")
-        arr = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
-        leaves.append(arr.copy() if copy else arr)
-        offset += nbytes + _pad(nbytes)
-    return treedef, leaves

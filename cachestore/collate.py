@@ -19,8 +19,9 @@ def stack_samples(samples: Sequence[Sample]) -> Batch:
 
     numpy arrays and numpy scalars become one stacked numpy array, torch
     tensors one stacked tensor, ``bool``/``int``/``float`` a numpy array
-    (``bool``, ``int64``, ``float64``); dicts, lists and tuples are stacked
-    per key / position; anything else (str, bytes, None, objects, arrays of differing shapes)
+    (``bool``, ``int64``, ``float64``); dicts, lists, tuples and namedtuples
+    are stacked per key / position (a namedtuple of batches, as torch's
+    ``default_collate`` makes); anything else (str, bytes, None, objects, arrays of differing shapes)
     becomes a list. A batch of one sample is stacked like any other.
     """
     if len(samples) == 0:
@@ -38,15 +39,21 @@ def stack_samples(samples: Sequence[Sample]) -> Batch:
             return torch.stack(list(rows))
     elif isinstance(first, dict):
         return {k: stack_samples([s[k] for s in rows]) for k in first}
-    elif type(first) in (list, tuple):
+    elif type(first) in (list, tuple) or _is_namedtuple(first):
         n = len(first)
         if any(len(s) != n for s in rows):
             raise ValueError("cannot collate sequences of different lengths in one batch")
         columns = [stack_samples([s[i] for s in rows]) for i in range(n)]
-        return columns if type(first) is list else tuple(columns)
+        if type(first) is list:
+            return columns
+        return tuple(columns) if type(first) is tuple else type(first)(*columns)
     elif type(first) is bool and all(type(s) is bool for s in samples):
         return np.array(samples, dtype=np.bool_)
     elif type(first) in (int, float) and all(type(s) in (int, float) for s in samples):
         dtype = np.int64 if all(type(s) is int for s in samples) else np.float64
         return np.array(samples, dtype=dtype)
     return list(samples)
+
+
+def _is_namedtuple(sample: object) -> bool:
+    return isinstance(sample, tuple) and hasattr(type(sample), "_fields")

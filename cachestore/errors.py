@@ -42,6 +42,20 @@ class CorruptSampleError(CacheStoreError, ValueError):
     index: int | None = None
 
 
+class MalformedFileError(CacheStoreError, ValueError):
+    """A file of a store does not hold what the store writes there (a field of the wrong type or out
+    of range, a name that is not the store's, a document too large or nested too deeply); the
+    message names the file (see :mod:`cachestore.untrusted`)."""
+
+
+class PickleRefusedError(CacheStoreError, PermissionError):
+    """A stored sample holds a pickled leaf, and the reading side did not pass ``allow_pickle=True``:
+    unpickling runs code of whoever wrote the store. ``generation`` and ``index`` name the sample."""
+
+    generation: int | None = None
+    index: int | None = None
+
+
 class UnsupportedSampleError(CacheStoreError, TypeError):
     """A sample contains a type the codec cannot store without pickle."""
 

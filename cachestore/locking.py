@@ -26,6 +26,7 @@ from typing import Callable
 from .errors import StoreLockedError
 from .disk import is_out_of_space, out_of_space
 from .safefs import is_link_error, unlink_name
+from .untrusted import decimal
 
 LOCK_NAME = "writer.lock"
 #: Seconds a writer waits out a momentary lock taken by `lock_holder`.
@@ -72,7 +73,7 @@ def lock_holder(root: str | os.PathLike[str]) -> int | None:
 
 def _read_pid(fd: int) -> int | None:
     try:
-        return int((os.pread(fd, 64, 0).decode().split() or ["0"])[0]) or None
+        return decimal((os.pread(fd, 64, 0).decode().split() or ["0"])[0]) or None  # ASCII digits only
     except (ValueError, OSError):
         return None
 

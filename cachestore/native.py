@@ -27,13 +27,14 @@ class Gather(Protocol):
     """What the readers use of ``cachestore._gather`` (its stub, ``_gather.pyi``, is checked against this)."""
 
     MAX_LEAVES: int
+    GUARDED: int
 
     def populate(self, buffer: Bytes, /) -> bool: ...
 
     def pread_rows(self, fd: int, dest: WritableBytes, width: int, rows: Bytes, slots: Bytes, /) -> int: ...
 
     def row_checksums(self, columns: tuple[Bytes, ...], widths: tuple[int, ...], n: int,
-                      sums: WritableBytes, /) -> None: ...
+                      sums: WritableBytes, /) -> bool: ...
 
     def gather_verified(self, columns: tuple[Bytes, ...], widths: tuple[int, ...],
                         idx: Bytes, outs: tuple[WritableBytes, ...], expected: Bytes,
@@ -45,8 +46,10 @@ class Gather(Protocol):
 
 
 #: What the readers call of the module: a build older than one of them (``cachestore/_gather.c``
-#: changed, the extension not rebuilt) is not used at all, rather than half.
-REQUIRED = ("MAX_LEAVES", "populate", "pread_rows", "row_checksums", "gather_verified", "gather_records")
+#: changed, the extension not rebuilt) is not used at all, rather than half. ``GUARDED``: its loops
+#: over a mapping report a truncated file instead of dying of SIGBUS (docs/ARCHITECTURE.md,
+#: "Untrusted stores"), and say so with the return values the readers expect.
+REQUIRED = ("MAX_LEAVES", "GUARDED", "populate", "pread_rows", "row_checksums", "gather_verified", "gather_records")
 
 
 def _load_native() -> Gather | None:

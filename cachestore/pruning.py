@@ -9,15 +9,30 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .backends.base import Backend, GenerationInfo, ProducerRecord
 from .disk import allocated_bytes, parse_size
 from .errors import StoreLockedError
 from .locking import LOCK_NAME, WriterLock, lock_holder
 from .scratch import is_window_name
 
-if TYPE_CHECKING:
-    from .store import Store
+
+class Prunable(Protocol):
+    """What a prune needs of a store (:class:`cachestore.Store` is one)."""
+
+    path: str
+    backend: Backend
+
+    @property
+    def writing(self) -> bool:
+        """Whether this process holds the store's writer lease now."""
+
+    def partial_record(self) -> ProducerRecord | None:
+        """What the partial generations of this store's producer have in common."""
+
+    def generations(self) -> list[GenerationInfo]:
+        """The store's generations, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +45,7 @@ class Removed:
     generation: int | None = None
 
 
-def prune_store(store: Store, keep: int, dry_run: bool, max_bytes: int | str | None,
+def prune_store(store: Prunable, keep: int, dry_run: bool, max_bytes: int | str | None,
                 partial: bool) -> list[Removed]:
     """What :meth:`cachestore.Store.prune` does (see there)."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
@@ -42,7 +57,7 @@ def prune_store(store: Store, keep: int, dry_run: bool, max_bytes: int | str | N
     lock_bytes = allocated_bytes(lock_file) if had_lock else 0
     guard: WriterLock | None = None
     mine = None if partial else store.partial_record()
-    if store._writing:
+    if store.writing:
         holder: int | None = os.getpid()
     elif persistent and not dry_run:
         guard, holder = _prune_guard(store)
@@ -84,7 +99,7 @@ def prune_store(store: Store, keep: int, dry_run: bool, max_bytes: int | str | N
     return removed
 
 
-def _prune_guard(store: Store) -> tuple[WriterLock | None, int | None]:
+def _prune_guard(store: Prunable) -> tuple[WriterLock | None, int | None]:
     """Take the writer lock for a prune: ``(lock, None)``, or ``(None, pid)`` of the live writer."""
     for _ in range(100):
         lock = WriterLock(store.path, brief=True)

@@ -31,7 +31,7 @@ from .disk import is_out_of_space, out_of_space
 from .errors import CacheStoreError, SymlinkError
 
 #: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
-TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
+TEMP_NAME = re.compile(r"\A\..+\.([0-9]{1,18})\.[0-9a-f]+\.tmp\Z", re.ASCII)
 
 
 def symlink_error(path: str | os.PathLike[str], what: str = "") -> SymlinkError:

@@ -17,7 +17,7 @@ from pathlib import Path
 from .disk import allocated_bytes
 
 WINDOW_PREFIX = "rotation-"
-_WINDOW_RE = re.compile(r"^rotation-(\d+)-[0-9a-f]+$")
+_WINDOW_RE = re.compile(r"\Arotation-([0-9]{1,18})-[0-9a-f]+\Z", re.ASCII)  # ASCII digits: untrusted.decimal
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, TypeAlias
+from typing import Callable, TypeAlias, cast
 
 import xxhash
 
-from . import safefs
+from . import untrusted
 from .backends import get_backend
 from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
 from .budget import Budget
 from .disk import allocated_bytes, free_bytes, parse_size
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
-                     NotAStoreError, StoreLockedError)
+                     MalformedFileError, NotAStoreError, StoreLockedError)
 from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
 from .pruning import Removed, prune_store
 from .reader import Reader
@@ -31,15 +32,19 @@ FORMAT_VERSION = 2
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10
+#: What opens an ``s3://`` or ``file://`` URL: the remote tier, imported by name on first use (it sits
+#: above the store, and needs the ``remote`` extra), as the backend registry imports backends.
+REMOTE_OPENER = "cachestore.remote:open_remote"
 #: What identifies the producer of a store's samples (the loader's dataset fingerprint): JSON values.
 Fingerprint: TypeAlias = dict[str, object]
 
 
 def _read_existing_backend(path: str) -> str | None:
     try:
-        backend = safefs.read_json(Path(path) / "store.json").get("backend")
-    except (OSError, ValueError, AttributeError):  # a symlinked store.json is refused by read_meta
+        meta = untrusted.parse_store_meta(untrusted.read_document(Path(path) / "store.json"), path)
+    except (OSError, ValueError):  # a symlinked or malformed store.json is refused by read_meta
         return None
+    backend = meta.get("backend")
     return backend if isinstance(backend, str) else None
 
 
@@ -67,7 +72,14 @@ class Store:
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
         self.spec = StoreSpec(self.path, backend, compression, allow_pickle, verify)
-        self.backend: Backend = self.spec.open_backend()
+        try:
+            self.backend: Backend = self.spec.open_backend()
+        except ValueError as exc:  # an unknown name
+            if backend != existing:
+                raise
+            raise MalformedFileError(f"{Path(self.path) / 'store.json'} names backend {backend!r}: {exc} "
+                                     "(a store of a newer cachestore, or of a backend registered elsewhere "
+                                     "with register_backend?)") from None
         self.backend_name = backend
         self.compression = compression
         self._lock = WriterLock(self.path) if self.backend.persistent else None
@@ -81,8 +93,8 @@ class Store:
                     "fingerprint": fingerprint, "producer": producer, "created": time.time()}
             self.backend.write_meta(meta)
         else:
-            stored_format = meta.get("format", 0)
-            if isinstance(stored_format, (int, float)) and stored_format > FORMAT_VERSION:
+            stored_format = meta.get("format", 0)  # an int (untrusted.parse_store_meta)
+            if isinstance(stored_format, int) and stored_format > FORMAT_VERSION:
                 raise CacheStoreError(f"{self.path} was written by a newer cachestore (format {meta['format']}); "
                                       "upgrade cachestore to read it")
             stale = fingerprint is not None and meta.get("fingerprint") not in (None, fingerprint)
@@ -173,7 +185,7 @@ class Store:
                                   "store with a fingerprint; use writer()" if record["fingerprint"] is None else
                                   f"the {self.backend_name} backend cannot be written by several processes "
                                   "together; use writer()")
-        if self._writing:
+        if self.writing:
             raise StoreLockedError(f"store {self.path} already has an open writer in this process")
         Path(self.path).mkdir(parents=True, exist_ok=True)
         lock = SharedWriterLock(self.path)
@@ -205,11 +217,12 @@ class Store:
         return None if fingerprint is None else {"fingerprint": fingerprint}
 
     @property
-    def _writing(self) -> bool:
+    def writing(self) -> bool:
+        """Whether this process holds the store's writer lease now."""
         return self._lease is not None and not self._lease.released
 
     def _take_lease(self) -> WriterLease:
-        if self._writing:
+        if self.writing:
             raise StoreLockedError(f"store {self.path} already has an open writer in this process")
         if self._lock is not None:
             Path(self.path).mkdir(parents=True, exist_ok=True)
@@ -224,7 +237,7 @@ class Store:
         :data:`~cachestore.locking.SHARED_WRITERS` (-2) when processes write
         one generation together (:meth:`join`), and no single pid is the writer.
         """
-        if self._writing:
+        if self.writing:
             return os.getpid()
         return lock_holder(self.path) if self.backend.persistent else None
 
@@ -339,7 +352,7 @@ class Store:
 
     def close(self) -> None:
         """Release the store (a memory store frees its arrays)."""
-        if self._lock is not None and not self._writing:
+        if self._lock is not None and not self.writing:
             self._lock.release()
         if not self.backend.persistent:
             self.backend.close()
@@ -380,7 +393,10 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         Bytes (or ``"20GB"``) the whole store may take. ``None``: the free space
         of the file system minus a reserve (free RAM for ``memory``).
     allow_pickle
-        Store samples of unsupported types with pickle instead of refusing them.
+        Store samples of unsupported types with pickle instead of refusing them, and load such
+        samples when reading. Loading one runs code of whoever wrote the store: pass it only for
+        a store whose writer you trust (without it, reading one is :class:`PickleRefusedError`;
+        verifying checks it without loading it).
     readonly
         Never create or write; a missing store raises :class:`NotAStoreError`.
     fingerprint
@@ -394,6 +410,14 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
     Returns
     -------
     Store
+        For an ``s3://`` or ``file://`` URL, a read-only :class:`cachestore.remote.RemoteStore`
+        (``reader()`` reads straight from the remote; endpoint and credentials from the
+        ``AWS_*`` environment variables; needs the ``remote`` extra).
     """
+    if isinstance(path, str) and path.split("://", 1)[0] in ("s3", "file") and "://" in path:
+        module, _, attr = REMOTE_OPENER.partition(":")
+        opener = getattr(importlib.import_module(module), attr)
+        return cast(Store, opener(path, fingerprint=fingerprint, backend=backend or "memmap",
+                                  allow_pickle=allow_pickle, verify=verify))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
                  readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify)

@@ -10,6 +10,7 @@ from typing import Callable, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from . import untrusted
 from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
 from .backends.reading import StagingData
 from .budget import Budget
@@ -18,6 +19,7 @@ from .disk import allocated_bytes
 from .errors import BudgetExceededError, CacheStoreError
 from .locking import WriterLease
 from .spec import StoreSpec
+from .untrusted import MAX_DECIMAL as MAX_GENERATION
 
 
 class ShardSpec:
@@ -37,7 +39,10 @@ class ShardSpec:
         return {"spec": self.spec, "token": self.token, "_backend": None}
 
     def open(self, shard_id: str) -> ShardWriter:
-        """A shard writer for this process; `shard_id` must be unique per generation."""
+        """A shard writer for this process; `shard_id` must be unique per generation, and a name
+        a file can take in the staging area (no ``/``: a reader refuses a shard outside it)."""
+        if not untrusted.is_file_name(shard_id):
+            raise ValueError(f"shard_id {shard_id!r} cannot name a file in the staging area")
         backend = self._backend if self._backend is not None else self.spec.open_backend()
         return backend.shard_writer(self.token, shard_id)
 
@@ -91,8 +96,8 @@ class GenerationWriter:
     def __init__(self, spec: StoreSpec, backend: Backend, generation: int, num_samples: int | None,
                  lease: WriterLease, budget: BudgetSource, record: ProducerRecord | None = None,
                  resume: bool = False) -> None:
-        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-            raise ValueError(f"generation must be a non-negative int, got {generation!r}")
+        if isinstance(generation, bool) or not isinstance(generation, int) or not 0 <= generation <= MAX_GENERATION:
+            raise ValueError(f"generation must be an int in 0..{MAX_GENERATION}, got {generation!r}")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 0):
             raise ValueError(f"num_samples must be a non-negative int or None, got {num_samples!r}")
         self.spec = spec
@@ -191,6 +196,22 @@ class GenerationWriter:
                                       f"written again after this writer opened it as {self.backend.name}): "
                                       f"generation {self.generation} is not committed there")
             info = self.backend.commit(self.token, self.num_samples, dict(extra or {}))
+        except BaseException:
+            self.abort()
+            raise
+        self.state = "committed"
+        self._finalizer.detach()
+        self._lease.release()
+        return info
+
+    def install(self) -> GenerationInfo:
+        """Publish the staging area as it is: it already holds a committed generation's files, verified
+        (a generation fetched from a remote, :mod:`cachestore.remote.fetch`), so nothing is merged."""
+        self._check_open()
+        try:
+            if self._shard is not None:
+                raise CacheStoreError("a generation that was written into cannot be installed; commit it")
+            info = self.backend.install(self.token)
         except BaseException:
             self.abort()
             raise

@@ -8,16 +8,19 @@ the dataset here, and hands each epoch to the :class:`~loader.epochs.runner.Epoc
 from __future__ import annotations
 
 import dataclasses
+import logging
 import weakref
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
-from .attributes import LoaderAttributes
+from .attributes import LoaderAttributes, TorchArguments
+from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
+from .errors import NotPicklableError
 from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
@@ -27,6 +30,9 @@ from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
 from .state import EpochCursor, check_state, known_length, make_state
+
+log = logging.getLogger(__name__)
+
 
 class CachedLoader(LoaderAttributes):
     """Batches of an expensive dataset, computed by workers and cached between epochs.
@@ -42,7 +48,9 @@ class CachedLoader(LoaderAttributes):
     dataset_params
         Keyword arguments of a dataset class (alias ``dataset_kwargs``).
     batch_size
-        Samples per batch.
+        Samples per batch; ``None``: samples one by one, not collated (as torch:
+        ``collate_fn``, if given, is applied to each sample; ``device`` turns
+        arrays into tensors as torch's ``default_convert`` does).
     nb_worker
         Worker processes (aliases ``num_workers``, ``worker_per_consumer``); 0
         runs everything in this process. Default ``min(4, os.cpu_count())``.
@@ -83,7 +91,9 @@ class CachedLoader(LoaderAttributes):
         ``"equal"`` (every consumer as many batches) or ``"contiguous"``
         (``swift_loader``'s runs); see :class:`loader.distributed.ConsumerLayout`.
     start_method
-        ``"spawn"`` (default) or ``"fork"``.
+        ``"auto"`` (default: fork while nothing unsafe runs in this process, else
+        spawn; see :mod:`loader.executors.process.start`), ``"fork"``, ``"spawn"``
+        or ``"forkserver"``.
     max_worker_restarts
         Worker deaths tolerated per epoch before the epoch fails.
     timeout
@@ -107,7 +117,7 @@ class CachedLoader(LoaderAttributes):
     """
 
     def __init__(self, dataset: Dataset | type[Dataset] | None = None, dataset_params: dict[str, object] | None = None,
-                 batch_size: int = 1, *, nb_worker: int | None = None, shuffle: bool | None = None,
+                 batch_size: int | None = 1, *, nb_worker: int | None = None, shuffle: bool | None = None,
                  sampler: Iterable[int] | None = None, batch_sampler: Iterable[Sequence[int]] | None = None,
                  worker_init_fn: WorkerInitFn | None = None, generator: object = None,
                  persistent_workers: bool = False, prefetch_factor: int | None = None,
@@ -129,7 +139,9 @@ class CachedLoader(LoaderAttributes):
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
         self._closed = False
-        self.settings = parse_arguments(resolve_aliases(given, aliases, type(self).__name__))
+        arguments = resolve_aliases(given, aliases, type(self).__name__)
+        self.settings = parse_arguments(arguments)
+        self._given = TorchArguments.of(arguments)
         s = self.settings
         self.epoch_stats: list[EpochStats] = []
         self._cursor = EpochCursor()
@@ -138,6 +150,7 @@ class CachedLoader(LoaderAttributes):
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
         self.num_samples = len(self.dataset)
+        self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
         sweep_dead_segments()
@@ -165,12 +178,13 @@ class CachedLoader(LoaderAttributes):
             to_device=to_device if to_device is not None else self.settings.to_device)
         self._start()
 
-    def _layout(self) -> ConsumerLayout:
-        """This consumer's layout (the runner's, once started)."""
-        if self._runner is not None:
+    def _layout(self, num_samples: int | None = None) -> ConsumerLayout:
+        """This consumer's layout (the runner's, once started), or the one of a dataset of `num_samples`."""
+        n = self.num_samples if num_samples is None else num_samples
+        if self._runner is not None and n == self.num_samples:
             return self._runner.layout
         s = self.settings
-        return ConsumerLayout(self.num_samples, s.nb_consumer, s.consumer_index, s.seed,
+        return ConsumerLayout(n, s.nb_consumer, s.consumer_index, s.seed,
                               pinned=s.cache is not None or not s.shuffle, scheme=s.partition,
                               workers=s.nb_worker, shuffled=s.shuffle,
                               node_scope=s.cache is not None and s.cache.scope == "node")
@@ -178,6 +192,31 @@ class CachedLoader(LoaderAttributes):
     def _start(self) -> None:
         s = self.settings
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
+
+    def _follow_length(self) -> None:
+        """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
+        gets a new runner, whose layout, fingerprint (the length is part of it: another store's
+        samples) and workers (with the dataset as it is) are its own; the old one's parts are
+        released as at close (a generation being written is kept as a partial one)."""
+        n = len(self.dataset)
+        if n == self.num_samples:
+            return
+        if self._cursor.loaded is not None:
+            raise RuntimeError(f"the dataset has {n} samples, the state given to load_state_dict was taken with "
+                               f"{self.num_samples}: load it into a loader of the dataset it was taken with")
+        log.info("the dataset has %d samples, %d when the loader was built: the next epoch serves them all", n,
+                 self.num_samples)
+        seed = self.seed  # a loaded state's stays
+        self._cursor.close_active()
+        if self._runner is not None:
+            self._res.release()
+            self._runner = None
+        self.num_samples = n
+        self.settings.dataset.memo.clear()  # fingerprinted anew: it changed
+        if not self.settings.deferred_start:
+            self._start()
+            assert self._runner is not None
+            self._runner.state.seed = seed
 
     # ------------------------------------------------------------------ what it serves
     @property
@@ -198,12 +237,15 @@ class CachedLoader(LoaderAttributes):
         return self._layout().per_consumer
 
     def __len__(self) -> int:
+        """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
+        serves more from the next ``iter()`` on)."""
         s, rotation = self.settings, self.rotation
         if s.sampling is not None and rotation is None:
             return sampled_length(s.sampling, s.batch_size, s.drop_last)
+        layout = self._layout(len(self.dataset))
         if rotation is not None:
-            return len(batch_sizes(self.samples_per_epoch, rotation.rotation, s.batch_size, s.drop_last))
-        return self._layout().batches(s.batch_size, s.drop_last)
+            return len(batch_sizes(layout.per_consumer, rotation.rotation, s.batch_size, s.drop_last))
+        return layout.batches(s.batch_size, s.drop_last)
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches of the next epoch.
@@ -217,6 +259,7 @@ class CachedLoader(LoaderAttributes):
             raise RuntimeError("this loader is closed")
         if self._runner is None:
             raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
+        self._follow_length()
         epoch, skip = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
@@ -291,6 +334,17 @@ class CachedLoader(LoaderAttributes):
             self._cursor.close_active()
             self._producer.close()
             self._finalizer()
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        """Refused, saying what to send instead (pickle would fail on a queue deep inside)."""
+        store = self._res.store
+        where = (f"; this loader's committed cache is readable anywhere with cachestore.open_store({store.path!r})"
+                 ".reader()" if store is not None else
+                 "; a cache a loader committed is readable anywhere with cachestore.open_store(<its path>).reader()")
+        raise NotPicklableError(
+            f"a {type(self).__name__} cannot be pickled or copied: it holds worker processes, shared memory and an "
+            "open store. Send what builds it instead (the dataset, or its class and parameters, and the loader's "
+            f"arguments) and build a {type(self).__name__} where it is needed{where}")
 
     def __enter__(self) -> CachedLoader:
         return self

@@ -8,9 +8,13 @@ naming the argument at fault. ``loader.compat`` uses the same table.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import os
 import secrets
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from .dataset import DatasetSource
 from .distributed import PARTITIONS, distributed_defaults
@@ -25,12 +29,24 @@ ALIASES: dict[str, str] = {
     "worker_per_consumer": "nb_worker",
     "num_workers": "nb_worker",  # torch.utils.data.DataLoader's
 }
-#: Start methods of worker processes. Not ``forkserver``: its children are the server's, not the
-#: training process's, so the parent-death signal that takes workers down with a killed training
-#: process would watch the wrong one.
-START_METHODS = ("spawn", "fork")
+#: Start methods of worker processes (``multiprocessing_context`` takes those of ``multiprocessing``).
+#: ``"auto"`` (the default): fork where it is safe, else spawn (:mod:`loader.executors.process.start`).
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 #: Batches in flight unless max_queue_size (or prefetch_factor) says otherwise.
 DEFAULT_QUEUE = 20
+
+
+class Unbatched:
+    """The collate of ``batch_size=None``: each batch holds one sample, served as the sample itself, or as
+    what `collate_fn` makes of it (torch applies ``collate_fn`` to each sample without auto-batching).
+    A ``device`` turns its arrays into tensors, as torch's ``default_convert`` does."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any] | None = None) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        (sample,) = samples
+        return sample if self.collate_fn is None else self.collate_fn(sample)
 
 
 def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, object], owner: str) -> dict[str, object]:
@@ -62,6 +78,16 @@ def _seconds(name: str, value: object, what: str, zero: bool) -> float | None:
     return float(value)
 
 
+def _flag(name: str, value: object) -> bool:
+    """`value` as a bool: ``True``, ``False`` (a numpy bool too); anything else is a ``ValueError``, in
+    torch's words for ``drop_last``, since ``bool("False")`` is true."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    hint = ("; a string is true whatever it says: convert it first (e.g. value.lower() == 'true')"
+            if isinstance(value, str) else "")
+    raise ValueError(f"{name} should be a boolean value, but got {name}={value!r}{hint}")
+
+
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
@@ -80,14 +106,72 @@ def _distributed_sampler(sampler: object) -> bool:
         "torch.utils.data") for klass in type(sampler).__mro__)
 
 
+def _start_method_of(context: object) -> str:
+    """The start method of torch's `multiprocessing_context` (a name or a context), refused as torch refuses it."""
+    if isinstance(context, str):
+        valid = multiprocessing.get_all_start_methods()
+        if context not in valid:
+            raise ValueError(f"multiprocessing_context option should specify a valid start method in {valid!r}, "
+                             f"but got multiprocessing_context={context!r}")
+        return context
+    if not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError("multiprocessing_context option should be a valid context object or a string specifying "
+                        f"the start method, but got multiprocessing_context={context}")
+    return context.get_start_method()
+
+
+def _dataset_source(a: Mapping[str, object]) -> DatasetSource:
+    params = a["dataset_params"]
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
+    if a["dataset"] is None:
+        raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
+                        "dataset_params)")
+    return DatasetSource.of(a["dataset"], params)
+
+
+def _batching(a: Mapping[str, object]) -> tuple[int, bool, Callable[..., Any] | None]:
+    """``(batch_size, drop_last, collate_fn)``; ``batch_size=None`` (torch's: no auto-batching) makes
+    batches of one sample, served as the sample (:class:`Unbatched`)."""
+    drop_last, collate_fn = _flag("drop_last", a["drop_last"]), _callable("collate_fn", a["collate_fn"])
+    if a["batch_size"] is not None:
+        return int_at_least("batch_size", a["batch_size"], 1), drop_last, collate_fn
+    if drop_last:
+        raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+    return 1, drop_last, Unbatched(collate_fn)
+
+
+def _refused_as_torch(a: Mapping[str, object]) -> None:
+    """torch's own ``ValueError`` s for what it refuses first: a negative ``num_workers`` or ``timeout``, and
+    the arguments an iterable-style dataset cannot take (before the dataset itself is refused or
+    taken), without importing torch."""
+    for name, value in (("num_workers", a["nb_worker"]), ("timeout", a["timeout"])):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"{name} option should be non-negative" + (
+                f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
+                else f" (timeout={value})"))
+    if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
+               for k in type(a["dataset"]).__mro__):
+        return
+    if a["shuffle"] not in (False, None):
+        raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                         f"shuffle={a['shuffle']}")
+    for name in ("sampler", "batch_sampler"):
+        if a[name] is not None:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
+                             f"{name}={a[name]}")
+
+
 def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
     """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
     conflicting pairs, counting only what the caller passed), as our settings."""
     sampler, batch_sampler, shuffle = a["sampler"], a["batch_sampler"], a["shuffle"]
+    if sampler is not None and shuffle:  # torch's order: this one first
+        raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None and (a["batch_size"] != 1 or shuffle or sampler is not None or a["drop_last"]):
         raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if shuffle is not None:  # after the conflicts: torch says those first, whatever shuffle's type
+        shuffle = _flag("shuffle", shuffle)
     for name, given in (("sampler", sampler), ("batch_sampler", batch_sampler)):
         if given is None:
             continue
@@ -102,7 +186,7 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
             raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
                              "> 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
         int_at_least("prefetch_factor", a["prefetch_factor"], 1)
-    if a["persistent_workers"] and workers == 0:
+    if _flag("persistent_workers", a["persistent_workers"]) and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if a["multiprocessing_context"] is not None and workers == 0:
         raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
@@ -124,7 +208,7 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
                                   "consumer_index": int(getattr(sampler, "rank")),
                                   "seed": sampler_seed}
     else:
-        out = {"shuffle": bool(shuffle) if shuffle is not None else (sampler is None and batch_sampler is None),
+        out = {"shuffle": shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
                "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
                             if sampler is not None or batch_sampler is not None else None)}
     out.update({
@@ -142,9 +226,9 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         out["seed"] = int(initial_seed()) % 2**63
     context = a["multiprocessing_context"]
     if context is not None:
-        method = context if isinstance(context, str) else getattr(context, "get_start_method", lambda: None)()
-        if method not in START_METHODS:
-            raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS))} (or "
+        method = _start_method_of(context)
+        if method not in START_METHODS[1:]:
+            raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS[1:]))} (or "
                              f"their multiprocessing contexts), got {context!r}")
         if a["start_method"] is not None and a["start_method"] != method:
             raise ValueError(f"start_method={a['start_method']!r} and multiprocessing_context ({method!r}) "
@@ -181,14 +265,9 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     ValueError
         Naming the argument (or setting key) at fault.
     """
-    params = a["dataset_params"]
-    if params is not None and not isinstance(params, dict):
-        raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
-    if a["dataset"] is None:
-        raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
-                        "dataset_params)")
-    source = DatasetSource.of(a["dataset"], params)
-    use_threading, gpu_indices = bool(a["use_threading"]), a["gpu_indices"]
+    _refused_as_torch(a)
+    source = _dataset_source(a)
+    use_threading, gpu_indices = _flag("use_threading", a["use_threading"]), a["gpu_indices"]
     nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
     ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
                                           min(4, os.cpu_count() or 1), use_threading, gpu_indices)
@@ -198,9 +277,10 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
     torch = _torch_arguments(a, workers)
-    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "spawn")
+    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "auto")
     if start_method not in START_METHODS:
-        raise ValueError(f"start_method must be 'spawn' (the default) or 'fork', got {start_method!r}")
+        raise ValueError(f"start_method must be 'auto' (the default), 'fork', 'spawn' or 'forkserver', "
+                         f"got {start_method!r}")
     cache = CacheSettings.parse(a["cache_setting"]) if a["cache_setting"] is not None else None
     if cache is not None and cache.background_refresh is True:
         why = refresh_impossible(cache, workers)
@@ -213,8 +293,6 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
                          "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "
                          "to rotate only when the cache does not fit")
     consumers, index, deferred = _consumers(a, torch)
-    if cache is not None:
-        cache = cache.resolve_scope(str(a["executor"]), consumers)
     seed = check_int("seed", torch.get("seed", a["seed"]), 0, allow_none=True)
     seed_given = seed is not None
     sampling = torch["sampling"]
@@ -224,15 +302,16 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
         seed = secrets.randbits(63) if consumers == 1 else 0
+    batch_size, drop_last, collate_fn = _batching(a)
     return LoaderSettings(
         dataset=source,
-        batch_size=int_at_least("batch_size", a["batch_size"], 1), nb_worker=workers, shuffle=bool(torch["shuffle"]),
-        seed=seed, drop_last=bool(a["drop_last"]),
+        batch_size=batch_size, nb_worker=workers, shuffle=bool(torch["shuffle"]),
+        seed=seed, drop_last=drop_last,
         nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
-        collate_fn=_callable("collate_fn", a["collate_fn"]),
+        collate_fn=collate_fn,
         max_queue_size=int_at_least("max_queue_size", torch.get("max_queue_size", a["max_queue_size"]), 1),
         prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
-        use_threading=use_threading, device=a["device"], pin_memory=bool(a["pin_memory"]),
+        use_threading=use_threading, device=a["device"], pin_memory=_flag("pin_memory", a["pin_memory"]),
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
         max_minibatch_length=check_int("max_minibatch_length", a["max_minibatch_length"], 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,

@@ -32,6 +32,8 @@ def tree_map(fn: Callable[[object], object], batch: Batch) -> Batch:
     if type(batch) in (list, tuple):
         mapped = [tree_map(fn, v) for v in batch]
         return mapped if type(batch) is list else tuple(mapped)
+    if isinstance(batch, tuple) and hasattr(type(batch), "_fields"):  # a namedtuple of batches
+        return type(batch)(*(tree_map(fn, v) for v in batch))
     return fn(batch)
 
 

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from cachestore.safefs import write_json_atomic
+
+from .errors import RanksTimeoutError
+
+#: Seconds the ranks of a torchrun job without ``torch.distributed`` wait for each other's files.
+RENDEZVOUS_TIMEOUT = 300.0
+#: Seconds between looks at the rendezvous directory (processes of one job, no event to wait on).
+RENDEZVOUS_POLL = 0.02
+_rendezvous_count = itertools.count()
 
 
 def distributed_defaults() -> tuple[int, int]:
@@ -17,6 +33,72 @@ def distributed_defaults() -> tuple[int, int]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_world_size()), int(dist.get_rank())
     return 1, 0
+
+
+def gather_across_ranks(value: Any, nb_consumer: int, consumer_index: int, prefix: str) -> list[Any] | None:
+    """Every consumer's `value` (JSON-able), in consumer order; ``None`` when the consumers cannot compare.
+
+    The consumers must be the job's ranks: ``torch.distributed``'s, compared with one
+    ``all_gather_object`` on the default group (every rank calls this at the same point, the
+    loader's constructor); else, under torchrun on one machine, through files in `prefix`
+    (:func:`_gather_by_files`). Consumers given by hand cannot compare.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() != nb_consumer or dist.get_rank() != consumer_index:
+            return None  # these consumers are not the group's ranks
+        everyone: list[Any] = [None] * nb_consumer
+        dist.all_gather_object(everyone, value)
+        return everyone
+    env = os.environ
+    if (env.get("TORCHELASTIC_RUN_ID") and env.get("WORLD_SIZE") == str(nb_consumer)
+            and env.get("LOCAL_WORLD_SIZE") == str(nb_consumer) and env.get("RANK") == str(consumer_index)):
+        return _gather_by_files(value, nb_consumer, consumer_index, prefix)
+    return None
+
+
+def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any] | None:
+    """`value` of each of torchrun's `ranks` on this machine, exchanged through a directory in `prefix`.
+
+    The directory is named after torchrun's run id, its restart count and how many loaders this
+    process compared before (ranks construct their loaders in the same order), so a new run, a
+    restart or a second loader never reads an old answer. Each rank writes its file atomically,
+    waits for the others', then marks that it read them; the last to mark removes the directory.
+    ``None`` where the prefix cannot be written (nothing can be compared, nothing will be written).
+
+    Raises
+    ------
+    RanksTimeoutError
+        A rank did not arrive within :data:`RENDEZVOUS_TIMEOUT` seconds.
+    """
+    key = f"{os.environ.get('TORCHELASTIC_RUN_ID')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-" \
+          f"{next(_rendezvous_count)}"
+    where = Path(prefix) / f".ranks-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(where / f"rank-{rank}.json", {"value": value})
+    except OSError:
+        return None
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT
+    everyone: list[Any] = [None] * ranks
+    missing = set(range(ranks))
+    while missing:
+        for r in sorted(missing):
+            try:
+                everyone[r] = json.loads((where / f"rank-{r}.json").read_text())["value"]
+                missing.discard(r)
+            except (OSError, ValueError):
+                pass
+        if missing and time.monotonic() > deadline:
+            raise RanksTimeoutError(f"ranks {sorted(missing)} of this torchrun job did not construct their loader "
+                                    f"within {RENDEZVOUS_TIMEOUT:.0f} s (the ranks compare their datasets in {where}): "
+                                    "every rank constructs its loader, or initialise torch.distributed first")
+        if missing:
+            time.sleep(RENDEZVOUS_POLL)
+    (where / f"read-{rank}").touch()
+    if sum(1 for p in where.iterdir() if p.name.startswith("read-")) == ranks:
+        shutil.rmtree(where, ignore_errors=True)
+    return everyone
 
 
 #: How the data is split between consumers (the ``partition`` argument).

@@ -26,6 +26,10 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
     stack: str | None = None
 
 
+class RanksTimeoutError(CacheStoreError, TimeoutError):
+    """The ranks of a job, comparing their datasets when their loaders are built, did not all arrive."""
+
+
 class ClusterUnreachableError(WorkerError, ConnectionError):
     """The Ray cluster ``executor_options['address']`` names does not answer."""
 
@@ -36,6 +40,15 @@ class MissingDependencyError(CacheStoreError, ImportError):
 
 class NotImportableError(CacheStoreError, ValueError):
     """Something the workers need cannot be sent to them (the message names it and the ways out)."""
+
+
+class SettingFixedError(CacheStoreError, ValueError, AttributeError):
+    """A setting of a built loader was assigned (torch raises ``ValueError`` for its own; Python's
+    ``AttributeError`` for a read-only attribute)."""
+
+
+class NotPicklableError(CacheStoreError, TypeError):
+    """A loader was pickled (or deep-copied): it holds processes, shared memory and an open store."""
 
 
 class SampleError(CacheStoreError):
@@ -70,8 +83,8 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
         pass  # __slots__ without it: the index is still in the message's notes
 
 
-__all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "SampleError", "WorkerError", "WorkerTimeoutError",
-           "tag_sample_index"]
+__all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "NotPicklableError", "SampleError",
+           "SettingFixedError", "WorkerError", "WorkerTimeoutError", "tag_sample_index"]
 
 
 def add_note(exc: BaseException, note: str) -> None:

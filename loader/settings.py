@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
@@ -133,7 +133,9 @@ class CacheSettings:
     ``"zstd"``; ``disk_budget`` bytes or ``"20GB"``; ``on_budget_exceeded``
     ``"error"`` (default), ``"stream"`` or ``"rotate"``; ``verify`` checks
     record checksums on read (default ``True``); ``allow_pickle`` stores
-    otherwise unsupported sample types with pickle; ``background_refresh``
+    otherwise unsupported sample types with pickle, and loads them from the
+    cache (which runs code of whoever wrote it: only for a cache you trust;
+    without it such a cached sample is ``PickleRefusedError``); ``background_refresh``
     computes the next generation with idle workers during the cached epochs
     before it: ``"auto"`` (default) whenever the budget has room for a second
     generation (else written during its own epoch, with one log line saying
@@ -155,8 +157,9 @@ class CacheSettings:
     which split a new permutation of it every epoch) or ``"rank"`` (a store
     per rank under ``prefix/consumer-<i>-of-<n>``, each rank keeping its own
     part of the data); left out, ``"node"`` where the ranks can write one
-    store together (the memmap backend, ``shared=True``, no Ray actors), else
-    ``"rank"``.
+    store together (a backend that supports it, ``shared=True``, no Ray
+    actors) and their datasets are the same, else ``"rank"``
+    (:mod:`loader.cache.scope`).
 
     Examples
     --------
@@ -177,7 +180,7 @@ class CacheSettings:
     on_mismatch: MismatchPolicy | str = MismatchPolicy.ERROR
     read_order: str = "auto"
     shared: bool = True
-    scope: str | None = None  # resolved by resolve_scope(): "node" where a node's ranks can write together
+    scope: str | None = None  # decided at construction (loader.cache.scope): "node" where a node's ranks can share
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -210,25 +213,6 @@ class CacheSettings:
         check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
         if self.scope is not None:
             check_choice("cache_setting", "scope", self.scope, SCOPES)
-
-    def resolve_scope(self, executor: str, consumers: int) -> CacheSettings:
-        """These settings with ``scope`` decided: ``"node"`` where the ranks of a node can write one store
-        together (the memmap backend, ``shared=True``, workers that are not Ray actors), else ``"rank"``.
-
-        Raises
-        ------
-        ValueError
-            ``scope="node"`` was asked for several ranks that cannot write one store together.
-        """
-        together = self.backend == "memmap" and self.shared is True and executor != "ray"
-        if self.scope is None:
-            return replace(self, scope="node" if together else "rank")
-        if self.scope == "node" and not together and consumers > 1:
-            raise ValueError(f"cache_setting['scope']='node' has the {consumers} ranks write one store together, "
-                             f"which needs the memmap backend, shared=True and workers that are not Ray actors "
-                             f"(here: backend {self.backend!r}, shared={self.shared}, executor {executor!r}); use "
-                             "scope='rank' (a store per rank) or leave scope out to have it chosen")
-        return self
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

@@ -293,6 +293,11 @@ class Backend(ABC):
         more than its budget allows.
         """
 
+    def install(self, token: StagingToken) -> GenerationInfo:
+        """Publish a staging area that holds a whole committed generation's files (fetched from a
+        remote and verified), as :meth:`commit` publishes one it merged."""
+        raise CacheStoreError(f"the {self.name} backend cannot install a generation fetched from a remote")
+
     @abstractmethod
     def discard(self, token: StagingToken) -> None:
         """Remove a staging area and everything in it."""

@@ -40,9 +40,8 @@ adds the backend's checks (``_check_files``, LMDB's record count). Damaged
 generations are listed with ``committed=False``, pruned whatever ``keep``
 says, and replaced by the next writer of their id.
 
-Debris is recognised by name only (``.staging-*``, ``rotation-<pid>-<hex>``
-of a dead pid, ``.<name>.<pid>.<hex>.tmp`` of a dead pid): a file the store did
-not create is never touched, and a symlink among the debris is unlinked, never
+Debris is recognised by name only (:mod:`.debris`): a file the store did not
+create is never touched, and a symlink among the debris is unlinked, never
 followed. No other store-owned name is followed either (:mod:`..safefs`):
 ``store.json`` and manifests are read with ``O_NOFOLLOW``, temp files are
 created with ``O_EXCL | O_NOFOLLOW``, a staging area must be a real directory
@@ -64,29 +63,45 @@ from typing import Collection
 import numpy as np
 import numpy.typing as npt
 
-from .. import safefs
+from .. import safefs, untrusted
 from ..budget import Budget
 from ..claims import CLAIMS_NAME, DONE_NAME, done_map
 from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
-from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError
+from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationNotFoundError,
+                      MalformedFileError)
 from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
-from ..scratch import dead_windows, pid_alive
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
+from .debris import find_debris
 from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
-from .staging import (MEMBERS_SUFFIX, SHARED_PREFIX, STAGING_META, has_members, mark_committing, matches,
-                      members_path, parse_shared, parse_staging, staging_dirname, staging_record, tmp_owner)
+from .staging import (STAGING_META, has_members, mark_committing, matches, members_path, parse_shared,
+                      parse_staging, staging_dirname, staging_record)
 
 log = logging.getLogger(__name__)
 
 META_NAME = "store.json"
+#: The bytes a ``store.json`` may take (a fingerprint and a producer's description).
+META_BYTES = 1 << 20
 GEN_PREFIX = "gen-"
 
 
 def gen_dirname(generation: int) -> str:
     """The directory name of committed generation `generation` (``gen-000003``)."""
     return f"{GEN_PREFIX}{generation:06d}"
+
+
+def parse_gen_dirname(name: str) -> int | None:
+    """The generation a directory name names, ``None`` when it is no name :func:`gen_dirname` makes.
+
+    Only that exact spelling: ``gen-٠`` (a Unicode digit) or ``gen-0`` is nobody's generation,
+    and is left alone; read as generation 0, a prune took it for a damaged generation 0 and
+    removed the sound ``gen-000000`` in its place.
+    """
+    if not name.startswith(GEN_PREFIX):
+        return None
+    generation = untrusted.decimal(name[len(GEN_PREFIX):])
+    return generation if generation is not None and gen_dirname(generation) == name else None
 
 
 class DirectoryBackend(Backend):
@@ -98,14 +113,14 @@ class DirectoryBackend(Backend):
 
     # metadata -----------------------------------------------------------
     def read_meta(self) -> StoreMeta | None:
+        path = self.path / META_NAME
         try:
-            meta: StoreMeta = safefs.read_json(self.path / META_NAME, "the store metadata")
-            return meta
+            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES),
+                                              str(path))
         except FileNotFoundError:
             return None
-        except ValueError as exc:
-            raise CacheStoreError(f"{self.path / META_NAME} is unreadable ({exc}); "
-                                  "the store metadata is damaged") from exc
+        except MalformedFileError as exc:
+            raise MalformedFileError(f"{exc}; the store metadata is damaged") from None
 
     def write_meta(self, meta: StoreMeta) -> None:
         try:
@@ -122,7 +137,7 @@ class DirectoryBackend(Backend):
         if not self.path.is_dir():
             return infos
         for entry in sorted(self.path.iterdir()):
-            if entry.name.startswith(GEN_PREFIX) and entry.name[len(GEN_PREFIX):].isdigit():
+            if parse_gen_dirname(entry.name) is not None:
                 info = self._generation_info(entry)
                 if info is not None:
                     infos.append(info)
@@ -148,8 +163,11 @@ class DirectoryBackend(Backend):
         return infos
 
     def _generation_info(self, gen_dir: Path) -> GenerationInfo | None:
-        """What listing shows of `gen_dir`; ``None`` when it vanished (pruned) while we looked."""
-        generation = int(gen_dir.name[len(GEN_PREFIX):])
+        """What listing shows of `gen_dir` (a name :func:`parse_gen_dirname` reads); ``None`` when it
+        vanished (pruned) while we looked."""
+        generation = parse_gen_dirname(gen_dir.name)
+        if generation is None:
+            return None
         try:
             manifest, damage = check_generation(gen_dir, generation, self._check_files)
             st = gen_dir.lstat()
@@ -255,6 +273,25 @@ class DirectoryBackend(Backend):
             raw_bytes=summary.get("raw_bytes", 0), stored_bytes=summary.get("stored_bytes", 0), extra=extra,
         )
 
+    def install(self, token: StagingToken) -> GenerationInfo:
+        # The files came whole with their manifest (cachestore/remote/fetch.py checked them): the
+        # commit's last steps only, so the generation appears whole or not at all.
+        staging = Path(token.path)
+        final = self.path / gen_dirname(token.generation)
+        if os.path.lexists(final):
+            raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+        safefs.require_real_dir(staging, "staging area")
+        _, damage = check_generation(staging, token.generation, self._check_files)
+        if damage is not None:
+            raise self._damaged(token.generation, damage)
+        fsync_dir(staging)
+        os.rename(staging, final)
+        fsync_dir(self.path)
+        info = self._generation_info(final)
+        if info is None:
+            raise GenerationNotFoundError(f"generation {token.generation} of {self.path} vanished as it was installed")
+        return info
+
     def discard(self, token: StagingToken) -> None:
         remove_paths([token.path])  # a staging area swapped for a symlink: the link goes, its target stays
 
@@ -344,7 +381,7 @@ class DirectoryBackend(Backend):
             raise self._damaged(generation, damage)
         try:
             return self._open(gen_dir, manifest)
-        except CorruptSampleError as exc:  # what only opening finds (an LMDB record count)
+        except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
             raise self._damaged(generation, str(exc)) from exc
 
     def remove_generation(self, generation: int) -> int:
@@ -361,43 +398,7 @@ class DirectoryBackend(Backend):
 
     def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:
-        found: list[tuple[str, int]] = []
-        if not self.path.is_dir():
-            return found
-        for entry in self.path.iterdir():
-            if entry.name.startswith(SHARED_PREFIX):
-                found += self._shared_debris(entry, keep_record)
-                continue
-            parsed = parse_staging(entry.name)
-            if parsed is not None and parsed[1] != keep_pid and str(entry) not in keep_paths:
-                if keep_record is not None and safefs.is_real_dir(entry) and matches(
-                        staging_record(entry), keep_record):
-                    continue  # a partial generation of this producer: the next writer adopts it
-                found.append((str(entry), allocated_bytes(entry)))
-            elif (tmp := TEMP_NAME.match(entry.name)) and not pid_alive(int(tmp.group(1))):
-                # a live pid may be between writing and renaming its temp file
-                found.append((str(entry), allocated_bytes(entry)))
-        found += dead_windows(self.path)
-        return sorted(found)
-
-    def _shared_debris(self, entry: Path, keep_record: ProducerRecord | None) -> list[tuple[str, int]]:
-        """`entry` (a name of the shared namespace) when it is debris: an area (or its lock file) nobody is a
-        member of, whose commit was cut short or whose producer is not `keep_record`; a dead creator's temp."""
-        owner = tmp_owner(entry.name)
-        if owner is not None:
-            return [] if pid_alive(owner) else [(str(entry), allocated_bytes(entry))]
-        area = entry.with_name(entry.name[:-len(MEMBERS_SUFFIX)]) if entry.name.endswith(MEMBERS_SUFFIX) else entry
-        if parse_shared(area.name) is None or has_members(area):
-            return []
-        if entry != area:  # a lock file: debris with its area, or alone
-            return [] if os.path.lexists(area) else [(str(entry), allocated_bytes(entry))]
-        record = staging_record(area) if safefs.is_real_dir(area) else None
-        if keep_record is not None and matches(record, keep_record):
-            return []  # a partial generation of this producer: the next process to write it joins it
-        out = [(str(area), allocated_bytes(area))]
-        if os.path.lexists(members_path(area)):
-            out.append((str(members_path(area)), allocated_bytes(members_path(area))))
-        return out
+        return find_debris(self.path, keep_pid, keep_record, keep_paths)
 
     def remove_debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                       keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:

@@ -30,7 +30,7 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, safefs
+from .. import codec, records, safefs
 from ..budget import Budget
 from ..checksums import checksum
 from ..codec import Leaf, Sample, TreeDef
@@ -144,7 +144,7 @@ class LmdbShard(ShardWriter):
         self._layout: tuple[int, TreeDef] | str | None = None
 
     def _write(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> int:
-        record = codec.encode_record(treedef, leaves, self.compress)
+        record = records.encode_record(treedef, leaves, self.compress)
         if self._layout is None:
             self._layout = (len(record), treedef)
         elif self._layout != "mixed" and self._layout != (len(record), treedef):
@@ -336,7 +336,7 @@ class LmdbBackend(DirectoryBackend):
         return columns
 
     def _open(self, gen_dir: Path, manifest: Manifest) -> GenerationData:
-        return LmdbGeneration(gen_dir, manifest, self.verify)
+        return LmdbGeneration(gen_dir, manifest, self.verify, self.allow_pickle)
 
     # partial generations ----------------------------------------------------
     def _logged(self, staging: Path) -> npt.NDArray[np.int64]:
@@ -375,15 +375,21 @@ class LmdbBackend(DirectoryBackend):
         return int(seen.sum())
 
     def open_staging(self, token: StagingToken) -> StagingData:
-        return LmdbStaging(Path(token.path), self.verify)
+        return LmdbStaging(Path(token.path), self.verify, self.allow_pickle)
+
+    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
+        data = gen_dir / "data.mdb"
+        kind = safefs.describe_entry(data)
+        return None if kind == "a file" else f"{data} is {kind}"
 
 
 class LmdbStaging(StagingData):
     """Samples of an LMDB staging area, read through this process's environment of it."""
 
-    def __init__(self, staging: Path, verify: bool) -> None:
+    def __init__(self, staging: Path, verify: bool, allow_pickle: bool = False) -> None:
         self.dir = staging
         self.verify = verify
+        self.allow_pickle = allow_pickle
         self._key = ("write", str(staging))  # the environment shard writers of this process share
         self._env: lmdb.Environment | None = None
         self._pid = -1
@@ -416,14 +422,9 @@ class LmdbStaging(StagingData):
         record = self._record(index)
         if record is None:
             raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is missing or corrupt")
-        return codec.unflatten(*codec.decode_record(record, copy=True))
+        return self.sample(index, *records.decode_record(record, copy=True), where=str(self.dir))
 
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():
             release_env(self._key, self._pid)
         self._env = None
-
-    def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
-        data = gen_dir / "data.mdb"
-        kind = safefs.describe_entry(data)
-        return None if kind == "a file" else f"{data} is {kind}"

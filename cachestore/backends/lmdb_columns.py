@@ -50,7 +50,9 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec
+from .. import codec, records
+from ..errors import MalformedFileError
+from ..untrusted import parse_treedef
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 from ..codec import Leaf, LeafSpec, TreeDef, row_bytes
 from ..disk import is_out_of_space
@@ -99,7 +101,7 @@ def convert(txn: Txn, n: int, target: Path, record_key: Callable[[int], bytes],
     first = txn.get(record_key(0))
     if first is None or len(first) <= _SUM.size:
         raise corrupt(0, "its record is missing or truncated")
-    layout = codec.record_layout(memoryview(first)[_SUM.size:])
+    layout = records.record_layout(memoryview(first)[_SUM.size:])
     if layout is None or not codec.is_stackable(layout[0]):
         return None
     treedef, head, spans = layout
@@ -167,10 +169,23 @@ def _fixed_records(treedef: TreeDef, size: int, one_layout: list[object] | None)
     is still verified when it is read, and a record of another
     layout in such a generation is damage.
     """
-    if one_layout is None or not isinstance(one_layout[0], int) or one_layout[0] + _SUM.size != size or \
-            codec.treedef_from_json(one_layout[1]) != treedef:
+    if one_layout is None or not isinstance(one_layout[0], int) or one_layout[0] + _SUM.size != size:
+        return None
+    try:
+        if parse_treedef(one_layout[1], "a shard's layout") != treedef:
+            return None
+    except MalformedFileError:
         return None
     return {"lmdb_layout": RECORDS, "schema": codec.treedef_to_json(treedef)}
+
+
+def stackable_schema(manifest: Manifest, where: str) -> TreeDef:
+    """The structure every sample of a fixed-layout generation has (its manifest's ``schema``),
+    checked: one whose leaves cannot be stacked (str, bytes, None) is no layout a commit writes."""
+    schema = parse_treedef(manifest["schema"], f"{where} ('schema')")
+    if not codec.is_stackable(schema):
+        raise MalformedFileError(f"{where}: its 'schema' has leaves that are not stacked in columns")
+    return schema
 
 
 def _put(env: lmdb.Environment, items: list[tuple[bytes, bytes]]) -> None:
@@ -188,7 +203,7 @@ class Columns:
     """Reads one columnar generation (see the module docstring) through an LMDB environment."""
 
     def __init__(self, manifest: Manifest, num_samples: int, corrupt: Callable[[int, str], Exception]) -> None:
-        self.schema = codec.treedef_from_json(manifest["schema"])
+        self.schema = stackable_schema(manifest, "manifest")
         self.specs = codec.leaf_specs(self.schema)
         self.widths = row_bytes(self.specs)
         self.chunk_rows = int(manifest["chunk_rows"])

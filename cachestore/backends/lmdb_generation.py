@@ -3,6 +3,12 @@
 The registry is shared with the writers in :mod:`.lmdb_backend` (staging
 areas): see the note above :data:`ENVS`. A generation's layouts (records,
 ``"fixed-records"``, columns) are described in :mod:`.lmdb_columns`.
+
+LMDB maps its data file and trusts it: a page beyond the end of a file truncated under an open
+generation is a SIGBUS, which kills the process (a store is untrusted input,
+docs/ARCHITECTURE.md, "Untrusted stores"). So a reader holds the data file open and checks its
+size (``fstat``) before each read transaction; the compiled gather of wide records catches the
+SIGBUS itself. A file cut in the middle of a transaction is the one case left to the kernel.
 """
 
 from __future__ import annotations
@@ -19,17 +25,17 @@ import lmdb
 import numpy as np
 import xxhash
 
-from .. import codec
+from .. import codec, records, safefs
 from ..checksums import checksum
 from ..codec import Batch, Leaf, Sample, TreeDef
 from ..collate import stack_samples
-from ..errors import CorruptSampleError
+from ..errors import CacheStoreError, CorruptSampleError
 from ..native import native_gather
 from ..room import fits
 from . import lmdb_columns
 from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices
-from .manifest import Manifest
+from .manifest import Manifest, manifest_int
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -109,18 +115,23 @@ def _destinations(treedef: TreeDef, n: int, out: list[Leaf] | None) -> list[Leaf
 class LmdbGeneration(GenerationData):
     """A committed LMDB generation: records, fixed-layout records, or columns."""
 
-    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool) -> None:
-        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
+    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool, allow_pickle: bool = False) -> None:
+        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify,
+                         allow_pickle)
         self.dir = gen_dir
         self._env: lmdb.Environment | None = None
         self._pid = -1
+        self._fd = -1  # the data file, held open for its size checks (see the module docstring)
+        self._needed = 0
+        # Bounds a compressed record written before records said the size of their leaves.
+        self._raw_bytes = manifest_int(manifest, "raw_bytes")
         self.columns: lmdb_columns.Columns | None = None
         self.fixed: BatchLayout | None = None  # of fixed-layout records
         try:
             if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
                 self.columns = lmdb_columns.Columns(manifest, self.num_samples, self.corrupt)
             elif manifest.get("lmdb_layout") == lmdb_columns.RECORDS:
-                schema = codec.treedef_from_json(manifest["schema"])
+                schema = lmdb_columns.stackable_schema(manifest, str(gen_dir / "manifest.json"))
                 self.fixed = (schema, codec.leaf_specs(schema))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptSampleError(f"manifest of generation {self.generation} in {gen_dir} has no "
@@ -133,16 +144,42 @@ class LmdbGeneration(GenerationData):
         if self._env is None or self._pid != os.getpid():
             data = self.dir / "data.mdb"
             try:
-                st = os.stat(data)
+                fd = safefs.open_nofollow(data, os.O_RDONLY | os.O_NONBLOCK)
             except FileNotFoundError:
                 raise CorruptSampleError(f"generation {self.generation} in {self.dir} has no data file") from None
+            except OSError as exc:  # a symlink (SymlinkError) among them
+                raise CorruptSampleError(f"data file {data} of generation {self.generation}: {exc}") from None
+            st = os.fstat(fd)
+            if self._fd >= 0:
+                os.close(self._fd)  # inherited through a fork: this process holds its own
+            self._fd = fd
             # Keyed by the data file's identity, not its path: a generation removed and written
             # again at the same path must not be served from the old, still-open environment.
             key = ("read", st.st_dev, st.st_ino)
             self._env = acquire_env(key, self._open)
             self._pid = os.getpid()
-            self._release = weakref.finalize(self, release_env, key, self._pid)
+            self._release = weakref.finalize(self, _release, key, self._pid, fd)
+            self._needed = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+            self._check_size()
         return self._env
+
+    def _check_size(self) -> None:
+        """Raise unless the data file still has every page LMDB may read (else: SIGBUS)."""
+        if self._env is None:
+            raise CacheStoreError(f"generation {self.generation} in {self.dir} was closed")
+        size = os.fstat(self._fd).st_size
+        if size < self._needed:
+            exc = CorruptSampleError(f"data file {self.dir / 'data.mdb'} of generation {self.generation} is {size} "
+                                     f"bytes, {self._needed} needed: it was truncated; the generation is damaged "
+                                     "(`cachestore prune` removes it)")
+            exc.generation = self.generation
+            raise exc
+
+    def _checked_env(self) -> lmdb.Environment:
+        """:attr:`env`, once the data file is checked to hold every page: what a transaction begins on."""
+        env = self.env
+        self._check_size()
+        return env
 
     def _open(self) -> lmdb.Environment:
         data = self.dir / "data.mdb"
@@ -171,38 +208,43 @@ class LmdbGeneration(GenerationData):
                                      f"but its manifest says {expected} ({self.num_samples} samples)")
         return env
 
-    def _leaves(self, i: int, value: bytes | memoryview | None, copy: bool) -> tuple[TreeDef, list[Leaf]]:
-        """Check and parse one stored value into ``(treedef, leaves)``."""
+    def _leaves(self, i: int, value: bytes | memoryview | None, copy: bool,
+                verify: bool | None = None) -> tuple[TreeDef, list[Leaf]]:
+        """Check and parse one stored value into ``(treedef, leaves)`` (never unpickled)."""
         if value is None:
             raise self.corrupt(i, "its record is missing")
         view = memoryview(value)
         if len(view) < SUM.size:
             raise self.corrupt(i, "its record is truncated")
         record = view[SUM.size:]
-        if self.verify and checksum([record]) != SUM.unpack_from(view)[0]:
+        if (self.verify if verify is None else verify) and checksum([record]) != SUM.unpack_from(view)[0]:
             raise self.corrupt(i, "checksum mismatch")
         try:
-            return codec.decode_record(record, copy=copy)
+            return records.decode_record(record, copy=copy, raw=self._raw_bytes or None)
         except CorruptSampleError as exc:
             raise self.corrupt(i, str(exc)) from exc
 
     def _decode(self, i: int, value: bytes | None, copy: bool) -> Sample:
-        return codec.unflatten(*self._leaves(i, value, copy))
+        return self.sample(i, *self._leaves(i, value, copy))
 
-    def read(self, index: int, copy: bool = True) -> Sample:
-        i = self.check_index(index)
-        if self.columns is not None:
-            try:
-                with self.env.begin(buffers=True) as txn:
-                    return codec.unflatten(self.columns.schema, self.columns.read(txn, i, self.verify))
-            except lmdb.Error as exc:
-                raise self.corrupt(i, f"LMDB error: {exc}") from exc
+    def _sample_leaves(self, i: int, copy: bool, verify: bool) -> tuple[TreeDef, list[Leaf]]:
+        """Sample `i` as ``(treedef, leaves)``, its checksum checked when `verify` (never unpickled)."""
         try:
-            with self.env.begin() as txn:
+            if self.columns is not None:
+                with self._checked_env().begin(buffers=True) as txn:
+                    return self.columns.schema, self.columns.read(txn, i, verify)
+            with self._checked_env().begin() as txn:
                 value = txn.get(record_key(i))
         except lmdb.Error as exc:
             raise self.corrupt(i, f"LMDB error: {exc}") from exc
-        return self._decode(i, value, copy)
+        return self._leaves(i, value, copy, verify)
+
+    def read(self, index: int, copy: bool = True) -> Sample:
+        i = self.check_index(index)
+        return self.sample(i, *self._sample_leaves(i, copy, self.verify))
+
+    def check(self, index: int) -> None:
+        self._sample_leaves(self.check_index(index), False, True)
 
     def batch_layout(self) -> BatchLayout | None:
         return (self.columns.schema, self.columns.specs) if self.columns is not None else self.fixed
@@ -211,7 +253,7 @@ class LmdbGeneration(GenerationData):
         if self.columns is not None:
             idx = batch_indices(indices, self.num_samples, self.generation)
             try:
-                with self.env.begin(buffers=True) as txn:
+                with self._checked_env().begin(buffers=True) as txn:
                     out = self.columns.gather(txn, idx, out, self.verify)
             except lmdb.Error as exc:
                 raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
@@ -226,7 +268,7 @@ class LmdbGeneration(GenerationData):
             return batch
         try:
             # bytes values (not transaction-bound buffers): the decoded views keep them alive.
-            with self.env.begin() as txn:
+            with self._checked_env().begin() as txn:
                 values = [txn.get(record_key(i)) for i in checked]
         except lmdb.Error as exc:
             raise CorruptSampleError(f"generation {self.generation} in {self.dir}: LMDB error: {exc}") from exc
@@ -250,13 +292,13 @@ class LmdbGeneration(GenerationData):
         n, verify, pack, hash_of = len(checked), self.verify, KEY.pack, xxhash.xxh3_64_intdigest
         body = SUM.size
         try:
-            with self.env.begin(buffers=True) as txn:
+            with self._checked_env().begin(buffers=True) as txn:
                 i, first = checked[0], txn.get(pack(checked[0]))
                 self._leaves(i, first, copy=False)  # checks the first record fully
                 value = cast(memoryview, first)  # not None: _leaves raised if it were missing
                 record = value[body:]
                 try:
-                    layout = codec.record_layout(record)
+                    layout = records.record_layout(record)
                 except CorruptSampleError as exc:
                     raise self.corrupt(i, str(exc)) from exc
                 if layout is None or not codec.is_stackable(layout[0]):
@@ -284,6 +326,9 @@ class LmdbGeneration(GenerationData):
                         return None
                     if kind == 2:
                         raise self.corrupt(checked[j], "checksum mismatch")
+                    if kind == 3:  # a page could not be read (SIGBUS): the data file was cut
+                        self._check_size()
+                        raise self.corrupt(checked[j], "its record could not be read (its file was truncated)")
                     return codec.unflatten_batch(treedef, out)
                 for j in range(1, n):
                     i, other = checked[j], txn.get(pack(checked[j]))
@@ -308,6 +353,14 @@ class LmdbGeneration(GenerationData):
 
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():
-            self._release()  # the environment closes with its last user in this process
+            self._release()  # the environment closes with its last user in this process, the data file now
+            self._fd = -1
         self._env = None
         self._pid = -1
+
+
+def _release(key: EnvKey, pid: int, fd: int) -> None:
+    """Give back a generation's environment and close its data file (in the process that opened them)."""
+    if pid == os.getpid():
+        os.close(fd)
+    release_env(key, pid)

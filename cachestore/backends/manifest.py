@@ -16,7 +16,8 @@ from typing import Any, Callable, TypeAlias
 
 import xxhash
 
-from .. import safefs
+from .. import safefs, untrusted
+from ..errors import MalformedFileError
 
 MANIFEST_NAME = "manifest.json"
 
@@ -46,24 +47,20 @@ def check_generation(gen_dir: Path, generation: int,
         return {}, f"{gen_dir} is {kind}, not a generation directory the store made"
     path = gen_dir / MANIFEST_NAME
     try:
-        manifest = safefs.read_json(path)
+        manifest = untrusted.read_document(path, "a generation manifest")
     except FileNotFoundError:
         if not os.path.lexists(gen_dir):
             raise
         return {}, f"{path} is missing"
     except (OSError, ValueError) as exc:
         return {}, f"{path} is a symlink" if os.path.islink(path) else f"{path} is unreadable ({exc})"
-    if not isinstance(manifest, dict):
-        return {}, f"{path} is not a manifest (a JSON object)"
-    fields: dict[str, type | tuple[type, ...]] = {"generation": int, "num_samples": int, "created": (int, float)}
-    for name, types in fields.items():
-        if not isinstance(manifest.get(name), types) or isinstance(manifest.get(name), bool):
-            return {}, f"{path} is invalid: {name!r} is {manifest.get(name)!r}"
-    if manifest["generation"] != generation or manifest["num_samples"] < 0:
-        return manifest, (f"{path} is invalid: it names generation {manifest['generation']} "
-                          f"with {manifest['num_samples']} samples")
-    files = manifest.get("files", {})  # recorded at commit; older stores have none
-    for name, expected in sorted(files.items() if isinstance(files, dict) else ()):
+    try:
+        manifest = untrusted.parse_manifest(manifest, str(path), generation)
+    except MalformedFileError as exc:
+        partial = manifest if isinstance(manifest, dict) else {}
+        return partial, f"{path} is invalid: {exc}"
+    files = manifest.get("files", {})  # recorded at commit (checked names and sizes); older stores have none
+    for name, expected in sorted(files.items()):
         st = safefs.lstat_or_none(gen_dir / name)
         if st is None and not os.path.lexists(gen_dir):
             raise FileNotFoundError(gen_dir)  # renamed away by a prune while we looked

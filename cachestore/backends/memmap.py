@@ -24,7 +24,8 @@ from .base import ShardWriter, StagingToken
 from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .manifest import Manifest
-from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, load_schema, read_rows, truncate
+from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, generation_schema, load_schema,
+                           read_rows, read_shard_ids, truncate)
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
 from .memmap_staging import StagingRecords
@@ -65,11 +66,16 @@ class MemmapBackend(DirectoryBackend):
         safefs.write_new(staging / "shards.json", json.dumps(shard_ids).encode())
         in_cols = int(np.count_nonzero(rows["shard"] == COLUMN))
         layout = "fixed" if n and in_cols == n else ("records" if in_cols == 0 else "mixed")
-        return {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
-                "stored_bytes": int(rows["length"].sum())}
+        summary: Manifest = {"num_samples": n, "layout": layout, "raw_bytes": int(rows["raw"].sum()),
+                             "stored_bytes": int(rows["length"].sum())}
+        if schema is not None:
+            # Under the manifest's checksum: the row checksums cover bytes, not what they mean
+            # (memmap_files.generation_schema).
+            summary["schema"] = codec.treedef_to_json(schema)
+        return summary
 
     def _open(self, gen_dir: Path, manifest: Manifest) -> GenerationData:
-        return MemmapGeneration(gen_dir, manifest, self.verify)
+        return MemmapGeneration(gen_dir, manifest, self.verify, self.allow_pickle)
 
     # partial generations ----------------------------------------------------
     def _logged(self, staging: Path) -> np.ndarray:
@@ -114,43 +120,21 @@ class MemmapBackend(DirectoryBackend):
         fsync_dir(staging)
 
     def open_staging(self, token: StagingToken) -> StagingData:
-        return StagingRecords(Path(token.path), self.verify, token.num_samples if token.shared else None)
+        return StagingRecords(Path(token.path), self.verify, token.num_samples if token.shared else None,
+                              self.allow_pickle)
 
     def _check_files(self, gen_dir: Path, manifest: Manifest) -> str | None:
         # Headers and small files only: listing runs this for every generation.
         n = manifest["num_samples"]
-        index = gen_dir / "index.npy"
         try:
-            with os.fdopen(safefs.open_nofollow(index, os.O_RDONLY), "rb") as f:
-                version = np.lib.format.read_magic(f)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = read_header(f)
-                data_start, size = f.tell(), os.fstat(f.fileno()).st_size
-        except FileNotFoundError:
-            return f"{index} is missing"
-        except (OSError, ValueError) as exc:
-            return f"{index} is unreadable ({exc})"
-        if dtype != INDEX_DTYPE or len(shape) != 1:
-            return f"{index} is not an index of this format (dtype {dtype}, shape {shape})"
-        if shape[0] != n:
-            return f"{index} holds {shape[0]} rows but the manifest says {n} samples"
-        if size < data_start + n * INDEX_DTYPE.itemsize:
-            return f"{index} is truncated: {size} bytes, {n} rows need {data_start + n * INDEX_DTYPE.itemsize}"
-        shards = gen_dir / "shards.json"
-        try:
-            shard_ids = safefs.read_json(shards)
-            if not isinstance(shard_ids, list) or not all(isinstance(x, str) for x in shard_ids):
-                raise ValueError("not a list of shard names")
-        except FileNotFoundError:
-            return f"{shards} is missing"
-        except (OSError, ValueError) as exc:
-            return f"{shards} is unreadable ({exc})"
-        try:
-            schema = load_schema(gen_dir)
-            specs = codec.leaf_specs(schema) if schema is not None else []
-        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
-            return f"{gen_dir / SCHEMA} is unreadable ({exc})"
+            check_index(gen_dir / "index.npy", n)
+            shard_ids = read_shard_ids(gen_dir)
+            schema = generation_schema(gen_dir, manifest)
+        except FileNotFoundError as exc:
+            return f"{exc.filename} is missing"
+        except (OSError, ValueError) as exc:  # MalformedFileError, SymlinkError among them
+            return str(exc)
+        specs = codec.leaf_specs(schema) if schema is not None else []
         if schema is None and n and manifest.get("layout") in ("fixed", "mixed"):
             return f"{gen_dir / SCHEMA} is missing"
         for k, rowbytes in enumerate(codec.row_bytes(specs)):
@@ -160,4 +144,9 @@ class MemmapBackend(DirectoryBackend):
                 return f"{col} is {'missing' if st is None else safefs.describe_entry(col)}"
             if st.st_size < needed:
                 return f"{col} is truncated: {st.st_size} bytes, {n} samples need {needed}"
+        for shard_id in shard_ids:  # (a manifest with no "files" list, of an older store, did not say)
+            seg = gen_dir / f"{shard_id}.seg"
+            st = safefs.lstat_or_none(seg)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                return f"{seg} is {safefs.describe_entry(seg)}"
         return None

@@ -15,24 +15,33 @@ Inside a generation directory:
   appended after the data at each flush. A writer killed mid-flush leaves at
   most a partial trailing row, which is ignored.
 * ``index.npy`` / ``shards.json`` - written at commit: rows ordered by index.
+
+Reading a committed generation opens each of them without following a symlink and only as
+a regular file, and checks what it holds before it is used (:mod:`cachestore.untrusted`):
+a store is untrusted input (docs/ARCHITECTURE.md, "Untrusted stores").
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, safefs
+from .. import codec, safefs, untrusted
 from ..codec import TreeDef
+from ..errors import MalformedFileError
+from .manifest import MANIFEST_NAME, Manifest
 
 #: One row per sample: where its bytes lie (a shard's segment, or the columns) and their checksum.
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
                         ("length", "<i8"), ("checksum", "<u8"), ("raw", "<i8")])
 COLUMN = -1  # shard value of a row stored in the columns
 SCHEMA = "schema.json"
+#: The bytes a ``schema.json`` may take (a sample's structure).
+SCHEMA_BYTES = 4 << 20
 
 #: Rows of :data:`INDEX_DTYPE`.
 IndexRows = npt.NDArray[np.void]
@@ -44,11 +53,45 @@ def col_name(k: int) -> str:
 
 
 def load_schema(directory: Path) -> TreeDef | None:
-    """The treedef the columns of `directory` hold, ``None`` when no shard claimed one."""
+    """The treedef the columns of `directory` hold, ``None`` when no shard claimed one.
+
+    Raises
+    ------
+    MalformedFileError
+        ``schema.json`` is no structure a shard writes (not JSON, a bad node, leaves that are
+        not stacked in columns), naming it.
+    """
+    path = directory / SCHEMA
     try:
-        return codec.treedef_from_json(safefs.read_json(directory / SCHEMA, "a generation schema"))
+        schema = untrusted.parse_treedef(untrusted.read_document(path, "a generation schema", SCHEMA_BYTES), str(path))
     except FileNotFoundError:
         return None
+    if not codec.is_stackable(schema):
+        raise MalformedFileError(f"{path} names leaves that are not stacked in columns (str, bytes or None)")
+    return schema
+
+
+def generation_schema(directory: Path, manifest: Manifest) -> TreeDef | None:
+    """The structure of the samples in the columns of the committed generation `directory`.
+
+    It is the one its manifest recorded at commit, under the manifest's checksum, and
+    ``schema.json`` must say the same: a schema changed alone (``<f4`` made ``<i4``, a shape
+    halved for ``>f8``) would serve the same checked bytes as other values. A generation
+    committed before manifests recorded it has only ``schema.json``.
+
+    Raises
+    ------
+    MalformedFileError
+        ``schema.json`` is malformed, or differs from the manifest's.
+    """
+    on_disk = load_schema(directory)
+    if manifest.get("schema") is None:
+        return on_disk
+    recorded = untrusted.parse_treedef(manifest["schema"], f"{directory / MANIFEST_NAME} ('schema')")
+    if on_disk != recorded:
+        raise MalformedFileError(f"{directory / SCHEMA} does not match the schema the manifest recorded "
+                                 "at commit: it was changed since (its values would be read as another type)")
+    return recorded
 
 
 def read_rows(path: Path) -> IndexRows:
@@ -65,3 +108,75 @@ def truncate(path: Path, size: int) -> None:
         os.ftruncate(fd, size)
     finally:
         os.close(fd)
+
+
+def open_data(path: Path) -> int:
+    """A read-only fd of the generation's file `path`: never through a symlink, only a regular file.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is there.
+    SymlinkError
+        `path` is a symlink.
+    MalformedFileError
+        It is something else than a regular file (a fifo would block a reader forever).
+    """
+    fd = safefs.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise MalformedFileError(f"{path} is not a regular file")
+    return fd
+
+
+def _index_start(fd: int, path: Path, num_samples: int) -> int:
+    """Where the rows of the index file `fd` begin, once its header and size are checked against
+    the `num_samples` rows its manifest promises (:class:`MalformedFileError` else)."""
+    with os.fdopen(fd, "rb", closefd=False) as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(f)
+        except (ValueError, OSError, SyntaxError, TypeError, KeyError) as exc:
+            raise MalformedFileError(f"{path} is unreadable ({exc})") from None
+        start, size = f.tell(), os.fstat(fd).st_size
+    if dtype != INDEX_DTYPE or len(shape) != 1:
+        raise MalformedFileError(f"{path} is not an index of this format (dtype {dtype}, shape {shape})")
+    if shape[0] != num_samples:
+        raise MalformedFileError(f"{path} holds {shape[0]} rows but the manifest says {num_samples} samples")
+    if size < start + num_samples * INDEX_DTYPE.itemsize:
+        raise MalformedFileError(f"{path} is truncated: {size} bytes, {num_samples} rows need "
+                                 f"{start + num_samples * INDEX_DTYPE.itemsize}")
+    return start
+
+
+def check_index(path: Path, num_samples: int) -> None:
+    """Check the header and size of the index file `path` (no rows read: listing runs this)."""
+    fd = open_data(path)
+    try:
+        _index_start(fd, path, num_samples)
+    finally:
+        os.close(fd)
+
+
+def read_index(path: Path, num_samples: int, num_shards: int) -> IndexRows:
+    """The `num_samples` rows of the index file `path`, each checked
+    (:func:`cachestore.untrusted.check_index_rows`) against the `num_shards` shards listed."""
+    fd = open_data(path)
+    try:
+        start = _index_start(fd, path, num_samples)
+        data = os.pread(fd, num_samples * INDEX_DTYPE.itemsize, start) if num_samples else b""
+    finally:
+        os.close(fd)
+    if len(data) != num_samples * INDEX_DTYPE.itemsize:
+        raise MalformedFileError(f"{path} is truncated: it ended while its rows were read")
+    rows = np.frombuffer(data, dtype=INDEX_DTYPE)
+    untrusted.check_index_rows(rows, num_samples, num_shards, str(path))
+    return rows
+
+
+def read_shard_ids(directory: Path) -> list[str]:
+    """The shards of a committed generation (``shards.json``), each a file name of the store."""
+    path = directory / "shards.json"
+    return untrusted.parse_shard_ids(untrusted.read_document(path, "a generation's shard list"), str(path))

@@ -1,8 +1,18 @@
-"""Reading a committed memmap generation: the columns and segments mapped, batches gathered verified."""
+"""Reading a committed memmap generation: the columns and segments mapped, batches gathered verified.
+
+Every file is opened once, without following a symlink, and held open: a reader maps what it
+opened, and before it reads through a mapping it checks (``fstat``) that the file still has the
+bytes the read needs. A file truncated under an open generation (by anyone: a store is untrusted
+input, docs/ARCHITECTURE.md, "Untrusted stores") would otherwise be a SIGBUS on the first page
+beyond its new end, which kills the process. The compiled gather needs no such check: it catches
+the SIGBUS itself (``cachestore/_gather.c``, "guard"), so a batch costs no system call; a file
+cut in the middle of a read of the pure-Python paths is the one case left to the kernel. Views
+handed out with ``copy=False`` are the caller's to read, and fault as any mapping does.
+"""
 
 from __future__ import annotations
 
-import json
+import math
 import mmap
 import os
 import threading
@@ -13,9 +23,9 @@ from typing import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec
+from .. import codec, records
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Batch, Leaf, LeafSpec, Sample
+from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
 from ..errors import CacheStoreError, CorruptSampleError
 from ..native import native_gather
@@ -23,29 +33,21 @@ from ..room import fits
 from .reading import BatchLayout, GenerationData
 from .batch import Indices, batch_indices, gather_columns
 from .manifest import Manifest
-from .memmap_files import COLUMN, IndexRows, col_name, load_schema
+from .memmap_files import COLUMN, IndexRows, col_name, generation_schema, open_data, read_index, read_shard_ids
 
 #: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
 #: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
 VERIFY_BLOCK_BYTES = 1 << 20
 
 
-def _map(path: Path, dtype: np.dtype[np.generic], shape: tuple[int, ...]) -> Leaf:
-    """The column file `path` mapped read-only as a ``(dtype, shape)`` array (a truncated one is damage)."""
-    nbytes = shape[0] * codec.row_bytes([(dtype, shape[1:])])[0]
-    size = path.stat().st_size if path.exists() else -1
-    if size < nbytes:
-        raise CorruptSampleError(f"data file {path} is truncated: {size} bytes, expected {nbytes}; "
-                                 "the generation is damaged (prune it and rewrite)")
-    if nbytes == 0:
-        return np.zeros(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+def _map(fd: int, nbytes: int) -> mmap.mmap | None:
+    """The first `nbytes` of the file `fd` mapped read-only (``None`` for none)."""
+    return mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ) if nbytes else None
 
 
-def _random_access(array: object) -> None:
-    """Tell the kernel that `array`'s mapping is read at random (``MADV_RANDOM``: no read-ahead)."""
-    mapped = getattr(array, "_mmap", None)
-    if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
+def _random_access(mapped: mmap.mmap) -> None:
+    """Tell the kernel that `mapped` is read at random (``MADV_RANDOM``: no read-ahead)."""
+    if hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
 
 
@@ -96,73 +98,169 @@ class MemmapGeneration(GenerationData):
     # Read-only maps and arrays: a batch read touches no shared state.
     threadsafe_batches = True
 
-    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool) -> None:
-        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify)
+    def __init__(self, gen_dir: Path, manifest: Manifest, verify: bool, allow_pickle: bool = False) -> None:
+        super().__init__(int(manifest["generation"]), int(manifest["num_samples"]), str(gen_dir), verify,
+                         allow_pickle)
         self.layout: str | None = manifest.get("layout")
-        try:
-            self.rows: IndexRows = np.load(gen_dir / "index.npy")
-            shard_ids = json.loads((gen_dir / "shards.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} is unreadable: {exc}") from exc
-        if len(self.rows) != self.num_samples:
-            raise CorruptSampleError(f"index of generation {self.generation} in {gen_dir} has "
-                                     f"{len(self.rows)} rows, expected {self.num_samples}")
-        self.schema = load_schema(gen_dir)
-        self.specs: list[LeafSpec] = codec.leaf_specs(self.schema) if self.schema is not None else []
-        # Opening checked that a fixed generation has its schema (else it is damaged).
-        self._fixed: BatchLayout | None = (
-            (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
-        self._col_paths = [gen_dir / col_name(k) for k in range(len(self.specs))]
-        self.columns = [_map(path, dtype, (self.num_samples, *shape))
-                        for path, (dtype, shape) in zip(self._col_paths, self.specs)]
-        # Columns opened for explicit reads (read_range, read_rows), which run in several threads at once
-        # (threadsafe_batches): the lock makes each column opened once, and the count of reads in flight
-        # keeps close() from closing an fd under a read (a number the next open reuses, read in its place).
-        self._fds: dict[int, int] = {}
+        # Every file this reader holds open, and (fd, path, bytes reads need) of the columns and the
+        # segments: what a read checks before it goes through a mapping (see the module docstring).
+        self._held: list[int] = []
+        self._col_files: list[tuple[int, Path, int]] = []
+        self._seg_files: list[tuple[int, Path, int] | None] = []
+        self._maps: list[mmap.mmap] = []
+        # Explicit reads (read_range, read_rows) run in several threads at once (threadsafe_batches):
+        # the count of reads in flight keeps close() from closing an fd under a read (a number the
+        # next open reuses, read in its place).
         self._fds_lock = threading.Lock()
         self._reading = 0
         self._closed = False
+        try:
+            self._open_files(gen_dir, manifest)
+        except (OSError, ValueError) as exc:  # a malformed, missing or symlinked file among them
+            self._close_fds()
+            if isinstance(exc, CorruptSampleError):
+                raise
+            raise CorruptSampleError(f"generation {self.generation} in {gen_dir} cannot be read: {exc}") from None
         self._explicit: bool | None = None  # see reads_explicitly
         # The columns as rows of bytes, for the compiled gather.
         self._byte_rows = tuple(flat_rows(self.columns, self.num_samples))
         self._widths = tuple(r.shape[1] for r in self._byte_rows)
         self._mapped_in = False
-        self.segments: list[npt.NDArray[np.uint8] | None] = []
-        for shard_id in shard_ids:
-            seg = gen_dir / f"{shard_id}.seg"
-            size = seg.stat().st_size if seg.exists() else 0
-            self.segments.append(np.memmap(seg, dtype=np.uint8, mode="r") if size else None)
         if not fits(self.data_bytes()):
             # Larger than the memory room: what is read through the mapping (records, compressed ones,
             # a torch DataLoader over reader()) faults one page in at a time. The kernel's read-ahead
             # around each fault (megabytes on some disks) is evicted before it is used, and read again.
-            for mapped in [*self.columns, *self.segments]:
+            for mapped in self._maps:
                 _random_access(mapped)
 
-    def _record(self, i: int, row: np.void) -> npt.NDArray[np.uint8]:
-        seg = self.segments[row["shard"]]
+    def _open_files(self, gen_dir: Path, manifest: Manifest) -> None:
+        """Open, check and map the generation's files (each a regular file, never through a symlink)."""
+        shard_ids = read_shard_ids(gen_dir)
+        self.rows: IndexRows = read_index(gen_dir / "index.npy", self.num_samples, len(shard_ids))
+        self.schema: TreeDef | None = generation_schema(gen_dir, manifest)
+        self.specs: list[LeafSpec] = codec.leaf_specs(self.schema) if self.schema is not None else []
+        # Opening checked that a fixed generation has its schema (else it is damaged).
+        self._fixed: BatchLayout | None = (
+            (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
+        self._col_paths = [gen_dir / col_name(k) for k in range(len(self.specs))]
+        self.columns: list[Leaf] = []
+        for path, (dtype, shape), width in zip(self._col_paths, self.specs, codec.row_bytes(self.specs)):
+            fd = self._hold(path)
+            nbytes = self.num_samples * width
+            if os.fstat(fd).st_size < nbytes:
+                raise CorruptSampleError(f"data file {path} is truncated: {os.fstat(fd).st_size} bytes, expected "
+                                         f"{nbytes}; the generation is damaged (prune it and rewrite)")
+            self._col_files.append((fd, path, nbytes))
+            mapped = _map(fd, nbytes)
+            if mapped is None:
+                self.columns.append(np.zeros((self.num_samples, *shape), dtype=dtype))
+                continue
+            self._maps.append(mapped)
+            count = self.num_samples * math.prod(shape)
+            self.columns.append(np.frombuffer(mapped, dtype=dtype, count=count).reshape(self.num_samples, *shape))
+        self.segments: list[npt.NDArray[np.uint8] | None] = []
+        for shard_id in shard_ids:
+            path = gen_dir / f"{shard_id}.seg"
+            try:
+                fd = self._hold(path)
+            except FileNotFoundError:
+                fd = -1
+            size = os.fstat(fd).st_size if fd >= 0 else 0
+            mapped = _map(fd, size) if size else None
+            self._seg_files.append((fd, path, size) if mapped is not None else None)
+            if mapped is not None:
+                self._maps.append(mapped)
+            self.segments.append(np.frombuffer(mapped, dtype=np.uint8) if mapped is not None else None)
+
+    def _hold(self, path: Path) -> int:
+        """Open the generation's file `path` (see :func:`open_data`) until close()."""
+        fd = open_data(path)
+        self._held.append(fd)
+        return fd
+
+    def _check_file(self, fd: int, path: Path, needed: int) -> None:
+        """Raise unless the file `fd` (this generation's `path`) still holds `needed` bytes: reading
+        a mapping beyond the end of its file is a SIGBUS."""
+        if self._closed:
+            raise CacheStoreError(f"generation {self.generation} in {self.where} was closed")
+        size = os.fstat(fd).st_size
+        if size < needed:
+            exc = CorruptSampleError(
+                f"data file {path} of generation {self.generation} shrank to {size} bytes under this reader "
+                f"({needed} were there when it was opened): it was truncated or overwritten in place; "
+                f"the generation is damaged (`cachestore prune` removes it)")
+            exc.generation = self.generation
+            raise exc
+
+    def _check_columns(self) -> None:
+        for fd, path, needed in self._col_files:
+            self._check_file(fd, path, needed)
+
+    def _fault(self) -> CorruptSampleError:
+        """The error of a read the compiled gather broke off at a SIGBUS: the file it names."""
+        self._check_columns()  # raises, naming the file that shrank
+        exc = CorruptSampleError(f"a page of generation {self.generation} in {self.where} could not be read "
+                                 "(SIGBUS): one of its files was truncated under this reader")
+        exc.generation = self.generation
+        return exc
+
+    def _record(self, i: int, row: np.void, verify: bool) -> npt.NDArray[np.uint8]:
+        shard = int(row["shard"])  # one of the shards listed: checked when the index was read
+        seg, held = self.segments[shard], self._seg_files[shard]
         start, length = int(row["offset"]), int(row["length"])
-        if seg is None or start + length > seg.size:
+        if seg is None or held is None or start + length > seg.size:
             raise self.corrupt(i, "its record lies beyond the end of the data file (truncated?)")
+        self._check_file(held[0], held[1], start + length)
         rec: npt.NDArray[np.uint8] = seg[start:start + length]
-        if self.verify and checksum([rec]) != row["checksum"]:
+        if verify and checksum([rec]) != row["checksum"]:
             raise self.corrupt(i, "checksum mismatch")
         return rec
 
+    def _leaves(self, i: int, copy: bool, verify: bool) -> tuple[TreeDef, list[Leaf]]:
+        """Sample `i` as ``(treedef, leaves)``, its checksum checked when `verify` (never unpickled)."""
+        row = self.rows[i]
+        if row["shard"] != COLUMN:
+            try:
+                return records.decode_record(self._record(i, row, verify), copy=copy, raw=int(row["raw"]))
+            except CorruptSampleError as exc:
+                if exc.index is not None or exc.generation is not None:
+                    raise
+                raise self.corrupt(i, str(exc)) from None
+        if self.schema is None:
+            raise self.corrupt(i, "its index row names the columns, which this generation does not have")
+        self._check_columns()
+        leaves = [col[i, ...] for col in self.columns]
+        if verify and checksum(leaves) != row["checksum"]:
+            raise self.corrupt(i, "checksum mismatch")
+        return self.schema, [np.array(leaf) for leaf in leaves] if copy else leaves
+
     def read(self, index: int, copy: bool = True) -> Sample:
         i = self.check_index(index)
-        row = self.rows[i]
-        if row["shard"] == COLUMN:
-            if self.schema is None:
-                raise self.corrupt(i, "its index row names the columns, which this generation does not have")
-            leaves = [col[i, ...] for col in self.columns]
-            if self.verify and checksum(leaves) != row["checksum"]:
-                raise self.corrupt(i, "checksum mismatch")
-            if copy:
-                leaves = [np.array(leaf) for leaf in leaves]
-            return codec.unflatten(self.schema, leaves)
-        treedef, leaves = codec.decode_record(self._record(i, row), copy=copy)
-        return codec.unflatten(treedef, leaves)
+        return self.sample(i, *self._leaves(i, copy, self.verify))
+
+    def check(self, index: int) -> None:
+        self._leaves(self.check_index(index), False, True)
+
+    def verify_all(self) -> list[CorruptSampleError]:
+        """Every checksum, a fixed layout's rows gathered a block at a time (far fewer calls than
+        one sample at a time)."""
+        if self._fixed is None or self._closed:
+            return super().verify_all()
+        bad: list[CorruptSampleError] = []
+        block = max(1, VERIFY_BLOCK_BYTES * 4 // max(1, sum(self._widths)))
+        scratch = [np.empty((block, *shape), dtype=dtype) for dtype, shape in self.specs]
+        start = 0
+        while start < self.num_samples:
+            stop = min(self.num_samples, start + block)
+            try:
+                self._gather_verified(np.arange(start, stop, dtype=np.int64), [a[:stop - start] for a in scratch])
+                start = stop
+            except CorruptSampleError as exc:
+                bad.append(exc)
+                if exc.index is None:
+                    break  # a file shrank: the generation, not a sample
+                start = exc.index + 1
+        return bad
 
     def batch_layout(self) -> BatchLayout | None:
         return self._fixed
@@ -217,6 +315,7 @@ class MemmapGeneration(GenerationData):
                 if not width or not n:
                     continue
                 if self._byte_rows[k].nbytes <= SMALL_COLUMN_BYTES:
+                    self._check_file(*self._col_files[k])
                     np.take(self._byte_rows[k], idx, axis=0, out=dest)
                     continue
                 fd = column_fd(k)
@@ -256,17 +355,13 @@ class MemmapGeneration(GenerationData):
                 self._close_fds()
 
     def _fd(self, k: int) -> int:
-        """The fd of column `k`, opened at its first explicit read (once, whichever thread asks first)."""
-        with self._fds_lock:
-            fd = self._fds.get(k)
-            if fd is None:
-                fd = self._fds[k] = os.open(self._col_paths[k], os.O_RDONLY | os.O_CLOEXEC)
-            return fd
+        """The fd of column `k` (held since the generation was opened)."""
+        return self._col_files[k][0]
 
     def _close_fds(self) -> None:
-        """Close the columns' fds (the caller holds the lock, and no read is in flight)."""
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
+        """Close the files (the caller holds the lock, and no read is in flight)."""
+        held, self._held = self._held, []
+        for fd in held:
             os.close(fd)
 
     def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
@@ -280,6 +375,7 @@ class MemmapGeneration(GenerationData):
         if self.verify:
             out = self._gather_verified(idx, out)
         else:
+            self._check_columns()
             out = gather_columns(self.columns, self.specs, idx, out)
         return codec.unflatten_batch(self._fixed[0], out)
 
@@ -314,11 +410,16 @@ class MemmapGeneration(GenerationData):
         native = native_gather()
         if native is not None and len(rows) <= native.MAX_LEAVES:
             # One call per batch, the GIL released: gather threads run side by side.
+            if self._closed:
+                raise CacheStoreError(f"generation {self.generation} in {self.where} was closed")
             bad = native.gather_verified(self._byte_rows, self._widths, np.ascontiguousarray(idx),
                                          tuple(rows), np.ascontiguousarray(self.rows["checksum"][idx]))
+            if bad == -2:
+                raise self._fault()
             if bad >= 0:
                 raise self.corrupt(int(idx[bad]), "checksum mismatch")
             return out
+        self._check_columns()
         expected = self.rows["checksum"][idx].tolist()
         block = max(1, VERIFY_BLOCK_BYTES // max(1, sum(r.shape[1] for r in rows)))
         for lo in range(0, n, block):
@@ -337,3 +438,4 @@ class MemmapGeneration(GenerationData):
         self.columns = []
         self._byte_rows = ()
         self.segments = []
+        self._maps = []

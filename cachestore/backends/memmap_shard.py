@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 
-from .. import codec, safefs
+from .. import codec, records, safefs
 from ..checksums import checksum
 from ..codec import Leaf, TreeDef
 from ..disk import allocated_bytes, is_out_of_space
@@ -126,7 +126,7 @@ class MemmapShard(ShardWriter):
                 self._rows.append((index, COLUMN, 0, 0, nbytes, checksum(leaves), nbytes))
                 self._written(nbytes)
                 return nbytes
-            record = codec.encode_record(treedef, leaves, self.compress)
+            record = records.encode_record(treedef, leaves, self.compress)
             if self._seg_fd is None:
                 self._seg_fd = safefs.open_nofollow(self.dir / f"{self.shard_id}.seg",
                                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND)

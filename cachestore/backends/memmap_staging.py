@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec, safefs
+from .. import codec, records, safefs
 from ..checksums import checksum
 from ..claims import done_map, shard_tag
 from ..codec import Leaf, LeafSpec, Sample, TreeDef
@@ -37,9 +37,11 @@ class StagingRecords(StagingData):
         counts; ``None`` for the staging area of one writer.
     """
 
-    def __init__(self, staging: Path, verify: bool, shared_samples: int | None = None) -> None:
+    def __init__(self, staging: Path, verify: bool, shared_samples: int | None = None,
+                 allow_pickle: bool = False) -> None:
         self.dir = staging
         self.verify = verify
+        self.allow_pickle = allow_pickle
         self._shared = shared_samples
         self._where: dict[int, tuple[str, np.void]] = {}  # index -> (shard id, index row)
         self._schema: TreeDef | None = None
@@ -88,7 +90,7 @@ class StagingRecords(StagingData):
         if len(record) != row["length"] or (self.verify and checksum([record]) != row["checksum"]):
             return None
         try:
-            return codec.decode_record(record, copy=True)
+            return records.decode_record(record, copy=True, raw=int(row["raw"]))
         except CorruptSampleError:
             return None
 
@@ -103,15 +105,19 @@ class StagingRecords(StagingData):
         leaves = self._leaves(*self._where[index])
         if leaves is None:
             raise CorruptSampleError(f"sample {index} in the staging area {self.dir} is corrupt or truncated")
-        return codec.unflatten(*leaves)
+        return self.sample(index, *leaves, where=str(self.dir))
 
 
 def _pread(path: Path, offset: int, length: int) -> bytes:
+    """`length` bytes at `offset` of `path`; fewer (none) where the file does not hold them: a row
+    read back may name any size, and nothing is allocated for bytes that are not there."""
     try:
-        fd = safefs.open_nofollow(path, os.O_RDONLY)
+        fd = safefs.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return b""
     try:
+        if offset < 0 or length < 0 or offset + length > os.fstat(fd).st_size:
+            return b""
         return os.pread(fd, length, offset)
     finally:
         os.close(fd)

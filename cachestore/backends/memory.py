@@ -122,8 +122,8 @@ class MemoryGeneration(GenerationData):
     # Read-only arrays: a batch read touches no shared state.
     threadsafe_batches = True
 
-    def __init__(self, generation: int, staging: _Staging, n: int) -> None:
-        super().__init__(generation, n, "memory", verify=False)
+    def __init__(self, generation: int, staging: _Staging, n: int, allow_pickle: bool = False) -> None:
+        super().__init__(generation, n, "memory", verify=False, allow_pickle=allow_pickle)
         self.created = time.time()
         samples = staging.samples
         self.schema: TreeDef | None = None
@@ -169,7 +169,7 @@ class MemoryGeneration(GenerationData):
             treedef, leaves = self.samples[i]
         if copy:
             leaves = [np.array(leaf) for leaf in leaves]
-        return codec.unflatten(treedef, leaves)
+        return self.sample(i, treedef, leaves)
 
     def batch_layout(self) -> BatchLayout | None:
         return (self.schema, self.specs) if self.schema is not None else None
@@ -190,8 +190,9 @@ class MemoryGeneration(GenerationData):
 class MemoryStaging(StagingData):
     """The samples already in an in-RAM staging area."""
 
-    def __init__(self, staging: _Staging) -> None:
+    def __init__(self, staging: _Staging, allow_pickle: bool) -> None:
         self.staging = staging
+        self.allow_pickle = allow_pickle
 
     def read(self, index: int) -> Sample:
         st = self.staging
@@ -199,7 +200,7 @@ class MemoryStaging(StagingData):
             treedef, leaves = st.samples[index]
         else:  # in its row of the columns
             treedef, leaves = st.schema, [col[index] for col in st.columns]
-        return codec.unflatten(treedef, [np.array(leaf) for leaf in leaves])
+        return self.sample(index, treedef, [np.array(leaf) for leaf in leaves], where=st.token.path)
 
 
 class MemoryBackend(Backend):
@@ -257,7 +258,7 @@ class MemoryBackend(Backend):
         token.write_budget().check_usage(token.generation, staging.raw_bytes)  # all shards together
         n = check_complete(staging.indices() + staging.rewritten, num_samples,
                            f"generation {token.generation} of {self.root}")
-        gen = MemoryGeneration(token.generation, staging, n)
+        gen = MemoryGeneration(token.generation, staging, n, self.allow_pickle)
         del self._staging[token.path]
         self._gens[token.generation] = gen
         return GenerationInfo(id=gen.generation, num_samples=n, nbytes=0, committed=True, created=gen.created,
@@ -294,7 +295,7 @@ class MemoryBackend(Backend):
         return np.array(sorted(self._staging[token.path].indices()), dtype=np.int64)
 
     def open_staging(self, token: StagingToken) -> StagingData:
-        return MemoryStaging(self._staging[token.path])
+        return MemoryStaging(self._staging[token.path], self.allow_pickle)
 
     def debris(self, keep_pid: int | None = None, keep_record: ProducerRecord | None = None,
                keep_paths: Collection[str] = ()) -> list[tuple[str, int]]:

@@ -9,13 +9,27 @@ from typing import TypeAlias
 
 import numpy as np
 
+from .. import codec
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..errors import CorruptSampleError
+from ..errors import CorruptSampleError, PickleRefusedError
 from .batch import Indices
 
 #: ``(treedef, leaf specs)`` of a generation whose batches are gathered column-wise.
 BatchLayout: TypeAlias = tuple[TreeDef, list[LeafSpec]]
+#: What the error of a refused pickled leaf tells the reader to do.
+PICKLE_HINT = ("loading it runs code of whoever wrote the store: pass allow_pickle=True (open_store(..., "
+               "allow_pickle=True); the loader: cache_setting={..., 'allow_pickle': True}) only to read a store "
+               "whose writer you trust")
+
+
+def refused(where: str, generation: int | None, index: int) -> PickleRefusedError:
+    """The error for sample `index` (of `generation` in `where`) holding a pickled leaf the reader
+    did not allow."""
+    of = f" of generation {generation}" if generation is not None else ""
+    exc = PickleRefusedError(f"sample {index}{of} in {where} holds a pickled leaf; {PICKLE_HINT}")
+    exc.generation, exc.index = generation, index
+    return exc
 
 class GenerationData(ABC):
     """Read access to one committed generation."""
@@ -23,11 +37,14 @@ class GenerationData(ABC):
     #: Whether ``read_batch`` may run in several threads at once (see ``Reader.parallel_batches``).
     threadsafe_batches = False
 
-    def __init__(self, generation: int, num_samples: int, where: str, verify: bool) -> None:
+    def __init__(self, generation: int, num_samples: int, where: str, verify: bool, allow_pickle: bool = False) -> None:
         self.generation = generation
         self.num_samples = num_samples
         self.where = where
         self.verify = verify
+        #: Whether a pickled leaf is loaded: only when the reading side said so (docs/ARCHITECTURE.md,
+        #: "Untrusted stores"); else reading it is :class:`PickleRefusedError`.
+        self.allow_pickle = allow_pickle
 
     def __len__(self) -> int:
         return self.num_samples
@@ -50,9 +67,27 @@ class GenerationData(ABC):
         exc.generation, exc.index = self.generation, index
         return exc
 
+    def sample(self, index: int, treedef: TreeDef, leaves: list[Leaf]) -> Sample:
+        """Sample `index` rebuilt from its leaves; a pickled leaf only with :attr:`allow_pickle`."""
+        try:
+            return codec.unflatten(treedef, leaves, allow_pickle=self.allow_pickle)
+        except PickleRefusedError:
+            raise refused(self.where, self.generation, index) from None
+        except UnicodeDecodeError as exc:  # a str leaf whose (checked) bytes are not UTF-8
+            raise self.corrupt(index, f"a text leaf is not UTF-8 ({exc})") from None
+
     @abstractmethod
     def read(self, index: int, copy: bool = True) -> Sample:
         """One sample; with ``copy=False`` arrays may be read-only views of storage."""
+
+    def check(self, index: int) -> None:
+        """Check sample `index` as :meth:`verify_all` does: its checksum and structure, always,
+        without building the sample (a pickled leaf is checked, never loaded). The default
+        reads it; backends with checksums override it."""
+        try:
+            self.read(index, copy=False)
+        except PickleRefusedError:
+            pass  # read and checked up to the leaf it would not load
 
     def batch_layout(self) -> BatchLayout | None:
         """``(treedef, leaf specs)`` when a batch can be gathered column-wise into
@@ -100,13 +135,16 @@ class GenerationData(ABC):
         self.read_batch(indices, out=out)
 
     def verify_all(self) -> list[CorruptSampleError]:
-        """Check every record; return one error per bad sample."""
+        """Check every record (:meth:`check`); return one error per bad sample, or a last one without
+        an index when the generation itself broke (a file shrank under the reader)."""
         bad = []
         for i in range(self.num_samples):
             try:
-                self.read(i, copy=False)
+                self.check(i)
             except CorruptSampleError as exc:
                 bad.append(exc)
+                if exc.index is None:
+                    break
         return bad
 
     def close(self) -> None:
@@ -122,9 +160,19 @@ class StagingData(ABC):
     them again.
     """
 
+    #: Whether a pickled leaf is loaded (see :attr:`GenerationData.allow_pickle`).
+    allow_pickle = False
+
     @abstractmethod
     def read(self, index: int) -> Sample:
         """Sample `index` (a copy); :class:`CorruptSampleError` when its record fails its checksum."""
+
+    def sample(self, index: int, treedef: TreeDef, leaves: list[Leaf], where: str) -> Sample:
+        """Sample `index` of the staging area `where` rebuilt; a pickled leaf only with :attr:`allow_pickle`."""
+        try:
+            return codec.unflatten(treedef, leaves, allow_pickle=self.allow_pickle)
+        except PickleRefusedError:
+            raise refused(f"the staging area {where}", None, index) from None
 
     def close(self) -> None:
         """Release files and handles."""

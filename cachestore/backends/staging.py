@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from .. import safefs
 from ..errors import CacheStoreError
+from ..untrusted import decimal, read_document
 from .base import ProducerRecord
 
 STAGING_PREFIX = ".staging-"
@@ -39,20 +40,22 @@ def staging_dirname(generation: int, pid: int | None = None) -> str:
 
 
 def parse_staging(name: str) -> tuple[int, int] | None:
-    """``(generation, pid)`` of a staging directory name, ``None`` if it is not one."""
+    """``(generation, pid)`` of a staging directory name, ``None`` if it is not one (ASCII digits only:
+    see :func:`cachestore.untrusted.decimal`)."""
     if not name.startswith(STAGING_PREFIX):
         return None
     parts = name[len(STAGING_PREFIX):].split("-")
-    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+    if len(parts) != 3 or not parts[2].isascii() or not parts[2].isalnum():
         return None
-    return int(parts[0]), int(parts[1])
+    generation, pid = decimal(parts[0]), decimal(parts[1])
+    return None if generation is None or pid is None else (generation, pid)
 
 
 def staging_record(staging: Path) -> ProducerRecord | None:
     """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
     try:
-        record = safefs.read_json(staging / STAGING_META)
-    except (OSError, ValueError):
+        record = read_document(staging / STAGING_META, "a staging record", 1 << 20)
+    except (OSError, ValueError):  # MalformedFileError among them: too large, too deep, not JSON
         return None
     return record if isinstance(record, dict) else None
 
@@ -105,7 +108,7 @@ def parse_shared(name: str) -> int | None:
     if not name.startswith(SHARED_PREFIX) or name.startswith(SHARED_TMP_PREFIX) or name.endswith(MEMBERS_SUFFIX):
         return None
     head = name[len(SHARED_PREFIX):].split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    return decimal(head)
 
 
 def tmp_owner(name: str) -> int | None:
@@ -113,7 +116,7 @@ def tmp_owner(name: str) -> int | None:
     if not name.startswith(SHARED_TMP_PREFIX):
         return None
     head = name[len(SHARED_TMP_PREFIX):].split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    return decimal(head)
 
 
 def has_members(area: str | os.PathLike[str]) -> bool:

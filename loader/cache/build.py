@@ -24,6 +24,7 @@ import logging
 import numpy as np
 
 from cachestore import GenerationInfo, GenerationWriter, codec
+from cachestore.records import decode_record
 from cachestore.shared import SharedWriter
 from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
@@ -164,7 +165,9 @@ class GenerationBuild:
             self._main_shard = self.spec.open(MAIN_SHARD)
         for pos, record in records:
             try:
-                self._main_shard.put(pos, codec.unflatten(*codec.decode_record(record, copy=False)))
+                # Records our own workers encoded: their pickled leaves are this run's.
+                sample = codec.unflatten(*decode_record(record, copy=False), allow_pickle=True)
+                self._main_shard.put(pos, sample)
             except BudgetExceededError as exc:
                 self.over_budget(str(exc), exc)
                 return 0

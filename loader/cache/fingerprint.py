@@ -3,7 +3,9 @@
 The dataset parameters are hashed **by value**: arrays by dtype, shape and
 bytes, containers and scalars recursively, other objects by what pickle would
 save of them (``__reduce_ex__``: their class and ``__dict__``/``__getstate__``),
-dataclasses by their fields, torch tensors by dtype, shape and bytes. Why not
+dataclasses by their fields, torch tensors by dtype, shape and bytes, functions
+and classes with what their code reaches (:mod:`loader.cache.reach`: the
+module-level values and helper functions they use, wherever they live). Why not
 ``repr()``: numpy elides the middle of large arrays and objects with the
 default repr show only their class, so a changed table or a changed
 transform object used to give the same fingerprint and the old samples were
@@ -14,6 +16,8 @@ loader's ``cache_setting["fingerprint"]``).
 
 from __future__ import annotations
 
+import contextlib
+import copyreg
 import dataclasses
 import enum
 import hashlib
@@ -22,7 +26,7 @@ import json
 import re
 import sys
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -30,6 +34,7 @@ from cachestore import codec
 from cachestore.errors import FingerprintError
 
 from ..dataset import DatasetSource
+from . import reach
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
@@ -44,42 +49,47 @@ def _stable_json(obj: Any) -> str:
 
 
 def _source_hash(cls: type) -> str:
-    """Hash of the source that defines `cls`: its module's file, else the class's own source, else
-    (a class typed into ``python -``, an interactive session or a notebook cell, whose source
-    inspect cannot find) the code of every function in it and its bases, prefixed ``code:``."""
-    module = sys.modules.get(cls.__module__)
-    for target in (module, cls):
+    """Hash of the code that defines `cls`: its module's source (else the class's own source: a
+    class typed into ``python -``, an interactive session or a notebook cell has none), and what its
+    methods reach (:mod:`loader.cache.reach`: the functions, classes and module-level values they
+    use, in its module and in others)."""
+    hasher = _ValueHasher()
+    source = ""
+    for target in (sys.modules.get(cls.__module__), cls):
         if target is None:
             continue
         try:
-            return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
+            source = inspect.getsource(target)
+            break
         except (OSError, TypeError):
             continue
-    return "code:" + _class_code_hash(cls)
-
-
-def _class_code_hash(cls: type) -> str:
-    """sha256 (16 hex digits) of the code of `cls` and its bases (those outside builtins): each
-    function's bytecode, names and constants, and every other class attribute by value where it can."""
-    hasher = _ValueHasher()
-    for klass in cls.__mro__:
-        if klass.__module__ == "builtins":
-            continue
-        hasher.tag("class", klass.__qualname__)
-        for name, value in sorted(vars(klass).items()):
-            if name in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__"):
-                continue
-            hasher.tag(name)
-            for part in (getattr(value, "fget", None), getattr(value, "fset", None), getattr(value, "__func__", value)):
-                code = getattr(part, "__code__", None)
-                if isinstance(code, types.CodeType):
-                    hasher._code(code)
-            if not callable(value) and not isinstance(value, (property, staticmethod, classmethod)):
-                try:
-                    hasher.feed(value, f"{klass.__qualname__}.{name}")
-                except FingerprintError:
-                    hasher.tag("unhashable", type(value).__qualname__)
+    hasher.tag("source", source)
+    with _deep_code_refused(f"the code of {class_path(cls)}"):
+        reach.feed_class(hasher, cls)
+        reach.finish(hasher)
     return hasher.h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _deep_code_refused(what: str) -> Iterator[None]:
+    """A structure or a chain of calls too deep for Python's stack is a FingerprintError, not a crash."""
+    try:
+        yield
+    except RecursionError:
+        raise FingerprintError(f"cannot fingerprint the dataset: {what} nests or calls too deep to follow; "
+                               f"{_HINT}") from None
+
+
+def _const_repr(const: object) -> str:
+    """A code constant in words, the same in every run: ``x in {"a", "b"}`` keeps a frozenset, whose
+    repr orders strings by their hash, which changes from run to run."""
+    if isinstance(const, types.CodeType):
+        return "<code>"
+    if isinstance(const, frozenset):
+        return "frozenset({" + ", ".join(sorted(map(_const_repr, const))) + "})"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(map(_const_repr, const)) + ",)"
+    return f"{type(const).__name__}:{const!r}"
 
 
 def class_path(cls: type) -> str:
@@ -95,20 +105,27 @@ class _ValueHasher:
     ``[1]`` all differ; dicts and sets are order-independent (as their equality is).
     """
 
-    def __init__(self, active: dict[int, int] | None = None) -> None:
+    def __init__(self, walk: reach.Walk | None = None) -> None:
         self.h = hashlib.sha256()
-        # Objects being hashed right now (id -> depth), to cut cycles. Shared, acyclic references
-        # are hashed in full each time: an ordinal would depend on the order dict items are seen.
-        self._active: dict[int, int] = {} if active is None else active
+        # Shared with the hashers of its parts: values being hashed (to cut cycles; shared, acyclic
+        # references are hashed in full each time: an ordinal would depend on the order dict items are
+        # seen) and the code reached by name (hashed once each, at the end: reach.finish).
+        self.walk = reach.Walk() if walk is None else walk
+        self._active = self.walk.active
+
+    def sub(self) -> _ValueHasher:
+        """A hasher for a part whose digest this one takes, in the same walk (cycles, code reached)."""
+        return _ValueHasher(self.walk)
 
     def tag(self, *parts: Any) -> None:
+        chunks: list[bytes] = []  # one update per tag: the hot path of hashing code
         for part in parts:
             data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
-            self.h.update(len(data).to_bytes(8, "little"))
-            self.h.update(data)
+            chunks += (len(data).to_bytes(8, "little"), data)
+        self.h.update(b"".join(chunks))
 
     def digest_of(self, obj: Any, where: str, depth: int) -> bytes:
-        sub = _ValueHasher(self._active)
+        sub = self.sub()
         sub.feed(obj, where, depth)
         return sub.h.digest()
 
@@ -134,7 +151,11 @@ class _ValueHasher:
         elif isinstance(obj, enum.Enum):
             self.tag("enum", class_path(kind), obj.name)
         elif isinstance(obj, type):
-            self.tag("type", class_path(obj))
+            reach.feed_class(self, obj)
+        elif isinstance(obj, types.ModuleType):
+            reach.feed_module(self, obj, None, where)
+        elif isinstance(obj, np.ufunc):  # pickled by name (through copyreg)
+            self.tag("ufunc", obj.__name__, reach.installed_version(np.__name__))
         elif codec.is_tensor(obj):
             self._tensor(obj, where)
         elif id(obj) in self._active:
@@ -207,29 +228,22 @@ class _ValueHasher:
             self.feed(obj.__self__, f"{where}.__self__", depth + 1)
             self.feed(obj.__func__, f"{where}.__func__", depth + 1)
             return
-        name = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', obj.__name__)}"
-        self.tag("function", name)
-        code = getattr(obj, "__code__", None)
-        if code is not None:
-            # Its name says little (a lambda, a local function, or one edited since): its code,
-            # defaults and closure say what it does.
-            self._code(code)
-            self.feed(obj.__defaults__, f"{where}.__defaults__", depth + 1)
-            cells = [c.cell_contents for c in obj.__closure__ or ()]
-            self.feed(cells, f"{where} closure", depth + 1)
+        reach.feed_function(self, obj, where, depth)
 
-    def _code(self, code: types.CodeType) -> None:
-        self.tag("code", code.co_code, code.co_names, code.co_varnames)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                self._code(const)
-            else:
-                self.tag(type(const).__name__, repr(const))
+    def code(self, code: types.CodeType) -> None:
+        """Bytecode, names and constants: not the file name or line numbers (a line added above moves them)."""
+        nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        self.tag("code", code.co_code, "\0".join(code.co_names), "\0".join(code.co_varnames),
+                 "\0".join(_const_repr(c) for c in code.co_consts))
+        for const in nested:
+            self.code(const)
 
     def _reduced(self, obj: Any, where: str, depth: int) -> None:
         kind = type(obj)
+        # As pickle does: a reducer registered with copyreg (re.Pattern, numpy's ufuncs) comes first.
+        reducer = copyreg.dispatch_table.get(kind)
         try:
-            reduced = obj.__reduce_ex__(4)
+            reduced = reducer(obj) if reducer is not None else obj.__reduce_ex__(4)
         except Exception as exc:  # objects refuse pickling with many exception types
             raise FingerprintError(
                 f"cannot fingerprint the dataset by value: {where} is a {class_path(kind)}, "
@@ -257,7 +271,9 @@ def params_hash(params: Any) -> str:
         (``params['loader'].file``) and asks for an explicit fingerprint.
     """
     hasher = _ValueHasher()
-    hasher.feed(params, "params")
+    with _deep_code_refused("the dataset parameters"):
+        hasher.feed(params, "params")
+        reach.finish(hasher)
     return hasher.h.hexdigest()[:16]
 
 
@@ -321,10 +337,12 @@ def state_hash(instance: object) -> str:
     hasher = _ValueHasher()
     state = getattr(instance, "__dict__", None)
     hasher.tag("instance", class_path(type(instance)))
-    if isinstance(state, dict) and not dataclasses.is_dataclass(instance):
-        hasher.feed(state, "dataset", attributes=True)  # named dataset.<attribute> in errors
-    else:
-        hasher.feed(instance, "dataset")
+    with _deep_code_refused("the dataset's state"):
+        if isinstance(state, dict) and not dataclasses.is_dataclass(instance):
+            hasher.feed(state, "dataset", attributes=True)  # named dataset.<attribute> in errors
+        else:
+            hasher.feed(instance, "dataset")
+        reach.finish(hasher)
     return hasher.h.hexdigest()[:16]
 
 
@@ -333,9 +351,9 @@ _PARTS = {
     "fingerprint": ("the explicit fingerprint (cache_setting['fingerprint'])", True),
     "dataset": ("the dataset class", True),
     "params_sha256": ("the dataset parameters", False),
-    "state_sha256": ("the dataset's state (its attributes)", False),
+    "state_sha256": ("the dataset's state (its attributes, or what its functions use)", False),
     "length": ("the length", True),
-    "source_sha256": ("the dataset source code", False),
+    "source_sha256": ("the dataset's code (its class's source, or what its methods use)", False),
     "partition": ("the partition [consumer_index, nb_consumer]", True),
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from cachestore import codec
+from cachestore import codec, records
 
 from ..cache.controller import CacheController
 from ..cache.refresh import BackgroundRefresh
@@ -100,4 +100,4 @@ class EpochContext:
     def sample_bytes(self) -> int:
         """Bytes one sample takes as a record (one dataset call in this process)."""
         sample = self.producer.dataset[int(self.indices[0])] if len(self.indices) else None
-        return len(codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+        return len(records.encode_record(*codec.flatten(sample, allow_pickle=True)))

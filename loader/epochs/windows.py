@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cachestore import codec, safefs
+from cachestore import codec, records, safefs
 from cachestore.codec import TreeDef
 from cachestore.disk import format_size, is_out_of_space, out_of_space, remove_paths
 from cachestore.errors import BudgetExceededError, CacheStoreError
@@ -107,7 +107,7 @@ class MemoryWindow:
         if held is None:
             raise KeyError(f"rotation slot {slot} holds no sample")
         treedef, leaves = held
-        return codec.unflatten(treedef, [leaf.copy() for leaf in leaves])
+        return codec.unflatten(treedef, [leaf.copy() for leaf in leaves], allow_pickle=True)
 
     def free(self, slot: int) -> None:
         self._samples[slot] = None
@@ -205,7 +205,7 @@ class DiskWindow:
         # Written in place: a window never outlives a crash, so no temp file (and no extra bytes).
         # A fresh file (O_EXCL | O_NOFOLLOW): a slot name swapped for a symlink is unlinked, not written through.
         try:
-            safefs.write_new(self._file(slot), codec.encode_record(*codec.flatten(sample, allow_pickle=True)))
+            safefs.write_new(self._file(slot), records.encode_record(*codec.flatten(sample, allow_pickle=True)))
         except OSError as exc:
             if is_out_of_space(exc):
                 self._file(slot).unlink(missing_ok=True)  # a partly written slot file holds blocks for nothing
@@ -214,8 +214,8 @@ class DiskWindow:
         self._held[slot] = True
 
     def get(self, slot: int) -> Sample:
-        treedef, leaves = codec.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=True)
-        return codec.unflatten(treedef, leaves)
+        treedef, leaves = records.decode_record(safefs.read_bytes(self._file(slot), "a rotation slot"), copy=True)
+        return codec.unflatten(treedef, leaves, allow_pickle=True)  # flattened with it by put
 
     def free(self, slot: int) -> None:
         self._file(slot).unlink(missing_ok=True)

@@ -166,7 +166,8 @@ def worker_timeout(executor: Executor, tasks: set[tuple[int, int, int]], what: s
                    waited: float) -> WorkerTimeoutError:
     """The error for late `tasks`: the indices, pid and Python stack of the (first) stuck worker."""
     text, stuck = late_work_report(executor, tasks, what, waited)
-    exc = WorkerTimeoutError(f"no data within timeout={timeout:g} s: {text}")
+    # torch's words first: code written for torch's DataLoader matches them.
+    exc = WorkerTimeoutError(f"DataLoader timed out after {timeout:g} seconds (timeout={timeout:g}): {text}")
     if stuck:
         first = stuck[0]
         exc.pid, exc.stack = first.pid, first.stack

@@ -15,10 +15,21 @@ from .process.pool import WorkerPool
 from .process.slots import SlotPool
 from .producer import BatchProducer
 
-#: Start methods whose children get their arguments by pickle (``fork`` copies the parent instead).
-PICKLING_START_METHODS = ("spawn", "forkserver")
+#: Start methods whose children get their arguments by pickle (``fork`` copies the parent instead;
+#: ``"auto"`` forks only a pool's first workers, and only where it is safe: the others are spawned).
+PICKLING_START_METHODS = ("auto", "spawn", "forkserver")
 #: Shared-memory slots created with the executor (more come when the in-flight depth grows).
 INITIAL_SLOTS = 4
+
+
+def executor_class(name: str) -> type[Executor]:
+    """The executor class of ``executor=name`` (``"process"`` or ``"ray"``), to ask its capabilities."""
+    if name == "ray":
+        # The module imports ray only when an executor is built: `import loader` never imports it.
+        from .ray import RayExecutor
+
+        return RayExecutor
+    return WorkerPool
 
 
 class ExecutorHost:
@@ -66,7 +77,7 @@ class ExecutorHost:
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
                 res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                          s.max_worker_restarts)
+                                          s.max_worker_restarts, s.dataset.dataset_class.__module__)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor

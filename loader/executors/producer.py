@@ -20,6 +20,7 @@ from typing import Iterable
 import numpy as np
 
 from cachestore import Reader, ShardSpec, codec
+from cachestore.records import encode_record
 from cachestore.backends.base import ShardWriter
 from cachestore.backends.reading import StagingData
 from cachestore.claims import Claims
@@ -117,7 +118,7 @@ def owned(batch: Batch) -> Batch:
 
     if all(own(leaf) for leaf in leaves):
         return batch
-    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves])
+    return codec.unflatten(treedef, [leaf if own(leaf) else np.array(leaf) for leaf in leaves], allow_pickle=True)
 
 
 class BatchProducer:
@@ -323,7 +324,7 @@ class BatchProducer:
             except OSError as exc:
                 raise _write_failed(task, exc) from exc
         if records is not None:
-            records.append((pos, codec.encode_record(*codec.flatten(sample, self.allow_pickle))))
+            records.append((pos, encode_record(*codec.flatten(sample, self.allow_pickle))))
         return shard
 
     def _flush(self, task: m.Task, shard: ShardWriter | None, out: Produced,

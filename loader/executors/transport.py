@@ -44,27 +44,37 @@ class Portable(Generic[T]):
     """
 
     def __init__(self, obj: T, what: str) -> None:
-        self.obj = obj
+        self._obj = obj
+        self._loaded = True
         self.what = what
         self._payload: bytes | None = None
+
+    @property
+    def obj(self) -> T:
+        return self.load()
 
     def payload(self) -> bytes:
         """The bytes a worker loads (computed once)."""
         if self._payload is None:
-            self._payload = dumps(self.obj, self.what)
+            self._payload = dumps(self._obj, self.what)
         return self._payload
 
     def load(self) -> T:
-        """The object: itself in this process, a copy where it arrived as bytes."""
-        return self.obj
+        """The object: itself in this process, a copy where it arrived as bytes, unpickled at the first
+        call (a worker that never builds its dataset never imports the dataset's module)."""
+        if not self._loaded:
+            assert self._payload is not None  # arrived as bytes
+            self._obj = pickle.loads(self._payload)
+            self._loaded = True
+        return self._obj
 
     def __reduce__(self) -> tuple[object, tuple[bytes, str]]:
         return (_arrived, (self.payload(), self.what))
 
 
 def _arrived(payload: bytes, what: str) -> Portable[object]:
-    arrived: Portable[object] = Portable(pickle.loads(payload), what)
-    arrived._payload = payload
+    arrived: Portable[object] = Portable(None, what)
+    arrived._payload, arrived._loaded = payload, False
     return arrived
 
 

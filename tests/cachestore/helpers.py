@@ -73,6 +73,56 @@ class Opaque:
         return f"Opaque({self.value!r})"
 
 
+def touch(path: str) -> str:
+    """Create the file `path`: what unpickling a :class:`Planted` runs."""
+    Path(path).write_text("the writer's code ran in the reader")
+    return path
+
+
+class Planted:
+    """An object whose unpickling runs code (writes the file `marker`): a store's writer planting
+    it, with ``allow_pickle=True``, gets that code run in any reader that unpickles the sample."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (touch, (self.marker,))
+
+
+def planted_sample(marker: str, index: int) -> dict:
+    """A sample with a :class:`Planted` leaf (records layout: a pickled leaf is not stackable)."""
+    return {"x": np.full(3, index, dtype=np.float32), "y": index, "planted": Planted(marker)}
+
+
+def reseal(gen_dir: str | os.PathLike) -> None:
+    """After editing files of a committed generation, record their new sizes and the manifest's new
+    checksum, as someone who meant to would: only what the store checks beyond that can refuse it."""
+    import json
+
+    from cachestore.backends.manifest import manifest_checksum
+
+    gen_dir = Path(gen_dir)
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    if "files" in manifest:
+        manifest["files"] = {name: (gen_dir / name).lstat().st_size for name in manifest["files"]}
+    manifest.pop("checksum", None)
+    manifest["checksum"] = manifest_checksum(manifest)
+    (gen_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def as_older_store(gen_dir: str | os.PathLike) -> None:
+    """Make a committed generation's manifest look written before manifests recorded file sizes,
+    the schema and their own checksum (what an older cachestore's commit left)."""
+    import json
+
+    gen_dir = Path(gen_dir)
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    for key in ("files", "checksum") if "lmdb_layout" in manifest else ("files", "checksum", "schema"):
+        manifest.pop(key, None)  # (an LMDB layout has always recorded its schema)
+    (gen_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
 # --------------------------------------------------------------------- comparisons
 
 
@@ -248,3 +298,55 @@ def read_everything(path: str, backend: str, conn: Any) -> None:
         report["open"] = str(exc)
     report["verify"] = [str(exc) for exc in store.verify()]
     conn.send(report)
+
+
+def read_truncated(path: str, victim: str, read: str, gather: str, conn: Any) -> None:
+    """Open the newest generation of `path`, read from it, cut its file `victim` to a quarter under
+    the open reader, then `read` again (``batch``, ``sample``, ``verify``, ``rows``); report
+    ``(error type, message)`` or ``("returned", "")``. A SIGBUS kills this process instead."""
+    from cachestore import native as native_module
+
+    if gather == "python":
+        native_module.NATIVE = None
+    store = open_store(path, readonly=True)
+    reader = store.reader()
+    n = len(reader)
+    reader.get_batch(list(range(n)))  # mapped, and paged in
+    file = Path(store.reader().data.where) / victim if victim != "*.seg" else \
+        next(Path(reader.data.where).glob("*.seg"))
+    os.truncate(file, file.stat().st_size // 4)
+    calls = {"batch": lambda: reader.get_batch(list(range(n))[::-1]), "sample": lambda: reader[n - 1],
+             "verify": lambda: reader.verify(),
+             "rows": lambda: reader.read_rows(np.arange(n - 4, n), [np.empty((4, *shape), dtype)
+                                                                   for dtype, shape in reader.batch_layout()[1]])}
+    try:
+        result = calls[read]()
+        if read == "verify":
+            conn.send(("verify", "; ".join(str(e) for e in result)))
+        else:
+            conn.send(("returned", ""))
+    except Exception as exc:  # reported to the parent
+        conn.send((type(exc).__name__, str(exc)))
+    conn.close()
+
+
+def fault_unguarded(path: str, faulthandler_after: bool, conn: Any) -> None:
+    """Read through the compiled gather once (its SIGBUS guard installed), cut the file, then touch
+    the mapping outside any guard: the process must die of SIGBUS as it would without the guard
+    (`faulthandler_after`: with Python's faulthandler enabled after the guard, which then chains
+    to it and it back to the guard)."""
+    import faulthandler
+
+    from cachestore import native as native_module
+
+    gather = native_module.NATIVE
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    rows = data.reshape(-1, 4096)
+    sums = np.empty(len(rows), dtype=np.uint64)
+    assert gather is not None and gather.row_checksums((rows,), (4096,), len(rows), sums)
+    if faulthandler_after:
+        faulthandler.enable()
+    os.truncate(path, 4096)
+    assert not gather.row_checksums((rows,), (4096,), len(rows), sums), "the guard reports the fault"
+    conn.send("guarded fault reported")
+    conn.send(int(rows[-1].sum()))  # unguarded: SIGBUS

@@ -7,8 +7,9 @@ import pytest
 
 import cachestore
 from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
-                        FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, NotAStoreError, StoreLockedError,
-                        SymlinkError, UnsupportedSampleError, open_store)
+                        FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
+                        NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError,
+                        open_store)
 
 from .helpers import write_generation
 
@@ -23,6 +24,8 @@ HIERARCHY = {
     GenerationCommitted: FileExistsError,
     NotAStoreError: FileNotFoundError,
     SymlinkError: OSError,
+    MalformedFileError: ValueError,
+    PickleRefusedError: PermissionError,
 }
 
 

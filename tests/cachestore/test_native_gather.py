@@ -232,7 +232,7 @@ def test_a_compiled_gather_older_than_its_callers_is_not_used(monkeypatch):
     stale = types.ModuleType("cachestore._gather")
     stale.__file__ = "_gather.stale.so"
     # Built before explicit reads of scattered rows: everything but pread_rows.
-    for name in ("MAX_LEAVES", "populate", "row_checksums", "gather_verified", "gather_records"):
+    for name in ("MAX_LEAVES", "GUARDED", "populate", "row_checksums", "gather_verified", "gather_records"):
         setattr(stale, name, object())
     monkeypatch.setitem(sys.modules, "cachestore._gather", stale)
     monkeypatch.setattr(cachestore, "_gather", stale, raising=False)

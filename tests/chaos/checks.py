@@ -95,7 +95,7 @@ def known_bug(problem: str) -> str | None:
     return next((bug for bug, (pattern, _) in KNOWN_BUGS.items() if re.search(pattern, problem, re.S)), None)
 
 
-#: What a WorkerTimeoutError says of a worker that was still starting (spawn) when the timeout expired.
+#: What a WorkerTimeoutError says of a worker that was still starting (spawned) when the timeout expired.
 STARTING = "the worker had not finished starting"
 
 
@@ -611,8 +611,10 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 theirs = [f for f in fired if f["kind"] == "hang" and f["time"] <= err["t"]
                           and s["backend"] == "memmap" and f["index"] in (err["indices"] or [])
                           and owner_run(f["pid"], runs, paths.ctl) not in (run, None)]
-                if not match and STARTING in err["message"]:
-                    pass  # the loaded machine started workers slower than `timeout`: see notes()
+                if STARTING in err["message"] and (not match or err["pid"] != fired[match[-1]]["pid"]):
+                    # The loaded machine started workers (the first ones, or new ones after an error killed
+                    # the last) slower than `timeout`: see notes(). A worker still starting is no hung one.
+                    pass
                 elif not match and theirs:
                     pass
                 elif not match:

@@ -14,13 +14,14 @@ from loader.executors.process.shm import MEMFD_PREFIX, shm_dir
 
 
 def live_children() -> list[psutil.Process]:
-    """Child processes of this test process, except multiprocessing's resource tracker."""
+    """Child processes of this test process, except multiprocessing's resource tracker and forkserver (one
+    per process, which live as long as it does)."""
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if any("resource_tracker" in part for part in child.cmdline()):
+            if any("resource_tracker" in part or "forkserver" in part for part in child.cmdline()):
                 continue
         except psutil.NoSuchProcess:
             continue

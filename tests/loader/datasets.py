@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -194,3 +195,34 @@ class TableDataset:
     def __getitem__(self, index: int):
         x = self.table[index]
         return self.transform(x) if self.transform is not None else x
+
+
+class PlantedDataset(ArangeDataset):
+    """Sample i also holds an object whose unpickling writes the file `marker`
+    (``tests.cachestore.helpers.Planted``): cached, it is a pickled leaf."""
+
+    def __init__(self, marker: str, n: int = 8) -> None:
+        super().__init__(n=n)
+        self.marker = marker
+
+    def __getitem__(self, index: int) -> dict:
+        from tests.cachestore.helpers import Planted
+
+        return {**super().__getitem__(index), "planted": Planted(self.marker)}
+
+
+#: The sample of :class:`NamedTupleDataset` (importable: workers send batches of it back by name).
+Pair = collections.namedtuple("Pair", ["x", "y"])
+
+
+class NamedTupleDataset:
+    """Sample i is ``Pair(x=float32 array of i, y=i)``: a namedtuple, as torch users return them."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Pair:
+        return Pair(np.full(2, index, dtype=np.float32), index)

@@ -11,6 +11,7 @@ import glob
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -362,3 +363,53 @@ def test_a_store_written_by_hand_for_other_data_is_refused_clearly(tmp_path):
                       cache_setting={"prefix": str(prefix)}) as loader:
         with pytest.raises(CacheStoreError, match="holds 5 samples"):
             list(loader)
+
+
+# ---------------------------------------------------------------------------- flags read from a config file
+@pytest.mark.parametrize("name", ["drop_last", "shuffle", "pin_memory", "persistent_workers", "use_threading"])
+@pytest.mark.parametrize("value", ["False", "no", 0, None, [True]])
+def test_a_flag_that_is_not_a_boolean_is_refused(name, value):
+    if value is None and name == "shuffle":
+        return  # shuffle=None is the default: on without a sampler
+    with pytest.raises(ValueError, match=re.escape(f"{name} should be a boolean value, but got {name}={value!r}")) as info:
+        CachedLoader(ArangeDataset(8), batch_size=2, nb_worker=0 if name != "persistent_workers" else 1,
+                     **{name: value})
+    if isinstance(value, str):
+        assert "convert it first" in str(info.value)
+
+
+def test_drop_last_is_refused_as_torch_refuses_it():
+    import torch
+
+    with pytest.raises(ValueError, match="drop_last should be a boolean value") as theirs:
+        torch.utils.data.DataLoader(ArangeDataset(8), batch_size=2, drop_last="False")
+    with pytest.raises(ValueError) as ours:
+        CachedLoader(ArangeDataset(8), batch_size=2, nb_worker=0, drop_last="False")
+    # torch's words; the value as its repr, which shows that it is a string
+    assert str(theirs.value) == "drop_last should be a boolean value, but got drop_last=False"
+    assert str(ours.value).startswith("drop_last should be a boolean value, but got drop_last='False'")
+
+
+def test_numpy_booleans_are_booleans():
+    with CachedLoader(ArangeDataset(5), batch_size=2, nb_worker=0, drop_last=np.True_, shuffle=np.False_) as loader:
+        assert loader.drop_last is True and loader.shuffle is False and served(loader) == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------- pickling a loader
+def test_pickling_a_loader_says_what_to_send_instead(tmp_path):
+    import copy
+    import pickle
+
+    from loader.errors import NotPicklableError
+
+    with CachedLoader(ArangeDataset(8), batch_size=4, nb_worker=0, cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        served(loader)
+        for attempt in (pickle.dumps, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot be pickled") as info:
+                attempt(loader)
+            assert isinstance(info.value, (NotPicklableError, CacheStoreError))
+            assert "dataset" in str(info.value) and "SimpleQueue" not in str(info.value)
+            assert f"open_store({loader.store.path!r}).reader()" in str(info.value)
+        # What it says works: the committed cache read without a loader.
+        with open_store(loader.store.path, readonly=True) as store:
+            assert sorted(int(store.reader()[i]["y"]) for i in range(8)) == list(range(8))

@@ -96,6 +96,27 @@ def test_default_collate_function():
     assert batch["b"][0].tolist() == [1, 2] and batch["b"][1] == ["x", "y"]
 
 
+def test_namedtuple_samples_collate_into_a_namedtuple_of_batches():
+    from .datasets import Pair
+
+    samples = [Pair(np.full(2, i, np.float32), i) for i in range(3)]
+    batch = default_collate(samples)
+    theirs = torch.utils.data.default_collate([Pair(torch.from_numpy(x), y) for x, y in samples])
+    assert type(batch) is type(theirs) is Pair
+    assert batch.x.shape == tuple(theirs.x.shape) == (3, 2) and batch.y.tolist() == theirs.y.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("nb_worker", [0, 2])
+def test_a_namedtuple_dataset_serves_namedtuples_of_tensors(nb_worker):
+    from .datasets import NamedTupleDataset, Pair
+
+    with CachedLoader(NamedTupleDataset(6), batch_size=4, nb_worker=nb_worker, shuffle=False, device="cpu") as loader:
+        batches = list(loader)
+    assert [type(b) for b in batches] == [Pair, Pair]
+    assert all(isinstance(b.x, torch.Tensor) and isinstance(b.y, torch.Tensor) for b in batches)
+    assert torch.cat([b.y for b in batches]).tolist() == list(range(6))
+
+
 def test_custom_collate_fn_and_device(tmp_path):
     def collate(samples):  # noqa: ANN001 - a plain function pickles by reference
         return [s["y"] for s in samples]

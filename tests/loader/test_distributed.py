@@ -18,6 +18,8 @@ from .datasets import ArangeDataset, read_calls
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
+#: torchrun jobs per case of the per-rank parameters test (10 to check it never fails by chance).
+TORCHRUN_REPEATS = int(os.environ.get("CACHESTORE_TORCHRUN_REPEATS", "1"))
 
 
 def consumer_epochs(n: int, k: int, epochs: int, **kwargs) -> list[list[list[int]]]:
@@ -94,6 +96,29 @@ def test_torchrun_ranks_share_the_node_store_and_split_it_anew_every_epoch(tmp_p
     assert results[0]["calls"][1] == 45 and results[0]["calls"][3] == 90
     assert sum(r["computed"][0] + r["computed"][1] for r in results) == 45
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000001", "store.json"]
+
+
+@pytest.mark.timeout(200 * TORCHRUN_REPEATS)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+@pytest.mark.parametrize("compared", ["torch.distributed", "files"])
+def test_torchrun_ranks_whose_datasets_differ_keep_a_store_each(tmp_path, compared):
+    # Each rank logs its dataset calls into a directory of its own: a parameter that differs by rank,
+    # so the ranks cannot share the node's store. They compare their datasets over torch.distributed,
+    # or, without a process group, through files in the prefix; every rank then keeps a store.
+    for attempt in range(TORCHRUN_REPEATS):
+        out = tmp_path / str(attempt)
+        out.mkdir()
+        run = _torchrun(out, "--cache", "--per-rank-params", *(["--no-dist"] if compared == "files" else []))
+        assert run.returncode == 0, f"run {attempt + 1}: {run.stderr[-3000:]}"
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        assert [r["scope"] for r in ranks] == ["rank", "rank"]
+        assert run.stderr.count("'counter_dir' differ") == 2, "one log line per rank says why"
+        assert sorted(p.name for p in (out / "cache").iterdir()) == ["consumer-0-of-2", "consumer-1-of-2"]
+        # update_frequency=2: epochs 0 and 2 compute 23 samples per rank; epoch 1 reads each rank's store.
+        assert [r["computed"] for r in ranks] == [[23, 0, 23], [23, 0, 23]]
+        assert [r["calls"] for r in ranks] == [[23, 23, 46], [23, 23, 46]], "no dataset call in a cached epoch"
+        for e in range(3):
+            assert set(ranks[0]["epochs"][e]) | set(ranks[1]["epochs"][e]) == set(range(45))
 
 
 @pytest.mark.timeout(200)

@@ -24,9 +24,8 @@ from .datasets import ArangeDataset
     ({"nb_worker": -1}, "nb_worker"),
     ({"nb_worker": 2, "gpu_indices": [0]}, "gpu_indices"),
     ({"max_queue_size": 0}, "max_queue_size"),
-    ({"nb_worker": 2, "start_method": "forkserver"}, "start_method"),
     ({"nb_worker": 2, "start_method": "thread"}, "start_method"),
-    ({"nb_worker": 2, "multiprocessing_context": "forkserver"}, "multiprocessing_context"),
+    ({"nb_worker": 2, "multiprocessing_context": "auto"}, "multiprocessing_context"),
 ])
 def test_bad_settings_name_the_key(tmp_path, kwargs, key):
     if "cache_setting" in kwargs and "prefix" in kwargs["cache_setting"]:

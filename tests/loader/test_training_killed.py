@@ -51,12 +51,15 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
-def test_workers_and_slots_die_with_the_training_process(tmp_path, signum):
+# The default forks the workers of this script (nothing unsafe runs in it); spawned ones, and a
+# forkserver's (whose parent-death signal follows the server, which exits with the training process).
+@pytest.mark.parametrize("signum,method", [(signal.SIGKILL, "auto"), (signal.SIGTERM, "auto"),
+                                           (signal.SIGKILL, "spawn"), (signal.SIGKILL, "forkserver")])
+def test_workers_and_slots_die_with_the_training_process(tmp_path, signum, method):
     prefix, markers = tmp_path / "cache", tmp_path / "markers"
     markers.mkdir()
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), str(prefix), str(markers)],
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), str(prefix), str(markers), method],
                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                 stderr=stderr)
     try:

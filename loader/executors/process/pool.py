@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -37,16 +36,16 @@ import functools
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, Union
+from typing import Callable, Sequence, Union
 
 from ...errors import WorkerError
 from .. import messages as m
 from ..base import DeathListeners, StuckWorker
+from .start import context_for, fork_is_safe, start
 from .worker import thread_stack, worker_main
 
 log = logging.getLogger(__name__)
@@ -96,21 +95,28 @@ class WorkerPool(DeathListeners):
     writes_local_store = True  # workers run on this machine
 
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
-                 start_method: str, max_restarts: int) -> None:
+                 start_method: str, max_restarts: int, dataset_module: str | None = None) -> None:
         self.make_config = make_config
         self.nb_worker = nb_worker
         self.use_threading = use_threading
-        self.ctx = mp.get_context(start_method)
+        self.start_method = start_method  # "auto": fork or spawn, start by start (process/start.py)
+        self.dataset_module = dataset_module  # what a forkserver imports before it forks workers
         self.max_restarts = max_restarts
         self.restarts = 0
         self._workers: list[WorkerHandle] = []
         DeathListeners.__init__(self)
         self.closed = False
         self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
-        # Processes start from a thread of their own, so the constructor does not wait for them.
-        self._spawner = _Spawner() if not use_threading else None
-        self._starting = [self._spawner.submit(functools.partial(self._start, wid)) if self._spawner
-                          else _done(self._start(wid)) for wid in range(nb_worker)]
+        self._spawner: _Spawner | None = None
+        if use_threading or (start_method == "auto" and fork_is_safe()[0]):
+            # Threads, or forks from this (the only) thread: done in a few ms, here. A forked
+            # worker's parent-death signal follows this thread, the main one (process/worker.py).
+            self._starting = [_done(self._start(wid, first=True)) for wid in range(nb_worker)]
+        else:
+            # Processes start from a thread of their own, so the constructor does not wait for them.
+            self._spawner = _Spawner()
+            self._starting = [self._spawner.submit(functools.partial(self._start, wid, True))
+                              for wid in range(nb_worker)]
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -128,21 +134,28 @@ class WorkerPool(DeathListeners):
         return self._workers
 
     def _spawn(self, wid: int) -> WorkerHandle:
-        """Start worker `wid` now (a replacement), from the spawner thread like the first ones."""
-        return self._spawner.submit(functools.partial(self._start, wid)).result() if self._spawner \
-            else self._start(wid)
+        """Start worker `wid` now (a replacement), from the spawner thread (never a fork of this process,
+        which by now runs threads and holds slots: see :mod:`loader.executors.process.start`)."""
+        if self.use_threading:
+            return self._start(wid, first=False)
+        if self._spawner is None:
+            self._spawner = _Spawner()
+        return self._spawner.submit(functools.partial(self._start, wid, False)).result()
 
-    def _start(self, wid: int) -> WorkerHandle:
+    def _start(self, wid: int, first: bool) -> WorkerHandle:
         parent_conn, child_conn = mp.Pipe(duplex=True)
         config = self.make_config(wid)
+        proc: Worker
         if self.use_threading:
-            proc: Worker = threading.Thread(target=worker_main, args=(child_conn, config, False),
-                                         name=f"cachestore-worker-{wid}", daemon=True)
-        else:
-            proc = self.ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
+            proc = threading.Thread(target=worker_main, args=(child_conn, config, False),
                                     name=f"cachestore-worker-{wid}", daemon=True)
-        with _main_file_hidden():
             proc.start()
+        else:
+            ctx = context_for(self.start_method, first, self.dataset_module)
+            process = ctx.Process(target=worker_main, args=(child_conn, config),  # type: ignore[attr-defined]
+                                  name=f"cachestore-worker-{wid}", daemon=True)
+            start(process, ctx.get_start_method())
+            proc = process
         if not self.use_threading:
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
@@ -373,34 +386,6 @@ class WorkerPool(DeathListeners):
         spawner, self._spawner = self._spawner, None
         if spawner is not None:
             spawner.close()
-
-
-_MAIN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_file_hidden() -> Iterator[None]:
-    """While a worker starts, hide a main module's ``__file__`` that names no file (``<stdin>``).
-
-    A spawned child runs the parent's main module again from its file, to find
-    what was pickled by name there; a script piped to ``python -`` has the
-    "file" ``<stdin>``, and every worker died trying to open it. Workers need
-    nothing from the main module (what it defined reaches them by value, see
-    :mod:`loader.executors.transport`), so that module is simply not run again.
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
-    if main is None or path is None or spec_name is not None or os.path.isfile(
-            os.path.join(getattr(multiprocessing.process, "ORIGINAL_DIR", None) or "", path)):
-        yield
-        return
-    with _MAIN_LOCK:
-        del main.__file__
-        try:
-            yield
-        finally:
-            main.__file__ = path
 
 
 def _done(value: WorkerHandle) -> concurrent.futures.Future[WorkerHandle]:

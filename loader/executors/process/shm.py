@@ -44,6 +44,7 @@ import sys
 import tempfile
 
 from cachestore.scratch import pid_alive
+from cachestore.untrusted import decimal
 
 from ...leaves import round_up
 
@@ -121,7 +122,9 @@ def sweep_dead_segments() -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(_SHM_DIR, "cachestore-*")):
         parts = os.path.basename(path).split("-")
-        if len(parts) > 2 and parts[1].isdigit() and not pid_alive(int(parts[1])):
+        # ASCII digits only: anyone may name a file here, and int() takes "٣" (and fails on "²").
+        pid = decimal(parts[1]) if len(parts) > 2 else None
+        if pid is not None and not pid_alive(pid):
             try:
                 os.unlink(path)
                 removed.append(path)

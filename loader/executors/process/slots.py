@@ -18,7 +18,11 @@ epoch (since the last call):
 * then, least recently used first, slots beyond ``max(initial slots, the most
   slots lent at once)`` retire. A steady workload keeps its slots (no
   allocation per batch, nor per epoch); the extra slots of one deep epoch
-  live until an epoch that did not need them has ended.
+  live until an epoch that did not need them has ended;
+* an epoch that lent no slot at all (its batches gathered in the training
+  process or its threads, from the store) keeps none: their pages, megabytes
+  each, would sit idle beside the gather threads' buffers for as long as the
+  cached epochs last. The next epoch that needs slots creates them again.
 
 A slot lent out - to a task in flight, an orphaned task of an abandoned epoch,
 or a batch the loop still holds - never retires: its mapping stays valid under
@@ -61,7 +65,7 @@ class SlotPool:
     Parameters
     ----------
     initial_slots
-        Slots created now; :meth:`shrink` never goes below this many.
+        Slots created now; :meth:`shrink` never goes below this many after a period that lent slots.
     memfd
         Whether slots are memfds (default: :data:`loader.executors.process.shm.USE_MEMFD`).
     """
@@ -181,7 +185,9 @@ class SlotPool:
         owner = (ctypes.c_char * max(meta.total, 1)).from_buffer(self._maps[slot])
         weakref.finalize(owner, self.release, slot)
         leaves = leaf_views(owner, meta.specs, meta.offsets)
-        return codec.unflatten_batch(meta.treedef, leaves) if meta.stacked else codec.unflatten(meta.treedef, leaves)
+        if meta.stacked:
+            return codec.unflatten_batch(meta.treedef, leaves)
+        return codec.unflatten(meta.treedef, leaves, allow_pickle=True)  # a batch our own workers made
 
     def shrink(self) -> list[str]:
         """Retire the free slots the period since the last call did not need; return their names.
@@ -192,7 +198,7 @@ class SlotPool:
         with self._lock:
             if self.closed:
                 return []
-            keep = max(self.floor, self._peak)
+            keep = max(self.floor, self._peak) if self._peak else 0  # none lent: none kept (docstring)
             largest, self._largest = self._largest, 0
             self._peak = len(self._names) - len(self._free)  # still lent: they count in the next period
             free = list(self._free)  # least recently used first

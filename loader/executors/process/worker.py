@@ -7,18 +7,23 @@ worker exits, and ``docs/ARCHITECTURE.md`` for the path of a batch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import faulthandler
 import logging
 import multiprocessing
 import os
+import random
 import re
 import signal
 import sys
 import tempfile
 from typing import Any
 
+import numpy as np
+
 from cachestore.errors import CorruptSampleError
+from cachestore.scratch import pid_alive
 
 from ...settings import EpochMode
 from .. import messages as m
@@ -71,7 +76,7 @@ def stack_dump_file() -> Any:
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int, trainer: int) -> None:
     """Have the kernel SIGKILL this process when its parent dies; exit now if it is dead already.
 
     Why: a worker stuck in ``__getitem__`` never gets back to the loop that
@@ -79,10 +84,13 @@ def die_with_parent(parent: int) -> None:
     training process it ran forever (reparented to init), holding memory,
     shared-memory slots and the GPU. SIGKILL, not a handler: it must work in
     native code that never returns to Python. The signal is armed only now,
-    after the spawned interpreter started, so the parent may already have died:
-    hence the check of ``getppid()`` right after. Caveat (Linux): the signal
-    fires when the parent *thread* that started this worker exits, so the
-    loader must start its workers from a thread that lives as long as they do.
+    after the worker started, so the parent may already have died: hence the
+    checks right after. `parent` is the process that forked this one: the
+    training process (`trainer`), or a forkserver, which exits when the
+    training process dies (:mod:`loader.executors.process.start`), its workers
+    with it. Caveat (Linux): the signal fires when the parent *thread* that
+    started this worker exits, so the loader starts its workers from a thread
+    that lives as long as they do (the main thread, or a thread of its own).
     """
     if not sys.platform.startswith("linux"):
         return
@@ -93,30 +101,88 @@ def die_with_parent(parent: int) -> None:
                         "a killed training process", ctypes.get_errno())
     except (OSError, AttributeError):  # no libc prctl: keep the idle check of the parent pid
         pass
-    if os.getppid() != parent:
+    if trainer != parent:
+        # A forkserver's child holds the server's "alive" pipe, which keeps the server running until
+        # every holder is gone: closed, the training process's death ends the server, and so us.
+        server = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
+        alive = getattr(server, "_forkserver_alive_fd", None)
+        if isinstance(alive, int):
+            with contextlib.suppress(OSError):
+                os.close(alive)
+            server._forkserver_alive_fd = None  # type: ignore[union-attr]
+    if orphaned(parent, trainer):
         raise SystemExit(0)  # orphaned before the signal was armed: nobody wants our results
+
+
+def orphaned(parent: int, trainer: int) -> bool:
+    """Whether the process that forked this worker, or the training process, is gone."""
+    return os.getppid() != parent or (trainer != parent and not pid_alive(trainer))
+
+
+class LazyDataset:
+    """A worker's dataset, built at its first use: a worker that only reads cached samples never
+    builds it, nor imports its module (and what that imports, torch maybe) when it came pickled.
+
+    A failure to build it is kept (:attr:`failure`) and raised again at every use: the worker
+    reports it as a failure to build its dataset, as the training process built it without one.
+    """
+
+    def __init__(self, config: m.WorkerConfig, seeded: bool) -> None:
+        self._config = config
+        self._seeded = seeded  # this process's generators were seeded at start (a process of its own)
+        self._dataset: Any = None
+        self.failure: BaseException | None = None
+
+    def built(self) -> Any:
+        if self.failure is not None:
+            raise self.failure
+        if self._dataset is None:
+            had_torch = "torch" in sys.modules
+            try:
+                self._dataset = self._config.dataset.load().build()
+            except BaseException as exc:
+                self.failure = exc
+                raise
+            if self._seeded and not had_torch and "torch" in sys.modules and self._config.seed is not None:
+                _seed_torch_only(self._config.seed, self._config.worker_id)  # imported by the dataset, just now
+        return self._dataset
+
+    def __getitem__(self, index: int) -> Any:
+        return self.built()[index]
+
+    def __len__(self) -> int:
+        return len(self.built())
+
+
+def _seed_torch_only(seed: int, worker_id: int) -> None:
+    """Seed torch's generators as :func:`seed_worker` does, leaving Python's and numpy's as they are."""
+    python, legacy = random.getstate(), np.random.get_state()
+    seed_worker(seed, worker_id)
+    random.setstate(python)
+    np.random.set_state(legacy)
 
 
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
     """Entry point of a worker process (or thread). See :mod:`loader.executors.process.pool` for shutdown."""
-    parent = os.getppid()
+    parent = os.getppid()  # what forked us: the training process, or a forkserver
+    trainer = parent
     stack_dump = None
     if watch_parent:
-        # The pid that started us, as the training process passed it: getppid() may already be
-        # init's if it died while this interpreter was starting.
+        # The training process's pid, as it passed it: getppid() is a forkserver's, or already
+        # init's if the training process died while this worker was starting.
         spawner = multiprocessing.parent_process()
-        parent = spawner.pid if spawner is not None and spawner.pid else parent
-        die_with_parent(parent)
+        trainer = spawner.pid if spawner is not None and spawner.pid else parent
+        die_with_parent(parent, trainer)
         # Ctrl-C reaches the whole process group: the training process handles it and stops
         # its workers (see loader.executors.process.pool); a worker dying of it mid-task would only add noise.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         stack_dump = stack_dump_file()
     if config.gpu_index is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
+    dataset = LazyDataset(config, seeded=watch_parent)
     try:
         if watch_parent and config.seed is not None:  # a process of its own (a thread shares ours)
             seed_worker(config.seed, config.worker_id)
-        dataset = config.dataset.load().build()
         if config.worker_init_fn is not None:
             config.worker_init_fn.load()(config.worker_id)
     except BaseException as exc:
@@ -139,7 +205,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
                 return
             if not waiting:
                 # Poll with a timeout so an orphaned worker notices its parent is gone.
-                if not conn.poll(1.0) and watch_parent and os.getppid() != parent:
+                if not conn.poll(1.0) and watch_parent and orphaned(parent, trainer):
                     return
                 continue
             msg = _next(waiting)
@@ -158,7 +224,9 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
             try:
                 result: Any = run_task(producer, segments, msg, config.worker_id)
             except Exception as exc:
-                result = task_failure(exc, msg, config.worker_id)
+                result = task_failure(exc, msg, config.worker_id) if dataset.failure is None else \
+                    m.TaskFailed.from_exception(dataset.failure, epoch=msg.epoch, seq=msg.seq, part=msg.part,
+                                                worker_id=config.worker_id, index=None, kind="init")
             conn.send(result)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return

@@ -128,7 +128,7 @@ def test_describe_mismatch_names_each_changed_part():
     assert "the partition [consumer_index, nb_consumer] changed (stored [0, 1], now [1, 2])" in words
     assert "class" not in words and "source" not in words
     assert "the dataset class changed" in describe_mismatch({**stored, "dataset": "old.Name"}, stored)
-    assert "the dataset source code changed" in describe_mismatch({**stored, "source_sha256": "0"}, stored)
+    assert "the dataset's code (its class's source, or what its methods use) changed" in describe_mismatch({**stored, "source_sha256": "0"}, stored)
     explicit = fp({"n": 1}, fingerprint="v2")
     assert "explicit fingerprint (cache_setting['fingerprint']) changed (stored 'v1', now 'v2')" in \
         describe_mismatch(fp({"n": 1}, fingerprint="v1"), explicit)
@@ -192,7 +192,7 @@ def test_an_instance_is_fingerprinted_by_its_state():
                   _instance(table, Compose([Scale(2.0), lambda x: x + 2]))):  # a lambda's code
         theirs = dataset_fingerprint(other, 100, (0, 1))
         assert theirs["state_sha256"] != first["state_sha256"]
-        assert describe_mismatch(first, theirs) == "the dataset's state (its attributes) changed"
+        assert describe_mismatch(first, theirs) == "the dataset's state (its attributes, or what its functions use) changed"
 
 
 def test_an_attribute_that_cannot_be_hashed_is_named():

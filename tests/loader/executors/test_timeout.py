@@ -28,6 +28,7 @@ def test_timeout_names_indices_pid_and_stack(no_leaks, use_threading):
     assert 21 in exc.indices, exc.indices
     assert "stuck_reading_the_labels" in exc.stack, exc.stack
     assert "timeout=1.5" in str(exc) and "stuck_reading_the_labels" in str(exc)
+    assert isinstance(exc, RuntimeError) and str(exc).startswith("DataLoader timed out after 1.5 seconds")  # torch's
     if not use_threading:
         assert exc.pid is not None and f"pid {exc.pid}" in str(exc)
     assert got == [list(range(i, i + 8)) for i in (0, 8)], "batches before the stuck one are served in order"

@@ -88,6 +88,24 @@ def test_shrink_retires_free_slots_the_last_period_did_not_need(memfd):
     assert not my_segments()
 
 
+def test_a_period_that_lent_no_slot_keeps_none():
+    pool = SlotPool(2)
+    worker = WorkerSegments()
+    try:
+        views = [_write_and_view(pool, worker, {"x": np.arange(10)}) for _ in range(3)]
+        del views
+        assert pool.shrink() == [] and len(pool) == 3, "the period just ended needed 3"
+        retired = pool.shrink()  # a period gathered elsewhere (threads, the training process): none lent
+        assert len(retired) == 3 and len(pool) == 0
+        worker.forget(retired)
+        assert _write_and_view(pool, worker, {"x": np.arange(4)})["x"].tolist() == [0, 1, 2, 3], \
+            "a slot is created again when a task needs one"
+    finally:
+        worker.close()
+        pool.close()
+    assert not my_segments()
+
+
 def test_a_grown_slot_shrinks_once_a_period_carries_only_small_batches():
     pool = SlotPool(2)
     worker = WorkerSegments()

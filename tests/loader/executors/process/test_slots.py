@@ -77,3 +77,17 @@ def test_loader_carries_big_batches_in_either_mode(no_leaks, monkeypatch, memfd)
                     seen.append(y)
             assert seen == list(range(6))
         assert loader._res.slots.memfd == memfd
+
+
+@pytest.mark.parametrize("pid", ["²", "٣"])
+def test_the_sweep_of_dead_segments_leaves_names_it_did_not_make(pid):
+    # /dev/shm is anyone's to write: a name with a Unicode digit is nobody's segment (int() failed on
+    # "²", and read "٣" as pid 3).
+    path = os.path.join(shm._SHM_DIR, f"cachestore-{pid}-{os.getpid()}-not-ours")
+    with open(path, "w") as f:
+        f.write("someone else's")
+    try:
+        assert path not in shm.sweep_dead_segments()
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)

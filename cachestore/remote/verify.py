@@ -1,0 +1,202 @@
+"""Checking a generation that came from a remote before it becomes a local one.
+
+Every record is verified against the store's own checksums, and nothing is decoded
+further than its structure: a pickled leaf is never loaded here, and a generation whose
+samples hold one is refused unless the local store allows pickle (a remote is untrusted
+input). The structure itself is checked (known leaf kinds, no object dtypes) before any
+array is made from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import codec, safefs
+from ..backends.base import Backend
+from ..backends.manifest import check_generation
+from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
+from ..backends.reading import GenerationData
+from ..checksums import checksum
+from ..codec import TreeDef
+from ..errors import CorruptSampleError
+from ..records import decode_record
+from ..untrusted import parse_treedef
+from .errors import RemoteManifestError
+
+#: Rows verified per read of a fixed-layout generation.
+BLOCK_BYTES = 16 << 20
+_KINDS = {"d", "l", "u", "n", "a", "t", "g", "i", "f", "b", "s", "y", "p"}
+
+
+def _nodes(node: Any, depth: int = 0) -> Iterator[Any]:
+    if depth > 64 or not isinstance(node, tuple) or not node or node[0] not in _KINDS:
+        raise ValueError("not a sample structure this cachestore knows")
+    yield node
+    if node[0] in ("d", "l", "u"):
+        for child in (node[2] if node[0] == "d" else node[1]):
+            yield from _nodes(child, depth + 1)
+
+
+def check_treedef(treedef: TreeDef, allow_pickle: bool, where: str) -> None:
+    """Refuse a structure with a pickled leaf (unless `allow_pickle`), an unknown node or an object dtype."""
+    try:
+        nodes = list(_nodes(treedef))
+        specs = codec.leaf_specs(treedef)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise CorruptSampleError(f"{where}: its sample structure is invalid ({exc})") from None
+    if any(dtype.hasobject for dtype, _ in specs):
+        raise CorruptSampleError(f"{where}: its sample structure names an object dtype")
+    if not allow_pickle and any(n[0] == "p" for n in nodes):
+        raise CorruptSampleError(f"{where}: its samples hold pickled leaves, which are never loaded from a remote "
+                                 "unless the store is opened with allow_pickle=True (pickle runs code)")
+
+
+def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str) -> None:
+    """Check every record of the memmap generation in `gen_dir` (files checked by the caller)."""
+    rows = _load_index(gen_dir / "index.npy", where)
+    n = len(rows)
+    if not np.array_equal(rows["index"], np.arange(n)):
+        raise CorruptSampleError(f"{where}: its index does not list samples 0..{n - 1} in order")
+    shards = safefs.read_json(gen_dir / "shards.json")
+    if not isinstance(shards, list) or not all(isinstance(s, str) and "/" not in s and not s.startswith(".")
+                                               for s in shards):
+        raise CorruptSampleError(f"{where}: shards.json is not a list of shard names")
+    in_cols = rows["shard"] == COLUMN
+    if np.any(in_cols):
+        _verify_columns(gen_dir, rows, in_cols, allow_pickle, where)
+    for k, shard in enumerate(shards):
+        mine = np.flatnonzero(rows["shard"] == k)
+        if mine.size:
+            _verify_records(gen_dir / f"{shard}.seg", rows[mine], allow_pickle, where)
+    if np.any((rows["shard"] != COLUMN) & ((rows["shard"] < 0) | (rows["shard"] >= len(shards)))):
+        raise CorruptSampleError(f"{where}: its index names a shard that is not there")
+
+
+def _load_index(path: Path, where: str) -> Any:
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CorruptSampleError(f"{where}: its index is unreadable ({exc})") from None
+    if rows.dtype != INDEX_DTYPE or rows.ndim != 1:
+        raise CorruptSampleError(f"{where}: its index is not of this format")
+    return rows
+
+
+def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, where: str) -> None:
+    try:
+        schema = parse_treedef(safefs.read_json(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CorruptSampleError(f"{where}: its schema is unreadable ({exc})") from None
+    check_treedef(schema, allow_pickle, where)
+    specs = codec.leaf_specs(schema)
+    widths = codec.row_bytes(specs)
+    n = len(rows)
+    cols = []
+    for k, width in enumerate(widths):
+        path = gen_dir / col_name(k)
+        size = path.stat().st_size
+        if size < n * width:
+            raise CorruptSampleError(f"{where}: {col_name(k)} is truncated")
+        cols.append(np.memmap(path, dtype=np.uint8, mode="r", shape=(n, width)) if width and n else
+                    np.zeros((n, width), dtype=np.uint8))
+    idx = np.flatnonzero(in_cols)
+    block = max(1, BLOCK_BYTES // max(1, sum(widths)))
+    from ..checksums import row_checksums
+
+    for lo in range(0, idx.size, block):
+        chosen = idx[lo:lo + block]
+        parts = [np.ascontiguousarray(c[chosen]) for c in cols]
+        sums = np.array(row_checksums(parts, chosen.size), dtype=np.uint64)
+        bad = np.flatnonzero(sums != rows["checksum"][chosen])
+        if bad.size:
+            raise CorruptSampleError(f"{where}: sample {int(chosen[bad[0]])} fails its checksum")
+
+
+def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str) -> None:
+    st = safefs.lstat_or_none(seg)
+    size = st.st_size if st is not None else -1
+    ends = rows["offset"] + rows["length"]
+    if np.any(rows["offset"] < 0) or np.any(rows["length"] < 0) or (rows.size and int(ends.max()) > size):
+        raise CorruptSampleError(f"{where}: a record lies outside {seg.name}")
+    data = np.memmap(seg, dtype=np.uint8, mode="r") if size > 0 else np.zeros(0, dtype=np.uint8)
+    seen: set[str] = set()
+    for row in rows:
+        start, length = int(row["offset"]), int(row["length"])
+        rec = data[start:start + length]
+        if checksum([rec]) != int(row["checksum"]):
+            raise CorruptSampleError(f"{where}: sample {int(row['index'])} fails its checksum")
+        _check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen)
+
+
+def _check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str]) -> None:
+    """A record's structure is valid (checked once per distinct structure)."""
+    try:
+        treedef, _ = decode_record(rec, copy=False)
+    except (CorruptSampleError, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CorruptSampleError(f"{where} does not decode ({exc})") from None
+    text = json.dumps(codec.treedef_to_json(treedef))
+    if text not in seen:
+        check_treedef(treedef, allow_pickle, where)
+        seen.add(text)
+
+
+def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samples: int, allow_pickle: bool,
+                      where: str) -> None:
+    """Check a generation directory fetched from a remote as a commit would have left it, then every record.
+
+    Raises
+    ------
+    RemoteManifestError
+        It is not the generation the remote's manifest announced (generation, sample count).
+    CorruptSampleError
+        A file is missing or damaged, a record fails its checksum or holds a pickled leaf.
+    """
+    check_files = getattr(backend, "_check_files", lambda d, m: None)
+    manifest, damage = check_generation(gen_dir, generation, check_files)
+    if damage is not None:
+        raise CorruptSampleError(f"{where}: {damage.replace(str(gen_dir), 'the downloaded generation')}")
+    if manifest.get("num_samples") != num_samples:
+        raise RemoteManifestError(f"{where}: the generation holds {manifest.get('num_samples')} samples, its remote "
+                                  f"manifest announced {num_samples}")
+    if backend.name == "memmap":
+        verify_memmap_dir(gen_dir, allow_pickle, where)
+        return
+    opener = getattr(backend, "_open")
+    data: GenerationData = opener(gen_dir, manifest)
+    try:
+        _verify_generic(data, allow_pickle, where)
+    finally:
+        data.close()
+
+
+def _verify_generic(data: GenerationData, allow_pickle: bool, where: str) -> None:
+    """Every record of another backend's generation (LMDB), without unpickling anything."""
+    layout = data.batch_layout()
+    n = len(data)
+    if layout is not None:
+        treedef, specs = layout
+        check_treedef(treedef, allow_pickle, where)
+        step = max(1, BLOCK_BYTES // max(1, sum(codec.row_bytes(specs))))
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            out = [np.empty((hi - lo, *shape), dtype=dtype) for dtype, shape in specs]
+            data.read_batch(np.arange(lo, hi), out=out)
+        return
+    leaves_of = getattr(data, "_leaves", None)
+    env = getattr(data, "env", None)
+    if leaves_of is None or env is None:
+        raise CorruptSampleError(f"{where}: records of the {type(data).__name__} layout cannot be verified")
+    from ..backends.lmdb_generation import record_key
+
+    seen: set[str] = set()
+    with env.begin() as txn:
+        for i in range(n):
+            treedef, _ = leaves_of(i, txn.get(record_key(i)), False)
+            text = json.dumps(codec.treedef_to_json(treedef))
+            if text not in seen:
+                check_treedef(treedef, allow_pickle, f"{where}: sample {i}")
+                seen.add(text)

@@ -1,0 +1,121 @@
+"""Where a consumer's store lives: one store per node, shared by its ranks, or one per rank.
+
+The one place the cache's ``scope`` is decided (``docs/ARCHITECTURE.md``, "Epoch plan"), once, at
+construction, before anything is written. ``"node"`` needs three things:
+
+* ranks that *can* write one store together: a backend that says so
+  (:attr:`cachestore.backends.base.Backend.supports_shared_write`), ``cache_setting["shared"]``,
+  and workers that write and read back the node's staging area themselves (an executor whose
+  ``writes_local_store`` is true: not Ray's actors);
+* the ``"equal"`` partition (``"contiguous"`` runs are pinned per consumer);
+* ranks of a node whose datasets are the same: one store has one producer (its fingerprint).
+  Ranks whose ``dataset_params`` hold a per-rank value (a log path with the rank in it, a
+  per-rank file list) each have a fingerprint of their own, and two producers on one store
+  fail. The ranks compare their fingerprints (:func:`loader.distributed.gather_across_ranks`)
+  and, when the ranks of any node differ, every rank keeps a store of its own - all of them,
+  so that the data stays split the same way on every rank - and says so in one log line.
+  Ranks that cannot compare (consumers given by hand, no ``torch.distributed``) share the node
+  store as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import replace
+
+from cachestore.backends import get_backend
+
+from ..dataset import DatasetSource
+from ..distributed import ConsumerLayout, gather_across_ranks
+from ..executors.host import executor_class
+from ..settings import CacheSettings, LoaderSettings
+from .fingerprint import dataset_fingerprint, describe_mismatch, describe_params
+
+log = logging.getLogger(__name__)
+
+
+def write_together(cache: CacheSettings, executor: str) -> str | None:
+    """Why the ranks of a node cannot write one store together, ``None`` when they can."""
+    if not get_backend(cache.backend).supports_shared_write:
+        return f"the {cache.backend!r} backend does not support writing together"
+    if cache.shared is not True:
+        return "shared=False"
+    if not executor_class(executor).writes_local_store:
+        return f"the {executor!r} executor's workers do not write this machine's store"
+    return None
+
+
+def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
+    """`settings` with the cache's ``scope`` decided (see the module docstring); unchanged without a cache.
+
+    Under ``torch.distributed`` every rank must call this at the same point (the loader's
+    constructor): the ranks compare their datasets with one collective call.
+
+    Raises
+    ------
+    ValueError
+        ``scope="node"`` was asked for ranks that cannot share a store (it says why).
+    """
+    cache = settings.cache
+    if cache is None or cache.scope == "rank":
+        return settings
+    consumers = settings.nb_consumer
+    why_not = write_together(cache, settings.executor)
+    if why_not is None and settings.partition != "equal":
+        why_not = f"partition={settings.partition!r} keeps each consumer's part in a store of its own"
+    if why_not is None and consumers > 1 and not settings.deferred_start:
+        why_not = _differing_ranks(settings, num_samples)
+    if why_not is None:
+        return replace(settings, cache=replace(cache, scope="node"))
+    if cache.scope == "node" and consumers > 1:
+        raise ValueError(f"cache_setting['scope']='node' has the {consumers} ranks of a node write one store "
+                         f"together, which they cannot here: {why_not}. Use scope='rank' (a store per rank) or "
+                         "leave scope out to have it chosen")
+    return replace(settings, cache=replace(cache, scope="rank"))
+
+
+def _differing_ranks(settings: LoaderSettings, num_samples: int) -> str | None:
+    """Why the node's ranks cannot share a store because their datasets differ (one log line says so),
+    ``None`` when they are the same on every node or cannot be compared."""
+    assert settings.cache is not None
+    layout = ConsumerLayout(num_samples, settings.nb_consumer, settings.consumer_index, settings.seed,
+                            pinned=True, node_scope=True)
+    mine = _identity(settings.dataset, num_samples, layout, settings.cache.fingerprint)
+    everyone = gather_across_ranks(mine, settings.nb_consumer, settings.consumer_index, settings.cache.prefix)
+    if everyone is None:
+        return None
+    by_node: dict[int, list[tuple[int, dict]]] = {}
+    for rank, identity in enumerate(everyone):
+        by_node.setdefault(rank // layout.local_ranks, []).append((rank, identity))
+    for node, ranks in sorted(by_node.items()):
+        first_rank, first = ranks[0]
+        other = next(((r, i) for r, i in ranks if i["fingerprint"] != first["fingerprint"]), None)
+        if other is None:
+            continue
+        why = (f"the datasets of ranks {first_rank} and {other[0]} (node {node}) differ: "
+               f"{_difference(first, other[1])}")
+        if settings.cache.scope is None:
+            log.warning("%s, so they cannot share the node's store: every rank keeps its own, under %s/"
+                        "consumer-<rank>-of-%d (scope='rank')", why, settings.cache.prefix, settings.nb_consumer)
+        return why
+    return None
+
+
+def _identity(dataset: DatasetSource, num_samples: int, layout: ConsumerLayout,
+              explicit: str | None) -> dict[str, object]:
+    """What a rank's node store would record of it: its fingerprint, and a hash of each dataset parameter
+    (so that a log line can name the parameters that differ)."""
+    fingerprint = dataset_fingerprint(dataset, num_samples, layout.store_owner, explicit)
+    params = {key: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+              for key, value in describe_params(dataset.params).items()}
+    return {"fingerprint": fingerprint, "params": params}
+
+
+def _difference(a: dict, b: dict) -> str:
+    """The dataset parameters two identities differ in, in words (else the parts of their fingerprints)."""
+    names = sorted(k for k in set(a["params"]) | set(b["params"]) if a["params"].get(k) != b["params"].get(k))
+    if names:
+        return f"dataset_params {', '.join(map(repr, names))} differ"
+    return describe_mismatch(a["fingerprint"], b["fingerprint"]).replace("changed", "differs")

@@ -1,0 +1,154 @@
+"""How worker processes start: the default start method, and what a starting worker must not run.
+
+The default (``start_method="auto"``) forks a pool's first workers when nothing
+unsafe has started in the training process yet (:func:`fork_is_safe`), as
+torch's ``DataLoader`` forks its workers: a forked worker imports nothing
+(numpy, torch and the dataset's module are there already) and shares the
+training process's pages. A spawned worker imported them all again, about
+0.3 s of CPU each without torch and 1.5 s more with it, on the first epoch's
+clock. Every other start - a pool's first workers when threads run in the
+training process, CUDA is initialised or another loader's slots are mapped
+here, a dead worker's replacement, the workers of an epoch after a kill - is a
+spawn: a fresh interpreter that inherits nothing of the training process.
+
+``"fork"``, ``"spawn"`` and ``"forkserver"`` (or their ``multiprocessing``
+contexts) are honoured as given. A forkserver imports this package's worker,
+the dataset's module and what the training script imported once
+(:func:`forkserver_context`), then forks every worker from that clean server;
+the server is ``multiprocessing``'s, one per process, and lives as long as the
+training process. No global ``multiprocessing.set_start_method``: the contexts
+are local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing as mp
+import multiprocessing.context
+import multiprocessing.process
+import os
+import sys
+import threading
+import types
+from typing import Iterator
+
+from .shm import is_segment_path
+
+#: Modules the forkserver imports once, before it forks workers (with the dataset's and ``__main__``).
+WORKER_MODULE = "loader.executors.process.worker"
+
+
+def fork_is_safe() -> tuple[bool, str]:
+    """Whether this process can fork a worker now, and if not why.
+
+    Unsafe: a thread other than this (main) one, whose locks a child would
+    inherit held; CUDA initialised (a forked child cannot use it); Ray
+    initialised (its native threads hold locks too); a slot of a
+    loader mapped here (forked workers would keep its pages alive as long as
+    they live); a system other than Linux. The store's locks are released
+    with ``LOCK_UN``, so a descriptor a worker inherited never keeps one held.
+    """
+    if not sys.platform.startswith("linux"):
+        return False, "not Linux"
+    if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
+        return False, f"{threading.active_count()} threads run in the training process"
+    torch_cuda = sys.modules.get("torch.cuda")
+    if torch_cuda is not None and torch_cuda.is_initialized():
+        return False, "CUDA is initialised in the training process"
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return False, "Ray is initialised in the training process (its threads)"
+    try:
+        with open("/proc/self/maps") as maps:
+            if any(is_segment_path(line.split(maxsplit=5)[-1].strip()) for line in maps if "/" in line):
+                return False, "another loader's shared-memory slots are mapped in the training process"
+    except OSError:
+        return False, "/proc/self/maps cannot be read"
+    return True, ""
+
+
+def forkserver_context(dataset_module: str | None) -> multiprocessing.context.BaseContext:
+    """The forkserver context, its server told to import once the worker, `dataset_module` and what the
+    training script imported (only before it starts: a running server keeps what it imported).
+
+    Each worker forked from the server still runs a training script given by path again, as
+    ``__mp_main__`` (as under spawn): with its imports done in the server, that costs little.
+    """
+    ctx = mp.get_context("forkserver")
+    preload = [WORKER_MODULE, *([dataset_module] if dataset_module else []), *_imported_by_main()]
+    ctx.set_forkserver_preload([m for m in dict.fromkeys(preload) if m != "__main__"])
+    return ctx
+
+
+def _imported_by_main() -> list[str]:
+    """The modules the main module imported (``import torch``, ``from x import y``), that are loaded here."""
+    main = sys.modules.get("__main__")
+    names = []
+    for value in list(vars(main).values()) if main is not None else []:
+        try:
+            name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        except Exception:  # a lazy proxy that fails when looked at: not worth preloading
+            continue
+        if isinstance(name, str) and name in sys.modules:
+            names.append(name)
+    return names
+
+
+def context_for(method: str, first: bool, dataset_module: str | None) -> multiprocessing.context.BaseContext:
+    """The context a worker starts with: `method` as given, or for ``"auto"`` fork when this is one of a
+    pool's `first` workers and forking is safe now, else spawn."""
+    if method == "forkserver":
+        return forkserver_context(dataset_module)
+    if method != "auto":
+        return mp.get_context(method)
+    return mp.get_context("fork" if first and fork_is_safe()[0] else "spawn")
+
+
+def start(proc: multiprocessing.process.BaseProcess, method: str) -> None:
+    """Start worker process `proc` (of a `method` context).
+
+    A fork freezes this process's objects for the child's garbage collector
+    (``gc.freeze``, undone here right after): a collection in the child would
+    otherwise write into the header of every object the training process holds
+    and copy each page they lie in, and forked workers would end up holding a
+    copy of the training process's heap.
+    """
+    if method != "fork":
+        with main_file_hidden():
+            proc.start()
+        return
+    gc.freeze()
+    try:
+        proc.start()
+    finally:
+        gc.unfreeze()
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def main_file_hidden() -> Iterator[None]:
+    """While a worker starts, hide a main module's ``__file__`` that names no file (``<stdin>``).
+
+    A spawned child (and the forkserver) runs the parent's main module again
+    from its file, to find what was pickled by name there; a script piped to
+    ``python -`` has the "file" ``<stdin>``, and every worker died trying to
+    open it. Workers need nothing from the main module (what it defined reaches
+    them by value, see :mod:`loader.executors.transport`), so that module is
+    simply not run again.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if main is None or path is None or spec_name is not None or os.path.isfile(
+            os.path.join(getattr(multiprocessing.process, "ORIGINAL_DIR", None) or "", path)):
+        yield
+        return
+    with _MAIN_LOCK:
+        del main.__file__
+        try:
+            yield
+        finally:
+            main.__file__ = path

@@ -1,0 +1,106 @@
+"""How workers start: fork while nothing unsafe runs, spawn otherwise, a forkserver when asked; and what
+a worker that only reads cached samples loads (not the dataset, nor torch)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+
+from loader import CachedLoader
+from loader.executors.process.start import fork_is_safe
+
+from ...datasets import ArangeDataset
+from ...torch_datasets import FailsInWorkers, TorchArange
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def spawned(pid: int) -> bool:
+    """Whether worker `pid` is a fresh interpreter (spawn), not a fork of the training process. Asked
+    once it served a batch: a spawned child has the parent's command line until it execs."""
+    return "spawn_main" in " ".join(psutil.Process(pid).cmdline())
+
+
+def served(loader: CachedLoader) -> list[int]:
+    return sorted(y for batch in loader for y in batch["y"].tolist())
+
+
+def test_the_default_forks_the_first_workers_while_nothing_unsafe_runs(no_leaks):
+    assert fork_is_safe() == (True, ""), "the test process runs nothing that makes a fork unsafe"
+    with CachedLoader(ArangeDataset, {"n": 40}, batch_size=4, nb_worker=2,
+                      cache_setting={"prefix": str(no_leaks / "c"), "update_frequency": 2}) as loader:
+        assert loader.start_method == "auto"
+        assert [served(loader) for _ in range(2)] == [list(range(40))] * 2
+        pids = loader.worker_pids()
+        assert len(pids) == 2 and not any(spawned(pid) for pid in pids)
+        assert all(psutil.Process(pid).ppid() == os.getpid() for pid in pids)
+        # Slots are mapped now: a fork would keep them alive, so a replacement is spawned.
+        assert fork_is_safe()[0] is False
+        os.kill(pids[0], signal.SIGKILL)
+        assert served(loader) == list(range(40))
+        assert spawned(next(pid for pid in loader.worker_pids() if pid != pids[1]))
+
+
+def test_the_default_spawns_while_another_thread_runs(no_leaks):
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert fork_is_safe()[0] is False
+        with CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=2) as loader:
+            assert served(loader) == list(range(12))
+            assert all(spawned(pid) for pid in loader.worker_pids())
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("how", ["start_method", "multiprocessing_context"])
+def test_a_forkserver_is_honoured_and_its_dead_workers_replaced(no_leaks, how):
+    given = {"start_method": "forkserver"} if how == "start_method" else {
+        "multiprocessing_context": mp.get_context("forkserver")}
+    with CachedLoader(ArangeDataset, {"n": 40, "delay": 0.002}, batch_size=4, nb_worker=2, seed=0, **given) as loader:
+        assert loader.start_method == "forkserver"
+        pids = loader.worker_pids()
+        servers = {psutil.Process(pid).ppid() for pid in pids}
+        assert len(servers) == 1 and servers != {os.getpid()}, "the workers are the forkserver's children"
+        assert "forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
+        seen = []
+        for step, batch in enumerate(loader):
+            if step == 2:
+                os.kill(pids[0], signal.SIGKILL)
+            seen += batch["y"].tolist()
+        assert sorted(seen) == list(range(40))
+        assert pids[0] not in loader.worker_pids()
+
+
+def test_workers_that_only_read_never_build_the_dataset_nor_import_torch(no_leaks):
+    prefix, calls = str(no_leaks / "c"), no_leaks / "calls"
+    calls.mkdir()
+    params = {"n": 256, "counter_dir": str(calls)}
+    with CachedLoader(TorchArange, params, batch_size=8, nb_worker=0, cache_setting={"prefix": prefix}) as loader:
+        assert served(loader) == list(range(256))  # generation 0 written, here
+    built = sorted(p.name for p in calls.iterdir())
+    assert built == [f"built-{os.getpid()}", f"calls-{os.getpid()}.txt"]
+    # Spawned workers (a fork would share this process's torch): fresh interpreters.
+    with CachedLoader(TorchArange, params, batch_size=8, nb_worker=2, start_method="spawn",
+                      cache_setting={"prefix": prefix}) as loader:
+        assert served(loader) == list(range(256))
+        assert loader.epoch_stats[0].extra["gather"] == "workers", "the first read epoch has the workers gather"
+        for pid in loader.worker_pids():
+            with open(f"/proc/{pid}/maps") as maps:
+                assert "libtorch" not in maps.read(), f"worker {pid} imported torch"
+    assert sorted(p.name for p in calls.iterdir()) == built, "no worker built the dataset or called it"
+
+
+def test_a_dataset_that_only_fails_in_workers_fails_when_they_build_it(no_leaks):
+    with CachedLoader(FailsInWorkers, {"n": 8, "home": os.getpid()}, batch_size=2, nb_worker=2) as loader:
+        with pytest.raises(OSError, match="not mounted") as info:
+            list(loader)
+        assert "while building its dataset" in "\n".join(getattr(info.value, "__notes__", []))
+
