@@ -95,8 +95,8 @@ def _throughput_section(cases: list[dict], memcpy: float | None) -> list[str]:
     c0 = cases[0]
     return [f"### 2. Cached-epoch throughput: batch {c0['batch_size']}, {c0['workers']} workers, random order", "",
             "k samples/s, median ± half-range of the epochs after a warm-up epoch, ours and torch alternating. "
-            "*ours reads in*: where the loader chose to gather (loader/epochs/placement.py); *0 workers*: the same "
-            "store read by a loader with `nb_worker=0`. *store gather*: `reader.get_batch` (verified) into "
+            "*ours reads in*: where the loader chose to gather (loader/epochs/reads/placement.py); *0 workers*: "
+            "the same store read by a loader with `nb_worker=0`. *store gather*: `reader.get_batch` (verified) into "
             "reused buffers in one process, no loader. *split*: microseconds per batch of the store gather "
             "without checksums / what verifying them adds / the rest of a loader epoch (hand-off, reorder, "
             "tensor wrap) over the verified gather. *ours back to back*: the same loader's epochs one after "

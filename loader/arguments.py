@@ -237,6 +237,26 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
     return out
 
 
+def _consumers(a: Mapping[str, object], torch: Mapping[str, object]) -> tuple[int, int, bool]:
+    """``(nb_consumer, consumer_index, deferred)``: as given, as a ``DistributedSampler`` says, or
+    ``torch.distributed``'s; `deferred` when several consumers were given without an index (it
+    comes later, from ``CachedLoader.start``)."""
+    default_nb, default_idx = distributed_defaults()
+    nb_consumer = check_int("nb_consumer", a["nb_consumer"], 1, allow_none=True)
+    consumer_index = check_int("consumer_index", a["consumer_index"], 0, allow_none=True)
+    for name, given in (("nb_consumer", nb_consumer), ("consumer_index", consumer_index)):
+        if name in torch and given is not None and given != torch[name]:
+            raise ValueError(f"{name}={given} disagrees with the DistributedSampler's ({torch[name]}); give one")
+    if "nb_consumer" in torch:
+        nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
+    consumers = default_nb if nb_consumer is None else nb_consumer
+    deferred = consumer_index is None and nb_consumer is not None and consumers > 1
+    index = default_idx if consumer_index is None else consumer_index
+    if index >= consumers:
+        raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
+    return consumers, index, deferred
+
+
 def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     """Validate the constructor's arguments (`a`: every argument by its own name, aliases resolved).
 
@@ -272,19 +292,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
                          "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "
                          "to rotate only when the cache does not fit")
-    default_nb, default_idx = distributed_defaults()
-    nb_consumer = check_int("nb_consumer", a["nb_consumer"], 1, allow_none=True)
-    consumer_index = check_int("consumer_index", a["consumer_index"], 0, allow_none=True)
-    for name, given in (("nb_consumer", nb_consumer), ("consumer_index", consumer_index)):
-        if name in torch and given is not None and given != torch[name]:
-            raise ValueError(f"{name}={given} disagrees with the DistributedSampler's ({torch[name]}); give one")
-    if "nb_consumer" in torch:
-        nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
-    consumers = default_nb if nb_consumer is None else nb_consumer
-    deferred = consumer_index is None and nb_consumer is not None and consumers > 1
-    index = default_idx if consumer_index is None else consumer_index
-    if index >= consumers:
-        raise ValueError(f"consumer_index {index} must be < nb_consumer {consumers}")
+    consumers, index, deferred = _consumers(a, torch)
     seed = check_int("seed", torch.get("seed", a["seed"]), 0, allow_none=True)
     seed_given = seed is not None
     sampling = torch["sampling"]

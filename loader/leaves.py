@@ -2,7 +2,7 @@
 
 Shared by the shared-memory slots that carry batches from workers
 (:mod:`loader.executors.process`) and the buffers the training process's
-gather threads fill (:mod:`loader.epochs.threads`).
+gather threads fill (:mod:`loader.epochs.reads.threads`).
 """
 
 from __future__ import annotations

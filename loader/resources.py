@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from cachestore import Store
 
     from .cache.build import GenerationBuild
-    from .epochs.threads import GatherThreads
+    from .epochs.reads.threads import GatherThreads
     from .epochs.windows import RotationWindow
     from .executors.base import Executor
     from .executors.process.slots import SlotPool
@@ -68,7 +68,7 @@ class Resources:
         self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
         self.window: RotationWindow | None = None
-        self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.threads)
+        self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.

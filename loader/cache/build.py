@@ -20,7 +20,6 @@ of computing them, and never write them twice.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 
@@ -32,7 +31,7 @@ from cachestore.errors import BudgetExceededError
 
 from ..executors import messages as m
 from ..executors.base import Executor
-from ..settings import BudgetPolicy, EpochMode
+from ..settings import BudgetPolicy
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +120,25 @@ class GenerationBuild:
         """`positions` the generation does not hold yet."""
         return positions[~self.have[positions]] if self.adopted else positions
 
-    def task_fields(self, positions: np.ndarray | None = None, written: np.ndarray | None = None) -> dict[str, Any]:
-        """The write part of a task computing samples of this generation (the one place it is built).
+    def write_part(self, positions: np.ndarray | None = None, written: np.ndarray | None = None,
+                   here: bool = False) -> m.WritePart | None:
+        """The write part of a task computing samples of this generation (the one place it is built);
+        ``None`` once writing stopped (the budget): the task then only computes.
 
         With `positions`, those already in the generation (adopted, or `written` by an
         earlier task of this epoch) are marked ``present``: read back, never written again.
+        `here`: the task runs in the training process, which writes its own shard.
         """
         if not self.active:
-            return {"mode": EpochMode.COMPUTE}
-        fields: dict[str, Any] = {"mode": EpochMode.GENERATE, "on_budget": self.policy}
-        if self.in_workers:
-            fields["shard"] = self.spec
-        else:
-            fields["send_records"] = True
+            return None
+        present = None
         if positions is not None and (self.adopted or written is not None):
             present = self.have[positions] if self.adopted else np.zeros(len(positions), dtype=bool)
             if written is not None:
                 present = present | written
-            if present.any():
-                fields["present"] = present
-        return fields
+            if not present.any():
+                present = None
+        return m.WritePart(self.spec if self.in_workers or here else None, self.policy, present)
 
     def accept(self, msg: m.BatchDone) -> int:
         """Account for a delivered result; return the samples it added to the generation."""

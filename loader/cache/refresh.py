@@ -80,7 +80,7 @@ class BackgroundRefresh:
         while self.todo and len(self.inflight) < self.max_inflight and self.build.active and self.failed is None:
             positions = self.todo.popleft()
             task = m.Task(seq=self._seq, part=0, epoch=BACKGROUND_EPOCH, indices=self.indices[positions],
-                          positions=positions, collate=False, **self.build.task_fields())
+                          positions=positions, collate=False, write=self.build.write_part())
             self.inflight[self._seq] = task
             self._seq += 1
             executor.submit(task)

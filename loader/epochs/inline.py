@@ -1,34 +1,29 @@
-"""Epochs run in the training process: ``nb_worker=0``, a cached epoch of an in-RAM
-store, or a cached epoch whose gather is cheaper here than a hand-off from workers."""
+"""Compute and generate epochs run in the training process (``nb_worker=0``).
+
+The same tasks the workers would run, one batch at a time as the loop asks
+(:class:`loader.executors.producer.BatchProducer`); a generate epoch's
+samples are written into the training process's own shard. Read epochs in
+the training process are a read path of their own
+(:mod:`loader.epochs.reads.main`).
+"""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any, Iterator
 
-import numpy as np
-
-from cachestore import Reader
-
-from ..cache.build import GenerationBuild
 from ..errors import SampleError, add_note
 from ..executors import messages as m
 from ..executors.producer import BatchProducer
-from ..settings import EpochMode
 from .plan import EpochPlan, EpochStats
+from .work import ComputeWork
 
 
-def run_inline(plan: EpochPlan, producer: BatchProducer, reader: Reader | None, build: GenerationBuild | None,
-               stats: EpochStats) -> Iterator[Any]:
-    """An epoch in the training process (``nb_worker=0``, a cached epoch of an in-RAM store, or
-    a cached epoch whose gather is cheaper here than a hand-off from workers).
-
-    A read epoch gathers into new arrays: the allocator hands back the memory of the batch
-    before last, and private memory (huge pages) is faster to write than a reused
-    shared-memory slot (4 KiB pages).
-    """
+def run_inline(plan: EpochPlan, producer: BatchProducer, work: ComputeWork, stats: EpochStats) -> Iterator[Any]:
+    """The batches of compute or generate epoch `plan`, computed (and written, as `work` says) in this
+    process; then its unserved batches, computed and written, never delivered."""
     try:
-        yield from _inline_batches(plan, producer, reader, build, stats)
+        yield from _inline_batches(plan, producer, work, stats)
     except SampleError as exc:
         raise dataset_error(exc, plan.epoch) from None
 
@@ -43,44 +38,28 @@ def dataset_error(exc: SampleError, epoch: int) -> BaseException:
     return exc.cause
 
 
-def read_task(plan: EpochPlan, positions: np.ndarray) -> m.Task:
-    """The task that reads `positions` of read epoch `plan` in this process."""
-    return m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], mode=EpochMode.READ,
-                  positions=positions, transform_seed=plan.transform_seed)
-
-
-def _inline_batches(plan: EpochPlan, producer: BatchProducer, reader: Reader | None,
-                    build: GenerationBuild | None, stats: EpochStats) -> Iterator[Any]:
+def _inline_batches(plan: EpochPlan, producer: BatchProducer, work: ComputeWork,
+                    stats: EpochStats) -> Iterator[Any]:
+    build = work.build
     served_batches = list(plan.batches)
-    for number, positions in enumerate(itertools.chain(served_batches, plan.unserved)):
+    for number, positions in enumerate(itertools.chain(served_batches, work.unserved)):
         served = number < len(served_batches)
-        if plan.mode == EpochMode.READ:
-            batch = producer.read(read_task(plan, positions), reader)
-            stats.read += len(positions)
-        else:
-            fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
-            if build is not None:
-                redraw = plan.repeats.get(number)
-                fields = build.task_fields(positions, redraw.earlier if redraw is not None else None)
-                fields.pop("send_records", None)  # this process writes its shard itself
-                if fields["mode"] == EpochMode.GENERATE:
-                    fields["shard"] = build.spec
-            task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
-                          transform_seed=plan.transform_seed if served else None, **fields)
-            out = producer.produce(task)
-            batch = out.batch
-            stats.computed += len(positions) - out.staged
-            stats.read += out.staged
-            stats.waited += out.waited
-            stats.written += out.written
-            if build is not None:
-                build.count_inline(out.written)
-                if out.budget_error is not None:
-                    build.over_budget(out.budget_error)
+        redraw = work.repeats.get(number)
+        task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
+                      transform_seed=plan.transform_seed if served else None,
+                      **work.part(positions, redraw.earlier if redraw is not None else None, here=True))
+        out = producer.produce(task)
+        stats.computed += len(positions) - out.staged
+        stats.read += out.staged
+        stats.waited += out.waited
+        stats.written += out.written
+        if build is not None:
+            build.count_inline(out.written)
+            if out.budget_error is not None:
+                build.over_budget(out.budget_error)
         if served:
             stats.batches += 1
             stats.samples += len(positions)
-            yield batch
+            yield out.batch
     if build is not None:
         producer.close_shard()  # before the loader commits or discards the generation
-

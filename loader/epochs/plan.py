@@ -1,14 +1,14 @@
-"""What an epoch does (:class:`EpochPlan`) and what it did (:class:`EpochStats`).
+"""What an epoch does (:class:`EpochPlan` and one subclass per kind) and what it did (:class:`EpochStats`).
 
-The runner decides the plan (:mod:`loader.epochs.runner`); the scheduler
-(:mod:`loader.epochs.scheduler`), the inline path (:mod:`loader.epochs.inline`)
-and the rotation epochs carry it out and count into the stats.
+The planner (:mod:`loader.epochs.planner`) makes the plan; the epoch's kind
+(:mod:`loader.epochs.kinds`) carries it out and counts into the stats. The
+base class holds what every kind needs; each kind's plan adds its own fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 import numpy as np
 
@@ -18,38 +18,69 @@ from .order import BlockOrder, Redraw
 
 @dataclass
 class EpochPlan:
-    """What one epoch does.
+    """What one epoch does; this class itself: compute its samples from the dataset, write nothing.
 
-    ``mode``: ``COMPUTE`` (dataset only), ``GENERATE`` (dataset, written into
-    ``generation``), ``READ`` (served from committed ``generation``),
-    ``ROTATE`` (see :mod:`loader.epochs.rotation`). ``batches`` hold store
-    positions; ``indices`` maps a position to the dataset index.
-    ``unserved`` batches are computed and written after the served ones but
-    never delivered: samples a generation needs that this epoch does not serve
-    (the remainder ``drop_last`` drops, the batches served before a resume).
+    ``batches`` hold store positions; ``indices`` maps a position to the dataset
+    index. ``generation`` is the one the epoch writes or reads (``None``: none).
     """
 
+    mode: ClassVar[EpochMode] = EpochMode.COMPUTE
     epoch: int
-    mode: EpochMode
-    generation: int | None
     batches: Iterable[np.ndarray]
     indices: np.ndarray
-    unserved: list[np.ndarray] = field(default_factory=list)
-    skip: int = 0  # rotation: batches of the schedule already served before a resume
+    generation: int | None = None
     notes: dict = field(default_factory=dict)  # why the plan is what it is (for EpochStats.extra)
-    # A sampler's generate epoch: the batches that draw indices again (loader.epochs.order.Redraw), and
-    # the positions it never draws (idle workers fill them in).
+    transform_seed: int | None = None  # the run's seed when served samples go through read_transform
+
+
+@dataclass
+class GeneratePlan(EpochPlan):
+    """Compute every sample of ``generation``, write it, serve it; commit at the end.
+
+    ``unserved`` batches are computed and written after the served ones but
+    never delivered: samples the generation needs that this epoch does not serve
+    (the remainder ``drop_last`` drops, the batches served before a resume).
+    A sampler's epoch draws some indices again (``repeats``, by batch: read back,
+    never computed twice, :class:`loader.epochs.order.Redraw`) and never draws
+    others (``fill``: idle workers compute them).
+    """
+
+    mode: ClassVar[EpochMode] = EpochMode.GENERATE
+    unserved: list[np.ndarray] = field(default_factory=list)
     repeats: dict[int, Redraw] = field(default_factory=dict)
     fill: np.ndarray | None = None
-    transform_seed: int | None = None  # the run's seed when served samples go through read_transform
-    # A read epoch: its order ("random" or "block", with the blocks' shape), and whether it reads with
-    # explicit I/O (the generation does not fit the memory room: loader.epochs.streaming).
-    read_order: str | None = None
-    # When the generation read was committed: a generation removed and written again under the same
-    # id is another one, and readers kept open from epoch to epoch must not serve the old files.
+
+
+@dataclass
+class ReadPlan(EpochPlan):
+    """Serve the epoch from committed ``generation``.
+
+    ``order`` is the order it serves in, as its stats report it (``"random"``,
+    ``"block"`` with ``blocks`` their shape, or what overrode both);
+    ``committed_at`` says when the generation was committed: one removed and
+    written again under the same id is another, and readers kept open from
+    epoch to epoch must not serve the old files. ``stream``: the generation does
+    not fit the memory room and is read with explicit I/O
+    (:mod:`loader.epochs.reads.streamed`).
+    """
+
+    mode: ClassVar[EpochMode] = EpochMode.READ
+    order: str = "random"
     committed_at: float | None = None
     blocks: BlockOrder | None = None
     stream: bool = False
+
+
+@dataclass
+class RotatePlan(EpochPlan):
+    """Serve ``R x N`` samples through a rotation window (:mod:`loader.epochs.rotation`).
+
+    ``indices`` is the generation order (the i-th sample generated is dataset
+    index ``indices[i]``); ``skip``: batches of the schedule served before a resume.
+    """
+
+    mode: ClassVar[EpochMode] = EpochMode.ROTATE
+    skip: int = 0
 
 
 @dataclass

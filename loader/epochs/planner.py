@@ -18,7 +18,7 @@ from cachestore.locking import SHARED_WRITERS
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
-from .plan import EpochPlan
+from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,9 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         order, batches, skip, before = _split(deck, skip, s, ranks)
     if rotates:
         # Generation order: the i-th generated sample is dataset index indices[order[i]].
-        return EpochPlan(epoch, EpochMode.ROTATE, None, [], indices[order], skip=skip)
+        return RotatePlan(epoch, [], indices[order], skip=skip)
     if cache is None or cache.off:
-        return EpochPlan(epoch, EpochMode.COMPUTE, None, batches[skip:], indices)
+        return EpochPlan(epoch, batches[skip:], indices)
     generation, mode, notes = cache.choose(epoch)
     if mode == EpochMode.GENERATE and refreshed(generation, epoch):
         mode = EpochMode.READ
@@ -112,17 +112,13 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         if kind == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
-        plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
-        plan.read_order, plan.blocks, plan.stream = _order_used(blocks is not None, s), blocks, choice.stream
         info = cache.committed().get(generation)
-        plan.committed_at = info.created if info is not None else None
-        return plan
-    if mode != EpochMode.GENERATE:
-        return EpochPlan(epoch, mode, generation, batches[skip:], indices, notes=notes)
+        return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=_order_used(blocks is not None, s),
+                        committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream)
     dropped = len(order) - sum(len(b) for b in batches)
     unserved = (batches[:skip] + ([before] if len(before) else [])
                 + ([order[len(order) - dropped:]] if dropped > 0 else []))
-    plan = EpochPlan(epoch, mode, generation, batches[skip:], indices, unserved, notes=notes)
+    plan = GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
     if s.sampling is not None:
         # A generation holds every index once: what the sampler draws again is read back, what it never
         # draws is computed by idle workers (or after the served batches, without workers).

@@ -40,7 +40,7 @@ import numpy as np
 from ..dataset import Batch, CollateFn, ReadTransform, Sample
 from ..errors import SampleError, add_note
 from ..executors.producer import transform as _transform_sample
-from .plan import EpochPlan, EpochStats
+from .plan import EpochStats, RotatePlan
 from .windows import RotationWindow
 
 #: Computes the fresh samples of each array of dataset indices, in order (ahead, on the workers).
@@ -225,7 +225,7 @@ def _transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: 
         raise exc.cause from None
 
 
-def rotation_epoch(plan: EpochPlan, stats: EpochStats, rotation: int, window: RotationWindow, batch_size: int,
+def rotation_epoch(plan: RotatePlan, stats: EpochStats, rotation: int, window: RotationWindow, batch_size: int,
                    drop_last: bool, seed: int, fresh: FreshSamples, collate: CollateFn,
                    transform: ReadTransform | None = None) -> Iterator[Batch]:
     """The batches of rotation epoch `plan` (from batch ``plan.skip`` on) through `window`.

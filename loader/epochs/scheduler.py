@@ -1,7 +1,7 @@
-"""Running one epoch: feed tasks to the executor (or run them inline), reorder, deliver.
+"""Running an epoch's tasks on the executor: submit them, reorder the results, deliver the batches.
 
-The loader decides *what* an epoch does (:class:`EpochPlan`); this module
-does it. Batches are delivered in order; at most ``max_in_flight`` batches
+The epoch's kind decides what its tasks do (:mod:`loader.epochs.work`); this
+module runs them. Batches are delivered in order; at most ``max_in_flight`` batches
 are in flight. Results of an epoch that was abandoned (``break``) are
 recognised by their epoch number and dropped (see the shutdown note in
 :mod:`loader.executors.process.pool` and ``docs/ARCHITECTURE.md``).
@@ -18,14 +18,13 @@ import numpy as np
 
 from cachestore.collate import stack_samples
 
-from ..cache.build import GenerationBuild
 from ..cache.refresh import BackgroundRefresh
 from ..dataset import Batch, CollateFn, Sample
 from ..executors import messages as m
 from ..executors.base import Executor, late_work_report, worker_timeout
 from ..executors.process.slots import SlotPool
-from ..settings import EpochMode
 from .plan import EpochPlan, EpochStats
+from .work import ComputeWork, Work
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,8 @@ class PoolRun:
     ``prefetch_time`` lets the queue fill before the first batch;
     ``on_failure`` stops the workers before an error propagates; ``timeout``
     bounds the wait for one batch (:class:`~loader.errors.WorkerTimeoutError`). With
-    ``collate=False`` each batch is the list of its samples. ``build`` is the
-    generation a generate epoch writes, ``reader`` the ``(StoreSpec,
-    generation)`` a read epoch gathers from, and ``background`` a
+    ``collate=False`` each batch is the list of its samples (and nothing is
+    counted: rotation counts its serves itself). ``background`` is a
     :class:`~loader.cache.refresh.BackgroundRefresh` that gets the workers' spare time.
     """
 
@@ -64,8 +62,6 @@ class PoolRun:
     minibatch: int | None = None
     prefetch_time: float | None = None
     collate: bool = True
-    build: GenerationBuild | None = None
-    reader: m.ReadSource | None = None
     background: BackgroundRefresh | None = None
     timeout: float | None = None
     split_ends: bool = False
@@ -80,47 +76,108 @@ def _join(parts: dict[int, list[Sample]], collate: CollateFn | None) -> Batch:
     return collate(samples) if collate is not None else samples
 
 
-def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
-    """An epoch run by the executor; yields batches in order.
+class PoolEpoch:
+    """One epoch run by the executor (see :func:`run_pool`): its tasks in flight, its results
+    reordered, its waits bounded.
 
-    ``plan.batches`` may be any iterable of position arrays (it is consumed
-    ``run.max_in_flight`` batches ahead).
+    Each step of the loop is a method: :meth:`_fill` submits batches up to the
+    in-flight depth, :meth:`_take` delivers the next batch once all its parts
+    are in, :meth:`_grow` deepens the queue when the loop waits on an idle
+    worker, :meth:`_wait` waits for one message (or raises past the timeout).
     """
-    executor, slots, build, background = run.executor, run.slots, run.build, run.background
-    batches: Iterable[np.ndarray] = plan.batches
-    first_unserved = None  # sequence numbers from here on are computed and written, not served
-    if plan.unserved:
-        batches = list(batches)
-        first_unserved = len(batches)
-        batches += plan.unserved
-    source = iter(batches)
-    following = next(source, None)
-    inflight: dict[tuple[int, int], m.Task] = {}
-    parts_of: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    done: dict[int, dict[int, Any]] = {}
-    submitted = delivered = 0
-    exhausted = False
-    background_start = background.computed if background is not None else 0
-    prefetch_deadline = time.monotonic() + run.prefetch_time if run.prefetch_time else None
-    depth = min(run.max_in_flight, INITIAL_DEPTH_PER_WORKER * executor.nb_worker)
-    stats.extra["max_in_flight"] = depth
-    waiting_for, wait_since, warned = -1, 0.0, False  # the batch the loop waits for, since when
 
-    def submit(seq: int, positions: np.ndarray, last: bool) -> None:
-        sizes[seq] = len(positions)
+    def __init__(self, plan: EpochPlan, run: PoolRun, stats: EpochStats, work: Work) -> None:
+        self.plan, self.run, self.stats, self.work = plan, run, stats, work
+        self.executor, self.slots = run.executor, run.slots
+        self.inflight: dict[tuple[int, int], m.Task] = {}
+        self.parts_of: dict[int, int] = {}  # batch -> tasks it was split into
+        self.sizes: dict[int, int] = {}  # batch -> samples
+        self.done: dict[int, dict[int, Any]] = {}  # batch -> part -> result
+        self.submitted = self.delivered = 0
+        self.exhausted = False
+        self.first_unserved: int | None = None  # batches from here on are computed and written, not served
+        self.source: Iterator[np.ndarray] = iter(())
+        self.following: np.ndarray | None = None  # the next batch to submit (one ahead: is this the last?)
+        self.depth = 0
+        self.prefetch_deadline: float | None = None
+        self.waiting_for, self.wait_since, self.warned = -1, 0.0, False  # the batch the loop waits for, since when
+
+    def batches(self) -> Iterator[Any]:
+        """The epoch's batches, in order (a generator: nothing happens before the first is asked for)."""
+        background = self.run.background
+        background_start = background.computed if background is not None else 0
+        self._start()
+        try:
+            while True:
+                self._fill()
+                if self.exhausted and self.delivered == self.submitted:
+                    return
+                if background is not None:
+                    # Keep idle workers busy even while every batch is ready ahead of the loop.
+                    background.pump(self.executor)
+                    while (msg := self.executor.next_message(timeout=0)) is not None:
+                        self._receive(msg)
+                prefetching = self._prefetching()
+                ready = self._take(prefetching)
+                if ready is not None:
+                    served, batch = ready
+                    if served:
+                        yield batch
+                    continue
+                now = time.monotonic()
+                if not self._grow(now):
+                    self._wait(now, prefetching)
+        finally:
+            # Slots of tasks still running stay lent until their (dropped) results arrive.
+            self.slots.orphan(self.inflight.values())
+            if background is not None:
+                self.stats.extra["background_computed"] = background.computed - background_start
+
+    def _start(self) -> None:
+        plan, run = self.plan, self.run
+        batches: Iterable[np.ndarray] = plan.batches
+        if self.work.unserved:
+            batches = list(batches)
+            self.first_unserved = len(batches)
+            batches += self.work.unserved
+        self.source = iter(batches)
+        self.following = next(self.source, None)
+        self.prefetch_deadline = time.monotonic() + run.prefetch_time if run.prefetch_time else None
+        self.depth = min(run.max_in_flight, INITIAL_DEPTH_PER_WORKER * self.executor.nb_worker)
+        self.stats.extra["max_in_flight"] = self.depth
+
+    def _served(self, seq: int) -> bool:
+        return self.first_unserved is None or seq < self.first_unserved
+
+    # submitting -----------------------------------------------------------------
+    def _fill(self) -> None:
+        """Submit batches while fewer than the depth are ahead of the loop."""
+        while not self.exhausted and self.submitted - self.delivered < self.depth:
+            redraw = self.work.repeats.get(self.submitted)
+            if redraw is not None and not self._received(redraw.after):
+                break  # it reads back samples an earlier batch still computes: once that one is in
+            positions, self.following = self.following, next(self.source, None)
+            if positions is None:
+                self.exhausted = True
+                break
+            self._submit(self.submitted, positions, last=self.following is None)
+            self.submitted += 1
+
+    def _submit(self, seq: int, positions: np.ndarray, last: bool) -> None:
+        plan, run, executor = self.plan, self.run, self.executor
+        self.sizes[seq] = len(positions)
         if len(positions) == 0:
-            parts_of[seq] = 1
-            done[seq] = {0: []}
+            self.parts_of[seq] = 1
+            self.done[seq] = {0: []}
             return
-        redraw = plan.repeats.get(seq)
+        redraw = self.work.repeats.get(seq)
         step = run.minibatch or len(positions)
         if run.split_ends and (seq == 0 or last) and executor.nb_worker > 1:
             step = min(step, -(-len(positions) // executor.nb_worker))
         if redraw is not None and redraw.whole:
             step = len(positions)  # it draws an index twice: one task computes it once
         starts = range(0, len(positions), step)
-        parts_of[seq] = len(starts)
+        self.parts_of[seq] = len(starts)
         # A batch computed in parts comes back as its samples, collated here, whole: a collate
         # function sees the batch it is given in torch, and parts of collated batches cannot be
         # joined without knowing what the collate made of them (a list sample, a list of strings).
@@ -128,30 +185,28 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
         repeat = redraw.earlier if redraw is not None else None
         for part, s in enumerate(starts):
             chunk = positions[s:s + step]
-            slot, name, size = slots.acquire()
-            fields: dict[str, Any] = {"mode": EpochMode.COMPUTE}
-            if plan.mode == EpochMode.READ:
-                fields = {"mode": EpochMode.READ, "reader": run.reader}
-            elif plan.mode == EpochMode.GENERATE and build is not None:
-                fields = build.task_fields(chunk, repeat[s:s + step] if repeat is not None else None)
-            served = first_unserved is None or seq < first_unserved
+            slot, name, size = self.slots.acquire()
+            fields = self.work.part(chunk, repeat[s:s + step] if repeat is not None else None)
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=whole,
-                          transform_seed=plan.transform_seed if served and run.collate else None, **fields)
-            inflight[(seq, part)] = task
+                          transform_seed=plan.transform_seed if self._served(seq) and run.collate else None,
+                          **fields)
+            self.inflight[(seq, part)] = task
             executor.submit(task)
 
-    def received(upto: int) -> bool:
+    # receiving ------------------------------------------------------------------
+    def _received(self, upto: int) -> bool:
         """Whether batches up to `upto` are in: their samples are on disk (a worker flushes before it answers)."""
-        return all(seq < delivered or (seq in done and len(done[seq]) == parts_of[seq])
-                   for seq in range(delivered, upto + 1))
+        return all(seq < self.delivered or (seq in self.done and len(self.done[seq]) == self.parts_of[seq])
+                   for seq in range(self.delivered, upto + 1))
 
-    def receive(msg: Any) -> None:
+    def _receive(self, msg: Any) -> None:
+        run, plan, stats = self.run, self.plan, self.stats
         if msg is None:
             return
-        if background is not None:
+        if run.background is not None:
             try:
-                if background.handle(msg):
+                if run.background.handle(msg):
                     return
             except BaseException:
                 run.on_failure()
@@ -160,97 +215,92 @@ def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats) -> Iterator[Any]:
             if msg.epoch != plan.epoch and msg.kind != "init":
                 return  # from an abandoned epoch
             run.on_failure()
-            raise msg.exception(pid=executor.worker_pid(msg.worker_id), epoch=plan.epoch)
+            raise msg.exception(pid=self.executor.worker_pid(msg.worker_id), epoch=plan.epoch)
         if not isinstance(msg, m.BatchDone):
             return
         if msg.epoch != plan.epoch:
-            slots.release_task(msg)
+            self.slots.release_task(msg)
             return
-        task = inflight.pop((msg.seq, msg.part))
+        task = self.inflight.pop((msg.seq, msg.part))
         if msg.meta is None:
             # Carried inline (an executor without shared memory, e.g. Ray): the slot was never written.
-            slots.release(task.slot)
-            done.setdefault(msg.seq, {})[msg.part] = msg.batch
+            self.slots.release(task.slot)
+            self.done.setdefault(msg.seq, {})[msg.part] = msg.batch
         else:
-            done.setdefault(msg.seq, {})[msg.part] = slots.view(task.slot, msg.meta)
-        if plan.mode == EpochMode.READ:
-            stats.read += len(task.indices)
-        elif run.collate:
-            stats.computed += len(task.indices) - msg.staged
-            stats.read += msg.staged
-            stats.waited += msg.waited
-            if build is not None:
-                stats.written += build.accept(msg)
+            self.done.setdefault(msg.seq, {})[msg.part] = self.slots.view(task.slot, msg.meta)
+        if run.collate:
+            self.work.count(task, msg, stats)
 
-    try:
-        while True:
-            while not exhausted and submitted - delivered < depth:
-                redraw = plan.repeats.get(submitted)
-                if redraw is not None and not received(redraw.after):
-                    break  # it reads back samples an earlier batch still computes: once that one is in
-                positions, following = following, next(source, None)  # one ahead: is this the last?
-                if positions is None:
-                    exhausted = True
-                    break
-                submit(submitted, positions, last=following is None)
-                submitted += 1
-            if exhausted and delivered == submitted:
-                return
-            if background is not None:
-                # Keep idle workers busy even while every batch is ready ahead of the loop.
-                background.pump(executor)
-                while (msg := executor.next_message(timeout=0)) is not None:
-                    receive(msg)
-            parts = done.get(delivered)
-            prefetching = (prefetch_deadline is not None and time.monotonic() < prefetch_deadline
-                           and len(inflight) > 0)
-            if parts is not None and len(parts) == parts_of[delivered] and not prefetching:
-                del done[delivered]
-                served = first_unserved is None or delivered < first_unserved
-                batch = parts[0] if len(parts) == 1 else _join(parts, run.collate_fn if run.collate and served else None)
-                parts = None  # the parts' samples are views of slots: lent until the last reference goes
-                if run.collate and served:
-                    stats.batches += 1
-                    stats.samples += sizes[delivered]
-                delivered += 1
-                prefetch_deadline = None
-                if served:
-                    yield batch
-                continue
-            now = time.monotonic()
-            if waiting_for != delivered:
-                waiting_for, wait_since, warned = delivered, now, False
-                if depth < run.max_in_flight and not exhausted and executor.idle_workers():
-                    # The loop waits and a worker idles: the queue, not the workers, is the bottleneck.
-                    depth += 1
-                    stats.extra["max_in_flight"] = depth
-                    continue
-            # Checked before every wait: results of other batches may keep arriving meanwhile.
-            if run.timeout is not None and now - wait_since >= run.timeout:
-                late = {(plan.epoch, s, p) for (s, p) in inflight if s == delivered}
-                exc = worker_timeout(executor, late, f"batch {delivered} of epoch {plan.epoch}", run.timeout,
-                                     now - wait_since)
-                run.on_failure()
-                raise exc
-            if not warned and now - wait_since >= HANG_WARNING_SECONDS:
-                warned = True
-                late = {(plan.epoch, s, p) for (s, p) in inflight if s == delivered}
-                log.warning("the training loop is waiting for data: %s", late_work_report(
-                    executor, late, f"batch {delivered} of epoch {plan.epoch}", now - wait_since)[0])
-            deadlines = [wait_since + run.timeout] if run.timeout is not None else []
-            if not warned:
-                deadlines.append(wait_since + HANG_WARNING_SECONDS)
-            if prefetching and prefetch_deadline is not None:
-                deadlines.append(prefetch_deadline)
-            wait = max(0.0, min(deadlines) - now) if deadlines else None
-            t0 = time.perf_counter()
-            msg = executor.next_message(timeout=wait)
-            stats.wait_seconds += time.perf_counter() - t0
-            if msg is None:
-                prefetch_deadline = None
-            receive(msg)
-    finally:
-        # Slots of tasks still running stay lent until their (dropped) results arrive.
-        slots.orphan(inflight.values())
-        if background is not None:
-            stats.extra["background_computed"] = background.computed - background_start
+    def _take(self, prefetching: bool) -> tuple[bool, Any] | None:
+        """``(served, batch)`` for the next batch when all its parts are in (and no prefetch holds it back)."""
+        parts = self.done.get(self.delivered)
+        if parts is None or len(parts) != self.parts_of[self.delivered] or prefetching:
+            return None
+        del self.done[self.delivered]
+        served = self._served(self.delivered)
+        collate = self.run.collate_fn if self.run.collate and served else None
+        batch = parts[0] if len(parts) == 1 else _join(parts, collate)
+        del parts  # the parts' samples are views of slots: lent until the last reference goes
+        if self.run.collate and served:
+            self.stats.batches += 1
+            self.stats.samples += self.sizes[self.delivered]
+        self.delivered += 1
+        self.prefetch_deadline = None
+        return served, batch
+
+    def _prefetching(self) -> bool:
+        return (self.prefetch_deadline is not None and time.monotonic() < self.prefetch_deadline
+                and len(self.inflight) > 0)
+
+    # waiting --------------------------------------------------------------------
+    def _grow(self, now: float) -> bool:
+        """At the start of a wait for a new batch: deepen the queue when a worker idles (then submit, no wait)."""
+        if self.waiting_for == self.delivered:
+            return False
+        self.waiting_for, self.wait_since, self.warned = self.delivered, now, False
+        if self.depth < self.run.max_in_flight and not self.exhausted and self.executor.idle_workers():
+            # The loop waits and a worker idles: the queue, not the workers, is the bottleneck.
+            self.depth += 1
+            self.stats.extra["max_in_flight"] = self.depth
+            return True
+        return False
+
+    def _wait(self, now: float, prefetching: bool) -> None:
+        """Wait for one message (up to the next deadline: the timeout, the hang warning, the prefetch)."""
+        run, plan = self.run, self.plan
+        # Checked before every wait: results of other batches may keep arriving meanwhile.
+        if run.timeout is not None and now - self.wait_since >= run.timeout:
+            exc = worker_timeout(self.executor, self._late(), f"batch {self.delivered} of epoch {plan.epoch}",
+                                 run.timeout, now - self.wait_since)
+            run.on_failure()
+            raise exc
+        if not self.warned and now - self.wait_since >= HANG_WARNING_SECONDS:
+            self.warned = True
+            log.warning("the training loop is waiting for data: %s", late_work_report(
+                self.executor, self._late(), f"batch {self.delivered} of epoch {plan.epoch}",
+                now - self.wait_since)[0])
+        deadlines = [self.wait_since + run.timeout] if run.timeout is not None else []
+        if not self.warned:
+            deadlines.append(self.wait_since + HANG_WARNING_SECONDS)
+        if prefetching and self.prefetch_deadline is not None:
+            deadlines.append(self.prefetch_deadline)
+        wait = max(0.0, min(deadlines) - now) if deadlines else None
+        t0 = time.perf_counter()
+        msg = self.executor.next_message(timeout=wait)
+        self.stats.wait_seconds += time.perf_counter() - t0
+        if msg is None:
+            self.prefetch_deadline = None
+        self._receive(msg)
+
+    def _late(self) -> set[tuple[int, int, int]]:
+        """The tasks of the batch the loop waits for."""
+        return {(self.plan.epoch, s, p) for (s, p) in self.inflight if s == self.delivered}
+
+
+def run_pool(plan: EpochPlan, run: PoolRun, stats: EpochStats, work: Work | None = None) -> Iterator[Any]:
+    """An epoch run by the executor, its tasks doing `work` (default: compute); yields batches in order.
+
+    ``plan.batches`` may be any iterable of position arrays (it is consumed
+    ``run.max_in_flight`` batches ahead).
+    """
+    return PoolEpoch(plan, run, stats, work if work is not None else ComputeWork()).batches()

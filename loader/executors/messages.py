@@ -20,7 +20,8 @@ from cachestore.codec import LeafSpec, TreeDef
 from ..dataset import Batch, CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
-           "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig"]
+           "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig",
+           "WritePart"]
 from ..errors import WorkerError, add_note
 from ..settings import BudgetPolicy, EpochMode
 from .transport import Portable
@@ -75,33 +76,64 @@ class SlotBatch:
 
 
 @dataclass(frozen=True)
+class WritePart:
+    """Where a generate task writes its samples, and which of them the generation holds already."""
+
+    shard: ShardSpec | None  # the generation's shards; None: send each sample back as a record instead
+    on_budget: BudgetPolicy = BudgetPolicy.ERROR
+    present: np.ndarray | None = None  # per sample, already in the generation: read it back, never rewrite
+
+
+@dataclass(frozen=True)
 class Task:
     """Produce one batch (or one minibatch `part` of it) into `slot`.
 
-    ``mode``: ``COMPUTE`` calls the dataset; ``GENERATE`` also writes each
-    sample into the generation named by `shard` (or sends it back as a record,
-    `send_records`); ``READ`` gathers the samples from the committed
-    generation `reader` (``(StoreSpec, generation)``).
+    What it does follows from its parts (:attr:`mode`): with `write` it
+    computes each sample and writes it into the generation (``GENERATE``);
+    with `reader` it gathers the samples from that committed generation
+    (``READ``); with neither it only calls the dataset (``COMPUTE``).
     """
 
     seq: int
     part: int
     epoch: int
     indices: np.ndarray
-    mode: EpochMode
+    positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     slot: int = -1
     slot_name: str = ""
     slot_size: int = 0
-    shard: ShardSpec | None = None
-    on_budget: BudgetPolicy = BudgetPolicy.ERROR
-    send_records: bool = False
+    write: WritePart | None = None
     reader: ReadSource | None = None
-    positions: np.ndarray | None = None  # store index of each sample, when it differs from the dataset index
     collate: bool = True  # False: the batch is the list of samples (rotation stores them one by one)
-    present: np.ndarray | None = None  # GENERATE: per sample, already in the generation: read it back, never rewrite
     # The run's seed when the samples are served and go through read_transform (None: they are not:
     # a background chunk, rotation's fresh samples, which the training process transforms per serve).
     transform_seed: int | None = None
+
+    @property
+    def mode(self) -> EpochMode:
+        """What the task does (see the class docstring)."""
+        if self.write is not None:
+            return EpochMode.GENERATE
+        return EpochMode.READ if self.reader is not None else EpochMode.COMPUTE
+
+    @property
+    def shard(self) -> ShardSpec | None:
+        """The shards a generate task writes into (``None``: it sends records, or writes nothing)."""
+        return self.write.shard if self.write is not None else None
+
+    @property
+    def send_records(self) -> bool:
+        """A generate task whose worker cannot write the store sends its samples back as records."""
+        return self.write is not None and self.write.shard is None
+
+    @property
+    def on_budget(self) -> BudgetPolicy:
+        return self.write.on_budget if self.write is not None else BudgetPolicy.ERROR
+
+    @property
+    def present(self) -> np.ndarray | None:
+        """Per sample, whether the generation holds it already (read back, never written again)."""
+        return self.write.present if self.write is not None else None
 
     @property
     def stored_at(self) -> np.ndarray:

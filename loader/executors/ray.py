@@ -245,7 +245,7 @@ class RayExecutor(DeathListeners):
     def begin_epoch(self) -> None:
         self.restarts = 0
         # Reads queued by an abandoned epoch are answered unread: their results are dropped anyway,
-        # and the answer gives their shared-memory slot back (loader.epochs.scheduler, receive).
+        # and the answer gives their shared-memory slot back (loader.epochs.scheduler.PoolEpoch._receive).
         while self._local:
             task = self._local.popleft()
             self._answered.append(m.BatchDone(task.epoch, task.seq, task.part, LOCAL_WORKER, None))
@@ -336,7 +336,7 @@ class RayExecutor(DeathListeners):
                 batch = producer.gather(task, reader)
             except CorruptSampleError as exc:
                 log.warning("%s; computing this batch on a Ray actor instead", str(exc))
-                self._submit_remote(dataclasses.replace(task, mode=EpochMode.COMPUTE, reader=None))
+                self._submit_remote(dataclasses.replace(task, reader=None))
                 return None
         except Exception as exc:
             return task_failure(exc, task, LOCAL_WORKER)

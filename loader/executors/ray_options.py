@@ -82,7 +82,22 @@ def parse_executor(executor: object, options: object, nb_worker: int | None, def
         raise ValueError(f"nb_worker={nb_worker} and executor_options['num_workers']={num_workers} disagree; "
                          "give one of them")
     num_workers = int_at_least("executor_options['num_workers']", num_workers, 1)
-    actor_options = options.get("actor_options", {})
+    actor_options = _actor_options(options.get("actor_options", {}))
+    init_options = options.get("init_options", {})
+    if not isinstance(init_options, dict):
+        raise ValueError(f"executor_options['init_options'] must be a dict, got {type(init_options).__name__}")
+    if "address" in init_options:
+        raise ValueError("executor_options['init_options'] cannot hold 'address': give executor_options['address']")
+    timeout = options.get("start_timeout", DEFAULT_START_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"executor_options['start_timeout'] must be a number of seconds > 0, got {timeout!r}")
+    return RayOptions(address, num_workers, {"num_cpus": 1, **actor_options}, dict(init_options),
+                      float(timeout)), num_workers
+
+
+def _actor_options(actor_options: object) -> dict[str, object]:
+    """``executor_options["actor_options"]``, checked: a dict that leaves the loader's own options alone
+    and asks for positive amounts of named resources."""
     if not isinstance(actor_options, dict):
         raise ValueError(f"executor_options['actor_options'] must be a dict, got {type(actor_options).__name__}")
     reserved = sorted(RESERVED_ACTOR_OPTIONS & set(actor_options))
@@ -95,13 +110,4 @@ def parse_executor(executor: object, options: object, nb_worker: int | None, def
                                                   for k, v in resources.items()):
         raise ValueError("executor_options['actor_options']['resources'] must map resource names to positive "
                          f"amounts, e.g. {{'producer': 1}}; got {resources!r}")
-    init_options = options.get("init_options", {})
-    if not isinstance(init_options, dict):
-        raise ValueError(f"executor_options['init_options'] must be a dict, got {type(init_options).__name__}")
-    if "address" in init_options:
-        raise ValueError("executor_options['init_options'] cannot hold 'address': give executor_options['address']")
-    timeout = options.get("start_timeout", DEFAULT_START_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"executor_options['start_timeout'] must be a number of seconds > 0, got {timeout!r}")
-    return RayOptions(address, num_workers, {"num_cpus": 1, **actor_options}, dict(init_options),
-                      float(timeout)), num_workers
+    return actor_options

@@ -177,11 +177,11 @@ def test_background_refresh_keeps_what_it_computed(no_leaks):
         it = iter(first)  # a read epoch of 0: the workers compute generation 1 meanwhile
         for _ in range(3):
             next(it)
-        while first._runner.refresh.build.written < 8:  # wait for a few refresh chunks, no sleep
-            first._runner.refresh.pump(first._res.executor)
+        while first._runner.ctx.refresh.build.written < 8:  # wait for a few refresh chunks, no sleep
+            first._runner.ctx.refresh.pump(first._res.executor)
             msg = first._res.executor.next_message(timeout=10)
             assert msg is not None
-            first._runner.refresh.handle(msg)
+            first._runner.ctx.refresh.handle(msg)
         del it
     (staging,) = _staging(prefix)
     assert kept_partial(str(staging)) and staging.name.startswith((".staging-000001-", ".shared-000001-"))

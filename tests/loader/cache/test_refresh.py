@@ -115,10 +115,10 @@ class _Build:
     def missing(self, positions: np.ndarray) -> np.ndarray:
         return positions
 
-    def task_fields(self, positions=None) -> dict:
-        from loader.settings import EpochMode
+    def write_part(self, positions=None, written=None, here=False):
+        from loader.executors import messages as m
 
-        return {"mode": EpochMode.GENERATE}
+        return m.WritePart(shard=None)  # records sent back (nothing is written in this test)
 
     def accept(self, msg) -> int:
         self.accepted += 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loader import CachedLoader
-from loader.epochs.placement import PROBE_BATCHES
+from loader.epochs.reads.placement import PROBE_BATCHES
 
 from ..datasets import ArangeDataset
 
@@ -39,7 +39,7 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
             probe = epoch_labels(loader)
             stats = loader.epoch_stats[-1]
             assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
-            allocated.append(loader._runner.res.threads.buffers.allocated)
+            allocated.append(loader._runner.ctx.res.threads.buffers.allocated)
         assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["workers", "workers"]
         assert [s.extra.get("gather_split") for s in loader.epoch_stats[-3:]] == [
             None, ["workers", "threads"], ["threads", "workers"]]
@@ -56,8 +56,8 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
         choice = first.extra["gather"]
         for place in ("main", "workers", "threads", choice):
             # The recorded choice is what later epochs follow: force each side in turn.
-            key = next(iter(loader._runner.reads.placement.choices))
-            loader._runner.reads.placement.choices[key] = (place, costs)
+            key = next(iter(loader._runner.ctx.reads.placement.choices))
+            loader._runner.ctx.reads.placement.choices[key] = (place, costs)
             labels = epoch_labels(loader)
             stats = loader.epoch_stats[-1]
             assert sorted(labels) == list(range(N)) and stats.read == N
@@ -107,7 +107,7 @@ def test_an_in_ram_store_probes_the_training_process_and_its_threads(tmp_path):
         assert decided.extra["gather_probed"] and set(decided.extra["gather_costs"]) == {"main", "threads"}
         assert decided.extra["gather"] == min(decided.extra["gather_costs"], key=decided.extra["gather_costs"].get)
         for place in ("main", "threads"):
-            key = next(iter(loader._runner.reads.placement.choices))
-            loader._runner.reads.placement.choices[key] = (place, {})
+            key = next(iter(loader._runner.ctx.reads.placement.choices))
+            loader._runner.ctx.reads.placement.choices[key] = (place, {})
             assert sorted(epoch_labels(loader)) == list(range(N))
             assert loader.epoch_stats[-1].extra["gather"] == place and loader.epoch_stats[-1].read == N

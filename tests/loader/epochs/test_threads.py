@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from loader import CachedLoader
-from loader.epochs.threads import THREAD_PREFIX, BatchBuffers
+from loader.epochs.reads.threads import THREAD_PREFIX, BatchBuffers
 
 from ..datasets import ArangeDataset, read_calls
 
@@ -25,7 +25,7 @@ def force(loader, place: str) -> None:
     """Later read epochs of the generation just written gather at `place`."""
     generation = loader.epoch_stats[-1].generation
     key = (loader.store.path, generation, loader.batch_size)
-    loader._runner.reads.placement.choices[key] = (place, {})
+    loader._runner.ctx.reads.placement.choices[key] = (place, {})
 
 
 def gather_threads() -> list[threading.Thread]:
@@ -63,7 +63,7 @@ def test_batches_held_by_the_loop_stay_intact_and_dropped_ones_are_reused(no_lea
         force(loader, "threads")
         held = [b for _ in range(2) for b in loader]  # two epochs' batches, all alive at once
         assert sorted(y for b in held for y in check(b)) == sorted(list(range(64)) * 2)
-        buffers = loader._runner.res.threads.buffers
+        buffers = loader._runner.ctx.res.threads.buffers
         assert buffers.free_buffers() == 0
         del held
         gc.collect()

@@ -14,14 +14,13 @@ from cachestore.claims import CLAIMS_NAME, DONE_NAME
 from cachestore.disk import remove_paths
 from loader.executors import messages as m
 from loader.executors.producer import BatchProducer
-from loader.settings import EpochMode
 
 from ...fullfs import fill, free, mounted_tmpfs
 from ..datasets import ArangeDataset
 
 
 def generate_task(spec, indices: list[int]) -> m.Task:
-    return m.Task(seq=0, part=0, epoch=0, indices=np.array(indices), mode=EpochMode.GENERATE, shard=spec,
+    return m.Task(seq=0, part=0, epoch=0, indices=np.array(indices), write=m.WritePart(spec),
                   positions=np.array(indices))
 
 

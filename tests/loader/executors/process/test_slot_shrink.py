@@ -167,7 +167,7 @@ def test_slots_retire_after_a_deep_epoch_here_and_in_the_workers(no_leaks, monke
             assert sum(1 for _ in loader) == batches
             monkeypatch.undo()
             runner = loader._runner  # later epochs are shallow
-            runner.settings = dataclasses.replace(runner.settings, max_queue_size=4)
+            runner.ctx.settings = dataclasses.replace(runner.ctx.settings, max_queue_size=4)
             kept = None
         else:
             held = list(loader)
@@ -239,7 +239,7 @@ def test_slots_retire_when_a_shallow_epoch_ends_not_at_the_next_start(no_leaks, 
         monkeypatch.setattr(epoch_module, "INITIAL_DEPTH_PER_WORKER", batches)
         assert sum(1 for _ in loader) == batches
         monkeypatch.undo()
-        loader._runner.settings = dataclasses.replace(loader._runner.settings, max_queue_size=4)
+        loader._runner.ctx.settings = dataclasses.replace(loader._runner.ctx.settings, max_queue_size=4)
         pool, workers = loader._res.slots, loader._res.executor.pids()
         assert len(pool._names) >= batches - 1, "the deep epoch kept its slots: it needed them"
         assert sum(1 for _ in loader) == batches  # one shallow epoch, and no iter() after it

@@ -31,12 +31,14 @@ import numpy as np
 from cachestore import CorruptSampleError, Reader, codec
 from cachestore.codec import Leaf, LeafSpec
 
-from ..dataset import Batch
-from ..errors import SampleError
-from ..executors.producer import BatchProducer
-from .inline import dataset_error, read_task
-from .order import WINDOW_BLOCKS
-from .plan import EpochPlan, EpochStats
+from ...dataset import Batch
+from ...errors import SampleError
+from ...executors import messages as m
+from ...executors.producer import BatchProducer
+from ..inline import dataset_error
+from ..order import WINDOW_BLOCKS
+from ..plan import EpochStats, ReadPlan
+from .base import LocalReads
 
 
 #: I/O threads of a streamed epoch: enough requests in flight for a disk's queue.
@@ -49,41 +51,44 @@ PREFETCH_BATCHES = 4
 THREAD_PREFIX = "cachestore-io"
 
 
-def stream_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer: BatchProducer,
-                   io_threads: int = IO_THREADS) -> Iterator[Batch]:
-    """The batches of read epoch `plan`, read with explicit I/O ahead of the loop (see the module docstring)."""
-    layout = reader.batch_layout()
-    if layout is None:
-        raise ValueError("streamed reads need a fixed-layout generation")
-    treedef, specs = layout
-    stats.extra["gather"] = "stream"
-    batches = [np.asarray(b, dtype=np.int64) for b in plan.batches]
-    with concurrent.futures.ThreadPoolExecutor(io_threads, thread_name_prefix=THREAD_PREFIX) as pool:
-        if plan.blocks is not None:
-            leaves = _by_blocks(batches, plan.blocks.block, specs, reader, pool)
-        else:
-            leaves = _by_rows(batches, specs, reader, pool, io_threads)
-        for positions, got in zip(batches, leaves):
-            try:
+class StreamedReads(LocalReads):
+    """Batches of a read epoch read with the training process's reader, with explicit I/O ahead of the
+    loop (see the module docstring)."""
+
+    name = "stream"
+    io_threads = IO_THREADS
+
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
+        reader, producer = self.reader, self.producer
+        layout = reader.batch_layout()
+        if layout is None:
+            raise ValueError("streamed reads need a fixed-layout generation")
+        treedef, specs = layout
+        batches = [np.asarray(b, dtype=np.int64) for b in plan.batches]
+        with concurrent.futures.ThreadPoolExecutor(self.io_threads, thread_name_prefix=THREAD_PREFIX) as pool:
+            if plan.blocks is not None:
+                leaves = _by_blocks(batches, plan.blocks.block, specs, reader, pool)
+            else:
+                leaves = _by_rows(batches, specs, reader, pool, self.io_threads)
+            for positions, got in zip(batches, leaves):
                 if isinstance(got, CorruptSampleError):
-                    batch = producer.recompute(read_task(plan, positions), got)  # it says so in the log
+                    batch = self.recompute(plan, positions, got)
                 else:
-                    batch = _batch(plan, positions, got, treedef, producer)
-            except SampleError as exc:  # the dataset's (a recomputed miss) or read_transform's own exception
-                raise dataset_error(exc, plan.epoch) from None
-            stats.read += len(positions)
-            stats.batches += 1
-            stats.samples += len(positions)
-            yield batch
+                    try:
+                        batch = _batch(self.task(plan, positions), got, treedef, producer)
+                    except SampleError as exc:  # read_transform's own exception
+                        raise dataset_error(exc, plan.epoch) from None
+                stats.read += len(positions)
+                stats.batches += 1
+                stats.samples += len(positions)
+                yield batch
 
 
-def _batch(plan: EpochPlan, positions: np.ndarray, leaves: list[Leaf], treedef: codec.TreeDef,
-           producer: BatchProducer) -> Batch:
+def _batch(task: m.Task, leaves: list[Leaf], treedef: codec.TreeDef, producer: BatchProducer) -> Batch:
     """The batch the default collate makes of `leaves` (stacked rows), or through the user's functions."""
-    task = read_task(plan, positions)
     if not producer.custom_collate and not producer.transforms(task):
         return codec.unflatten_batch(treedef, leaves)
-    samples = [codec.unflatten(treedef, [leaf[i] for leaf in leaves]) for i in range(len(positions))]
+    samples = [codec.unflatten(treedef, [leaf[i] for leaf in leaves]) for i in range(len(task.indices))]
     samples = producer.transformed(task, samples)
     return producer.collate(samples)
 

@@ -7,7 +7,7 @@ then costs the training process a hand-off: a message, a slot mapped as arrays,
 the reorder buffer. For small samples that hand-off costs more than the gather
 itself (a cached epoch of 16-float samples ran slower with 2 workers than with
 none); for large samples parallel copies win, and threads of the training
-process copy in parallel without a hand-off (:mod:`loader.epochs.threads`; only
+process copy in parallel without a hand-off (:mod:`loader.epochs.reads.threads`; only
 where the reader allows it).
 
 The rule: what counts is the training process's time per batch, since that is
@@ -40,17 +40,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
-from ..dataset import Batch
-from .plan import EpochPlan, EpochStats
+from ...dataset import Batch
+from ..plan import EpochStats, ReadPlan
+from .base import ReadPath
 
-#: Runs a read epoch's plan in one place, counting into the stats it is given.
-Run = Callable[[EpochPlan, EpochStats], Iterator[Batch]]
-#: Runs a read epoch's plan on the workers (they count into the epoch's stats themselves).
-PoolBatches = Callable[[EpochPlan], Iterator[Batch]]
-#: A place to time: its name, how it runs a plan, and the batches its queue takes to fill.
-Part = tuple[str, Run, int]
 #: What a choice of place holds for: (store path, generation, batch size).
 PlaceKey = tuple[str, int | None, int]
 
@@ -91,21 +86,11 @@ class GatherPlacement:
         # once warm, and what its start cost on top.
         self.runs: dict[PlaceKey, dict[str, list[tuple[float, float]]]] = {}
 
-    def batches(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolBatches | None,
-                warmup: int, threads: Run | None = None, threads_warmup: int = 0) -> Iterator[Batch]:
-        """The batches of read epoch `plan`, from `inline`, `threads` or `pool` (each runs a plan;
-        `inline` and `threads` count into the stats they are given).
-
-        `warmup`, `threads_warmup`: batches not counted while probing the workers, the threads
-        (the queue filling up; the threads' buffers allocated, their pages faulted in).
-        `pool`: ``None`` where workers may not read the store (an in-RAM one), `threads`:
-        ``None`` where threads may not; not both.
-        """
-        parts: dict[str, Part] = {}
-        if pool is not None:
-            parts["workers"] = ("workers", lambda p, _: pool(p), warmup)
-        if threads is not None:
-            parts["threads"] = ("threads", threads, threads_warmup)
+    def batches(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath, workers: ReadPath | None,
+                threads: ReadPath | None) -> Iterator[Batch]:
+        """The batches of read epoch `plan`, read by `main` (the training process), `workers` or
+        `threads`: ``None`` where they may not read this store (not both)."""
+        parts = {path.name: path for path in (workers, threads) if path is not None}
         known = self.choices.get(key)
         if known is not None and known[0] == "pending":
             order = [parts[place] for place in ("workers", "threads") if place in parts]
@@ -117,66 +102,61 @@ class GatherPlacement:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
             if place == "main":
-                return inline(plan, stats)
+                return main.batches(plan, stats)
             if place == "threads" and threads is not None:
-                return threads(plan, stats)
-            if pool is None:
+                return threads.batches(plan, stats)
+            if workers is None:
                 stats.extra["gather"] = "main"
-                return inline(plan, stats)
+                return main.batches(plan, stats)
             stats.extra["gather"] = "workers"
-            return pool(plan)
-        return self._probe(key, plan, stats, inline, pool, threads)
+            return workers.batches(plan, stats)
+        return self._probe(key, plan, stats, main, workers or threads)
 
-    def _probe(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, inline: Run, pool: PoolBatches | None,
-               threads: Run | None) -> Iterator[Batch]:
-        """First read epoch: time the training process's gather; the workers (without them, the
-        threads) serve the rest."""
+    def _probe(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath,
+               rest: ReadPath | None) -> Iterator[Batch]:
+        """First read epoch: time the training process's gather; `rest` (the workers; without them,
+        the threads) serves the rest."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
-        if pool is not None:
-            stats.extra["gather"] = "workers"  # until the probe says otherwise
-            rest = pool
-        elif threads is not None:
-            stats.extra["gather"] = "threads"
-            def rest(p: EpochPlan) -> Iterator[Batch]:
-                return threads(p, stats)
-        else:
+        if rest is None:
             raise ValueError("a read epoch is placed between at least two places")
+        stats.extra["gather"] = rest.name  # until the probe says otherwise
         if not head:  # too short an epoch to time both: probe the next one
-            yield from rest(plan)
+            yield from rest.batches(plan, stats)
             return
         main_times: list[float] = []
         probe = dataclasses.replace(plan, batches=batches[:head])
-        yield from inline(probe, stats)
+        yield from main.batches(probe, stats)
         # Timed on a second gather of the same batches, not delivered: the first one also paid
         # for mapping the store's pages into this process, which a later epoch does not (its
         # reader stays open), and a probe that counted it sent 48 KiB samples to the workers
         # although the training process gathered them faster.
-        for _ in timed(inline(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
+        for _ in timed(main.batches(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
-        yield from rest(dataclasses.replace(plan, batches=batches[head:]))
+        yield from rest.batches(dataclasses.replace(plan, batches=batches[head:]), stats)
         # Median: one batch that meets a page-table or allocator hiccup must not decide.
-        self.choices[key] = ("pending" if pool is not None else "pending-threads",
+        self.choices[key] = ("pending" if rest.name == "workers" else "pending-threads",
                              {"main": statistics.median(main_times)})
 
-    def _time(self, key: PlaceKey, plan: EpochPlan, stats: EpochStats, parts: list[Part], costs: dict[str, float],
-              then_threads: bool = False) -> Iterator[Batch]:
-        """A later probe epoch: time each of `parts` (``(place, run, warmup)``) on its share of the
+    def _time(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, parts: list[ReadPath],
+              costs: dict[str, float], then_threads: bool = False) -> Iterator[Batch]:
+        """A later probe epoch: time each of `parts` (read paths) on its share of the
         batches, in order, now warm (the workers' first epoch mapped the store's pages and grew their
         slots, as the training process's timed gathers did not pay); then decide, or go on to the
         next probe epoch. Workers and threads share two epochs, in halves, one first in each: the
         machine's speed drifts from epoch to epoch, and each then meets both ends of the drift."""
         batches = list(plan.batches)
-        stats.extra["gather"] = parts[0][0]
+        stats.extra["gather"] = parts[0].name
         if len(parts) > 1:
-            stats.extra["gather_split"] = [place for place, _, _ in parts]
+            stats.extra["gather_split"] = [path.name for path in parts]
         runs = self.runs.setdefault(key, {})
         share = -(-len(batches) // len(parts))
-        for k, (place, run, warmup) in enumerate(parts):
+        for k, path in enumerate(parts):
+            place, warmup = path.name, path.warmup
             times: list[float] = []
             part = batches[k * share:(k + 1) * share]
             if part:
-                yield from timed(run(dataclasses.replace(plan, batches=part), stats), times)
+                yield from timed(path.batches(dataclasses.replace(plan, batches=part), stats), times)
             skip = min(warmup, len(times) // 2)
             steady = _mean(times[skip:])  # a mean: batches gathered ahead arrive in bursts
             if steady is not None and len(times) <= 2 * warmup:
@@ -206,3 +186,17 @@ class GatherPlacement:
         best = min(costs, key=costs.__getitem__)
         self.choices[key] = (best, costs)
         stats.extra.update(gather=best, gather_costs=costs, gather_probed=True)
+
+
+class Placed(ReadPath):
+    """A read epoch that several paths may read: where `placement` says (see the module docstring)."""
+
+    name = "placed"
+
+    def __init__(self, placement: GatherPlacement, key: PlaceKey, main: ReadPath, workers: ReadPath | None,
+                 threads: ReadPath | None) -> None:
+        self.placement, self.key = placement, key
+        self.main, self.workers, self.threads = main, workers, threads
+
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
+        return self.placement.batches(self.key, plan, stats, self.main, self.workers, self.threads)

@@ -6,7 +6,7 @@ batch (without it, numpy copies and xxh3 hashes, which release it call by call),
 so two threads gather side by side. Against the workers, a batch then costs no
 hand-off (no task message, no process woken, no slot mapped as arrays, no
 reorder). Where this is cheaper for the loop is measured, like the other places
-(:mod:`loader.epochs.placement`): on 2 cores, 48 KiB samples of a memmap store usually come
+(:mod:`loader.epochs.reads.placement`): on 2 cores, 48 KiB samples of a memmap store usually come
 faster this way than from 2 workers (those of an in-RAM store faster than from
 one thread), 16-float samples come fastest from the training process's own
 gather.
@@ -45,11 +45,11 @@ import numpy as np
 
 from cachestore import CorruptSampleError, Reader
 
-from ..errors import SampleError
-from ..executors.producer import BatchProducer
-from ..leaves import leaf_views, plan_layout
-from .inline import dataset_error, read_task
-from .plan import EpochPlan, EpochStats
+from ...executors import messages as m
+from ...executors.producer import BatchProducer
+from ...leaves import leaf_views, plan_layout
+from ..plan import EpochStats, ReadPlan
+from .base import LocalReads
 
 #: Thread names start with this (see GatherThreads.shutdown).
 THREAD_PREFIX = "cachestore-gather"
@@ -160,38 +160,41 @@ class GatherThreads:
         self.buffers.close()
 
 
-def thread_batches(plan: EpochPlan, stats: EpochStats, reader: Reader, producer: BatchProducer,
-                   threads: GatherThreads) -> Iterator[Any]:
-    """The batches of read epoch `plan`, gathered by `threads`, at most ``threads.ahead`` ahead."""
-    batches = list(plan.batches)
-    pending: collections.deque[concurrent.futures.Future] = collections.deque()
-    submitted = 0
-    try:
-        for positions in batches:
-            while submitted < len(batches) and len(pending) < threads.ahead:
-                pending.append(threads.pool.submit(threads.gather, reader, batches[submitted]))
-                submitted += 1
-            try:
-                batch = pending.popleft().result()
-            except CorruptSampleError as exc:
-                batch = _recompute(plan, producer, positions, exc)
-            stats.read += len(positions)
-            stats.batches += 1
-            stats.samples += len(positions)
-            yield batch
-    finally:
-        # A broken-off epoch: no gather may still read the store once the loader closes its reader.
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait(pending)
+class ThreadReads(LocalReads):
+    """Batches of a read epoch gathered by `threads` with the training process's reader, at most
+    ``threads.ahead`` ahead."""
 
+    name = "threads"
 
-def _recompute(plan: EpochPlan, producer: BatchProducer, positions: np.ndarray, exc: CorruptSampleError) -> Any:
-    """A corrupt record: the batch from the dataset, in this process (as its own gather does)."""
-    try:
-        return producer.recompute(read_task(plan, positions), exc)
-    except SampleError as err:
-        raise dataset_error(err, plan.epoch) from None
+    def __init__(self, producer: BatchProducer, reader: Reader, source: m.ReadSource,
+                 threads: GatherThreads) -> None:
+        super().__init__(producer, reader, source)
+        self.threads = threads
+        self.warmup = threads.buffers.keep  # the first buffers allocated, their pages faulted in
+
+    def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Any]:
+        threads, reader = self.threads, self.reader
+        batches = list(plan.batches)
+        pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        submitted = 0
+        try:
+            for positions in batches:
+                while submitted < len(batches) and len(pending) < threads.ahead:
+                    pending.append(threads.pool.submit(threads.gather, reader, batches[submitted]))
+                    submitted += 1
+                try:
+                    batch = pending.popleft().result()
+                except CorruptSampleError as exc:
+                    batch = self.recompute(plan, positions, exc)
+                stats.read += len(positions)
+                stats.batches += 1
+                stats.samples += len(positions)
+                yield batch
+        finally:
+            # A broken-off epoch: no gather may still read the store once the loader closes its reader.
+            for future in pending:
+                future.cancel()
+            concurrent.futures.wait(pending)
 
 
 def usable_cpus() -> int:

@@ -1,30 +1,34 @@
-"""Read epochs gathered in the training process: its reader, its gather threads, the placement.
+"""The training process's part in read epochs, and the one place a read epoch's path is chosen.
 
-A cached epoch gathers where it costs the loop least (:mod:`loader.epochs.placement`):
-in the training process (inline, or by its threads where the reader allows),
-or in the workers. This module holds the training process's side of that:
-one reader per generation, kept from epoch to epoch as workers keep theirs,
-the gather threads, and the placement's memory of what each store costs.
+:class:`ReadPaths` keeps what read epochs share from epoch to epoch: one
+reader per generation (as workers keep theirs), the gather threads, and the
+placement's memory of what each path costs per store. :meth:`ReadPaths.choose`
+picks the read path (:mod:`loader.epochs.reads.base`) an epoch takes: the
+streamed one for a generation larger than memory; the training process's own
+gather where nothing else may read the store; otherwise the placement between
+the training process, its threads and the workers.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable
 
 from cachestore import Reader, Store
 
-from ..dataset import Batch
-from ..executors.producer import BatchProducer
-from ..resources import Resources
+from ...executors import messages as m
+from ...executors.producer import BatchProducer
+from ...resources import Resources
+from ..plan import EpochStats, ReadPlan
 from . import threads as gather_threads
-from .inline import run_inline
-from .placement import GatherPlacement, PoolBatches
-from .plan import EpochPlan, EpochStats
-from .threads import GatherThreads, usable_cpus
+from .base import ReadPath
+from .main import MainReads
+from .placement import GatherPlacement, Placed
+from .streamed import StreamedReads
+from .threads import GatherThreads, ThreadReads, usable_cpus
+from .workers import WorkerReads
 
 
-
-class ReadPlaces:
+class ReadPaths:
     """The training process's part in read epochs (see the module docstring).
 
     Parameters
@@ -46,7 +50,7 @@ class ReadPlaces:
         self.batch_size = batch_size
         self.placement = GatherPlacement()
         self._reader: Reader | None = None
-        self._reader_at: float | None = None  # when its generation was committed (EpochPlan.committed_at)
+        self._reader_at: float | None = None  # when its generation was committed (ReadPlan.committed_at)
 
     def reader(self, store: Store, generation: int, committed_at: float | None = None) -> Reader:
         """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).
@@ -74,28 +78,24 @@ class ReadPlaces:
             self.res.threads = GatherThreads(min(self.nb_worker, usable_cpus()))
         return self.res.threads
 
-    def in_process(self, plan: EpochPlan, stats: EpochStats, store: Store) -> Iterator[Batch]:
-        """A read epoch without workers to gather it (``nb_worker=0``, or an in-RAM store workers
-        cannot open): inline, or by the threads when that is cheaper."""
+    def choose(self, plan: ReadPlan, stats: EpochStats, store: Store,
+               workers: Callable[[], WorkerReads | None]) -> ReadPath:
+        """The read path of read epoch `plan`, said in `stats` (`workers()`: the workers' path, ``None``
+        where they cannot read `store`; asked only where they may read the epoch)."""
         reader = self.reader(store, plan.generation or 0, plan.committed_at)
+        source: m.ReadSource = (store.spec, plan.generation or 0, plan.committed_at)
+        if plan.stream:  # larger than memory: explicit reads ahead of the loop, in this process
+            stats.extra["gather"] = StreamedReads.name
+            return StreamedReads(self.producer, reader, source)
+        main = MainReads(self.producer, reader, source)
+        pool = workers()
+        threads = None
         if self.nb_worker > 0 and gather_threads.usable(reader, self.producer):
-            return self.placed(plan, stats, store, None, 0)
-        stats.extra["gather"] = "main"
-        return run_inline(plan, self.producer, reader, None, stats)
-
-    def placed(self, plan: EpochPlan, stats: EpochStats, store: Store, pool: PoolBatches | None,
-               warmup: int) -> Iterator[Batch]:
-        """Read epoch `plan` where it costs the loop least: in this process, inline or by its threads
-        where the reader allows, or by `pool` (``None``: no workers may read this store)."""
-        reader = self.reader(store, plan.generation or 0, plan.committed_at)
-        by_threads = None
-        if gather_threads.usable(reader, self.producer):
-            by_threads = lambda p, counts: gather_threads.thread_batches(  # noqa: E731
-                p, counts, reader, self.producer, self.threads())
-        return self.placement.batches(
-            (store.path, plan.generation, self.batch_size), plan, stats,
-            lambda p, counts: run_inline(p, self.producer, reader, None, counts), pool, warmup=warmup,
-            threads=by_threads, threads_warmup=self.threads().buffers.keep if by_threads is not None else 0)
+            threads = ThreadReads(self.producer, reader, source, self.threads())
+        if pool is None and threads is None:
+            stats.extra["gather"] = main.name
+            return main
+        return Placed(self.placement, (store.path, plan.generation, self.batch_size), main, pool, threads)
 
     def epoch_ended(self, stats: EpochStats) -> None:
         """A read epoch ended: the threads' free buffers go when the threads did not gather it (as

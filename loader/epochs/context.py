@@ -1,0 +1,103 @@
+"""What every kind of epoch works with: the loader's parts, and what changes while it runs.
+
+One :class:`EpochContext` per started loader, made by the runner
+(:mod:`loader.epochs.runner`) and handed to each epoch's kind
+(:mod:`loader.epochs.kinds`) and to the place that computes samples
+(:mod:`loader.epochs.places`). It holds no epoch's state: that is the kind's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from cachestore import codec, records
+
+from ..cache.controller import CacheController
+from ..cache.refresh import BackgroundRefresh
+from ..distributed import ConsumerLayout
+from ..executors.host import ExecutorHost
+from ..executors.producer import BatchProducer
+from ..resources import Resources
+from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
+from .reads.paths import ReadPaths
+from .rotation import batch_sizes
+from .windows import DiskWindow, MemoryWindow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    """What changes while a loader runs (its settings never do)."""
+
+    seed: int  # the settings', or a loaded state's
+    rotation: RotationSettings | None  # the window epochs rotate through: the settings', or `fallback`
+    fallback: RotationSettings | None = None  # the window on_budget_exceeded="rotate" switched to
+
+
+class EpochContext:
+    """The parts of one started loader that its epochs use (see the module docstring).
+
+    Parameters
+    ----------
+    settings, layout, producer, res
+        The loader's settings, its part of the data, its own producer and what it must release.
+    cache
+        The cache controller, ``None`` without a cache.
+    """
+
+    def __init__(self, settings: LoaderSettings, layout: ConsumerLayout, producer: BatchProducer, res: Resources,
+                 cache: CacheController | None) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.producer = producer
+        self.res = res
+        self.cache = cache
+        self.state = RunState(settings.seed, settings.rotation)
+        self.indices = layout.partition(0)  # the dataset indices this consumer serves
+        self.host = ExecutorHost(settings, producer, res)
+        self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
+        #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
+        self.refresh: BackgroundRefresh | None = None
+
+    def kill_executor(self) -> None:
+        """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""
+        self.host.kill()
+        self.refresh = None
+
+    # rotation ---------------------------------------------------------------
+    def open_window(self) -> None:
+        """The rotation window the epochs rotate through (the settings', or the budget's fallback)."""
+        rotation = self.state.rotation
+        assert rotation is not None
+        slots = rotation.window(len(self.indices), self.settings.batch_size)
+        self.res.window = (DiskWindow(rotation.prefix, slots) if rotation.medium == "disk" and rotation.prefix
+                           else MemoryWindow(slots))
+
+    def num_batches(self) -> int:
+        """Batches per epoch (rotation serves each sample R times)."""
+        s, rotation = self.settings, self.state.rotation
+        if rotation is not None:
+            return len(batch_sizes(len(self.indices), rotation.rotation, s.batch_size, s.drop_last))
+        return self.layout.batches(s.batch_size, s.drop_last)
+
+    def apply_policy(self, policy: BudgetPolicy) -> None:
+        """Caching gave up (:mod:`loader.cache.policy`); ``"rotate"`` switches to a window that fits."""
+        if policy is not BudgetPolicy.ROTATE:
+            return
+        assert self.cache is not None
+        self.state.rotation = self.state.fallback = self.cache.rotation_fallback(self.sample_bytes(),
+                                                                                 len(self.indices))
+        self.open_window()
+        rotation, window = self.state.rotation, self.res.window
+        assert window is not None
+        log.warning("the cache of %d samples does not fit the disk budget of %s: switching to %s rotation "
+                    "(rotation=%d, window of %d samples%s); an epoch now serves %d batches",
+                    len(self.indices), self.cache.store.path, rotation.medium, rotation.rotation, window.slots,
+                    f" under {rotation.prefix}" if rotation.prefix else "", self.num_batches())
+
+    def sample_bytes(self) -> int:
+        """Bytes one sample takes as a record (one dataset call in this process)."""
+        sample = self.producer.dataset[int(self.indices[0])] if len(self.indices) else None
+        return len(records.encode_record(*codec.flatten(sample, allow_pickle=True)))

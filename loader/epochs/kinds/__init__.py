@@ -1,0 +1,63 @@
+"""The kinds of epoch, one object each, chosen once per epoch from its plan (:func:`kind_of`).
+
+============  =====================================================  ========================
+kind          what the epoch does                                    module
+============  =====================================================  ========================
+compute       samples from the dataset, nothing written              :mod:`.compute`
+generate      every sample computed, written, served; committed      :mod:`.generate`
+read          served from a committed generation                     :mod:`.read`
+refresh       read, while idle workers compute the next generation   :mod:`.refresh`
+rotate        served ``R`` times each through a bounded window       :mod:`.rotate`
+============  =====================================================  ========================
+
+Each is an :class:`~.base.EpochKind` with a plan of its own
+(:mod:`loader.epochs.plan`). A new kind is a plan class, a module here and
+one line in :func:`kind_of`: so will be the generate epoch of a stream (an
+``IterableDataset`` iterated once and written in arrival order, its later
+epochs then read like any generation).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from cachestore.errors import BudgetExceededError, GenerationCommitted
+
+from ...cache.policy import give_up_caching
+from ..context import EpochContext
+from ..places import ComputePlace
+from ..plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
+from .base import EpochKind
+from .compute import ComputeEpoch
+from .generate import GenerateEpoch
+from .read import ReadEpoch
+from .refresh import RefreshEpoch
+from .rotate import RotateEpoch
+
+__all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEpoch", "RotateEpoch", "kind_of"]
+
+
+def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Callable[[], EpochPlan]) -> EpochKind:
+    """The kind of the epoch `plan` describes: the one place it is chosen.
+
+    A generate epoch opens its generation here; when the budget has no room
+    for it (the budget policy applies) or the other processes writing it
+    committed it meanwhile, the epoch is planned `again` (it then computes,
+    rotates or reads).
+    """
+    if isinstance(plan, GeneratePlan):
+        assert ctx.cache is not None
+        try:
+            return GenerateEpoch.open(ctx, place, plan)
+        except BudgetExceededError as exc:
+            ctx.apply_policy(give_up_caching(ctx.cache, exc))
+        except GenerationCommitted:
+            pass  # the other processes writing it committed it: read it
+        plan = again()
+        if isinstance(plan, GeneratePlan):  # planned again and still to write: this epoch only computes
+            return GenerateEpoch(ctx, place, plan, None)
+    if isinstance(plan, RotatePlan):
+        return RotateEpoch(ctx, place, plan)
+    if isinstance(plan, ReadPlan):
+        return (RefreshEpoch if RefreshEpoch.applies(ctx, place, plan) else ReadEpoch)(ctx, place, plan)
+    return ComputeEpoch(ctx, place, plan)
