@@ -24,6 +24,10 @@ _REGISTRY: dict[str, Union[str, type[Backend]]] = {
 def register_backend(name: str, backend: Union[str, type[Backend]]) -> None:
     """Make `backend` available as ``open_store(..., backend=name)``.
 
+    The store and the loader judge it by its capability flags (:class:`Backend`), as the
+    built-in ones. Each process has its own registry: register it in a module every process
+    that opens the store imports (a loader's spawned workers import the dataset's module).
+
     Parameters
     ----------
     name

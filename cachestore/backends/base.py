@@ -19,6 +19,11 @@ and :class:`~.reading.StagingData` are in :mod:`.reading`, the budget is
 :mod:`.batch`, staging names and producer records :mod:`.staging`. The
 conformance suite in ``tests/cachestore/test_conformance.py`` runs unchanged
 against every backend.
+
+Callers ask a backend what it can do through its capability flags
+(``persistent``, ``supports_multiprocess_write``, ``supports_shared_write``,
+``supports_zero_copy``, ``supports_streaming``), never its name, so a backend
+plugged in with :func:`cachestore.register_backend` is judged as the built-in ones.
 """
 
 from __future__ import annotations
@@ -252,6 +257,9 @@ class Backend(ABC):
     persistent: ClassVar[bool] = True
     #: Several processes can write one staging area together, claiming samples (:mod:`cachestore.shared`).
     supports_shared_write: ClassVar[bool] = False
+    #: A fixed-layout generation larger than memory is best read with explicit I/O
+    #: (``GenerationData.read_range``/``read_rows``: large reads ahead of the loop), not page faults.
+    supports_streaming: ClassVar[bool] = False
 
     def __init__(self, root: str, *, compression: str | None, allow_pickle: bool, verify: bool) -> None:
         self.root = root

@@ -38,6 +38,7 @@ class MemmapBackend(DirectoryBackend):
     name = "memmap"
     supports_zero_copy = True
     supports_shared_write = True
+    supports_streaming = True
 
     def _shard(self, token: StagingToken, shard_id: str) -> ShardWriter:
         return MemmapShard(token, shard_id)

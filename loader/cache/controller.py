@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from cachestore import GenerationInfo, Store, Writer, open_store
+from cachestore.backends import get_backend
 from cachestore.disk import format_size, read_only
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
                                FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
@@ -117,7 +118,7 @@ class CacheController:
                               disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
                               fingerprint=fingerprint, producer=producer, verify=settings.verify)
 
-        if settings.backend != "memory" and read_only(path):
+        if get_backend(settings.backend).persistent and read_only(path):
             return cls.open_read_only(settings, path, fingerprint, layout.per_store)
         try:
             store = open_it(fingerprint)
@@ -245,7 +246,7 @@ class CacheController:
         ``read_order="auto"``: random when the generation fits the memory room
         (:mod:`cachestore.room`), block otherwise, said in one log line per
         generation. A generation that does not fit is read with explicit I/O
-        where the backend can (memmap, fixed layout).
+        where the backend can (``supports_streaming``, fixed layout).
         """
         choice = self._choices.get(generation)
         if choice is not None:
@@ -260,7 +261,7 @@ class CacheController:
             log.info("generation %d of %s (%s) %s the memory room (%s): read in %s order", generation,
                      self.store.path, format_size(nbytes), "fits" if fitting else "does not fit",
                      format_size(memory_room()), kind)
-        stream = (not fitting and self.store.backend_name == "memmap" and info is not None
+        stream = (not fitting and self.store.backend.supports_streaming and info is not None
                   and info.layout == "fixed")
         choice = self._choices[generation] = ReadChoice(kind, block_size(record), stream)
         return choice

@@ -1,7 +1,10 @@
-"""The backend conformance suite: every test runs unchanged against memmap, lmdb and memory.
+"""The backend conformance suite: every test runs unchanged against memmap, lmdb and memory, and
+against ``plainfiles``, a backend of the tests' own plugged in through ``register_backend``
+(tests/plain_backend.py).
 
-The backend comes from the parametrised ``backend`` fixture (conftest.py);
-compression is a second parameter where it changes the storage path.
+The backend comes from the parametrised ``backend`` fixture (conftest.py's, with the plugged-in one
+added here); compression is a second parameter where it changes the storage path. A test asks the
+backend's capability flags, never its name, for what a backend may do differently.
 """
 
 from __future__ import annotations
@@ -17,10 +20,17 @@ import torch
 from cachestore import (CacheStoreError, GenerationCommitted, GenerationNotFoundError, StoreLockedError,
                         UnsupportedSampleError, open_store, stack_samples)
 
+from ..plain_backend import PlainFilesBackend
+from .conftest import BACKENDS
 from .helpers import (Opaque, assert_same, check_generation, fixed_sample, leftovers, variable_sample,
                       write_generation)
 
 COMPRESSIONS = [None, "zstd"]
+
+
+@pytest.fixture(params=[*BACKENDS, PlainFilesBackend.name])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 def every_kind(generation: int, index: int) -> dict:
@@ -101,7 +111,7 @@ def test_fixed_shape_dataset(make_store, backend, compression):
         assert_same(stack_samples([stackable(0, i) for i in idx]), batch)
         assert np.shares_memory(batch["image"], out[0])
     else:
-        assert reader.batch_layout() is None or backend == "memory"
+        assert reader.batch_layout() is None or not store.backend.persistent  # in RAM: nothing compressed
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
@@ -284,7 +294,7 @@ def test_committed_generation_cannot_be_rewritten(store):
     write_generation(store, 1, 2)  # and the failed attempt released the lock
 
 
-def test_generations_info(store, backend):
+def test_generations_info(store):
     start = time.time()
     write_generation(store, 0, 5)
     write_generation(store, 1, 7)
@@ -297,7 +307,7 @@ def test_generations_info(store, backend):
     assert [g.num_samples for g in infos[:2]] == [5, 7]
     for g in infos:
         assert start - 1 <= g.created <= end + 1
-        if backend == "memory":
+        if not store.backend.persistent:
             assert g.nbytes == 0
         elif g.committed:
             assert g.nbytes > 0
