@@ -76,7 +76,7 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print) -> dict[s
             fs = m.sets[0]
             keys = [layout.data_object(remote.key, 0, fs.name, name) for name, _ in fs.objects]
             blobs = [remote.client.get(k) for k in keys]
-            store = remote.client._store
+            store = _raw_store(remote.settings)
             conc = min(4, remote.settings.concurrency)
             t0 = time.perf_counter()
             with ThreadPoolExecutor(conc) as pool:
@@ -140,6 +140,20 @@ def _block_order(n: int, seed: int) -> np.ndarray:
     return np.concatenate(order).astype(np.int64)
 
 
+def _raw_store(settings: Any) -> Any:
+    """The baseline's client: a bare obstore store at the remote's root, reached as the remote is."""
+    from obstore.store import S3Store
+
+    url, creds = settings.url, settings.credentials
+    config = {"region": settings.region, "virtual_hosted_style_request": settings.virtual_hosted_style_request}
+    if settings.endpoint is not None:
+        config["endpoint"] = settings.endpoint
+    if creds is not None:
+        config.update(access_key_id=creds.access_key_id, secret_access_key=creds.secret_access_key)
+    return S3Store(url.bucket, prefix=url.prefix or None, config=config,
+                   client_options={"allow_http": settings.allow_http})
+
+
 def _raw_ranges(remote: Any, fs: Any, col: Any, keys: list[str], idx: np.ndarray, width: int, pool: Any) -> None:
     """The baseline: the byte ranges of runs of consecutive rows of column 0, one get_ranges per object."""
     import obstore
@@ -158,7 +172,7 @@ def _raw_ranges(remote: Any, fs: Any, col: Any, keys: list[str], idx: np.ndarray
             g[0].append(int(col.offsets[j]) + inner)
             g[1].append(int(col.offsets[j]) + inner + take)
             off, n = off + take, n - take
-    store = remote.client._store
+    store = _raw_store(remote.settings)
     list(pool.map(lambda kv: obstore.get_ranges(store, keys[kv[0]], starts=kv[1][0], ends=kv[1][1]), groups.items()))
 
 

@@ -36,7 +36,7 @@ import fcntl
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 from . import safefs
 from .backends.base import ShardWriter, StagingToken
@@ -47,9 +47,7 @@ from .codec import Sample
 from .disk import is_out_of_space, out_of_space
 from .errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from .reader import Reader
-
-if TYPE_CHECKING:
-    from .writer import ShardSpec
+from .spec import StoreSpec
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +68,20 @@ class Put(NamedTuple):
     sample: Sample | None = None
 
 
+class ShardTicket(Protocol):
+    """What a sink writes through: a generation's ticket (:class:`cachestore.ShardSpec`, whose
+    :meth:`~cachestore.ShardSpec.sink` opens a sink on itself)."""
+
+    spec: StoreSpec
+    token: StagingToken
+
+    def open(self, shard_id: str) -> ShardWriter:
+        """A shard writer for this process."""
+
+    def open_staging(self) -> StagingData | None:
+        """Read access to the samples already written (``None`` where the backend cannot give it)."""
+
+
 class SampleSink:
     """One producer's way into a generation being written: its shard, and its claims where processes
     write the generation together (see the module docstring).
@@ -86,7 +98,7 @@ class SampleSink:
         ``UNWRITTEN`` (``True``), or raise :class:`BudgetExceededError` (``False``).
     """
 
-    def __init__(self, spec: ShardSpec, shard_id: str, stop_when_full: bool = False) -> None:
+    def __init__(self, spec: ShardTicket, shard_id: str, stop_when_full: bool = False) -> None:
         self.spec = spec
         self.token: StagingToken = spec.token
         self.stop_when_full = stop_when_full

@@ -13,6 +13,7 @@ from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar, overload
 from .epochs.order import epoch_order
 from .errors import SettingFixedError
 from .settings import LoaderSettings
+from .state import EpochCursor
 
 T = TypeVar("T")
 #: What torch's DataLoader refuses to have set once built (its own list): a ValueError there too.
@@ -73,10 +74,11 @@ class TorchArguments:
 
 class LoaderAttributes:
     """The settings of a loader as attributes; the loader sets ``settings``, ``_given`` and ``dataset`` once,
-    in its constructor."""
+    in its constructor, and keeps where it is between epochs in ``_cursor`` (which its sampler reads)."""
 
     settings: LoaderSettings
     _given: TorchArguments
+    _cursor: EpochCursor
     dataset: Any
 
     dataset_class = _Setting(lambda s: s.dataset.dataset_class)
@@ -223,7 +225,7 @@ class RandomSampler:
         loader = self._loader()
         if loader is None:
             raise RuntimeError("the loader of this sampler was closed and collected")
-        epoch = loader._cursor.next_epoch  # type: ignore[attr-defined]  # the next iter()'s, set_epoch's
+        epoch = loader._cursor.next_epoch  # the next iter()'s, set_epoch's
         order = epoch_order(len(self.data_source), epoch, loader.seed, True,  # type: ignore[attr-defined]
                             loader.settings.nearby_shuffle)
         return iter(order.tolist())

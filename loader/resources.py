@@ -3,8 +3,11 @@
 Kept apart from the loader on purpose: the ``weakref.finalize`` that releases
 :class:`Resources` must not reference the loader, or the loader could never
 be garbage-collected (see the shutdown note in :mod:`loader.executors.process.pool`
-and ``docs/ARCHITECTURE.md``). Every room keeps its parts here, so this module
-only names their types: it imports none of them at run time.
+and ``docs/ARCHITECTURE.md``). Every room keeps its parts here; it sits with the
+facade, above them all: each room names the part it keeps as a ``typing.Protocol``
+of its own (:class:`~loader.executors.host.HostResources`,
+:class:`~loader.cache.build.CacheResources`, :class:`~loader.epochs.context.EpochResources`)
+and never imports this module. It names their types only: it imports none of them at run time.
 """
 
 from __future__ import annotations

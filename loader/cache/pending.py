@@ -16,7 +16,7 @@ import time
 
 from ..executors import messages as m
 from ..executors.host import ExecutorHost
-from .build import GenerationBuild
+from .build import CacheResources, GenerationBuild
 from .controller import CacheController
 from .refresh import BackgroundRefresh
 
@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 SETTLE_TIMEOUT = 120.0
 
 
-def settle(host: ExecutorHost, cache: CacheController | None, refresh: BackgroundRefresh | None,
-           timeout: float | None, epoch: int) -> bool:
+def settle(host: ExecutorHost, res: CacheResources, cache: CacheController | None,
+           refresh: BackgroundRefresh | None, timeout: float | None, epoch: int) -> bool:
     """Before `epoch` runs: keep or commit the builds of broken-off epochs, once the workers finished the
     tasks that write into them, and let the tasks of a broken-off run of `epoch` itself finish.
 
@@ -40,7 +40,6 @@ def settle(host: ExecutorHost, cache: CacheController | None, refresh: Backgroun
     Returns ``False`` when the workers were killed (a running background
     refresh is gone with them).
     """
-    res = host.res
     executor, slots = res.executor, res.slots
     writing = executor is not None and any(b.in_workers for b in res.pending)
     same_epoch = executor is not None and slots is not None and slots.orphaned(epoch) > 0

@@ -30,7 +30,7 @@ from cachestore.errors import BudgetExceededError, CacheStoreError, GenerationCo
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
 from ..executors.host import ExecutorHost
-from .build import GenerationBuild
+from .build import CacheResources, GenerationBuild
 from .controller import CacheController
 
 log = logging.getLogger(__name__)
@@ -167,8 +167,8 @@ def _discard(build: GenerationBuild) -> None:
         log.debug("discarding the refresh of generation %d: %s", build.generation, exc)
 
 
-def start_refresh(cache: CacheController, host: ExecutorHost, indices: np.ndarray, read_generation: int,
-                  batch_size: int) -> BackgroundRefresh | None:
+def start_refresh(cache: CacheController, host: ExecutorHost, res: CacheResources, indices: np.ndarray,
+                  read_generation: int, batch_size: int) -> BackgroundRefresh | None:
     """At a read epoch of `read_generation`, start computing the next one in the background, if it is due."""
     target = cache.refresh_target(read_generation)
     if target is None:
@@ -179,20 +179,20 @@ def start_refresh(cache: CacheController, host: ExecutorHost, indices: np.ndarra
     except GenerationCommitted:
         return None  # other processes wrote it meanwhile: its epoch reads it
 
-    host.res.background = build
+    res.background = build
     build.attach(executor)
     return BackgroundRefresh(build, indices, max(1, batch_size // CHUNK_DIVISOR), executor.nb_worker)
 
 
-def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, epoch: int,
-                     timeout: float | None) -> bool:
+def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, res: CacheResources,
+                     epoch: int, timeout: float | None) -> bool:
     """The first epoch of the refreshed generation: finish and commit it; ``False`` to write it the usual way.
 
     A refresh that cannot complete (a worker's shard failed to close, the
     commit does not fit) gives up for the rest of the run, with a log line.
     """
     build = refresh.build
-    host.res.background = None
+    res.background = None
     executor = host.ensure()
     try:
         refresh.finish(executor, timeout)
@@ -216,6 +216,6 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
         return False
     except BaseException:
         if build.open:
-            host.res.background = build  # kept, with what it computed, once the workers are stopped
+            res.background = build  # kept, with what it computed, once the workers are stopped
         host.kill()
         raise

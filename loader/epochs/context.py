@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
-from cachestore import codec, records
+from cachestore import Store, codec, records
 
+from ..cache.build import CacheResources, GenerationBuild
 from ..cache.controller import CacheController
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
 from ..executors.producer import BatchProducer
-from ..resources import Resources
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
-from .reads.paths import ReadPaths
+from .reads.paths import ReadPaths, ThreadsResource
 from .rotation import batch_sizes
-from .windows import DiskWindow, MemoryWindow
+from .windows import DiskWindow, MemoryWindow, RotationWindow
 
 log = logging.getLogger(__name__)
+
+
+class EpochResources(CacheResources, ThreadsResource, Protocol):
+    """What the epochs keep in the loader's resources (:class:`~loader.resources.Resources`, which the
+    loader's finalizer releases, and which no room below the facade imports): the store, the rotation
+    window and the generation the current epoch writes, besides what the rooms below keep there."""
+
+    store: Store | None
+    window: RotationWindow | None
+    build: GenerationBuild | None
 
 
 @dataclass
@@ -47,7 +58,7 @@ class EpochContext:
         The cache controller, ``None`` without a cache.
     """
 
-    def __init__(self, settings: LoaderSettings, layout: ConsumerLayout, producer: BatchProducer, res: Resources,
+    def __init__(self, settings: LoaderSettings, layout: ConsumerLayout, producer: BatchProducer, res: EpochResources,
                  cache: CacheController | None) -> None:
         self.settings = settings
         self.layout = layout

@@ -25,9 +25,8 @@ from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..executors.producer import BatchProducer
 from ..progress import Progress
-from ..resources import Resources
 from ..settings import LoaderSettings, RotationSettings
-from .context import EpochContext, RunState
+from .context import EpochContext, EpochResources, RunState
 from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
 from .places import compute_place
@@ -43,7 +42,7 @@ class EpochRunner:
     """Runs the epochs of one started loader (see the module docstring)."""
 
     def __init__(self, settings: LoaderSettings, layout: ConsumerLayout, producer: BatchProducer,
-                 res: Resources, mover: BatchFn | None, stats: list[EpochStats]) -> None:
+                 res: EpochResources, mover: BatchFn | None, stats: list[EpochStats]) -> None:
         cache = None
         if settings.cache is not None:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
@@ -97,7 +96,7 @@ class EpochRunner:
         """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
         ctx = self.ctx
-        if not settle(ctx.host, ctx.cache, ctx.refresh, ctx.settings.timeout, epoch):
+        if not settle(ctx.host, ctx.res, ctx.cache, ctx.refresh, ctx.settings.timeout, epoch):
             ctx.refresh = None
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             ctx.host.shrink_slots()

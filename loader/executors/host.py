@@ -3,12 +3,14 @@ error, its shared-memory slots shrunk between epochs.
 
 The executor and the slots are kept in the loader's :class:`~loader.resources.Resources`,
 so that the loader's finalizer releases them without referencing the loader
-(``docs/ARCHITECTURE.md``, "Shutdown rules").
+(``docs/ARCHITECTURE.md``, "Shutdown rules"); this room names the part of it that it uses
+(:class:`HostResources`), as the rooms above name theirs, and never imports it.
 """
 
 from __future__ import annotations
 
-from ..resources import Resources
+from typing import Protocol
+
 from ..settings import LoaderSettings
 from .base import Executor, WorkerConfigFactory
 from .process.pool import WorkerPool
@@ -32,6 +34,17 @@ def executor_class(name: str) -> type[Executor]:
     return WorkerPool
 
 
+class HostResources(Protocol):
+    """What the host keeps in the loader's resources: the executor and its slots; and, after a kill,
+    keeping the generations the stopped workers wrote into."""
+
+    executor: Executor | None
+    slots: SlotPool | None
+
+    def keep_builds(self) -> None:
+        """Keep the generations being written as partial ones."""
+
+
 class ExecutorHost:
     """Starts, kills and tidies the loader's executor (see the module docstring).
 
@@ -45,7 +58,7 @@ class ExecutorHost:
         Where the executor and its slots are kept.
     """
 
-    def __init__(self, settings: LoaderSettings, producer: BatchProducer, res: Resources) -> None:
+    def __init__(self, settings: LoaderSettings, producer: BatchProducer, res: HostResources) -> None:
         self.settings = settings
         self.producer = producer
         self.res = res

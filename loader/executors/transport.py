@@ -68,14 +68,15 @@ class Portable(Generic[T]):
             self._loaded = True
         return self._obj
 
+    @staticmethod
+    def arrived(payload: bytes, what: str) -> Portable[object]:
+        """The object as a worker receives it: its bytes, unpickled at the first :meth:`load`."""
+        received: Portable[object] = Portable(None, what)
+        received._payload, received._loaded = payload, False
+        return received
+
     def __reduce__(self) -> tuple[object, tuple[bytes, str]]:
-        return (_arrived, (self.payload(), self.what))
-
-
-def _arrived(payload: bytes, what: str) -> Portable[object]:
-    arrived: Portable[object] = Portable(None, what)
-    arrived._payload, arrived._loaded = payload, False
-    return arrived
+        return (Portable.arrived, (self.payload(), self.what))
 
 
 def dumps(obj: object, what: str) -> bytes:

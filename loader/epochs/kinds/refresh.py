@@ -37,7 +37,7 @@ class RefreshEpoch(ReadEpoch):
         store = ctx.res.store
         assert ctx.cache is not None and store is not None and plan.generation is not None
         if ctx.refresh is None:
-            ctx.refresh = start_refresh(ctx.cache, ctx.host, ctx.indices, plan.generation, ctx.settings.batch_size)
+            ctx.refresh = start_refresh(ctx.cache, ctx.host, ctx.res, ctx.indices, plan.generation, ctx.settings.batch_size)
         if ctx.refresh is None:
             return super().path(stats)
         workers = self.place.read_workers(plan, store, background=ctx.refresh)
@@ -54,7 +54,7 @@ def refreshed(ctx: EpochContext, generation: int, epoch: int) -> bool:
         return False
     ctx.refresh = None
     try:
-        done = complete_refresh(refresh, ctx.cache, ctx.host, epoch, ctx.settings.timeout)
+        done = complete_refresh(refresh, ctx.cache, ctx.host, ctx.res, epoch, ctx.settings.timeout)
     except BaseException:
         ctx.refresh = None  # the workers were killed with it
         raise

@@ -11,13 +11,12 @@ the training process, its threads and the workers.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from cachestore import Reader, Store
 
 from ...executors import messages as m
 from ...executors.producer import BatchProducer
-from ...resources import Resources
 from ..plan import EpochStats, ReadPlan
 from . import threads as gather_threads
 from .base import ReadPath
@@ -26,6 +25,12 @@ from .placement import GatherPlacement, Placed
 from .streamed import StreamedReads
 from .threads import GatherThreads, ThreadReads, usable_cpus
 from .workers import WorkerReads
+
+
+class ThreadsResource(Protocol):
+    """Where the loader keeps its gather threads (:class:`~loader.resources.Resources`, released with it)."""
+
+    threads: GatherThreads | None
 
 
 class ReadPaths:
@@ -43,7 +48,7 @@ class ReadPaths:
         The loader's batch size (what a place costs is measured per store, generation and batch size).
     """
 
-    def __init__(self, producer: BatchProducer, res: Resources, nb_worker: int, batch_size: int) -> None:
+    def __init__(self, producer: BatchProducer, res: ThreadsResource, nb_worker: int, batch_size: int) -> None:
         self.producer = producer
         self.res = res
         self.nb_worker = nb_worker
