@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
+from .arguments import DEFAULT_QUEUE, Arguments, parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -134,8 +134,18 @@ class CachedLoader(LoaderAttributes):
                  progress: bool | None = None, executor: str = "process",
                  executor_options: dict[str, object] | None = None, read_transform: ReadTransform | None = None,
                  **aliases: object) -> None:
-        given = dict(locals())  # the signature is the one list of argument names
-        del given["self"], given["aliases"]
+        given = Arguments(
+            dataset=dataset, dataset_params=dataset_params, batch_size=batch_size, nb_worker=nb_worker,
+            shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler, worker_init_fn=worker_init_fn,
+            generator=generator, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+            multiprocessing_context=multiprocessing_context, seed=seed, drop_last=drop_last,
+            nearby_shuffle=nearby_shuffle, collate_fn=collate_fn, max_queue_size=max_queue_size,
+            prefetch_time=prefetch_time, use_threading=use_threading, device=device, pin_memory=pin_memory,
+            gpu_indices=gpu_indices, max_minibatch_length=max_minibatch_length, cache_setting=cache_setting,
+            rotation_setting=rotation_setting, nb_consumer=nb_consumer, consumer_index=consumer_index,
+            partition=partition, to_device=to_device, start_method=start_method,
+            max_worker_restarts=max_worker_restarts, timeout=timeout, progress=progress, executor=executor,
+            executor_options=executor_options, read_transform=read_transform)
         self._res = Resources()
         self._finalizer = weakref.finalize(self, Resources.release, self._res)
         self._closed = False

@@ -1,13 +1,15 @@
 """The constructor's arguments: one table of aliases, one parser into frozen settings.
 
 :class:`~loader.CachedLoader`'s signature is the one list of argument names;
-:data:`ALIASES` adds the other names each argument goes by (the replaced
-loaders' and torch's), and :func:`parse_arguments` validates them all once,
-naming the argument at fault. ``loader.compat`` uses the same table.
+the constructor hands each one by name to :class:`Arguments`, :data:`ALIASES`
+adds the other names each argument goes by (the replaced loaders' and torch's),
+and :func:`parse_arguments` validates them all once, naming the argument at
+fault, into the frozen settings. ``loader.compat`` uses the same table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.context
 import os
@@ -49,7 +51,66 @@ class Unbatched:
         return sample if self.collate_fn is None else self.collate_fn(sample)
 
 
-def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, object], owner: str) -> dict[str, object]:
+@dataclasses.dataclass(frozen=True)
+class Arguments:
+    """Every argument of :class:`~loader.CachedLoader`'s constructor, by its own name, as the caller gave
+    it (unchecked: :func:`parse_arguments` checks each one). The fields are the constructor's
+    parameters, in their order; the constructor hands each one on by name."""
+
+    dataset: object
+    dataset_params: object
+    batch_size: object
+    nb_worker: object
+    shuffle: object
+    sampler: object
+    batch_sampler: object
+    worker_init_fn: object
+    generator: object
+    persistent_workers: object
+    prefetch_factor: object
+    multiprocessing_context: object
+    seed: object
+    drop_last: object
+    nearby_shuffle: object
+    collate_fn: object
+    max_queue_size: object
+    prefetch_time: object
+    use_threading: object
+    device: object
+    pin_memory: object
+    gpu_indices: object
+    max_minibatch_length: object
+    cache_setting: object
+    rotation_setting: object
+    nb_consumer: object
+    consumer_index: object
+    partition: object
+    to_device: object
+    start_method: object
+    max_worker_restarts: object
+    timeout: object
+    progress: object
+    executor: object
+    executor_options: object
+    read_transform: object
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchChoices:
+    """What torch's ``DataLoader`` arguments decide of the settings (checked as torch checks them);
+    ``None``: they leave it to the loader's own argument."""
+
+    shuffle: bool
+    sampling: Sampling | None
+    worker_init_fn: Callable[[int], object] | None = None
+    nb_consumer: int | None = None  # a DistributedSampler's ranks, seed and shuffle are the loader's
+    consumer_index: int | None = None
+    seed: int | None = None  # a DistributedSampler's, or a generator's
+    max_queue_size: int | None = None  # prefetch_factor x workers
+    start_method: str | None = None  # multiprocessing_context's
+
+
+def resolve_aliases(arguments: Arguments, aliases: Mapping[str, object], owner: str) -> Arguments:
     """`arguments` with the values given under an alias (:data:`ALIASES`) moved to the argument's name.
 
     Raises
@@ -59,15 +120,15 @@ def resolve_aliases(arguments: Mapping[str, object], aliases: Mapping[str, objec
     ValueError
         An argument given under two names.
     """
-    resolved = dict(arguments)
+    moved: dict[str, object] = {}
     for alias, value in aliases.items():
         name = ALIASES.get(alias)
         if name is None:
             raise TypeError(f"{owner}() got an unexpected keyword argument {alias!r}")
-        if resolved.get(name) is not None:
+        if moved.get(name, getattr(arguments, name)) is not None:
             raise ValueError(f"give {name} or its alias {alias}, not both")
-        resolved[name] = value
-    return resolved
+        moved[name] = value
+    return dataclasses.replace(arguments, **moved)
 
 
 def _seconds(name: str, value: object, what: str, zero: bool) -> float | None:
@@ -120,55 +181,55 @@ def _start_method_of(context: object) -> str:
     return context.get_start_method()
 
 
-def _dataset_source(a: Mapping[str, object]) -> DatasetSource:
-    params = a["dataset_params"]
+def _dataset_source(a: Arguments) -> DatasetSource:
+    params = a.dataset_params
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"dataset_params must be a dict of keyword arguments, got {type(params).__name__}")
-    if a["dataset"] is None:
+    if a.dataset is None:
         raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
                         "dataset_params)")
-    return DatasetSource.of(a["dataset"], params)
+    return DatasetSource.of(a.dataset, params)
 
 
-def _batching(a: Mapping[str, object]) -> tuple[int, bool, Callable[..., Any] | None]:
+def _batching(a: Arguments) -> tuple[int, bool, Callable[..., Any] | None]:
     """``(batch_size, drop_last, collate_fn)``; ``batch_size=None`` (torch's: no auto-batching) makes
     batches of one sample, served as the sample (:class:`Unbatched`)."""
-    drop_last, collate_fn = _flag("drop_last", a["drop_last"]), _callable("collate_fn", a["collate_fn"])
-    if a["batch_size"] is not None:
-        return int_at_least("batch_size", a["batch_size"], 1), drop_last, collate_fn
+    drop_last, collate_fn = _flag("drop_last", a.drop_last), _callable("collate_fn", a.collate_fn)
+    if a.batch_size is not None:
+        return int_at_least("batch_size", a.batch_size, 1), drop_last, collate_fn
     if drop_last:
         raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
     return 1, drop_last, Unbatched(collate_fn)
 
 
-def _refused_as_torch(a: Mapping[str, object]) -> None:
+def _refused_as_torch(a: Arguments) -> None:
     """torch's own ``ValueError`` s for what it refuses first: a negative ``num_workers`` or ``timeout``, and
     the arguments an iterable-style dataset cannot take (before the dataset itself is refused or
     taken), without importing torch."""
-    for name, value in (("num_workers", a["nb_worker"]), ("timeout", a["timeout"])):
+    for name, value in (("num_workers", a.nb_worker), ("timeout", a.timeout)):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
             raise ValueError(f"{name} option should be non-negative" + (
                 f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
                 else f" (timeout={value})"))
     if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
-               for k in type(a["dataset"]).__mro__):
+               for k in type(a.dataset).__mro__):
         return
-    if a["shuffle"] not in (False, None):
+    if a.shuffle not in (False, None):
         raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
-                         f"shuffle={a['shuffle']}")
-    for name in ("sampler", "batch_sampler"):
-        if a[name] is not None:
+                         f"shuffle={a.shuffle}")
+    for name, value in (("sampler", a.sampler), ("batch_sampler", a.batch_sampler)):
+        if value is not None:
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
-                             f"{name}={a[name]}")
+                             f"{name}={value}")
 
 
-def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
+def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
     """torch's DataLoader arguments, checked as torch checks them (the same ``ValueError`` s for
     conflicting pairs, counting only what the caller passed), as our settings."""
-    sampler, batch_sampler, shuffle = a["sampler"], a["batch_sampler"], a["shuffle"]
+    sampler, batch_sampler, shuffle = a.sampler, a.batch_sampler, a.shuffle
     if sampler is not None and shuffle:  # torch's order: this one first
         raise ValueError("sampler option is mutually exclusive with shuffle")
-    if batch_sampler is not None and (a["batch_size"] != 1 or shuffle or sampler is not None or a["drop_last"]):
+    if batch_sampler is not None and (a.batch_size != 1 or shuffle or sampler is not None or a.drop_last):
         raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
     if shuffle is not None:  # after the conflicts: torch says those first, whatever shuffle's type
         shuffle = _flag("shuffle", shuffle)
@@ -181,74 +242,73 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
         if name == "batch_sampler" and _distributed_sampler(given):
             raise ValueError("batch_sampler is a DistributedSampler, which draws indices, not batches: pass it "
                              "as sampler=")
-    if a["prefetch_factor"] is not None:
+    if a.prefetch_factor is not None:
         if workers == 0:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
                              "> 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
-        int_at_least("prefetch_factor", a["prefetch_factor"], 1)
-    if _flag("persistent_workers", a["persistent_workers"]) and workers == 0:
+        int_at_least("prefetch_factor", a.prefetch_factor, 1)
+    if _flag("persistent_workers", a.persistent_workers) and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
-    if a["multiprocessing_context"] is not None and workers == 0:
+    if a.multiprocessing_context is not None and workers == 0:
         raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
                          "but got num_workers=0")
-    if a["prefetch_factor"] is not None and a["max_queue_size"] != DEFAULT_QUEUE:
-        raise ValueError(f"give max_queue_size or prefetch_factor, not both (prefetch_factor={a['prefetch_factor']} "
+    if a.prefetch_factor is not None and a.max_queue_size != DEFAULT_QUEUE:
+        raise ValueError(f"give max_queue_size or prefetch_factor, not both (prefetch_factor={a.prefetch_factor} "
                          f"keeps prefetch_factor x num_workers batches in flight)")
     if _distributed_sampler(sampler):
         sampler_seed = int(getattr(sampler, "seed", 0))
-        if a["seed"] is not None and a["seed"] != sampler_seed:
-            raise ValueError(f"seed={a['seed']} and the DistributedSampler's seed {sampler_seed} disagree: the "
+        if a.seed is not None and a.seed != sampler_seed:
+            raise ValueError(f"seed={a.seed} and the DistributedSampler's seed {sampler_seed} disagree: the "
                              "sampler's seed is the loader's; give one of them")
-        if a["generator"] is not None:
+        if a.generator is not None:
             raise ValueError("a DistributedSampler's seed is the loader's: give no generator with it")
         # Its ranks, its seed, its shuffle become the loader's own: the node's ranks split a new
         # permutation of the data every epoch, as the sampler would (loader.distributed).
-        out: dict[str, object] = {"shuffle": bool(getattr(sampler, "shuffle", True)), "sampling": None,
-                                  "nb_consumer": int(getattr(sampler, "num_replicas")),
-                                  "consumer_index": int(getattr(sampler, "rank")),
-                                  "seed": sampler_seed}
+        out = TorchChoices(shuffle=bool(getattr(sampler, "shuffle", True)), sampling=None,
+                           nb_consumer=int(getattr(sampler, "num_replicas")),
+                           consumer_index=int(getattr(sampler, "rank")), seed=sampler_seed)
     else:
-        out = {"shuffle": shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
-               "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
-                            if sampler is not None or batch_sampler is not None else None)}
-    out.update({
-        "worker_init_fn": _callable("worker_init_fn", a["worker_init_fn"]),
-    })
-    if isinstance(a["prefetch_factor"], int):
-        out["max_queue_size"] = a["prefetch_factor"] * max(workers, 1)
-    generator = a["generator"]
+        out = TorchChoices(
+            shuffle=shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
+            sampling=(Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
+                      if sampler is not None or batch_sampler is not None else None))
+    out = dataclasses.replace(out, worker_init_fn=_callable("worker_init_fn", a.worker_init_fn))
+    if isinstance(a.prefetch_factor, int):
+        out = dataclasses.replace(out, max_queue_size=a.prefetch_factor * max(workers, 1))
+    generator = a.generator
     if generator is not None:
-        if a["seed"] is not None:
+        if a.seed is not None:
             raise ValueError("give seed or generator, not both: the generator's seed is the loader's")
         initial_seed = getattr(generator, "initial_seed", None)
         if not callable(initial_seed):
             raise ValueError(f"generator must be a torch.Generator, got {generator!r}")
-        out["seed"] = int(initial_seed()) % 2**63
-    context = a["multiprocessing_context"]
+        out = dataclasses.replace(out, seed=int(initial_seed()) % 2**63)
+    context = a.multiprocessing_context
     if context is not None:
         method = _start_method_of(context)
         if method not in START_METHODS[1:]:
             raise ValueError(f"multiprocessing_context must be one of {', '.join(map(repr, START_METHODS[1:]))} (or "
                              f"their multiprocessing contexts), got {context!r}")
-        if a["start_method"] is not None and a["start_method"] != method:
-            raise ValueError(f"start_method={a['start_method']!r} and multiprocessing_context ({method!r}) "
+        if a.start_method is not None and a.start_method != method:
+            raise ValueError(f"start_method={a.start_method!r} and multiprocessing_context ({method!r}) "
                              "disagree; give one of them")
-        out["start_method"] = method
+        out = dataclasses.replace(out, start_method=method)
     return out
 
 
-def _consumers(a: Mapping[str, object], torch: Mapping[str, object]) -> tuple[int, int, bool]:
+def _consumers(a: Arguments, torch: TorchChoices) -> tuple[int, int, bool]:
     """``(nb_consumer, consumer_index, deferred)``: as given, as a ``DistributedSampler`` says, or
     ``torch.distributed``'s; `deferred` when several consumers were given without an index (it
     comes later, from ``CachedLoader.start``)."""
     default_nb, default_idx = distributed_defaults()
-    nb_consumer = check_int("nb_consumer", a["nb_consumer"], 1, allow_none=True)
-    consumer_index = check_int("consumer_index", a["consumer_index"], 0, allow_none=True)
-    for name, given in (("nb_consumer", nb_consumer), ("consumer_index", consumer_index)):
-        if name in torch and given is not None and given != torch[name]:
-            raise ValueError(f"{name}={given} disagrees with the DistributedSampler's ({torch[name]}); give one")
-    if "nb_consumer" in torch:
-        nb_consumer, consumer_index = torch["nb_consumer"], torch["consumer_index"]  # type: ignore[assignment]
+    nb_consumer = check_int("nb_consumer", a.nb_consumer, 1, allow_none=True)
+    consumer_index = check_int("consumer_index", a.consumer_index, 0, allow_none=True)
+    for name, given, theirs in (("nb_consumer", nb_consumer, torch.nb_consumer),
+                                ("consumer_index", consumer_index, torch.consumer_index)):
+        if theirs is not None and given is not None and given != theirs:
+            raise ValueError(f"{name}={given} disagrees with the DistributedSampler's ({theirs}); give one")
+    if torch.nb_consumer is not None:
+        nb_consumer, consumer_index = torch.nb_consumer, torch.consumer_index
     consumers = default_nb if nb_consumer is None else nb_consumer
     deferred = consumer_index is None and nb_consumer is not None and consumers > 1
     index = default_idx if consumer_index is None else consumer_index
@@ -257,7 +317,7 @@ def _consumers(a: Mapping[str, object], torch: Mapping[str, object]) -> tuple[in
     return consumers, index, deferred
 
 
-def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
+def parse_arguments(a: Arguments) -> LoaderSettings:
     """Validate the constructor's arguments (`a`: every argument by its own name, aliases resolved).
 
     Raises
@@ -267,35 +327,35 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     """
     _refused_as_torch(a)
     source = _dataset_source(a)
-    use_threading, gpu_indices = _flag("use_threading", a["use_threading"]), a["gpu_indices"]
-    nb_worker = check_int("nb_worker", a["nb_worker"], 0, allow_none=True)
-    ray_options, workers = parse_executor(a["executor"], a["executor_options"], nb_worker,
+    use_threading, gpu_indices = _flag("use_threading", a.use_threading), a.gpu_indices
+    nb_worker = check_int("nb_worker", a.nb_worker, 0, allow_none=True)
+    ray_options, workers = parse_executor(a.executor, a.executor_options, nb_worker,
                                           min(4, os.cpu_count() or 1), use_threading, gpu_indices)
     if gpu_indices is not None and (not isinstance(gpu_indices, (list, tuple)) or len(gpu_indices) != max(workers, 1)):
         raise ValueError(f"gpu_indices must give one GPU index per worker ({max(workers, 1)}), got {gpu_indices!r}")
-    progress = a["progress"]
+    progress = a.progress
     if progress is not None and not isinstance(progress, bool):
         raise ValueError(f"progress must be True, False or None (on when stderr is a terminal), got {progress!r}")
     torch = _torch_arguments(a, workers)
-    start_method = torch.get("start_method", a["start_method"] if a["start_method"] is not None else "auto")
+    start_method = torch.start_method or (a.start_method if a.start_method is not None else "auto")
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be 'auto' (the default), 'fork', 'spawn' or 'forkserver', "
                          f"got {start_method!r}")
-    cache = CacheSettings.parse(a["cache_setting"]) if a["cache_setting"] is not None else None
+    cache = CacheSettings.parse(a.cache_setting) if a.cache_setting is not None else None
     if cache is not None and cache.background_refresh is True:
         why = refresh_impossible(cache, workers)
         if why is not None:
             raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
                              "use 'auto' (on when it can be) or False")
-    rotation = RotationSettings.parse(a["rotation_setting"]) if a["rotation_setting"] is not None else None
+    rotation = RotationSettings.parse(a.rotation_setting) if a.rotation_setting is not None else None
     if cache is not None and rotation is not None:
         raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
                          "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "
                          "to rotate only when the cache does not fit")
     consumers, index, deferred = _consumers(a, torch)
-    seed = check_int("seed", torch.get("seed", a["seed"]), 0, allow_none=True)
+    seed = check_int("seed", torch.seed if torch.seed is not None else a.seed, 0, allow_none=True)
     seed_given = seed is not None
-    sampling = torch["sampling"]
+    sampling = torch.sampling
     if sampling is not None and consumers > 1:
         raise ValueError("a sampler chooses the indices this process serves: with several consumers "
                          f"(nb_consumer={consumers}) leave the split to the loader and drop the sampler")
@@ -305,22 +365,22 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
     batch_size, drop_last, collate_fn = _batching(a)
     return LoaderSettings(
         dataset=source,
-        batch_size=batch_size, nb_worker=workers, shuffle=bool(torch["shuffle"]),
+        batch_size=batch_size, nb_worker=workers, shuffle=torch.shuffle,
         seed=seed, drop_last=drop_last,
-        nearby_shuffle=int_at_least("nearby_shuffle", a["nearby_shuffle"], 0),
+        nearby_shuffle=int_at_least("nearby_shuffle", a.nearby_shuffle, 0),
         collate_fn=collate_fn,
-        max_queue_size=int_at_least("max_queue_size", torch.get("max_queue_size", a["max_queue_size"]), 1),
-        prefetch_time=_seconds("prefetch_time", a["prefetch_time"], "a number of seconds >= 0", zero=True),
-        use_threading=use_threading, device=a["device"], pin_memory=_flag("pin_memory", a["pin_memory"]),
+        max_queue_size=int_at_least("max_queue_size", torch.max_queue_size or a.max_queue_size, 1),
+        prefetch_time=_seconds("prefetch_time", a.prefetch_time, "a number of seconds >= 0", zero=True),
+        use_threading=use_threading, device=a.device, pin_memory=_flag("pin_memory", a.pin_memory),
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
-        max_minibatch_length=check_int("max_minibatch_length", a["max_minibatch_length"], 1, allow_none=True),
+        max_minibatch_length=check_int("max_minibatch_length", a.max_minibatch_length, 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
-        partition=_choice("partition", a["partition"], PARTITIONS),
-        to_device=_callable("to_device", a["to_device"]), start_method=str(start_method),
-        max_worker_restarts=int_at_least("max_worker_restarts", a["max_worker_restarts"], 0),
+        partition=_choice("partition", a.partition, PARTITIONS),
+        to_device=_callable("to_device", a.to_device), start_method=str(start_method),
+        max_worker_restarts=int_at_least("max_worker_restarts", a.max_worker_restarts, 0),
         # 0 is torch's default and means what None means here: no limit.
-        timeout=_seconds("timeout", None if a["timeout"] == 0 and a["timeout"] is not False else a["timeout"],
+        timeout=_seconds("timeout", None if a.timeout == 0 and a.timeout is not False else a.timeout,
                          "None or 0 (wait as long as it takes) or seconds > 0", zero=False),
-        progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options,
-        sampling=sampling, worker_init_fn=torch["worker_init_fn"],  # type: ignore[arg-type]
-        read_transform=_callable("read_transform", a["read_transform"]))
+        progress=progress, seed_given=seed_given, executor=str(a.executor), ray_options=ray_options,
+        sampling=sampling, worker_init_fn=torch.worker_init_fn,
+        read_transform=_callable("read_transform", a.read_transform))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import weakref
-from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar, overload
+from typing import Any, Callable, Generic, Iterator, TypeVar, overload
 
+from .arguments import Arguments
 from .epochs.order import epoch_order
 from .errors import SettingFixedError
 from .settings import LoaderSettings
@@ -63,13 +64,13 @@ class TorchArguments:
     unbatched: bool = False  # batch_size=None: samples one by one
 
     @classmethod
-    def of(cls, arguments: Mapping[str, object]) -> TorchArguments:
+    def of(cls, arguments: Arguments) -> TorchArguments:
         """Those of the constructor's `arguments` (aliases resolved, already validated)."""
-        context = arguments.get("multiprocessing_context")
+        context = arguments.multiprocessing_context
         if isinstance(context, str):  # torch keeps the context, whichever way it was given
             context = multiprocessing.get_context(context)
-        return cls(arguments.get("sampler"), arguments.get("batch_sampler"), arguments.get("generator"),
-                   arguments.get("prefetch_factor"), context, arguments.get("batch_size", 1) is None)
+        return cls(arguments.sampler, arguments.batch_sampler, arguments.generator, arguments.prefetch_factor,
+                   context, arguments.batch_size is None)
 
 
 class LoaderAttributes:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 
 import pytest
 
 from loader import CachedLoader
+from loader.arguments import Arguments
 
 from .datasets import ArangeDataset
 
@@ -70,3 +73,10 @@ def test_settings_are_fixed_once_built(name, value):
     with CachedLoader(ArangeDataset(8), batch_size=4, nb_worker=0) as loader:
         with pytest.raises(AttributeError, match=f"{name} is a setting of this loader"):
             setattr(loader, name, value)
+
+
+def test_every_constructor_argument_flows_into_the_arguments_by_its_name():
+    # The constructor hands each argument to Arguments by name: the two lists are one.
+    params = [p.name for p in inspect.signature(CachedLoader).parameters.values()
+              if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    assert [f.name for f in dataclasses.fields(Arguments)] == params
