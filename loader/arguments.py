@@ -18,11 +18,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .cache.refresh import decide_refresh
 from .dataset import DatasetSource
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
-from .settings import (CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least,
-                       refresh_impossible)
+from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least
 
 #: Another name of an argument -> the argument (``dataset_server``'s and ``swift_loader``'s names).
 ALIASES: dict[str, str] = {
@@ -342,11 +342,8 @@ def parse_arguments(a: Arguments) -> LoaderSettings:
         raise ValueError(f"start_method must be 'auto' (the default), 'fork', 'spawn' or 'forkserver', "
                          f"got {start_method!r}")
     cache = CacheSettings.parse(a.cache_setting) if a.cache_setting is not None else None
-    if cache is not None and cache.background_refresh is True:
-        why = refresh_impossible(cache, workers)
-        if why is not None:
-            raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
-                             "use 'auto' (on when it can be) or False")
+    if cache is not None:
+        cache = decide_refresh(cache, workers)
     rotation = RotationSettings.parse(a.rotation_setting) if a.rotation_setting is not None else None
     if cache is not None and rotation is not None:
         raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "

@@ -381,16 +381,3 @@ class LoaderSettings:
     def allow_pickle(self) -> bool:
         """Whether samples that need pickle may travel and be stored (a cache setting)."""
         return self.cache.allow_pickle if self.cache is not None else False
-
-
-def refresh_impossible(cache: CacheSettings, nb_worker: int) -> str | None:
-    """Why a background refresh can never run with these settings (``None`` when it can)."""
-    from cachestore.backends import get_backend
-
-    if not cache.rewrites:
-        return "update_frequency is math.inf, so no generation is ever refreshed"
-    if not get_backend(cache.backend).persistent:
-        return f"the {cache.backend!r} backend lives in this process, where no idle worker can write it"
-    if nb_worker == 0:
-        return "nb_worker=0 leaves no worker to compute it"
-    return None

@@ -26,8 +26,7 @@ from cachestore.room import fits, memory_room
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout
 from ..executors.base import Executor
-from ..settings import (BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings,
-                       refresh_impossible)
+from ..settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings
 from .build import GenerationBuild, workers_can_write
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 
@@ -365,16 +364,10 @@ class CacheController:
         return info
 
     # background refresh -----------------------------------------------------
-    def decide_refresh(self, nb_worker: int) -> None:
-        """Turn ``background_refresh="auto"`` off for good, with one log line, when it can never run."""
-        if self.refresh_off:
-            return  # decided already (a read-only store)
+    def decide_refresh(self) -> None:
+        """Stop background refreshes for good where the settings turned them off (decided once, at
+        construction: :func:`loader.cache.refresh.decide_refresh`)."""
         if self.settings.background_refresh is False:
-            self.stop_refresh()
-            return
-        why = refresh_impossible(self.settings, nb_worker)
-        if why is not None:  # "auto": True was refused at construction
-            log.info("background refresh is off: %s; each generation is written during its own epoch", why)
             self.stop_refresh()
 
     def refresh_target(self, read_generation: int) -> int | None:

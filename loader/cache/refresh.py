@@ -16,20 +16,27 @@ the refresh epoch, that wait was most of its first batch's time.
 It needs room for two generations; without it (or when the budget runs out
 meanwhile) the loader logs why and falls back to writing the next generation
 during its own epoch (write-through).
+
+Whether a background refresh can run at all is decided once, at construction,
+by :func:`decide_refresh`: ``True`` that cannot is refused, ``"auto"`` that
+cannot becomes ``False`` with one log line; what runs later asks only the setting.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 
 import numpy as np
 
+from cachestore.backends import get_backend
 from cachestore.errors import BudgetExceededError, CacheStoreError, GenerationCommitted
 
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
 from ..executors.host import ExecutorHost
+from ..settings import CacheSettings
 from .build import CacheResources, GenerationBuild
 from .controller import CacheController
 
@@ -40,6 +47,39 @@ BACKGROUND_EPOCH = m.BACKGROUND_EPOCH
 CHUNKS_PER_WORKER = 4
 #: Samples per chunk, as a fraction of a batch: small, so a batch waits little behind one.
 CHUNK_DIVISOR = 8
+
+
+def decide_refresh(cache: CacheSettings, nb_worker: int) -> CacheSettings:
+    """`cache` with ``background_refresh`` decided for the loader's life (see the module docstring):
+    ``"auto"`` stays on where a refresh can run and turns ``False`` (said in one log line) where it
+    never can; ``True`` insists, and still raises later when the budget has no room for it.
+
+    Raises
+    ------
+    ValueError
+        ``background_refresh=True`` where a refresh can never run (it says why).
+    """
+    if cache.background_refresh is False:
+        return cache
+    why = _refresh_impossible(cache, nb_worker)
+    if why is None:
+        return cache
+    if cache.background_refresh is True:
+        raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
+                         "use 'auto' (on when it can be) or False")
+    log.info("background refresh is off: %s; each generation is written during its own epoch", why)
+    return dataclasses.replace(cache, background_refresh=False)
+
+
+def _refresh_impossible(cache: CacheSettings, nb_worker: int) -> str | None:
+    """Why a background refresh can never run with these settings (``None`` when it can)."""
+    if not cache.rewrites:
+        return "update_frequency is math.inf, so no generation is ever refreshed"
+    if not get_backend(cache.backend).persistent:
+        return f"the {cache.backend!r} backend lives in this process, where no idle worker can write it"
+    if nb_worker == 0:
+        return "nb_worker=0 leaves no worker to compute it"
+    return None
 
 
 class BackgroundRefresh:

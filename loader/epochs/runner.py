@@ -47,7 +47,7 @@ class EpochRunner:
         if settings.cache is not None:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
             res.store = cache.store
-            cache.decide_refresh(settings.nb_worker)
+            cache.decide_refresh()
         self.ctx = EpochContext(settings, layout, producer, res, cache)
         self.place = compute_place(self.ctx)
         self.mover = mover
