@@ -344,7 +344,7 @@ def _both(first: dict, second: dict) -> dict:
 
 def _case(label: str, shape: tuple[int, ...], store_bytes: int, budget: float, tmp: Path, run: _Phases) -> dict:
     """Every measurement of one sample size (see the module docstring)."""
-    from loader.cache.controller import block_size
+    from loader.cache.read_order import block_size
 
     sample_bytes = int(np.prod(shape)) + 8
     n = store_bytes // sample_bytes

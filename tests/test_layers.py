@@ -4,7 +4,6 @@ private name (docs/import_graph.py)."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 from pathlib import Path
 

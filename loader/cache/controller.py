@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
 
 from cachestore import GenerationInfo, Store, Writer, open_store
 from cachestore.backends import get_backend
@@ -29,30 +28,12 @@ from ..executors.base import Executor
 from ..settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings
 from .build import GenerationBuild, workers_can_write
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
+from .read_order import ReadChoice, block_size, generation_order
 
 log = logging.getLogger(__name__)
 
 #: Times each sample is served when ``on_budget_exceeded="rotate"`` falls back with K = inf.
 FALLBACK_ROTATION = 4
-
-
-#: The block order's unit of reading: a block holds at least this many bytes of consecutive records.
-BLOCK_BYTES = 1 << 20
-
-
-def block_size(record_bytes: int) -> int:
-    """Records per block: enough consecutive records for one read of at least :data:`BLOCK_BYTES`."""
-    return max(1, -(-BLOCK_BYTES // max(1, record_bytes)))
-
-
-@dataclass(frozen=True)
-class ReadChoice:
-    """How the read epochs of one generation go: ``order`` ``"random"`` or ``"block"`` (``block``
-    records per block), and whether they read with explicit I/O (``stream``: it does not fit memory)."""
-
-    order: str
-    block: int
-    stream: bool
 
 
 class CacheController:
@@ -254,9 +235,8 @@ class CacheController:
         nbytes = info.nbytes if info is not None else 0
         record = (info.stored_bytes or info.nbytes) // max(1, info.num_samples) if info is not None else 0
         fitting = not self.store.backend.persistent or fits(nbytes)
-        kind = self.settings.read_order
-        if kind == "auto":
-            kind = "random" if fitting else "block"
+        kind = generation_order(self.settings.read_order, fitting)
+        if self.settings.read_order == "auto":
             log.info("generation %d of %s (%s) %s the memory room (%s): read in %s order", generation,
                      self.store.path, format_size(nbytes), "fits" if fitting else "does not fit",
                      format_size(memory_room()), kind)

@@ -16,6 +16,7 @@ import numpy as np
 from cachestore.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
+from ..cache.read_order import read_order
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
@@ -106,14 +107,12 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.READ:
         choice = cache.read_choice(generation)
         blocks = None
-        # Ranks splitting one order must draw the same one, whether each reads the generation or (started
-        # before its commit) reads it back from the area being written: several ranks read in random order.
-        kind = choice.order if ranks is None or ranks[0] == 1 else "random"
-        if kind == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
+        kind = read_order(choice, s, ranks)
+        if kind == "block":
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         info = cache.committed().get(generation)
-        return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=_order_used(blocks is not None, s),
+        return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=kind,
                         committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream)
     dropped = len(order) - sum(len(b) for b in batches)
     unserved = (batches[:skip] + ([before] if len(before) else [])
@@ -128,15 +127,3 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         else:
             plan.fill = fill
     return plan
-
-
-def _order_used(in_blocks: bool, s: LoaderSettings) -> str:
-    """The order a read epoch serves in, as its stats report it: ``"block"`` or ``"random"`` (the
-    read order), or what overrides both (a sampler, ``shuffle=False``, ``nearby_shuffle``)."""
-    if in_blocks:
-        return "block"
-    if s.sampling is not None:
-        return "sampler"
-    if not s.shuffle:
-        return "sequential"
-    return "nearby" if s.nearby_shuffle else "random"
