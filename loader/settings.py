@@ -225,11 +225,6 @@ class CacheSettings:
         return cls(**given)  # type: ignore[arg-type]  # each value is checked in __post_init__
 
     @property
-    def budget_bytes(self) -> int | None:
-        """``disk_budget`` in bytes (``None``: the free space)."""
-        return self.disk_budget if isinstance(self.disk_budget, int) else None
-
-    @property
     def policy(self) -> BudgetPolicy:
         """``on_budget_exceeded`` as the enum."""
         return BudgetPolicy(self.on_budget_exceeded)

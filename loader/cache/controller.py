@@ -265,10 +265,6 @@ class CacheController:
         self._sound.add(generation)
         return None
 
-    def newest_committed(self) -> int | None:
-        """The newest committed generation (any run's), ``None`` when there is none."""
-        return self.store.latest()
-
     # writing ---------------------------------------------------------------
     def open_build(self, generation: int, use_threading: bool, background: bool = False,
                    executor: Executor | None = None) -> GenerationBuild:

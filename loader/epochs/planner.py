@@ -96,7 +96,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         mode = EpochMode.READ
     if mode == EpochMode.GENERATE and not notes.get("damaged"):
         locked_by = cache.store.lock_holder()
-        newest = cache.newest_committed()
+        newest = cache.store.latest()
         # It writes the generation with them (Ray's actors cannot read back what others wrote: they do not).
         joins = locked_by == SHARED_WRITERS and cache.shares(s.executor != "ray" or s.nb_worker == 0)
         if locked_by not in (None, os.getpid()) and newest is not None and not joins:
