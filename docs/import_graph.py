@@ -16,8 +16,8 @@ prints them top-down: a room imports only rooms printed below it. It fails
   (a module-level name, or an attribute its classes define) and not to this one.
   A package may import its own private submodules (``cachestore._gather``), and a
   class may use what its bases define for subclasses (``self._name``).
-  Test modules (``tests/``) may: they check and break the internals of what they
-  test (white-box checks, fault injection).
+  Test modules (``tests/``) may read the private names of the code they test
+  (white-box checks, fault injection), not those of other test modules.
 
 ``--modules`` lists each module's imports inside the repository.
 """
@@ -232,6 +232,10 @@ def _own_privates(tree: ast.Module) -> tuple[set[str], set[str]]:
     return {n for n in top if _private(n)}, {n for n in attributes if _private(n)}
 
 
+def _test(module: str) -> bool:
+    return module.split(".")[0] == "tests"
+
+
 def _own_object(node: ast.expr) -> bool:
     """Whether `node` is the object whose method runs (``self``, ``cls``, ``super()``): a class may use
     what its bases define for their subclasses."""
@@ -253,10 +257,14 @@ def find_private_reads(sources: dict[str, tuple[ast.Module | str, bool]]) -> lis
              for name, (tree, _) in sources.items()}
     owned = {name: _own_privates(tree) for name, tree in trees.items()}
     everyone = set().union(*(top | attributes for top, attributes in owned.values()))
+    # Tests may reach into the code they test, not into each other.
+    of_tests = set().union(*(top | attributes for name, (top, attributes) in owned.items() if _test(name)))
+    of_code = set().union(*(top | attributes for name, (top, attributes) in owned.items() if not _test(name)))
     found: list[str] = []
     for name, tree in sorted(trees.items()):
-        if name.split(".")[0] == "tests" or allowed(name):
+        if allowed(name):
             continue
+        others = of_tests - of_code if _test(name) else everyone
         top, attributes = owned[name]
         package = name if sources[name][1] else name.rpartition(".")[0]
         for node in ast.walk(tree):
@@ -266,9 +274,10 @@ def find_private_reads(sources: dict[str, tuple[ast.Module | str, bool]]) -> lis
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
                 for alias in node.names:
-                    if _private(alias.name) and base != package:  # a package's own private submodule is fine
+                    # a package's own private submodule is fine; a test may import what it tests
+                    if _private(alias.name) and base != package and (not _test(name) or _test(base)):
                         found.append(f"{name}:{node.lineno}: from {base} import {alias.name}")
-            elif (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr in everyone
+            elif (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr in others
                   and node.attr not in attributes and node.attr not in top and not _own_object(node.value)):
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     return found

@@ -67,7 +67,11 @@ def test_a_private_name_read_across_modules_is_found(graph):
         "pkg.b": ("from pkg.a import _LIMIT\nfrom . import _native\n"
                   "def f(a):\n    return a._hidden + a._step() + a._unknown\n"
                   "class B(A):\n    def g(self):\n        return self._step()\n", False),
-        "tests.test_a": ("def test(a):\n    assert a._hidden\n", False),
+        "tests.helpers": ("def _fill(disk):\n    pass\n", False),
+        "tests.test_a": ("from pkg.a import _LIMIT\nfrom tests.helpers import _fill\nimport tests.helpers as h\n"
+                         "def test(a):\n    assert a._hidden\n    h._fill(a)\n", False),
     }
-    assert graph.find_private_reads(sources) == ["pkg.b:1: from pkg.a import _LIMIT", "pkg.b:4: a._hidden",
-                                                 "pkg.b:4: a._step"]
+    assert graph.find_private_reads(sources) == [
+        "pkg.b:1: from pkg.a import _LIMIT", "pkg.b:4: a._hidden", "pkg.b:4: a._step",
+        # a test reads the internals of what it tests, not those of other tests
+        "tests.test_a:2: from tests.helpers import _fill", "tests.test_a:6: h._fill"]

@@ -572,7 +572,7 @@ def check_generations(s: dict, runs: list, paths: Paths) -> list[str]:
     return problems
 
 
-def _disk_full_during(runs: list, t0: float, t1: float) -> bool:
+def disk_full_during(runs: list, t0: float, t1: float) -> bool:
     """Whether the disk was full at some moment between `t0` and `t1`."""
     changes = sorted([(ev["t"], True) for _, ev in actions_of(runs, "fill-disk")]
                      + [(ev["t"], False) for _, ev in actions_of(runs, "free-disk")])
@@ -640,7 +640,7 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                                         f"stuck worker is pid {f['pid']}, inside dataset[{f['index']}]")
                     explained.update(match)
             elif BUDGET_ERROR in mro:
-                full = s["tmpfs"] and _disk_full_during(runs, t0, err["t"])
+                full = s["tmpfs"] and disk_full_during(runs, t0, err["t"])
                 if not full:
                     problems.append(f"{where} without a full disk: {err['message'][:300]}")
                 elif s["mode"] == "cache" and s["policy"] != "error":
@@ -926,7 +926,7 @@ def check_after_killed_commit(s: dict, runs: list, paths: Paths) -> list[str]:
         return []
     follow = runs[-1]
     epochs = epochs_of(follow)
-    if not any(e.completed for e in epochs) or committed_now(paths) or _disk_full_during(
+    if not any(e.completed for e in epochs) or committed_now(paths) or disk_full_during(
             runs, min(e.t_start for e in epochs), max(e.t_end for e in epochs)):
         return []
     return [f"{follow.name} completed epochs after a commit was killed, but no generation is committed at the end"]

@@ -118,7 +118,7 @@ def test_a_disk_freed_during_an_epoch_was_full_at_its_start():
     # coop1 filled the disk before run1's epoch began and freed it 20 ms before run1's write failed.
     coop1 = run("coop1", 300, [{"ev": "action", "t": 7.31, "kind": "fill-disk"},
                                {"ev": "action", "t": 7.358, "kind": "free-disk"}])
-    assert checks._disk_full_during([coop1], 7.336, 7.360)
-    assert checks._disk_full_during([coop1], 7.2, 7.32)  # filled in the window
-    assert not checks._disk_full_during([coop1], 7.36, 7.5)  # freed before it
-    assert not checks._disk_full_during([coop1], 7.0, 7.3)  # filled after it
+    assert checks.disk_full_during([coop1], 7.336, 7.360)
+    assert checks.disk_full_during([coop1], 7.2, 7.32)  # filled in the window
+    assert not checks.disk_full_during([coop1], 7.36, 7.5)  # freed before it
+    assert not checks.disk_full_during([coop1], 7.0, 7.3)  # filled after it
