@@ -17,6 +17,7 @@ from cachestore.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
 from ..cache.read_order import read_order
+from ..executors.host import executor_class
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
@@ -97,8 +98,10 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.GENERATE and not notes.get("damaged"):
         locked_by = cache.store.lock_holder()
         newest = cache.store.latest()
-        # It writes the generation with them (Ray's actors cannot read back what others wrote: they do not).
-        joins = locked_by == SHARED_WRITERS and cache.shares(s.executor != "ray" or s.nb_worker == 0)
+        # It writes the generation with them, where its workers read back what others wrote (Ray's actors
+        # do not: they may run on other machines) or where it has none.
+        readable = executor_class(s.executor).writes_local_store or s.nb_worker == 0
+        joins = locked_by == SHARED_WRITERS and cache.shares(readable)
         if locked_by not in (None, os.getpid()) and newest is not None and not joins:
             # Another run writes this prefix: serve what it committed rather than wait or fail.
             log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
