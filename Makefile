@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test typecheck chaos parity bench clean
+.PHONY: demo test check typecheck chaos parity peer-torch bench clean
 
 # setup.py and the C source: an install rebuilds the compiled gather (cachestore/_gather.c).
 $(STAMP): pyproject.toml setup.py cachestore/_gather.c
@@ -18,8 +18,24 @@ $(STAMP): pyproject.toml setup.py cachestore/_gather.c
 demo: $(STAMP)
 	$(PY) -m benchmarks.demo
 
+# The suite CI runs (.ci/run): every check once, in minutes. Tests marked `long` (more backends,
+# collates and stopping points of a matrix whose diagonal runs here: tests/marks.py) wait for `check`.
 test: typecheck
+	$(PY) -m pytest -q -m "not long"
+
+# Everything, for a change that touches the engine or the loader's epochs: the whole suite with its
+# long variations, the full chaos run, the parity suite at length, and torch's own DataLoader tests
+# through CachedLoader where a copy of them is at PEER_TORCH (skipped, with a word, where not).
+PEER_TORCH ?= ../shared/peer_torch
+check: typecheck
 	$(PY) -m pytest -q
+	$(MAKE) chaos
+	$(MAKE) parity
+	$(MAKE) peer-torch
+
+peer-torch: $(STAMP)
+	@if [ -x "$(PEER_TORCH)/run.sh" ]; then PROJ=$(CURDIR) MODES="nocache cachewarm" "$(PEER_TORCH)/run.sh"; \
+	else echo "peer-torch: no torch DataLoader test copy at PEER_TORCH=$(PEER_TORCH); skipped"; fi
 
 # The storage engine and the executors are typed strictly; the rest of the loader with mypy's defaults.
 typecheck: $(STAMP)

@@ -14,6 +14,7 @@ import pytest
 from cachestore.cli import main as cli
 from loader import CachedLoader
 
+from ..marks import long
 from .datasets import ArangeDataset, read_calls
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -80,7 +81,7 @@ def _torchrun(out: Path, *extra: str, ranks: int = 2) -> subprocess.CompletedPro
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-@pytest.mark.parametrize("ranks,workers", [(2, 2), (4, 0)])
+@pytest.mark.parametrize("ranks,workers", [(2, 2), pytest.param(4, 0, marks=long)])
 def test_torchrun_ranks_share_the_node_store_and_split_it_anew_every_epoch(tmp_path, ranks, workers):
     run = _torchrun(tmp_path, "--cache", "--workers", str(workers), "--epochs", "4", ranks=ranks)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -100,7 +101,7 @@ def test_torchrun_ranks_share_the_node_store_and_split_it_anew_every_epoch(tmp_p
 
 @pytest.mark.timeout(200 * TORCHRUN_REPEATS)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-@pytest.mark.parametrize("compared", ["torch.distributed", "files"])
+@pytest.mark.parametrize("compared", ["torch.distributed", pytest.param("files", marks=long)])
 def test_torchrun_ranks_whose_datasets_differ_keep_a_store_each(tmp_path, compared):
     # Each rank logs its dataset calls into a directory of its own: a parameter that differs by rank,
     # so the ranks cannot share the node's store. They compare their datasets over torch.distributed,
@@ -123,6 +124,7 @@ def test_torchrun_ranks_whose_datasets_differ_keep_a_store_each(tmp_path, compar
 
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+@long  # test_shared_store.py checks scope="rank" in one process
 def test_torchrun_rank_scope_keeps_a_store_per_rank(tmp_path):
     run = _torchrun(tmp_path, "--cache", "--scope", "rank")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 
 from loader import CachedLoader, default_collate
 
+from ..marks import covering
 from .conftest import leftovers, live_children, my_segments
 from .parity_datasets import ParityDataset, collate_batch_level, collate_list
 
@@ -394,17 +395,15 @@ def check_cache_epochs(root: Path, backend: str, nb_worker: int, collate: str, c
         check_epochs_in_order(case, collate, loader, 4, ["generate", "read", "generate", "read"], context)
 
 
-@pytest.mark.parametrize("collate", list(COLLATES))
-@pytest.mark.parametrize("backend", BACKENDS)
-@parity(bounded=5, seconds_per_example=1)
+@covering("backend,collate", BACKENDS, list(COLLATES))
+@parity(bounded=3, seconds_per_example=1)
 @with_examples
 @given(case=cases)
 def test_cache_epochs_without_workers_serve_what_torch_serves(tmp_path, backend, collate, case):
     check_cache_epochs(tmp_path, backend, 0, collate, case)
 
 
-@pytest.mark.parametrize("collate", list(COLLATES))
-@pytest.mark.parametrize("backend", BACKENDS)
+@covering("backend,collate", BACKENDS, list(COLLATES))
 @parity(bounded=1, seconds_per_example=4)
 @with_examples
 @given(case=cases)
@@ -517,9 +516,8 @@ def check_rotation_epochs(root: Path, medium: str, nb_worker: int, collate: str,
             check_rotation_epoch(loader, epoch, case, collate, rotation, by_key, context)
 
 
-@pytest.mark.parametrize("collate", list(COLLATES))
-@pytest.mark.parametrize("medium", ["memory", "disk"])
-@parity(bounded=5, seconds_per_example=1)
+@covering("medium,collate", ["memory", "disk"], list(COLLATES))
+@parity(bounded=3, seconds_per_example=1)
 @with_rotation_examples
 @given(rotation_case=rotation_cases)
 def test_rotation_epochs_without_workers_serve_each_sample_r_times(tmp_path, medium, collate, rotation_case):

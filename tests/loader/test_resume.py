@@ -13,6 +13,7 @@ import pytest
 
 from loader import CachedLoader
 
+from ..marks import covering, long
 from .datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,8 +53,8 @@ def setting_for(tmp, backend, nb_worker, name):
             "cache": {"prefix": str(tmp / name), "update_frequency": 2, "backend": backend}}
 
 
-@pytest.mark.parametrize("case", list(SETTINGS))
-@pytest.mark.parametrize("stop_after", [3, 8, 17, 19])  # mid generate, first batch of a read, ..., epoch boundary
+# Stopped mid generate, at the first batch of a read, ..., at an epoch boundary.
+@covering("stop_after,case", [3, 8, 17, 19], list(SETTINGS))
 def test_resumed_stream_equals_the_uninterrupted_one(no_leaks, case, stop_after):
     backend, nb_worker = SETTINGS[case]["backend"], SETTINGS[case]["nb_worker"]
     golden, _ = leg(no_leaks, "golden", setting_for(no_leaks, backend, nb_worker, "golden"))
@@ -68,7 +69,8 @@ def test_resumed_stream_equals_the_uninterrupted_one(no_leaks, case, stop_after)
     assert modes.count("generate") and modes.count("read")
 
 
-@pytest.mark.parametrize("case", [c for c in SETTINGS if SETTINGS[c]["backend"] != "memory"] + ["lmdb-2"])
+@pytest.mark.parametrize("case", ["memmap-2", "lmdb-0", pytest.param("memmap-0", marks=long),
+                                  pytest.param("lmdb-2", marks=long)])
 def test_resume_mid_generate_epoch_adopts_what_was_written(no_leaks, case):
     """Random augmentation: a recomputed sample would differ, so equal values prove adoption."""
     backend, workers = case.split("-")

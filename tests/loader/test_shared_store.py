@@ -17,6 +17,7 @@ from torch.utils.data import DistributedSampler
 from cachestore import FingerprintMismatchError, StoreLockedError, open_store
 from loader import CachedLoader
 
+from ..marks import long
 from .datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +45,7 @@ def alone(n: int, seed: int, batch_size: int, epochs: int, prefix: Path) -> list
         return [[b["y"].tolist() for b in loader] for _ in range(epochs)]
 
 
-@pytest.mark.parametrize("jobs", [2, 3])
+@pytest.mark.parametrize("jobs", [2, pytest.param(3, marks=long)])
 def test_jobs_started_together_compute_each_sample_once(no_leaks, jobs):
     n, calls, barrier = 90, no_leaks / "calls", no_leaks / "barrier"
     calls.mkdir()

@@ -11,13 +11,13 @@ import torch.utils.data as tud
 from cachestore import open_store
 from loader import CachedLoader
 
+from ...marks import covering, long
 from ..datasets import ArangeDataset
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
-@pytest.mark.parametrize("context", ["spawn", "fork"])
+@covering("context,backend", ["spawn", "fork"], ["memmap", "lmdb"])
 def test_torch_dataloader_reads_what_cachedloader_served(tmp_path, backend, context):
     prefix = str(tmp_path / "cache")
     served = {}
@@ -68,7 +68,7 @@ def _reader(path: str, committed, results, stop) -> None:
         results.put(("error", repr(exc)))
 
 
-@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+@pytest.mark.parametrize("backend", ["memmap", pytest.param("lmdb", marks=long)])
 def test_readers_in_other_processes_while_the_writer_keeps_committing(tmp_path, backend):
     path = str(tmp_path / "store")
     store = open_store(path, backend)

@@ -12,6 +12,7 @@ import pytest
 
 from loader.compat import SwiftLoader
 
+from ...marks import long
 from ..compat_datasets import IndexDataset
 
 
@@ -21,7 +22,8 @@ def served(loader: SwiftLoader) -> list[int]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n, batch, consumers, workers", [
-    (50, 5, 2, 1), (50, 4, 2, 2), (47, 5, 3, 1), (47, 4, 3, 2), (97, 5, 4, 1), (97, 4, 4, 2), (50, 3, 2, 3),
+    (50, 5, 2, 1), (47, 4, 3, 2), (97, 5, 4, 1),
+    *(pytest.param(*case, marks=long) for case in [(50, 4, 2, 2), (47, 5, 3, 1), (97, 4, 4, 2), (50, 3, 2, 3)]),
 ])
 def test_unshuffled_consumers_get_contiguous_runs_in_order(n, batch, consumers, workers):
     run = -(-n // consumers)

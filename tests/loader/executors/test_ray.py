@@ -24,6 +24,7 @@ from loader.errors import WorkerError
 from loader.errors import WorkerTimeoutError
 from loader import CachedLoader
 
+from ...marks import long
 from ..conftest import leftovers, my_segments
 from ..datasets import ArangeDataset, HangDataset, KillSelfDataset
 from ..ray_datasets import NodeRecordingDataset, read_nodes
@@ -122,6 +123,7 @@ def test_every_sample_is_computed_on_the_producer_node_and_cached(cluster, tmp_p
     assert_released(tmp_path)
 
 
+@long
 def test_rotation_and_background_refresh_compute_on_actors(cluster, tmp_path):
     nodes = tmp_path / "nodes"
     nodes.mkdir()
@@ -226,6 +228,7 @@ def test_dataset_exception_keeps_its_type_index_and_traceback(cluster, tmp_path)
     assert_released(tmp_path)
 
 
+@long
 def test_timeout_names_the_stuck_actor_and_its_indices(cluster, tmp_path):
     # Long enough for the actors to start on a loaded machine: the clock counts start-up too.
     loader = CachedLoader(HangDataset, {"n": 32, "hang_at": 9}, batch_size=4, shuffle=False, timeout=10,
@@ -239,6 +242,7 @@ def test_timeout_names_the_stuck_actor_and_its_indices(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+@long
 def test_state_dict_resumes_mid_epoch_with_ray(cluster, tmp_path):
     def build():
         return CachedLoader(ArangeDataset, {"n": 30}, batch_size=4, seed=3, executor="ray",
@@ -271,6 +275,7 @@ def test_state_dict_resumes_mid_epoch_with_ray(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+@long
 def test_cached_epoch_is_read_locally_with_the_cluster_gone(tmp_path):
     """A cluster of its own: this test stops it between two epochs."""
     ray = pytest.importorskip("ray")
@@ -319,6 +324,7 @@ def test_existing_connection_is_left_open_and_actors_terminated(cluster, tmp_pat
         ray.shutdown()
 
 
+@long
 def test_without_address_a_local_ray_is_started_and_stopped(tmp_path):
     """In a process of its own: one process that uses two Ray instances in turn is not what Ray expects."""
     pytest.importorskip("ray")
