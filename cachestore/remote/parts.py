@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..claims import DONE_NAME, Claims
 from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
 from . import layout
@@ -243,7 +244,8 @@ def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int
         target = Path(into)
         placed = [k for k in wanted if not list(target.glob(f"remote-p{k:04d}-*.idx"))]
         for k in placed:
-            place_part(remote, local, found[k], target)
+            shard = place_part(remote, local, found[k], target)
+            _mark_done(target, found[k], shard)
         return placed
     n = next(iter(found.values())).num_samples
     writer = local.writer(generation, n)
@@ -255,6 +257,18 @@ def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int
         writer.abort()
         raise
     return wanted
+
+
+def _mark_done(area: Path, pm: PartManifest, shard: str) -> None:
+    """In an area written together (:mod:`cachestore.shared`), mark the placed part's samples done in
+    `shard`: its commit keeps, for each sample, the copy the done map names."""
+    if not (area / DONE_NAME).exists():
+        return
+    claims = Claims(area, pm.num_samples)
+    try:
+        claims.finish(range(pm.set.start, pm.set.stop), shard)
+    finally:
+        claims.close()
 
 
 # listing ---------------------------------------------------------------------------------------

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from .base import RemoteBase
 
 
-def place_part(remote: "RemoteBase", local: Store, pm: PartManifest, staging: Path) -> None:
-    """Download part `pm` into the memmap staging area `staging` as one shard, verified; its index last."""
+def place_part(remote: "RemoteBase", local: Store, pm: PartManifest, staging: Path) -> str:
+    """Download part `pm` into the memmap staging area `staging` as one shard, verified; its index last.
+    Returns the shard's name."""
     fs = pm.set
     object_sizes(remote, pm.generation, fs)
     shard = f"remote-p{pm.part:04d}-{secrets.token_hex(3)}"
@@ -81,6 +82,7 @@ def place_part(remote: "RemoteBase", local: Store, pm: PartManifest, staging: Pa
         _verify_part(staging, shard, tmp_index, pm, widths, local.allow_pickle)
         os.rename(tmp_index, staging / f"{shard}.idx")
         safefs.fsync_dir(staging)
+        return shard
     except BaseException:
         for path in (tmp_index, staging / f"{shard}.seg"):
             if os.path.lexists(path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from cachestore import codec, records
 
 from ..cache.controller import CacheController
+from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
@@ -87,8 +88,8 @@ class EpochContext:
         if policy is not BudgetPolicy.ROTATE:
             return
         assert self.cache is not None
-        self.state.rotation = self.state.fallback = self.cache.rotation_fallback(self.sample_bytes(),
-                                                                                 len(self.indices))
+        fallback = rotation_fallback(self.cache, self.sample_bytes(), len(self.indices))
+        self.state.rotation = self.state.fallback = fallback
         self.open_window()
         rotation, window = self.state.rotation, self.res.window
         assert window is not None

@@ -16,6 +16,7 @@ import numpy as np
 from cachestore.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
+from ..distributed import ConsumerLayout
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
@@ -54,7 +55,7 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int, int] | None = None) -> EpochPlan:
+               ranks: tuple[int, int, int, int] | None = None, cluster: ConsumerLayout | None = None) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -73,8 +74,13 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
+    cluster
+        Several nodes whose stores each hold the whole dataset (a cache with a remote): see
+        :func:`_plan_cluster`.
     """
     s = settings
+    if cluster is not None and cache is not None and not cache.off and not rotates and s.sampling is None:
+        return _plan_cluster(epoch, skip, s, indices, seed, cache, cluster)
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
     if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
@@ -108,13 +114,15 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         blocks = None
         # Ranks splitting one order must draw the same one, whether each reads the generation or (started
         # before its commit) reads it back from the area being written: several ranks read in random order.
-        kind = choice.order if ranks is None or ranks[0] == 1 else "random"
+        # Read from the remote directly, blocks of consecutive records make one ranged read each.
+        kind = "block" if "direct" in notes else choice.order if ranks is None or ranks[0] == 1 else "random"
         if kind == "block" and s.sampling is None and s.shuffle and not s.nearby_shuffle:
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         info = cache.committed().get(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=_order_used(blocks is not None, s),
-                        committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream)
+                        committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream,
+                        remote="direct" in notes)
     dropped = len(order) - sum(len(b) for b in batches)
     unserved = (batches[:skip] + ([before] if len(before) else [])
                 + ([order[len(order) - dropped:]] if dropped > 0 else []))
@@ -128,6 +136,35 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         else:
             plan.fill = fill
     return plan
+
+
+def _plan_cluster(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int, cache: CacheController,
+                  layout: ConsumerLayout) -> EpochPlan:
+    """An epoch of several nodes whose stores each hold the whole dataset (a cache with a remote).
+
+    A read epoch deals a new order of the whole dataset to every rank of every node
+    (:func:`~loader.epochs.order.node_deck` over all of them). A generate epoch serves this
+    node's part (:meth:`loader.cache.remote.RemoteTier.own_part`) dealt to its ranks, as many
+    batches as a read epoch; what a rank's share holds beyond them is computed and written
+    unserved. Without the remote (unreachable) the node's part is the whole dataset: every node
+    computes it all, serving as many batches as with the remote.
+    """
+    n, per_rank = len(indices), layout.batches(s.batch_size, s.drop_last)
+    generation, mode, notes = cache.choose(epoch)
+    if mode == EpochMode.READ:
+        deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
+        _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
+                                  per_rank)
+        info = cache.committed().get(generation)
+        return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=_order_used(False, s),
+                        committed_at=info.created if info is not None else None,
+                        stream=cache.read_choice(generation).stream, remote="direct" in notes)
+    start, stop = cache.remote.own_part(n) if cache.remote is not None else (0, n)
+    deck = start + node_deck(stop - start, epoch, seed, layout.local_ranks, s.shuffle)
+    mine, batches = rank_batches(deck, layout.local_ranks, layout.local_rank, s.batch_size, s.drop_last, per_rank)
+    served = sum(len(b) for b in batches)
+    unserved = batches[:skip] + ([mine[served:]] if served < len(mine) else [])
+    return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
 
 
 def _order_used(in_blocks: bool, s: LoaderSettings) -> str:

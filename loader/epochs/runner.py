@@ -47,7 +47,7 @@ class EpochRunner:
         cache = None
         if settings.cache is not None:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
-            res.store = cache.store
+            res.store, res.remote = cache.store, cache.remote
             cache.decide_refresh(settings.nb_worker)
         self.ctx = EpochContext(settings, layout, producer, res, cache)
         self.place = compute_place(self.ctx)
@@ -82,8 +82,9 @@ class EpochRunner:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
                      layout.batches(s.batch_size, s.drop_last))
+        cluster = layout if layout.whole and layout.nodes > 1 else None
         plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
-                          lambda generation, at: refreshed(ctx, generation, at), ranks)
+                          lambda generation, at: refreshed(ctx, generation, at), ranks, cluster)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         return plan
