@@ -82,7 +82,7 @@ def consumer_layout(settings: LoaderSettings, num_samples: int) -> ConsumerLayou
     scope, every node's store holds the whole dataset (``ConsumerLayout.whole``)."""
     s, cache = settings, settings.cache
     whole = cache is not None and cache.remote is not None and cache.scope == "node"
-    node = node_of(cache, s.nb_consumer, s.consumer_index) if whole and cache is not None else None
+    node = node_of(cache.nb_node, cache.node_rank, s.nb_consumer) if whole and cache is not None else None
     return ConsumerLayout(num_samples, s.nb_consumer, s.consumer_index, s.seed,
                           pinned=cache is not None or not s.shuffle, scheme=s.partition,
                           workers=s.nb_worker, shuffled=s.shuffle,

@@ -67,3 +67,51 @@ def test_remote_required_fails_within_start_timeout(tmp_path, weed, remote_url):
     with pytest.raises(OSError, match="did not answer within 2 s") as info:
         CachedLoader(ArangeDataset, {"n": 20}, batch_size=4, nb_worker=0, cache_setting=setting)
     assert "s3cr3t" not in str(info.value)
+
+
+def test_a_generation_too_large_for_the_budget_is_read_from_the_remote(tmp_path, weed, remote_url):
+    with _loader(tmp_path / "a", remote_url, weed, tmp_path / "calls-a") as first:
+        served = _epoch(first)
+    with _loader(tmp_path / "b", remote_url, weed, tmp_path / "calls-b", disk_budget=2048) as second:
+        again = _epoch(second)
+        stats = second.epoch_stats[-1]
+        assert stats.extra.get("direct") == 0 and stats.extra.get("gather") == "remote"
+        assert stats.extra.get("read_order") == "block"
+        assert second.store.generations() == []  # nothing was written locally
+    assert read_calls(str(tmp_path / "calls-b")) == []
+    assert sorted(again) == list(range(40)) and all(np.array_equal(again[i], served[i]) for i in range(40))
+
+
+def test_server_stopped_mid_publish_leaves_nothing_visible_and_the_next_run_finishes_it(
+        tmp_path, weed, remote_url, monkeypatch, caplog):
+    from cachestore.remote import client, packing
+
+    monkeypatch.setattr(packing, "PACK_BYTES", 64 << 10)
+    monkeypatch.setattr(packing, "CHUNK_BYTES", 16 << 10)
+    put, stopped = client.Client.put, []
+
+    def put_then_stop(self, key, data):
+        put(self, key, data)
+        if "/data/" in key and not stopped:
+            stopped.append(key)
+            weed.stop()  # in the publisher's thread, after its first object
+    monkeypatch.setattr(client.Client, "put", put_then_stop)
+    short = {"retry_timeout": 2.0, "max_retries": 2}
+    setting = {"prefix": str(tmp_path / "a"), "remote": remote_url, "storage_options": {**options(weed), **short},
+               "fingerprint": "big-remote"}
+    try:
+        with caplog.at_level(logging.WARNING, logger="loader.cache.remote"):
+            with CachedLoader(ArangeDataset, {"n": 200, "shape": (3, 32, 32)}, batch_size=16, nb_worker=0,
+                              cache_setting=setting) as loader:
+                assert len(_epoch(loader)) == 200
+        assert stopped and any("was not published" in r.getMessage() for r in caplog.records)
+    finally:
+        if weed.proc is None:
+            weed.start()
+    monkeypatch.setattr(client.Client, "put", put)
+    remote = open_remote(remote_url, options(weed), local=loader.store)
+    assert remote.generation_ids() == []  # no manifest: nothing visible
+    with CachedLoader(ArangeDataset, {"n": 200, "shape": (3, 32, 32)}, batch_size=16, nb_worker=0,
+                      cache_setting=setting) as again:
+        assert again.epoch_stats == [] and again.store.latest() == 0
+    assert remote.generation_ids() == [0]  # published by the next run's start, waited for by its close()

@@ -1,0 +1,107 @@
+"""Several nodes, one generation: two torchrun invocations (``--nnodes=2`` on 127.0.0.1), separate local
+prefixes, one remote; and a node killed before it publishes its part."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachestore import open_store
+
+from .conftest import KEY, SECRET
+from .server import free_port
+
+SCRIPT = Path(__file__).with_name("node_script.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+N = 48
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _env(weed) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": weed.endpoint, "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def _stores_hold_everything(prefixes: list[Path]) -> None:
+    for prefix in prefixes:
+        assert sorted(os.listdir(prefix)) == ["gen-000000", "store.json"]  # nothing else left behind
+        with open_store(prefix, readonly=True) as store:
+            gens = [g for g in store.generations() if g.committed]
+            assert [(g.id, g.num_samples) for g in gens] == [(0, N)], (prefix, gens)
+            reader = store.reader(0)
+            assert all(int(reader[i]["y"]) == i and np.all(reader[i]["x"] == i) for i in range(N))
+            reader.close()
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generation(tmp_path, weed, remote_url):
+    port = free_port()
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                               str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--epochs", "3"],
+                              env=_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    for code, err in _finish(procs):
+        assert code == 0, err[-3000:]
+    results = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in range(2)]
+    calls = sorted(results[0]["calls"] + results[1]["calls"])
+    assert calls == list(range(N))  # each sample computed once across the nodes
+    assert results[0]["calls"] == list(range(N // 2)) and results[1]["calls"] == list(range(N // 2, N))
+    for r in results:
+        assert r["modes"] == ["generate", "read", "read"]
+        assert r["computed"][1:] == [0, 0]
+        assert all(len(e) == len(r["epochs"][0]) for e in r["epochs"])  # as many batches every epoch
+        # The cached epochs deal the whole cluster's samples: every rank sees all of them in two epochs.
+        assert sorted(set(r["epochs"][1]) | set(r["epochs"][2])) == list(range(N))
+    for epoch in (1, 2):  # the ranks of an epoch are dealt disjoint shares covering everything
+        both = results[0]["epochs"][epoch] + results[1]["epochs"][epoch]
+        assert sorted(both) == list(range(N))
+    assert results[0]["epochs"][1] != results[0]["epochs"][2]  # a new deal every epoch
+    assert [r["store"] for r in results] == [str(p) for p in prefixes]  # prefix itself: no node-<k>-of-<m>/
+    _stores_hold_everything(prefixes)
+
+
+def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_path, weed, remote_url):
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+
+    def node(k: int, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url,
+                                 "--node", str(k), "--nodes", "2", "--epochs", "2", "--part-timeout", "3", *extra],
+                                env=_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = node(1, "--kill-at", str(N - 3))  # in its own part (24..47), after some of it was computed
+    (code, err), = _finish([killed])
+    assert code == -9, err[-3000:]
+    (code, err), = _finish([node(0)])
+    assert code == 0, err[-3000:]
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert result["calls"] == list(range(N))  # its own part, then the dead node's
+    assert result["modes"] == ["generate", "read"]
+    _stores_hold_everything(prefixes[:1])
+    # The killed node, run again, finds the generation complete on the remote and fetches it.
+    (code, err), = _finish([node(1)])
+    assert code == 0, err[-3000:]
+    again = json.loads((tmp_path / "node1.json").read_text())
+    assert again["modes"] == ["read", "read"] and again["computed"] == [0, 0]
+    _stores_hold_everything(prefixes)
