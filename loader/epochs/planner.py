@@ -161,9 +161,12 @@ def _plan_cluster(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray,
                         stream=cache.read_choice(generation).stream, remote="direct" in notes)
     start, stop = cache.remote.own_part(n) if cache.remote is not None else (0, n)
     deck = start + node_deck(stop - start, epoch, seed, layout.local_ranks, s.shuffle)
-    mine, batches = rank_batches(deck, layout.local_ranks, layout.local_rank, s.batch_size, s.drop_last, per_rank)
+    share = deck[layout.local_rank::layout.local_ranks]
+    cap = per_rank * s.batch_size  # what a read epoch serves; the rest of the share is written unserved
+    mine, batches = rank_batches(share[:cap], 1, 0, s.batch_size, s.drop_last, per_rank)
     served = sum(len(b) for b in batches)
-    unserved = batches[:skip] + ([mine[served:]] if served < len(mine) else [])
+    rest = np.concatenate([mine[served:], share[cap:]])
+    unserved = batches[:skip] + split_batches(rest, s.batch_size, False)
     return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
 
 

@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--part-timeout", type=float, default=120.0)
     parser.add_argument("--n", type=int, default=48)
+    parser.add_argument("--start-timeout", type=float, default=20.0)
     args = parser.parse_args()
     synced = args.node is None
     if synced:
@@ -54,7 +55,7 @@ def main() -> None:
     if args.kill_at is not None:
         dataset, params["kill_at"] = KillSelfDataset, args.kill_at
     cache = {"prefix": args.prefix, "remote": args.remote, "fingerprint": "nodes-test", "part_timeout": args.part_timeout,
-             "start_timeout": 20.0, **nodes}
+             "start_timeout": args.start_timeout, **nodes}
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=11, cache_setting=cache, **ranks)
     result: dict[str, object] = {"rank": rank, "len": len(loader), "epochs": [], "modes": [], "computed": []}
     with loader:

@@ -24,8 +24,8 @@ N = 48
 pytestmark = pytest.mark.timeout(300)
 
 
-def _env(weed) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": weed.endpoint, "AWS_ACCESS_KEY_ID": KEY,
+def _env(weed, endpoint: str | None = None) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": endpoint or weed.endpoint, "AWS_ACCESS_KEY_ID": KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
 
 
@@ -104,4 +104,21 @@ def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_
     assert code == 0, err[-3000:]
     again = json.loads((tmp_path / "node1.json").read_text())
     assert again["modes"] == ["read", "read"] and again["computed"] == [0, 0]
+    _stores_hold_everything(prefixes)
+
+
+def test_nodes_that_cannot_reach_the_remote_each_compute_everything(tmp_path, weed, remote_url):
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--node",
+                               str(k), "--nodes", "2", "--epochs", "2", "--start-timeout", "1"],
+                              env=_env(weed, "http://127.0.0.1:9"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for k in range(2)]
+    for code, err in _finish(procs):
+        assert code == 0, err[-3000:]
+        assert err.count("cannot be reached") == 1  # one warning
+    results = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in range(2)]
+    for r in results:
+        assert r["calls"] == list(range(N))  # its part served, the rest computed unserved
+        assert r["modes"] == ["generate", "read"] and len(r["epochs"][0]) == len(r["epochs"][1]) == N // 2
+    assert sorted(results[0]["epochs"][1] + results[1]["epochs"][1]) == list(range(N))
     _stores_hold_everything(prefixes)
