@@ -115,3 +115,42 @@ def test_server_stopped_mid_publish_leaves_nothing_visible_and_the_next_run_fini
                       cache_setting=setting) as again:
         assert again.epoch_stats == [] and again.store.latest() == 0
     assert remote.generation_ids() == [0]  # published by the next run's start, waited for by its close()
+
+
+@pytest.mark.parametrize("setting, match", [
+    ({"remote": "ftp://host/x"}, "remote"),
+    ({"remote": 3}, "URL string"),
+    ({"remote": "s3://bucket/x", "backend": "lmdb"}, "memmap"),
+    ({"remote": "s3://bucket/x", "storage_options": "key=1"}, "storage_options"),
+    ({"remote": "s3://bucket/x", "part_timeout": 0}, "part_timeout"),
+    ({"remote": "s3://bucket/x", "start_timeout": -1}, "start_timeout"),
+    ({"remote": "s3://bucket/x", "remote_required": "yes"}, "remote_required"),
+    ({"nb_node": 2}, "go together"),
+    ({"nb_node": 2, "node_rank": 2}, "must be <"),
+    ({"nb_node": 0, "node_rank": 0}, "nb_node"),
+])
+def test_remote_settings_are_checked_at_construction(tmp_path, setting, match):
+    with pytest.raises(ValueError, match=match):
+        CachedLoader(ArangeDataset, {"n": 8}, batch_size=2, nb_worker=0,
+                     cache_setting={"prefix": str(tmp_path), **setting})
+
+
+def test_credentials_stay_out_of_the_settings_and_the_state(tmp_path, weed, remote_url):
+    with _loader(tmp_path / "a", remote_url, weed, tmp_path / "calls") as loader:
+        _epoch(loader)
+        assert "s3cr3t" not in repr(loader.settings) and "s3cr3t" not in repr(loader.cache)
+        assert "s3cr3t" not in repr(loader.state_dict())
+
+
+def test_a_loader_without_a_remote_never_imports_the_remote_tier(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from loader import CachedLoader; from tests.loader.datasets import ArangeDataset; "
+            f"l = CachedLoader(ArangeDataset, {{'n': 8}}, batch_size=2, nb_worker=0, "
+            f"cache_setting={{'prefix': {str(tmp_path)!r}}}); [b for b in l]; l.close(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('obstore', 'cachestore.remote', 'loader.cache.remote'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
