@@ -55,31 +55,34 @@ def _stores_hold_everything(prefixes: list[Path]) -> None:
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generation(tmp_path, weed, remote_url):
-    port = free_port()
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generation(tmp_path, weed, remote_url,
+                                                                                     per_node):
+    port, world, epochs = free_port(), 2 * per_node, 1 + 2 * per_node
     prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
-    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", f"--nproc_per_node={per_node}", f"--node_rank={k}",
                                "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
-                               str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--epochs", "3"],
+                               str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--epochs", str(epochs)],
                               env=_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(2)]
     for code, err in _finish(procs):
         assert code == 0, err[-3000:]
-    results = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in range(2)]
-    calls = sorted(results[0]["calls"] + results[1]["calls"])
-    assert calls == list(range(N))  # each sample computed once across the nodes
-    assert results[0]["calls"] == list(range(N // 2)) and results[1]["calls"] == list(range(N // 2, N))
+    results = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(world)]
+    calls = sorted(c for r in results for c in r["calls"])
+    assert calls == list(range(N))  # each sample computed once across the nodes (and their ranks)
+    for k in range(2):  # node k computed its part: samples k*N//2 .. (k+1)*N//2 - 1
+        node_calls = sorted(c for r in results[k * per_node:(k + 1) * per_node] for c in r["calls"])
+        assert node_calls == list(range(k * N // 2, (k + 1) * N // 2))
     for r in results:
-        assert r["modes"] == ["generate", "read", "read"]
-        assert r["computed"][1:] == [0, 0]
-        assert all(len(e) == len(r["epochs"][0]) for e in r["epochs"])  # as many batches every epoch
-        # The cached epochs deal the whole cluster's samples: every rank sees all of them in two epochs.
-        assert sorted(set(r["epochs"][1]) | set(r["epochs"][2])) == list(range(N))
-    for epoch in (1, 2):  # the ranks of an epoch are dealt disjoint shares covering everything
-        both = results[0]["epochs"][epoch] + results[1]["epochs"][epoch]
-        assert sorted(both) == list(range(N))
+        assert r["modes"] == ["generate"] + ["read"] * (epochs - 1)
+        assert r["computed"][1:] == [0] * (epochs - 1)
+        assert all(len(e) == len(r["epochs"][0]) for e in r["epochs"])  # as many samples every epoch
+        # The cached epochs deal the whole cluster's samples: a rank sees them all in world_size epochs.
+        assert sorted(set().union(*r["epochs"][1:1 + world])) == list(range(N))
+    for epoch in range(1, epochs):  # the ranks of an epoch are dealt disjoint shares covering everything
+        assert sorted(c for r in results for c in r["epochs"][epoch]) == list(range(N))
     assert results[0]["epochs"][1] != results[0]["epochs"][2]  # a new deal every epoch
-    assert [r["store"] for r in results] == [str(p) for p in prefixes]  # prefix itself: no node-<k>-of-<m>/
+    assert {r["store"] for r in results} == {str(p) for p in prefixes}  # prefix itself: no node-<k>-of-<m>/
     _stores_hold_everything(prefixes)
 
 
