@@ -227,6 +227,18 @@ class RemoteTier:
         there (computing those nobody publishes within ``part_timeout``), so the area is complete."""
         if not self.parts or not self.leader:
             return
+        try:
+            self._exchange(build, compute)
+        except RemoteError as exc:
+            # The remote went away: this node computes what the area lacks, as without a remote.
+            area, n = Path(build.writer.token.path), len(build.have)
+            missing = np.flatnonzero(done_map(area, n) == 0) if (area / DONE_NAME).exists() else np.zeros(0, np.int64)
+            log.warning("exchanging parts of generation %d through %s failed (%s): computing the %d samples this "
+                        "node lacks", build.generation, self.where, exc, len(missing))
+            if len(missing):
+                compute(missing.astype(np.int64))
+
+    def _exchange(self, build: "GenerationBuild", compute: Callable[[np.ndarray], None]) -> None:
         assert self.remote is not None
         g, n, area = build.generation, len(build.have), Path(build.writer.token.path)
         start, stop = part_range(n, self.node, self.nodes)

@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--part-timeout", type=float, default=120.0)
     parser.add_argument("--n", type=int, default=48)
     parser.add_argument("--start-timeout", type=float, default=20.0)
+    parser.add_argument("--retry-timeout", type=float, default=None)
     args = parser.parse_args()
     synced = args.node is None
     if synced:
@@ -56,6 +57,8 @@ def main() -> None:
         dataset, params["kill_at"] = KillSelfDataset, args.kill_at
     cache = {"prefix": args.prefix, "remote": args.remote, "fingerprint": "nodes-test", "part_timeout": args.part_timeout,
              "start_timeout": args.start_timeout, **nodes}
+    if args.retry_timeout is not None:  # the endpoint and credentials still come from the environment
+        cache["storage_options"] = {"retry_timeout": args.retry_timeout, "max_retries": 2}
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=11, cache_setting=cache, **ranks)
     result: dict[str, object] = {"rank": rank, "len": len(loader), "epochs": [], "modes": [], "computed": []}
     with loader:

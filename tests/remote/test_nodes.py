@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,36 @@ def test_nodes_that_cannot_reach_the_remote_each_compute_everything(tmp_path, we
         assert r["modes"] == ["generate", "read"] and len(r["epochs"][0]) == len(r["epochs"][1]) == N // 2
     assert sorted(results[0]["epochs"][1] + results[1]["epochs"][1]) == list(range(N))
     _stores_hold_everything(prefixes)
+
+
+def test_server_stopped_while_a_node_waits_for_the_others_part(tmp_path, weed, remote_url):
+    from cachestore.remote import open_remote
+
+    from .conftest import options
+
+    prefix = tmp_path / "node0" / "cache"
+    node = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefix), remote_url, "--node", "0",
+                             "--nodes", "2", "--epochs", "2", "--part-timeout", "120", "--retry-timeout", "2"],
+                            env=_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(0 in g.published for g in _generations(open_remote, remote_url, options(weed))):  # its part is out: it waits for part 1
+            assert node.poll() is None and time.monotonic() < deadline, node.communicate()[1][-3000:]
+            time.sleep(0.1)  # another process's progress on the server: nothing to wait on but a look
+        weed.stop()
+        (code, err), = _finish([node])
+    finally:
+        if weed.proc is None:
+            weed.start()
+    assert code == 0, err[-3000:]
+    assert "computing the 24 samples this node lacks" in err
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert result["calls"] == list(range(N)) and result["modes"] == ["generate", "read"]
+    _stores_hold_everything([prefix])
+
+
+def _generations(open_remote, url, opts):
+    try:
+        return open_remote(url, opts).remote_generations()  # the root's one store, once it is there
+    except (OSError, ValueError):
+        return []
