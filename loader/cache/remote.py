@@ -164,8 +164,9 @@ class RemoteTier:
 
     # publishing --------------------------------------------------------------------
     def publish(self, generation: int) -> None:
-        """Publish committed `generation` in the background (tried again later when the remote is away)."""
-        if not self.leader or not self._retry():
+        """Publish committed `generation` in the background (tried again later when the remote is away): the
+        process that committed it does, whichever rank of the node it is."""
+        if not self._retry():
             return
         assert self.remote is not None
         self.handles = [h for h in self.handles if not h.done()]
@@ -183,7 +184,7 @@ class RemoteTier:
             return
         if not there:
             log.info("generation %d of %s is not on %s yet: publishing it", newest, self.store.path, self.where)
-            self.publish(newest)
+            self.publish(newest)  # the node's first rank only (catch_up checks): one publish per node
 
     def close(self, progress: bool | None = None) -> None:
         """Wait for the publishes still running, showing progress; one that fails is said, not raised

@@ -159,3 +159,21 @@ def _generations(open_remote, url, opts):
         return open_remote(url, opts).remote_generations()  # the root's one store, once it is there
     except (OSError, ValueError):
         return []
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_one_node_of_two_ranks_publishes_what_it_computed(tmp_path, weed, remote_url):
+    from cachestore.remote import open_remote
+
+    from .conftest import options
+
+    prefix = tmp_path / "cache"
+    run = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), str(prefix),
+                          remote_url, "--epochs", "2"], env=_env(weed), capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(2)]
+    assert sorted(results[0]["calls"] + results[1]["calls"]) == list(range(N))  # the ranks split the work
+    assert all(r["modes"] == ["generate", "read"] for r in results)
+    _stores_hold_everything([prefix])
+    with open_store(prefix, readonly=True) as store:
+        assert open_remote(remote_url, options(weed), local=store).generation_ids() == [0]  # whichever committed
