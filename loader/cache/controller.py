@@ -380,6 +380,8 @@ class CacheController:
         self.mine.add(info.id)
         if self.remote is not None and not build.from_parts:
             self.remote.publish(info.id)
+        elif self.remote is not None:
+            self.remote.prune()  # completed on the remote from its parts: older generations may go
         removed = self.store.prune(keep=1)
         log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
                  info.num_samples, info.nbytes, ", computed in the background" if background else "", len(removed))

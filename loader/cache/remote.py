@@ -169,8 +169,23 @@ class RemoteTier:
         if not self._retry():
             return
         assert self.remote is not None
-        self.handles = [h for h in self.handles if not h.done()]
+        if any(h.done() for h in self.handles):
+            self.handles = [h for h in self.handles if not h.done()]
+            self.prune()  # an earlier publish is out: older generations may go
         self.handles.append(self.remote.publish(self.store, generation))
+
+    def prune(self) -> None:
+        """Keep on the remote as many generations as the local store keeps (the newest), never one a node
+        still reads (its lease): after a publish, or a generation completed from parts."""
+        if self.remote is None:
+            return
+        try:
+            removed = [r.generation for r in self.remote.prune(keep=1) if r.kind == "generation"]
+        except (CacheStoreError, OSError) as exc:
+            log.info("pruning %s failed (%s): the next publish tries again", self.where, exc)
+            return
+        if removed:
+            log.info("removed generation(s) %s from %s (newer ones are published)", removed, self.where)
 
     def catch_up(self) -> None:
         """Publish the newest committed local generation when the remote lacks it (a run that computed
@@ -190,6 +205,9 @@ class RemoteTier:
         """Wait for the publishes still running, showing progress; one that fails is said, not raised
         (the next run, or ``cachestore push``, finishes it)."""
         handles, self.handles = [h for h in self.handles if h.thread is not None], []
+        if any(not h.done() for h in handles):
+            log.info("waiting for %d publish(es) to %s", sum(not h.done() for h in handles), self.where)
+        published = False
         for handle in handles:
             bar = Progress(handle.total_bytes, f"publishing to {self.where}", enabled=progress, delay=1.0)
             try:
@@ -200,11 +218,14 @@ class RemoteTier:
                         pass
                     bar.update(handle.done_bytes - bar.done)
                 handle.wait(0)
+                published = True
             except (CacheStoreError, OSError) as exc:
                 log.warning("%s was not published (%s); the next run, or `cachestore push %s %s`, publishes it",
                             handle.what, exc, self.store.path, self.where)
             finally:
                 bar.close()
+        if published:
+            self.prune()
         if self.remote is not None:
             self.remote.close()
 

@@ -154,3 +154,11 @@ def test_a_loader_without_a_remote_never_imports_the_remote_tier(tmp_path):
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_remote_keeps_as_many_generations_as_the_local_store(tmp_path, weed, remote_url):
+    with _loader(tmp_path / "a", remote_url, weed, tmp_path / "calls", n=16, update_frequency=2) as loader:
+        for _ in range(6):  # generations 0, 1, 2, each published after its commit
+            _epoch(loader)
+        assert [g.id for g in loader.store.generations()] == [2]
+    assert open_remote(remote_url, options(weed), local=loader.store).generation_ids() == [2]
