@@ -122,7 +122,7 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
                                        ("direct", "ranged", "direct_vs_ranged", 0.7)):
             ratios = [b / a for a, b in zip(results[ours], results[base])]
             results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                             "goal": goal}
+                             "goal": goal, "n": len(ratios)}
         results["bytes"] = nbytes
         results["second_node"] = _second_node(server, tmp, opts, expensive_n, repeats, log)
         results["gb_per_s"] = {k: (nbytes if k in ("publish", "put", "fetch", "get") else served) /
@@ -168,8 +168,33 @@ def _second_node(server: Any, tmp: Path, opts: dict[str, Any], n: int, repeats: 
             f"{out['compute'][-1]:.2f} s computing")
     ratios = [c / s for c, s in zip(out["compute"], out["second"])]
     out["second_vs_compute"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                "goal": 5.0}
+                                "goal": 5.0, "n": len(ratios)}
     return out
+
+
+def remote_rows(results: dict[str, Any]) -> list[Any]:
+    """Target rows of the remote scenario (a scenario that was not run gives none)."""
+    from .tables import row, times
+
+    r = results.get("remote")
+    if not r:
+        return []
+    where = f"{r['bytes'] / 1e6:.0f} MB, 48 KiB samples, SeaweedFS on this machine"
+    gbps = r["gb_per_s"]
+    rows = [row(f"remote: {what} >= {r[key]['goal']:g}x {base}", where,
+                f"{gbps[ours]:.3f} vs {gbps[theirs]:.3f} GB/s", times(r[key]), f">= {r[key]['goal']:g}x",
+                lambda x, goal=r[key]["goal"]: x >= goal)
+            for what, base, key, ours, theirs in (
+                ("publish", "raw PUT", "publish_vs_put", "publish", "put"),
+                ("fetch", "raw GET", "fetch_vs_get", "fetch", "get"),
+                ("direct reads in block order", "raw ranged GETs", "direct_vs_ranged", "direct", "ranged"))]
+    second = r.get("second_node")
+    if second:
+        rows.append(row("remote: a second node's first epoch (fetch + read) >= 5x computing it",
+                        f"{second['n']} samples of {second['cost'] * 1e3:g} ms, {second['workers']} workers",
+                        f"{statistics.median(second['second']):.2f} vs {statistics.median(second['compute']):.2f} s",
+                        times(second["second_vs_compute"]), ">= 5x", lambda x: x >= 5))
+    return rows
 
 
 def _block_order(n: int, seed: int) -> np.ndarray:
