@@ -32,8 +32,8 @@ import numpy as np
 from cachestore import Store
 from cachestore.claims import DONE_NAME, done_map
 from cachestore import GenerationInfo
-from cachestore.errors import BudgetExceededError, CacheStoreError, StoreLockedError
-from cachestore.remote import RemoteError, RemoteStore, open_remote, redact
+from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError, StoreLockedError
+from cachestore.remote import RemoteError, RemoteManifestError, RemoteStore, open_remote, redact
 from cachestore.remote.parts import part_range, published_parts
 from cachestore.remote.publish import PublishHandle
 
@@ -251,8 +251,9 @@ class RemoteTier:
             return
         try:
             self._exchange(build, compute)
-        except RemoteError as exc:
-            # The remote went away: this node computes what the area lacks, as without a remote.
+        except (RemoteError, RemoteManifestError, CorruptSampleError) as exc:
+            # The remote went away, or holds a damaged part: this node computes what the area lacks, as
+            # without a remote.
             area, n = Path(build.writer.token.path), len(build.have)
             missing = np.flatnonzero(done_map(area, n) == 0) if (area / DONE_NAME).exists() else np.zeros(0, np.int64)
             log.warning("exchanging parts of generation %d through %s failed (%s): computing the %d samples this "
