@@ -33,9 +33,9 @@ def check_remote_settings(cache: object) -> None:
             parse_url(remote)
         except (RemoteConfigError, ValueError) as exc:
             raise ValueError(f"cache_setting['remote']: {exc}") from None
-        if backend != "memmap":
-            raise ValueError(f"cache_setting['remote'] publishes memmap stores; backend={backend!r} cannot "
-                             "be published (leave backend out)")
+        if backend == "memory":
+            raise ValueError("cache_setting['remote'] publishes stores on disk; backend='memory' holds nothing "
+                             "to publish (use 'memmap', the default, or 'lmdb')")
     if options is not None and not isinstance(options, dict):
         raise ValueError("cache_setting['storage_options'] must be a dict (endpoint, region, credentials)")
     _positive("start_timeout", getattr(cache, "start_timeout"))
