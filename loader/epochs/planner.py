@@ -55,7 +55,7 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int, int] | None = None, cluster: ConsumerLayout | None = None) -> EpochPlan:
+               ranks: tuple[int, int, int, int] | None = None) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -74,13 +74,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
-    cluster
-        Several nodes whose stores each hold the whole dataset (a cache with a remote): see
-        :func:`_plan_cluster`.
     """
     s = settings
-    if cluster is not None and cache is not None and not cache.off and not rotates and s.sampling is None:
-        return _plan_cluster(epoch, skip, s, indices, seed, cache, cluster)
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
     if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
@@ -138,8 +133,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     return plan
 
 
-def _plan_cluster(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int, cache: CacheController,
-                  layout: ConsumerLayout) -> EpochPlan:
+def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int,
+                       cache: CacheController, layout: ConsumerLayout) -> EpochPlan:
     """An epoch of several nodes whose stores each hold the whole dataset (a cache with a remote).
 
     A read epoch deals a new order of the whole dataset to every rank of every node
