@@ -163,3 +163,23 @@ def test_the_remote_keeps_as_many_generations_as_the_local_store(tmp_path, weed,
             _epoch(loader)
         assert [g.id for g in loader.store.generations()] == [2]
     assert open_remote(remote_url, options(weed), local=loader.store).generation_ids() == [2]
+
+
+def test_a_node_of_several_resumes_its_cached_epoch_where_the_state_says(tmp_path):
+    dead = {"endpoint": "http://127.0.0.1:9", "access_key_id": "k", "secret_access_key": "s"}
+
+    def node1():  # node 1 of 2, its remote unreachable: it computes everything, then deals the whole dataset
+        return CachedLoader(ArangeDataset, {"n": 40}, batch_size=4, nb_worker=0, seed=5, nb_consumer=2,
+                            consumer_index=1, cache_setting={"prefix": str(tmp_path), "remote": "s3://bucket/x",
+                                                             "storage_options": dead, "start_timeout": 1,
+                                                             "nb_node": 2, "node_rank": 1, "fingerprint": "f"})
+    with node1() as first:
+        assert len([b for b in first]) == 5  # its part, 20 samples, as many as a cached epoch deals it
+        batches = iter(first)
+        head = [next(batches), next(batches)]
+        state = first.state_dict()
+        rest = [int(y) for b in batches for y in b["y"]]
+    with node1() as again:
+        again.load_state_dict(state)
+        assert [int(y) for b in again for y in b["y"]] == rest
+    assert len(head) + len(rest) // 4 == 5
