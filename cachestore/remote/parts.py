@@ -219,7 +219,8 @@ def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int
     ----------
     into
         A memmap staging area of the generation (the caller's writer's, or a shared area): the
-        parts are placed into it as shards, for the caller's commit. ``None``: every part is
+        parts are placed into it as shards, for the caller's commit (in an area written together,
+        :mod:`cachestore.shared`, their samples are marked done there). ``None``: every part is
         fetched into a new writer's staging area, which is committed.
     parts
         Which parts (default: all). A part already placed into `into` is skipped.
