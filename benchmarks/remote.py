@@ -10,7 +10,11 @@ figures are ratios measured side by side:
   vs raw GETs of the same objects into memory, same concurrency (target >= 0.8x);
 * **direct reads** of 48 KiB samples in block order (blocks of 32 consecutive samples, batches of
   256 from 8 blocks) through ``RemoteStore.reader()`` vs raw ranged GETs of the same byte ranges
-  (one ``get_ranges`` per object and batch, the same threads) (target >= 0.7x).
+  (one ``get_ranges`` per object and batch, the same threads) (target >= 0.7x);
+* **a second node's first epoch**: a ``CachedLoader`` with ``cache_setting["remote"]`` on an empty
+  local prefix, whose generation another job published (it fetches it, then reads it: construction
+  to close) vs a loader computing the expensive dataset (1000 samples of 5 ms, 2 workers, no cache,
+  construction to close) (target >= 5x).
 
 Run ``python -m benchmarks.remote`` (``--mb 256`` for the size of the generation), or as the
 ``remote`` scenario of ``python -m benchmarks --only remote``. Needs the ``remote`` extra and
@@ -45,8 +49,8 @@ def _server() -> Any:
     return server
 
 
-def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print) -> dict[str, Any]:
-    """Run the three comparisons; return their figures (seconds, GB/s, ratios)."""
+def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive_n: int = 1000) -> dict[str, Any]:
+    """Run the four comparisons; return their figures (seconds, GB/s, ratios)."""
     import obstore
 
     from cachestore import open_store
@@ -118,8 +122,9 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print) -> dict[s
                                        ("direct", "ranged", "direct_vs_ranged", 0.7)):
             ratios = [b / a for a, b in zip(results[ours], results[base])]
             results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                             "goal": goal}
+                             "goal": goal, "n": len(ratios)}
         results["bytes"] = nbytes
+        results["second_node"] = _second_node(server, tmp, opts, expensive_n, repeats, log)
         results["gb_per_s"] = {k: (nbytes if k in ("publish", "put", "fetch", "get") else served) /
                                statistics.median(v) / 1e9 for k, v in results.items()
                                if k in ("publish", "put", "fetch", "get", "direct", "ranged")}
@@ -127,6 +132,69 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print) -> dict[s
     finally:
         server.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _second_node(server: Any, tmp: Path, opts: dict[str, Any], n: int, repeats: int, log: Any) -> dict[str, Any]:
+    """A second node's first epoch (fetch + read) vs computing the expensive dataset (see the module docstring)."""
+    from loader import CachedLoader
+
+    from .config import BATCH as LOADER_BATCH, COST, WORKERS
+    from .datasets import ExpensiveDataset
+
+    params = {"n": n, "cost": COST}
+    url = f"s3://{server.bucket}/second-node"
+
+    def epoch(prefix: Path | None) -> tuple[float, int]:
+        cache = {"prefix": str(prefix), "remote": url, "storage_options": opts} if prefix is not None else None
+        t0 = time.perf_counter()
+        with CachedLoader(ExpensiveDataset, params, batch_size=LOADER_BATCH, nb_worker=WORKERS,
+                          cache_setting=cache) as loader:
+            for _ in loader:
+                pass
+            computed = loader.epoch_stats[-1].computed
+        return time.perf_counter() - t0, computed
+
+    epoch(tmp / "first-node")  # computes and publishes (close() waits for the publish)
+    out: dict[str, Any] = {"n": n, "cost": COST, "workers": WORKERS, "compute": [], "second": []}
+    for r in range(repeats):
+        seconds, _ = epoch(None)
+        out["compute"].append(seconds)
+        seconds, computed = epoch(tmp / f"second-node-{r}")
+        if computed:
+            raise RuntimeError(f"the second node computed {computed} samples instead of fetching them")
+        out["second"].append(seconds)
+        shutil.rmtree(tmp / f"second-node-{r}")
+        log(f"  second node repeat {r}: first epoch {out['second'][-1]:.2f} s (fetch + read) vs "
+            f"{out['compute'][-1]:.2f} s computing")
+    ratios = [c / s for c, s in zip(out["compute"], out["second"])]
+    out["second_vs_compute"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                "goal": 5.0, "n": len(ratios)}
+    return out
+
+
+def remote_rows(results: dict[str, Any]) -> list[Any]:
+    """Target rows of the remote scenario (a scenario that was not run gives none)."""
+    from .tables import row, times
+
+    r = results.get("remote")
+    if not r:
+        return []
+    where = f"{r['bytes'] / 1e6:.0f} MB, 48 KiB samples, SeaweedFS on this machine"
+    gbps = r["gb_per_s"]
+    rows = [row(f"remote: {what} >= {r[key]['goal']:g}x {base}", where,
+                f"{gbps[ours]:.3f} vs {gbps[theirs]:.3f} GB/s", times(r[key]), f">= {r[key]['goal']:g}x",
+                lambda x, goal=r[key]["goal"]: x >= goal)
+            for what, base, key, ours, theirs in (
+                ("publish", "raw PUT", "publish_vs_put", "publish", "put"),
+                ("fetch", "raw GET", "fetch_vs_get", "fetch", "get"),
+                ("direct reads in block order", "raw ranged GETs", "direct_vs_ranged", "direct", "ranged"))]
+    second = r.get("second_node")
+    if second:
+        rows.append(row("remote: a second node's first epoch (fetch + read) >= 5x computing it",
+                        f"{second['n']} samples of {second['cost'] * 1e3:g} ms, {second['workers']} workers",
+                        f"{statistics.median(second['second']):.2f} vs {statistics.median(second['compute']):.2f} s",
+                        times(second["second_vs_compute"]), ">= 5x", lambda x: x >= 5))
+    return rows
 
 
 def _block_order(n: int, seed: int) -> np.ndarray:

@@ -37,11 +37,7 @@ PACKAGES = ("cachestore", "loader")
 #: Every directory of the repository's Python modules: checked for circles and private names.
 SOURCES = (*PACKAGES, "benchmarks", "tests", "docs")
 #: Modules whose circles and private names are known and being removed, by module prefix.
-ALLOWED: dict[str, str] = {
-    # The remote tier's modules import each other (store <-> parts, fetch, publish, leases, pruning,
-    # reader) and parts reads verify's private checker; they are being split apart.
-    "cachestore.remote": "circle inside the remote tier, being split apart",
-}
+ALLOWED: dict[str, str] = {}
 #: Rooms by module prefix, the longest prefix first. The loader's top level holds its facade
 #: (which builds everything) and the small modules every room shares (settings, errors, ...).
 #: Package modules (``__init__``) that belong to a room of their own, not their prefix's.

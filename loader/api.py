@@ -16,7 +16,7 @@ from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, Arguments, parse_arguments, resolve_aliases
 from .attributes import LoaderAttributes, TorchArguments
-from .cache.scope import decide_scope
+from .cache.scope import consumer_layout, decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -194,10 +194,7 @@ class CachedLoader(LoaderAttributes):
         if self._runner is not None and n == self.num_samples:
             return self._runner.layout
         s = self.settings
-        return ConsumerLayout(n, s.nb_consumer, s.consumer_index, s.seed,
-                              pinned=s.cache is not None or not s.shuffle, scheme=s.partition,
-                              workers=s.nb_worker, shuffled=s.shuffle,
-                              node_scope=s.cache is not None and s.cache.scope == "node")
+        return consumer_layout(s, n)
 
     def _start(self) -> None:
         s = self.settings

@@ -165,6 +165,13 @@ class ConsumerLayout:
         One store per node, shared by its ranks (see above).
     local_ranks
         Ranks per node (default: torchrun's ``LOCAL_WORLD_SIZE``, else all on one node).
+    whole
+        With the node scope, every node's store holds the whole dataset (a cache with a remote:
+        node k computes its part, fetches the others'; :mod:`loader.cache.remote`): the store is
+        `prefix` itself on every node, its positions are the dataset's indices, and its
+        fingerprint is the same on every node (and for a job on one node).
+    node
+        ``(nodes, this node)`` for `whole` (:func:`loader.remote_setting.node_of`).
 
     Raises
     ------
@@ -174,7 +181,7 @@ class ConsumerLayout:
 
     def __init__(self, num_samples: int, nb_consumer: int, consumer_index: int, seed: int, pinned: bool,
                  scheme: str = "equal", workers: int = 1, shuffled: bool = False, node_scope: bool = False,
-                 local_ranks: int | None = None) -> None:
+                 local_ranks: int | None = None, whole: bool = False, node: tuple[int, int] | None = None) -> None:
         if scheme not in PARTITIONS:
             raise ValueError(f"partition must be one of {PARTITIONS}, got {scheme!r}")
         self.num_samples = num_samples
@@ -190,11 +197,18 @@ class ConsumerLayout:
         # A single consumer is the one rank of its node: the same batches, and a state it takes resumes on
         # several ranks of the node (and back).
         self.node_scope = node_scope and scheme == "equal" and pinned
+        self.whole = whole and self.node_scope
+        if self.whole and node is not None:
+            if nb_consumer % node[0]:
+                raise ValueError(f"{nb_consumer} consumers cannot be split evenly between {node[0]} nodes")
+            local_ranks = nb_consumer // node[0]
         local = local_ranks if local_ranks is not None else ranks_per_node(nb_consumer)
         self.local_ranks = local if self.node_scope else 1
         self.local_rank = consumer_index % local if self.node_scope else 0
         self.nodes = nb_consumer // local if self.node_scope else nb_consumer
         self.node = consumer_index // local if self.node_scope else consumer_index
+        if self.whole and node is not None:
+            self.node = node[1]
         if scheme == "contiguous" and nb_consumer > 1 and self.per_consumer == 0:
             raise ValueError(f"partition='contiguous' leaves consumer {consumer_index} of {nb_consumer} without "
                              f"samples: {num_samples} samples in runs of {self._run_length()} per consumer. Use "
@@ -211,11 +225,15 @@ class ConsumerLayout:
     @property
     def per_store(self) -> int:
         """Samples a generation of this consumer's store holds (its node's part with the node scope)."""
+        if self.whole:
+            return self.num_samples
         return len(self.partition(0)) if self.node_scope else self.per_consumer
 
     @property
     def per_consumer(self) -> int:
         """Samples this consumer serves per epoch (with the node scope: the most any rank of its node serves)."""
+        if self.whole:
+            return -(-self.num_samples // self.nb_consumer)
         if self.node_scope:
             node_part = len(range(self.node, self.num_samples, self.nodes))
             return -(-node_part // self.local_ranks)
@@ -228,6 +246,8 @@ class ConsumerLayout:
     def partition(self, epoch: int) -> np.ndarray:
         """Dataset indices this consumer serves in `epoch`."""
         n, k, i = self.num_samples, self.nb_consumer, self.consumer_index
+        if self.whole:  # the whole dataset on every node: a store position is the dataset's index
+            return np.arange(n, dtype=np.int64)
         if self.node_scope:  # the node's part, pinned: every nodes-th index
             return np.arange(self.node, n, self.nodes, dtype=np.int64)
         if k == 1:
@@ -250,7 +270,8 @@ class ConsumerLayout:
         """This consumer's store under `prefix`: the prefix itself (one node, or one consumer),
         ``node-<k>-of-<m>/`` (the node scope on several nodes), or ``consumer-<i>-of-<n>/`` in it."""
         if self.node_scope:
-            return str(Path(prefix) / f"node-{self.node}-of-{self.nodes}") if self.nodes > 1 else str(prefix)
+            many = self.nodes > 1 and not self.whole
+            return str(Path(prefix) / f"node-{self.node}-of-{self.nodes}") if many else str(prefix)
         if self.nb_consumer > 1:
             return str(Path(prefix) / f"consumer-{self.consumer_index}-of-{self.nb_consumer}")
         return str(prefix)
@@ -267,4 +288,6 @@ class ConsumerLayout:
     def store_owner(self) -> tuple[int, int]:
         """Whose store it is, for its fingerprint: ``(node, nodes)`` with the node scope (every rank of a
         node, whatever their number), else ``(consumer_index, nb_consumer)``."""
+        if self.whole:
+            return (0, 1)
         return (self.node, self.nodes) if self.node_scope else (self.consumer_index, self.nb_consumer)

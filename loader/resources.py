@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from cachestore import Store
 
     from .cache.build import GenerationBuild
+    from .cache.remote import RemoteTier
     from .epochs.reads.threads import GatherThreads
     from .epochs.windows import RotationWindow
     from .executors.base import Executor
@@ -70,6 +71,7 @@ class Resources:
         # Builds of broken-off epochs, kept once the workers finished the tasks that write into them.
         self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
+        self.remote: RemoteTier | None = None  # the cache's remote: its publishes are waited for at close
         self.window: RotationWindow | None = None
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
 
@@ -131,6 +133,7 @@ class Resources:
         step("threads", lambda threads: threads.shutdown())
         step("slots", lambda slots: slots.close())
         step("window", lambda window: window.close())
+        step("remote", lambda remote: remote.close())  # publishes read the store: before it closes
         step("store", lambda store: store.close())
         if first is not None:
             raise first

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
@@ -65,7 +65,7 @@ class EpochMode(_StrEnum):
 #: are refused rather than read as true, which is what ``bool()`` would make of them.
 BOOL_VALUES: dict[str, tuple[object, ...]] = {"verify": (True, False), "allow_pickle": (True, False),
                                               "background_refresh": ("auto", True, False),
-                                              "shared": (True, False)}
+                                              "shared": (True, False), "remote_required": (True, False)}
 #: ``cache_setting["scope"]``: one store per node, shared by its ranks, or one per rank.
 SCOPES: tuple[object, ...] = ("node", "rank")
 #: ``cache_setting["read_order"]``: a full shuffle, blocks of consecutive records, or the one that fits.
@@ -159,7 +159,16 @@ class CacheSettings:
     part of the data); left out, ``"node"`` where the ranks can write one
     store together (a backend that supports it, ``shared=True``, no Ray
     actors) and their datasets are the same, else ``"rank"``
-    (:mod:`loader.cache.scope`).
+    (:mod:`loader.cache.scope`). ``remote`` (``"s3://bucket/path"`` or
+    ``"file:///shared/path"``) publishes every committed generation there and
+    fetches one instead of computing it; with several nodes (``nb_node``,
+    ``node_rank``: torchrun's ``WORLD_SIZE // LOCAL_WORLD_SIZE`` and
+    ``GROUP_RANK`` by default) node k computes only its part, and every node's
+    store (``prefix`` itself) holds the whole generation. ``storage_options``
+    (endpoint, credentials; never shown), ``remote_required`` (an unreachable
+    remote is an error within ``start_timeout`` seconds, else a warning),
+    ``part_timeout`` (seconds before the other nodes compute a part nobody
+    published): :mod:`loader.cache.remote`.
 
     Examples
     --------
@@ -181,6 +190,13 @@ class CacheSettings:
     read_order: str = "auto"
     shared: bool = True
     scope: str | None = None  # decided at construction (loader.cache.scope): "node" where a node's ranks can share
+    remote: str | None = None
+    storage_options: dict[str, object] | None = field(default=None, repr=False, compare=False)
+    remote_required: bool = False
+    start_timeout: float = 10.0
+    part_timeout: float = 600.0
+    nb_node: int | None = None
+    node_rank: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -213,6 +229,10 @@ class CacheSettings:
         check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
         if self.scope is not None:
             check_choice("cache_setting", "scope", self.scope, SCOPES)
+        if self.remote is not None or self.nb_node is not None or self.node_rank is not None:
+            from .remote_setting import check_remote_settings
+
+            check_remote_settings(self)
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

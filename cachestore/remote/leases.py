@@ -21,7 +21,7 @@ from . import layout
 from .errors import RemoteError
 
 if TYPE_CHECKING:
-    from .store import RemoteStore
+    from .base import RemoteBase
 
 LEASE_SECONDS = 15 * 60.0
 
@@ -29,7 +29,7 @@ LEASE_SECONDS = 15 * 60.0
 class ReaderLease:
     """This process's lease on one generation (see the module docstring)."""
 
-    def __init__(self, remote: "RemoteStore", generation: int) -> None:
+    def __init__(self, remote: "RemoteBase", generation: int) -> None:
         self.remote = remote
         self.generation = generation
         name = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -67,7 +67,7 @@ class ReaderLease:
         self.release()
 
 
-def leased_generations(remote: "RemoteStore", now: float | None = None) -> set[int]:
+def leased_generations(remote: "RemoteBase", now: float | None = None) -> set[int]:
     """Generations with a lease younger than :data:`LEASE_SECONDS`."""
     now = time.time() if now is None else now
     out = set()

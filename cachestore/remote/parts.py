@@ -7,14 +7,10 @@ one file, and placed back into a staging area's column with one write.
 **Local form.** A part is computed into the local store's staging area of the generation
 (a writer's, or the shared area ranks write together) like any samples: shard files
 (``<shard>.seg``, ``<shard>.idx``) and the columns. :func:`publish_part` takes the part's
-samples from there - for each index the first copy that passes its checksum, so a
-duplicate a killed writer left never wins - as the files ``index.bin`` (index rows, records
-re-addressed into ``records.seg``), ``records.seg``, ``col-K.bin`` (the part's slice of each
-column) and ``schema.json``, packed and published like a generation (:mod:`.publish`); its
-manifest ``part-KKKK.json`` goes last. :func:`fetch_parts` places a downloaded part into a
-staging area as one more shard (``remote-pKKKK-<hex>.seg`` / ``.idx``, the index written
-last, after the data it names) and its column slices at their rows, every record verified;
-the ordinary commit then merges it with the rest.
+files from there (:mod:`.part_files`) and publishes them like a generation (:mod:`.publish`);
+its manifest ``part-KKKK.json`` goes last. :func:`fetch_parts` places a downloaded part into a
+staging area as one more shard, every record verified (:mod:`.placing`); the ordinary commit
+then merges it with the rest.
 
 **Complete.** Once all ``m`` part manifests are there, whoever sees it first (the publisher
 of the last part, or a fetcher) writes the generation's manifest, naming every part's files:
@@ -41,26 +37,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import xxhash
-
-from .. import codec, safefs
-from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, read_rows
-from ..checksums import checksum, row_checksums
+from ..claims import DONE_NAME, Claims
 from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
-from ..records import encode_record
-from ..untrusted import parse_json, parse_treedef
 from . import layout
 from .errors import ObjectNotFoundError, RemoteManifestError
-from .fetch import download_set, object_sizes
-from .manifest import (GenerationManifest, PartManifest, encode, generation_doc, parse_part, part_doc)
-from .packing import Source
+from .manifest import GenerationManifest, PartManifest, encode, generation_doc, parse_part, part_doc
+from .part_files import part_sources
+from .placing import place_part
 from .publish import PublishHandle, upload_set
-from .verify import _check_record, check_treedef
 
 if TYPE_CHECKING:
-    from .store import RemoteStore
+    from .base import RemoteBase
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +93,7 @@ class RemoteGeneration:
 
 
 # claims ------------------------------------------------------------------------------
-def conditional_puts(remote: "RemoteStore") -> bool:
+def conditional_puts(remote: "RemoteBase") -> bool:
     """Whether the server honours conditional creates (probed once per process and root)."""
     if remote.settings.conditional_put != "auto":
         return remote.settings.conditional_put == "yes"
@@ -122,7 +110,7 @@ def conditional_puts(remote: "RemoteStore") -> bool:
     return _PROBED[root]
 
 
-def _claims(remote: "RemoteStore", generation: int, part: int, nparts: int) -> dict[int, list[tuple[float, str]]]:
+def _claims(remote: "RemoteBase", generation: int, part: int, nparts: int) -> dict[int, list[tuple[float, str]]]:
     """The claims of a part by attempt: ``[(server time, name), ...]``."""
     out: dict[int, list[tuple[float, str]]] = {}
     for info in remote.client.list_objects(layout.parts_prefix(remote.key, generation, nparts)):
@@ -134,7 +122,7 @@ def _claims(remote: "RemoteStore", generation: int, part: int, nparts: int) -> d
     return out
 
 
-def claim_part(remote: "RemoteStore", generation: int, part: int, nparts: int, *, node: str | None = None,
+def claim_part(remote: "RemoteBase", generation: int, part: int, nparts: int, *, node: str | None = None,
                timeout: float | None = None) -> Claim | None:
     """Claim part `part` of `nparts` of `generation` for this node: the :class:`Claim` when it won, else ``None``
     (published already, claimed by another node, or claimed less than `timeout` seconds ago)."""
@@ -167,96 +155,7 @@ def claim_part(remote: "RemoteStore", generation: int, part: int, nparts: int, *
 
 
 # publishing a part -------------------------------------------------------------------------
-def part_sources(staging: Path, start: int, stop: int) -> list[Source]:
-    """The files of part ``start..stop-1`` from a memmap staging area (see the module docstring).
-
-    Raises
-    ------
-    CacheStoreError
-        A sample of the part is not in the area (or no copy of it passes its checksum).
-    """
-    safefs.require_real_dir(staging, "staging area")
-    found: list[tuple[Any, str]] = []
-    for path in sorted(staging.glob("*.idx")):
-        rows = read_rows(path)
-        rows = rows[(rows["index"] >= start) & (rows["index"] < stop)]
-        if rows.size:
-            found.append((rows, path.name[:-4]))
-    n = stop - start
-    chosen: list[Any] = [None] * n
-    shard_of: list[str] = [""] * n
-    schema_path = staging / SCHEMA
-    specs = codec.leaf_specs(parse_treedef(safefs.read_json(schema_path), str(schema_path))) if schema_path.exists() else []
-    widths = codec.row_bytes(specs)
-    slot_sums = _column_sums(staging, start, stop, widths, found)
-    for rows, shard in found:
-        for row in rows:
-            i = int(row["index"]) - start
-            if chosen[i] is not None:
-                continue
-            if int(row["shard"]) == COLUMN:
-                ok = slot_sums.get(i) == int(row["checksum"])
-            else:
-                ok = _record_sum(staging / f"{shard}.seg", int(row["offset"]), int(row["length"])) == int(row["checksum"])
-            if ok:
-                chosen[i], shard_of[i] = row, shard
-    missing = [start + i for i, row in enumerate(chosen) if row is None]
-    if missing:
-        raise CacheStoreError(f"the part {start}..{stop - 1} of {staging} is incomplete: {len(missing)} samples "
-                              f"missing or damaged (e.g. {missing[:5]}); it cannot be published")
-    index = np.zeros(n, dtype=INDEX_DTYPE)
-    records: list[tuple[str, int, int]] = []
-    pos = 0
-    last_col = -1
-    for i, row in enumerate(chosen):
-        index[i] = row
-        if int(row["shard"]) == COLUMN:
-            index[i]["offset"] = 0
-            last_col = i
-        else:
-            index[i]["shard"], index[i]["offset"] = 0, pos
-            records.append((str(staging / f"{shard_of[i]}.seg"), int(row["offset"]), int(row["length"])))
-            pos += int(row["length"])
-    index["pad"] = 0
-    sources = [Source("index.bin", data=index.tobytes())]
-    if records:
-        sources.append(Source("records.seg", records))
-    if last_col >= 0:
-        sources.append(Source(SCHEMA, data=safefs.read_bytes(schema_path)))
-        for k, w in enumerate(widths):
-            sources.append(Source(col_name(k), [(str(staging / col_name(k)), start * w, (last_col + 1) * w)]
-                                  if w else []))
-    return sources
-
-
-def _record_sum(seg: Path, offset: int, length: int) -> int | None:
-    fd = safefs.open_nofollow(seg, os.O_RDONLY)
-    try:
-        data = os.pread(fd, length, offset)
-    finally:
-        os.close(fd)
-    return xxhash.xxh3_64_intdigest(data) if len(data) == length else None
-
-
-def _column_sums(staging: Path, start: int, stop: int, widths: list[int], found: list[tuple[Any, str]]) -> dict[int, int]:
-    """The checksum of what each column slot of the part holds, for the samples some row puts there."""
-    wanted = sorted({int(r["index"]) - start for rows, _ in found for r in rows if int(r["shard"]) == COLUMN})
-    if not wanted or not widths:
-        return {}
-    last = wanted[-1] + 1
-    cols = []
-    for k, w in enumerate(widths):
-        size = os.path.getsize(staging / col_name(k))
-        if size < (start + last) * w:
-            return {}  # a column shorter than its rows: none of them verifies
-        cols.append(np.memmap(staging / col_name(k), dtype=np.uint8, mode="r", offset=start * w, shape=(last, w))
-                    if w else np.zeros((last, 0), dtype=np.uint8))
-    idx = np.array(wanted, dtype=np.int64)
-    sums = row_checksums([np.ascontiguousarray(c[idx]) for c in cols], idx.size)
-    return dict(zip(wanted, sums))
-
-
-def publish_part(remote: "RemoteStore", local: Store, staging: str, generation: int, num_samples: int, part: int,
+def publish_part(remote: "RemoteBase", local: Store, staging: str, generation: int, num_samples: int, part: int,
                  nparts: int, *, node: str | None = None) -> PartManifest:
     """Publish part `part` of `nparts` of `generation` from the memmap staging area `staging` of `local`.
 
@@ -279,7 +178,7 @@ def publish_part(remote: "RemoteStore", local: Store, staging: str, generation: 
     return found
 
 
-def published_parts(remote: "RemoteStore", generation: int, nparts: int,
+def published_parts(remote: "RemoteBase", generation: int, nparts: int,
                     parts: list[int] | None = None) -> dict[int, PartManifest]:
     """The manifests of the published parts among `parts` (all by default)."""
     out = {}
@@ -296,7 +195,7 @@ def published_parts(remote: "RemoteStore", generation: int, nparts: int,
     return out
 
 
-def complete_parts(remote: "RemoteStore", generation: int, nparts: int) -> bool:
+def complete_parts(remote: "RemoteBase", generation: int, nparts: int) -> bool:
     """Write the generation's manifest when every part is published; whether the generation is complete."""
     key = layout.generation_manifest(remote.key, generation)
     if remote.client.head(key) is not None:
@@ -312,7 +211,7 @@ def complete_parts(remote: "RemoteStore", generation: int, nparts: int) -> bool:
 
 
 # fetching parts ------------------------------------------------------------------------------
-def fetch_parts(remote: "RemoteStore", local: Store, generation: int, nparts: int, *, into: str | None = None,
+def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int, *, into: str | None = None,
                 parts: list[int] | None = None) -> list[int]:
     """Download parts of `generation` into `local`.
 
@@ -320,7 +219,8 @@ def fetch_parts(remote: "RemoteStore", local: Store, generation: int, nparts: in
     ----------
     into
         A memmap staging area of the generation (the caller's writer's, or a shared area): the
-        parts are placed into it as shards, for the caller's commit. ``None``: every part is
+        parts are placed into it as shards, for the caller's commit (in an area written together,
+        :mod:`cachestore.shared`, their samples are marked done there). ``None``: every part is
         fetched into a new writer's staging area, which is committed.
     parts
         Which parts (default: all). A part already placed into `into` is skipped.
@@ -345,7 +245,8 @@ def fetch_parts(remote: "RemoteStore", local: Store, generation: int, nparts: in
         target = Path(into)
         placed = [k for k in wanted if not list(target.glob(f"remote-p{k:04d}-*.idx"))]
         for k in placed:
-            place_part(remote, local, found[k], target)
+            shard = place_part(remote, local, found[k], target)
+            _mark_done(target, found[k], shard)
         return placed
     n = next(iter(found.values())).num_samples
     writer = local.writer(generation, n)
@@ -359,163 +260,20 @@ def fetch_parts(remote: "RemoteStore", local: Store, generation: int, nparts: in
     return wanted
 
 
-def place_part(remote: "RemoteStore", local: Store, pm: PartManifest, staging: Path) -> None:
-    """Download part `pm` into the memmap staging area `staging` as one shard, verified; its index last."""
-    fs = pm.set
-    object_sizes(remote, pm.generation, fs)
-    shard = f"remote-p{pm.part:04d}-{secrets.token_hex(3)}"
-    tmp_index = staging / f".{shard}.idx.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    tmp_schema = staging / f".{shard}.schema.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    schema_file = fs.file(SCHEMA)
-    widths = [0]
-    convert: list[bool] = [False]  # the area's columns hold another structure: this part's go to records
-    tmp_cols: dict[str, Path] = {}
-
-    def place(name: str) -> tuple[Path, int, bool]:
-        if name == "index.bin":
-            return tmp_index, 0, True
-        if name == "records.seg":
-            return staging / f"{shard}.seg", 0, True
-        if name == SCHEMA:
-            return tmp_schema, 0, True
-        if name.startswith("col-") and name.endswith(".bin") and name[4:-4].isdigit():
-            if convert[0]:
-                tmp_cols[name] = staging / f".{shard}.{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-                return tmp_cols[name], 0, True
-            return staging / name, pm.set.start * widths[int(name[4:-4])], False
-        raise RemoteManifestError(f"part {pm.part} of generation {pm.generation} on {remote.path} holds a file "
-                                  f"{name!r} a part does not have")
-
-    if schema_file is not None:  # the columns' widths decide where their slices go: read the schema first
-        schema_fs = type(fs)(fs.name, fs.start, fs.stop, fs.objects, (schema_file,))
-        download_set(remote, pm.generation, schema_fs, staging, place)
-        schema = parse_treedef(parse_json(safefs.read_bytes(tmp_schema), str(tmp_schema)), str(tmp_schema))
-        check_treedef(schema, local.allow_pickle, f"part {pm.part} of generation {pm.generation}")
-        widths = codec.row_bytes(codec.leaf_specs(schema))
-        convert[0] = not _claim_schema(staging, tmp_schema)
-        rest = tuple(f for f in fs.files if f.name != SCHEMA)
-        fs = type(fs)(fs.name, fs.start, fs.stop, fs.objects, rest)
+def _mark_done(area: Path, pm: PartManifest, shard: str) -> None:
+    """In an area written together (:mod:`cachestore.shared`), mark the placed part's samples done in
+    `shard`: its commit keeps, for each sample, the copy the done map names."""
+    if not (area / DONE_NAME).exists():
+        return
+    claims = Claims(area, pm.num_samples)
     try:
-        for f in fs.files:
-            if f.name.startswith("col-") and (not f.name[4:-4].isdigit() or int(f.name[4:-4]) >= len(widths)
-                                              or schema_file is None):
-                raise RemoteManifestError(f"part {pm.part} of generation {pm.generation} holds {f.name!r} beyond "
-                                          "its schema's columns")
-        download_set(remote, pm.generation, fs, staging, place)
-        if convert[0]:
-            _columns_to_records(staging, shard, tmp_index, tmp_cols, schema, pm)
-            widths = []
-        _verify_part(staging, shard, tmp_index, pm, widths, local.allow_pickle)
-        os.rename(tmp_index, staging / f"{shard}.idx")
-        safefs.fsync_dir(staging)
-    except BaseException:
-        for path in (tmp_index, staging / f"{shard}.seg"):
-            if os.path.lexists(path):
-                safefs.unlink_name(path)
-        raise
+        claims.finish(range(pm.set.start, pm.set.stop), shard)
     finally:
-        for path in tmp_cols.values():
-            if os.path.lexists(path):
-                safefs.unlink_name(path)
-
-
-def _claim_schema(staging: Path, tmp: Path) -> bool:
-    """Make `tmp` the area's schema (a link: the first writer wins); whether the area's schema is the same
-    structure (``False``: another node's first sample claimed another one, as a shard's can)."""
-    try:
-        os.link(tmp, staging / SCHEMA)
-        return True
-    except FileExistsError:
-        if safefs.read_bytes(staging / SCHEMA) == safefs.read_bytes(tmp):
-            return True
-        mine = parse_treedef(parse_json(safefs.read_bytes(tmp), str(tmp)), str(tmp))
-        return bool(mine == parse_treedef(parse_json(safefs.read_bytes(staging / SCHEMA), str(staging / SCHEMA)),
-                                       str(staging / SCHEMA)))
-    finally:
-        safefs.unlink_name(tmp)
-
-
-def _columns_to_records(staging: Path, shard: str, index_path: Path, cols: dict[str, Path], schema: Any,
-                        pm: PartManifest) -> None:
-    """Make the part's column samples records of its shard (each verified first), for an area whose
-    columns hold another structure; the index is rewritten to match."""
-    where = f"part {pm.part} of generation {pm.generation}"
-    rows = np.frombuffer(safefs.read_bytes(index_path), dtype=INDEX_DTYPE).copy()
-    if len(rows) != pm.set.stop - pm.set.start:
-        raise RemoteManifestError(f"{where}: its index does not hold one row per sample")
-    specs = codec.leaf_specs(schema)
-    widths = codec.row_bytes(specs)
-    in_cols = np.flatnonzero(rows["shard"] == COLUMN)
-    held = int(in_cols[-1]) + 1 if in_cols.size else 0  # a part's columns end at its last column sample
-    maps = []
-    for k, w in enumerate(widths):
-        path = cols.get(col_name(k))
-        size = os.path.getsize(path) if path is not None else 0
-        if w and held and (path is None or size < held * w):
-            raise RemoteManifestError(f"{where}: {col_name(k)} is missing or too short")
-        maps.append(np.memmap(path, dtype=np.uint8, mode="r", shape=(held, w)) if w and held and path is not None
-                    else np.zeros((held, 0), dtype=np.uint8))
-    fd = safefs.open_nofollow(staging / f"{shard}.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        pos = os.fstat(fd).st_size
-        for j in np.flatnonzero(rows["shard"] == COLUMN).tolist():
-            leaves = [np.frombuffer(m[j].tobytes(), dtype=dtype).reshape(shape) for m, (dtype, shape) in zip(maps, specs)]
-            if checksum(leaves) != int(rows[j]["checksum"]):
-                raise CorruptPart(f"{where}: sample {int(rows[j]['index'])} fails its checksum")
-            rec = encode_record(schema, leaves)
-            os.write(fd, rec)
-            rows[j]["shard"], rows[j]["offset"], rows[j]["length"] = 0, pos, len(rec)
-            rows[j]["checksum"] = xxhash.xxh3_64_intdigest(rec)
-            pos += len(rec)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    safefs.unlink_name(index_path)
-    safefs.write_new(index_path, rows.tobytes())
-
-
-def _verify_part(staging: Path, shard: str, index_path: Path, pm: PartManifest, widths: list[int],
-                 allow_pickle: bool) -> None:
-    """Every row of a placed part: in range, once, inside its file, passing its checksum."""
-    where = f"part {pm.part} of generation {pm.generation}"
-    raw = safefs.read_bytes(index_path)
-    start, stop = pm.set.start, pm.set.stop
-    if len(raw) != (stop - start) * INDEX_DTYPE.itemsize:
-        raise RemoteManifestError(f"{where}: its index does not hold one row per sample")
-    rows = np.frombuffer(raw, dtype=INDEX_DTYPE)
-    if not np.array_equal(rows["index"], np.arange(start, stop)):
-        raise RemoteManifestError(f"{where}: its index does not list samples {start}..{stop - 1} in order")
-    in_cols = rows["shard"] == COLUMN
-    recs = rows[~in_cols]
-    if recs.size:
-        seg = staging / f"{shard}.seg"
-        size = os.path.getsize(seg)
-        if np.any(recs["shard"] != 0) or np.any(recs["offset"] < 0) or np.any(recs["length"] < 0) \
-                or int((recs["offset"] + recs["length"]).max()) > size:
-            raise RemoteManifestError(f"{where}: a record lies outside its segment")
-        data = np.memmap(seg, dtype=np.uint8, mode="r")
-        seen: set[str] = set()
-        for row in recs:
-            rec = data[int(row["offset"]):int(row["offset"]) + int(row["length"])]
-            if checksum([rec]) != int(row["checksum"]):
-                raise CorruptPart(f"{where}: sample {int(row['index'])} fails its checksum")
-            _check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen)
-    if np.any(in_cols):
-        idx = np.flatnonzero(in_cols) + start
-        cols = [np.memmap(staging / col_name(k), dtype=np.uint8, mode="r", shape=(int(idx[-1]) + 1, w))
-                if w else np.zeros((int(idx[-1]) + 1, 0), dtype=np.uint8) for k, w in enumerate(widths)]
-        sums = row_checksums([np.ascontiguousarray(c[idx]) for c in cols], idx.size)
-        bad = np.flatnonzero(np.array(sums, dtype=np.uint64) != rows["checksum"][in_cols])
-        if bad.size:
-            raise CorruptPart(f"{where}: sample {int(idx[bad[0]])} fails its checksum")
-
-
-class CorruptPart(RemoteManifestError):
-    """A part whose records do not match their checksums."""
+        claims.close()
 
 
 # listing ---------------------------------------------------------------------------------------
-def remote_generations(remote: "RemoteStore") -> list[RemoteGeneration]:
+def remote_generations(remote: "RemoteBase") -> list[RemoteGeneration]:
     """Every generation the remote knows of: complete ones, and those of which parts are published or claimed."""
     out: dict[int, RemoteGeneration] = {}
     for g in remote.generation_ids():

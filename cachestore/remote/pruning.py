@@ -19,13 +19,13 @@ from .leases import LEASE_SECONDS, leased_generations
 
 if TYPE_CHECKING:
     from .client import ObjectInfo
-    from .store import RemoteStore
+    from .base import RemoteBase
 
 #: Age after which data no manifest names is an interrupted publish that nobody will finish.
 STALE_SECONDS = 24 * 3600.0
 
 
-def prune_remote(remote: "RemoteStore", keep: int, dry_run: bool, partial: bool) -> list[Removed]:
+def prune_remote(remote: "RemoteBase", keep: int, dry_run: bool, partial: bool) -> list[Removed]:
     """Remove (or with `dry_run` list) what the module docstring says; return it."""
     if keep < 0:
         raise ValueError("keep must be >= 0")

@@ -37,7 +37,7 @@ from .manifest import FileSet, GenerationManifest, encode, generation_doc
 from .packing import PackedObject, Source, file_set, plan, read_object
 
 if TYPE_CHECKING:
-    from .store import RemoteStore
+    from .base import RemoteBase
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def generation_sources(gen_dir: Path) -> list[Source]:
     return sources
 
 
-def upload_set(remote: "RemoteStore", generation: int, set_name: str, sources: list[Source],
+def upload_set(remote: "RemoteBase", generation: int, set_name: str, sources: list[Source],
                start: int, stop: int, handle: PublishHandle) -> FileSet:
     """Pack `sources`, write the objects missing from the remote, return the set's manifest entry."""
     objects = plan([s.size for s in sources])
@@ -147,7 +147,7 @@ def upload_set(remote: "RemoteStore", generation: int, set_name: str, sources: l
     return file_set(set_name, start, stop, sources, objects, packed)
 
 
-def _publish(remote: "RemoteStore", local: Store, generation: int, handle: PublishHandle) -> GenerationInfo:
+def _publish(remote: "RemoteBase", local: Store, generation: int, handle: PublishHandle) -> GenerationInfo:
     info = next((g for g in local.generations() if g.id == generation and g.committed), None)
     if info is None or info.path is None:
         raise GenerationNotFoundError(f"generation {generation} of {local.path} is not committed: nothing to publish")
@@ -174,13 +174,13 @@ def _publish(remote: "RemoteStore", local: Store, generation: int, handle: Publi
     return _info(remote, remote.manifest(generation))
 
 
-def _info(remote: "RemoteStore", m: GenerationManifest) -> GenerationInfo:
+def _info(remote: "RemoteBase", m: GenerationManifest) -> GenerationInfo:
     return GenerationInfo(id=m.generation, num_samples=m.num_samples, nbytes=m.nbytes, committed=True,
                           created=m.created, path=f"{remote.path}/generations/{m.generation:06d}.json",
                           layout=m.layout, stored_bytes=m.nbytes)
 
 
-def publish(remote: "RemoteStore", local: Store, generation: int | None = None, *, background: bool = True,
+def publish(remote: "RemoteBase", local: Store, generation: int | None = None, *, background: bool = True,
             progress: Callable[[int, int], None] | None = None) -> PublishHandle:
     """Publish committed `generation` of `local` (the newest when ``None``) to `remote`.
 

@@ -44,7 +44,7 @@ from .manifest import FileEntry, FileSet, check_sizes
 from .verify import check_treedef
 
 if TYPE_CHECKING:
-    from .store import RemoteStore
+    from .base import RemoteBase
 
 #: (set, file, offset in the file, length): bytes to read.
 Want = tuple[int, FileEntry, int, int]
@@ -70,7 +70,7 @@ class RemoteGeneration(GenerationData):
 
     threadsafe_batches = True
 
-    def __init__(self, remote: "RemoteStore", generation: int, allow_pickle: bool, verify: bool) -> None:
+    def __init__(self, remote: "RemoteBase", generation: int, allow_pickle: bool, verify: bool) -> None:
         m = remote.manifest(generation)
         super().__init__(generation, m.num_samples, f"{remote.path}/generations/{generation:06d}.json", verify)
         self.remote = remote
@@ -369,7 +369,7 @@ class RemoteReader(Reader):
     process opens its own client.
     """
 
-    def __init__(self, remote: "RemoteStore", generation: int) -> None:
+    def __init__(self, remote: "RemoteBase", generation: int) -> None:
         spec = StoreSpec(remote.path, remote.backend_name, None, remote.allow_pickle, remote.verify_reads)
         super().__init__(spec, generation, None)
         self.remote = remote

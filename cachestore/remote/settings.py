@@ -34,7 +34,7 @@ OPTION_ALIASES: dict[str, tuple[str, ...]] = {
     "virtual_hosted_style_request": (),
     "timeout": (),  # seconds a request may take
     "connect_timeout": (),
-    "max_retries": (),
+    "max_retries": (),  # retries of one request; retry_timeout bounds them first (a server restart: seconds)
     "retry_timeout": (),  # seconds of retries (503 SlowDown, dropped connections) before giving up
     "conditional_put": (),  # "auto" (probe the server), True, False (see parts.py)
     "concurrency": (),  # requests in flight for a publish or a fetch
@@ -122,7 +122,7 @@ class RemoteSettings:
     virtual_hosted_style_request: bool = False
     timeout: float = 60.0
     connect_timeout: float = 5.0
-    max_retries: int = 10
+    max_retries: int = 40
     retry_timeout: float = 120.0
     conditional_put: str = "auto"
     concurrency: int = 8
@@ -200,7 +200,9 @@ def remote_settings(url: str | RemoteURL, storage_options: Mapping[str, object] 
     if conditional != "auto":
         conditional = "yes" if _as_bool("conditional_put", conditional) else "no"
     concurrency = _as_count("concurrency", opts.get("concurrency", 8))
-    max_retries = _as_count("max_retries", opts.get("max_retries", 10))
+    # Enough retries that retry_timeout is the bound: ten of a backoff from 50 ms end within about a
+    # second, less than a server takes to restart.
+    max_retries = _as_count("max_retries", opts.get("max_retries", 40))
     return RemoteSettings(
         url=root, endpoint=endpoint.rstrip("/") if isinstance(endpoint, str) else None, region=region,
         # An http:// endpoint is a server the user named: it works as given.

@@ -11,98 +11,36 @@ read-only as a :class:`~cachestore.Store` (``generations()``, ``latest()``, ``re
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import xxhash
-
 from ..backends.base import GenerationInfo
-from ..errors import CacheStoreError, GenerationNotFoundError, NotAStoreError
+from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
 from . import layout
+from .base import RemoteBase, fingerprint_hash, local_key
 from .client import Client
-from .errors import ObjectNotFoundError, RemoteConfigError
-from .manifest import KIND_STORE, GenerationManifest, encode, parse_generation, parse_store
+from .errors import RemoteConfigError
+from .fetch import fetch
+from .parts import Claim, RemoteGeneration, claim_part, fetch_parts, publish_part, remote_generations
+from .pruning import prune_remote
+from .publish import PublishHandle, publish
+from .reader import RemoteReader
 from .settings import RemoteSettings, remote_settings
-from .url import RemoteURL, parse_url
+from .url import RemoteURL
 
 if TYPE_CHECKING:
     from ..pruning import Removed
-    from ..reader import Reader
     from ..writer import GenerationWriter
     from .manifest import PartManifest
-    from .parts import Claim, RemoteGeneration
-    from .publish import PublishHandle
+
+__all__ = ["RemoteStore", "fingerprint_hash", "local_key", "open_remote"]
 
 
-def fingerprint_hash(fingerprint: object) -> str:
-    """The hash a store's fingerprint is known by (the one ``Store.staging_record`` gives)."""
-    return xxhash.xxh3_64_hexdigest(json.dumps(fingerprint, sort_keys=True, default=str).encode())
-
-
-def local_key(store: Store) -> str:
-    """The remote key of the local `store`: its backend and the hash of its fingerprint."""
-    if store.fingerprint is None:
-        raise CacheStoreError(f"{store.path} has no fingerprint: a remote keys stores by what produced them, so "
-                              "that stores of different datasets never mix; open it with fingerprint=... "
-                              "(the loader always records one)")
-    return layout.store_key(store.backend_name, fingerprint_hash(store.fingerprint))
-
-
-class RemoteStore(Store):
+class RemoteStore(RemoteBase, Store):
     """One store on a remote root (see the module docstring); pickles without credentials."""
-
-    def __init__(self, settings: RemoteSettings, key: str, *, allow_pickle: bool = False, verify: bool = True) -> None:
-        if not layout.STORE_KEY.match(key):
-            raise RemoteConfigError(f"{key!r} is not a store key (<backend>-<16 hex digits>)")
-        self.settings = settings
-        self.key = key
-        self.path = f"{str(settings.url).rstrip('/')}/{key}"
-        self.backend_name = key.split("-", 1)[0]
-        self.allow_pickle = allow_pickle
-        self.verify_reads = verify
-        self.readonly = True
-        self._client: Client | None = None
-        self._pid = os.getpid()
-        self._doc: dict[str, Any] | None = None
-        self._manifests: dict[int, GenerationManifest] = {}
 
     def __reduce__(self) -> tuple[Callable[..., RemoteStore], tuple[object, ...]]:  # type: ignore[override]
         return (_reopen, (self.settings, self.key, self.allow_pickle, self.verify_reads))
-
-    @property
-    def client(self) -> Client:
-        """This process's client (a new one after a fork: a client's connections never cross one)."""
-        if self._client is None or self._pid != os.getpid():
-            self._client = Client(self.settings)
-            self._pid = os.getpid()
-        return self._client
-
-    # documents --------------------------------------------------------------
-    def doc(self) -> dict[str, Any]:
-        """The remote ``store.json`` (parsed strictly); :class:`NotAStoreError` when there is none."""
-        if self._doc is None:
-            key = layout.store_doc(self.key)
-            try:
-                data = self.client.get(key)
-            except ObjectNotFoundError:
-                raise NotAStoreError(f"{self.path} holds no store (no {layout.STORE_DOC}); nothing was published "
-                                     "there for this dataset yet") from None
-            self._doc = parse_store(data, f"{self.path}/{layout.STORE_DOC}", self.key)
-        return self._doc
-
-    def ensure_doc(self, local: Store) -> None:
-        """Write the remote ``store.json`` from `local`'s (once: a conditional create), or check the one there."""
-        fp_hash = self.key.split("-", 1)[1]
-        doc = {"kind": KIND_STORE, "backend": self.backend_name, "fingerprint_hash": fp_hash,
-               "compression": local.compression if local.compression in (None, "zstd") else None,
-               "fingerprint": local.fingerprint, "producer": local.meta.get("producer"),
-               "store_format": _int(local.meta.get("format")), "created": time.time()}
-        data = encode(json.loads(json.dumps(doc, default=str)))
-        self.client.put_new(layout.store_doc(self.key), data)
-        self.doc()
 
     @property
     def fingerprint(self) -> dict[str, object] | None:
@@ -118,27 +56,7 @@ class RemoteStore(Store):
         value = self.doc().get("compression")
         return value if isinstance(value, str) else None
 
-    def manifest(self, generation: int) -> GenerationManifest:
-        """Generation `generation`'s manifest (parsed strictly, cached: a manifest never changes)."""
-        found = self._manifests.get(generation)
-        if found is None:
-            key = layout.generation_manifest(self.key, generation)
-            try:
-                data = self.client.get(key)
-            except ObjectNotFoundError:
-                raise GenerationNotFoundError(f"generation {generation} is not published on {self.path} (or not "
-                                              "complete yet: its manifest is written last)") from None
-            found = parse_generation(data, f"{self.path}/generations/{generation:06d}.json", self.key, generation)
-            self._manifests[generation] = found
-        return found
-
     # the read side of a Store --------------------------------------------------
-    def generation_ids(self) -> list[int]:
-        """Ids of the complete generations, oldest first (a listing, no manifest read)."""
-        ids = [layout.parse_generation_manifest(info.key.rsplit("/", 1)[-1])
-               for info in self.client.list_objects(layout.generations_prefix(self.key))]
-        return sorted(i for i in ids if i is not None)
-
     def generations(self) -> list[GenerationInfo]:
         infos = []
         for g in self.generation_ids():
@@ -150,15 +68,9 @@ class RemoteStore(Store):
                                                                                          for s in m.sets)}))
         return infos
 
-    def latest(self) -> int | None:
-        ids = self.generation_ids()
-        return ids[-1] if ids else None
-
-    def reader(self, generation: int | None = None) -> "Reader":
+    def reader(self, generation: int | None = None) -> "RemoteReader":
         """A map-style dataset over a published generation (the newest when ``None``), read straight
         from the remote: one ranged read per run of consecutive records (:mod:`.reader`)."""
-        from .reader import RemoteReader
-
         if generation is None:
             generation = self.latest()
             if generation is None:
@@ -180,8 +92,6 @@ class RemoteStore(Store):
               partial: bool = False) -> list["Removed"]:
         """Remove published generations beyond the newest `keep` (never one with a live reader lease), and
         data no manifest names (an interrupted publish, older than a day, or any with `partial`)."""
-        from .pruning import prune_remote
-
         if max_bytes is not None:
             raise CacheStoreError("prune of a remote store takes --keep, not --max-bytes")
         return prune_remote(self, keep, dry_run, partial)
@@ -204,44 +114,28 @@ class RemoteStore(Store):
 
     # the remote tier's verbs -------------------------------------------------
     def publish(self, local: Store, generation: int | None = None, *, background: bool = True,
-                progress: Callable[[int, int], None] | None = None) -> "PublishHandle":
+                progress: Callable[[int, int], None] | None = None) -> PublishHandle:
         """Publish committed `generation` of `local` (the newest by default); see :func:`.publish.publish`."""
-        from .publish import publish
-
         return publish(self, local, generation, background=background, progress=progress)
 
     def fetch(self, local: Store, generation: int | None = None) -> GenerationInfo:
         """Download published `generation` (the newest by default) into `local`; see :func:`.fetch.fetch`."""
-        from .fetch import fetch
-
         return fetch(self, local, generation)
 
     def claim_part(self, generation: int, part: int, nparts: int, *, node: str | None = None,
-                   timeout: float | None = None) -> "Claim | None":
-        from .parts import claim_part
-
+                   timeout: float | None = None) -> Claim | None:
         return claim_part(self, generation, part, nparts, node=node, timeout=timeout)
 
     def publish_part(self, local: Store, staging: str, generation: int, num_samples: int, part: int,
                      nparts: int, *, node: str | None = None) -> "PartManifest":
-        from .parts import publish_part
-
         return publish_part(self, local, staging, generation, num_samples, part, nparts, node=node)
 
     def fetch_parts(self, local: Store, generation: int, nparts: int, *, into: str | None = None,
                     parts: list[int] | None = None) -> list[int]:
-        from .parts import fetch_parts
-
         return fetch_parts(self, local, generation, nparts, into=into, parts=parts)
 
-    def remote_generations(self) -> list["RemoteGeneration"]:
-        from .parts import remote_generations
-
+    def remote_generations(self) -> list[RemoteGeneration]:
         return remote_generations(self)
-
-
-def _int(value: object) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 def _reopen(settings: RemoteSettings, key: str, allow_pickle: bool, verify: bool) -> RemoteStore:

@@ -109,7 +109,9 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
 
     for lo in range(0, idx.size, block):
         chosen = idx[lo:lo + block]
-        parts = [np.ascontiguousarray(c[chosen]) for c in cols]
+        a, b = int(chosen[0]), int(chosen[-1]) + 1
+        # Consecutive rows (every sample in columns, the usual case) are a view: no copy of the data.
+        parts = [c[a:b] if b - a == chosen.size else np.ascontiguousarray(c[chosen]) for c in cols]
         sums = np.array(row_checksums(parts, chosen.size), dtype=np.uint64)
         bad = np.flatnonzero(sums != rows["checksum"][chosen])
         if bad.size:
@@ -129,10 +131,10 @@ def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str) -> Non
         rec = data[start:start + length]
         if checksum([rec]) != int(row["checksum"]):
             raise CorruptSampleError(f"{where}: sample {int(row['index'])} fails its checksum")
-        _check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen)
+        check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen)
 
 
-def _check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str]) -> None:
+def check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str]) -> None:
     """A record's structure is valid (checked once per distinct structure)."""
     try:
         treedef, _ = decode_record(rec, copy=False)

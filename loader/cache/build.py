@@ -89,6 +89,7 @@ class GenerationBuild:
         self._executor: Executor | None = None
         self.epoch = -1  # the epoch that writes it (set when that epoch is broken off)
         self.made_room: list[int] = []  # older generations removed to make room for it (the budget)
+        self.from_parts = False  # this node computes its part, the others come from the remote (loader.cache.remote)
 
     # state ---------------------------------------------------------------
     @property

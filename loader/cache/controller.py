@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from cachestore import GenerationInfo, Store, Writer, open_store
 from cachestore.backends import get_backend
@@ -25,15 +26,16 @@ from cachestore.room import fits, memory_room
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout
 from ..executors.base import Executor
-from ..settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy, RotationSettings
+from ..settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy
 from .build import GenerationBuild, workers_can_write
 from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
 from .read_order import ReadChoice, block_size, generation_order
 
+if TYPE_CHECKING:
+    from .remote import RemoteTier
+
 log = logging.getLogger(__name__)
 
-#: Times each sample is served when ``on_budget_exceeded="rotate"`` falls back with K = inf.
-FALLBACK_ROTATION = 4
 
 
 class CacheController:
@@ -64,6 +66,7 @@ class CacheController:
         self.mine: set[int] = set()  # generations this run committed
         self.readonly = False  # the store is on a read-only file system: nothing is written
         self._choices: dict[int, ReadChoice] = {}  # how each generation's read epochs go
+        self.remote: RemoteTier | None = None  # cache_setting["remote"] (loader.cache.remote)
 
     def disable(self) -> None:
         """Stop caching for the rest of this run (the budget ran out: policies ``"stream"``, ``"rotate"``)."""
@@ -122,11 +125,23 @@ class CacheController:
         damaged = {g.id: g.damaged for g in store.generations() if g.damaged}
         swept = {r.generation for r in store.prune(keep=sys.maxsize) if r.kind == "damaged"}
         controller = cls(settings, store, layout.per_store)
+        if settings.remote is not None:
+            controller.open_remote(layout)
         for generation in sorted(g for g in swept & set(damaged) if g is not None):
             log.warning("generation %d of %s was damaged (%s): removed; it is written again when an epoch "
                         "needs it", generation, store.path, damaged[generation])
             controller.damaged[generation] = damaged[generation]
         return controller
+
+    def open_remote(self, layout: ConsumerLayout) -> None:
+        """Reach ``cache_setting["remote"]`` (imported only then); start from its newest generation when
+        it is newer than this store's (fetched when an epoch needs it)."""
+        from .remote import RemoteTier
+
+        self.remote = RemoteTier.open(self.settings, self.store, layout)
+        newest = self.remote.latest()
+        if newest is not None and newest > (self.store.latest() or 0):
+            self.base = newest
 
     @classmethod
     def open_read_only(cls, settings: CacheSettings, path: str, fingerprint: dict[str, object],
@@ -195,6 +210,9 @@ class CacheController:
             log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
                         damaged)
             return generation, EpochMode.GENERATE, {"damaged": damaged}
+        got = self.remote.fetch(generation) if self.remote is not None else None
+        if got is not None:  # fetched instead of computed, or read from the remote directly
+            return generation, EpochMode.READ, {got: generation}
         return generation, EpochMode.GENERATE, {}
 
     def went_read_only(self) -> bool:
@@ -232,6 +250,8 @@ class CacheController:
         if choice is not None:
             return choice
         info = self.committed().get(generation)
+        if info is None and self.remote is not None and generation in self.remote.direct:
+            info = self.remote.info(generation)
         nbytes = info.nbytes if info is not None else 0
         record = (info.stored_bytes or info.nbytes) // max(1, info.num_samples) if info is not None else 0
         fitting = not self.store.backend.persistent or fits(nbytes)
@@ -328,12 +348,18 @@ class CacheController:
                         "directory removed?): its samples were served, and it is written again when an epoch "
                         "needs it", build.generation, self.store.path)
             return None
+        if info is None and self.remote is not None and build.from_parts:
+            self.remote.wait_committed(build.generation)  # the node's first rank assembles it from the parts
         if info is None:
             log.info("generation %d of %s: this process's part is written; %s", build.generation, self.store.path,
                      "another process writing it commits it" if complete
                      else "the rest is left to the processes still writing it (or the next one)")
             return None
         self.mine.add(info.id)
+        if self.remote is not None and not build.from_parts:
+            self.remote.publish(info.id)
+        elif self.remote is not None:
+            self.remote.prune()  # completed on the remote from its parts: older generations may go
         removed = self.store.prune(keep=1)
         log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
                  info.num_samples, info.nbytes, ", computed in the background" if background else "", len(removed))
@@ -344,6 +370,12 @@ class CacheController:
         """Stop background refreshes for good where the settings turned them off (decided once, at
         construction: :func:`loader.cache.refresh.decide_refresh`)."""
         if self.settings.background_refresh is False:
+            self.stop_refresh()
+        elif self.remote is not None and self.remote.parts:
+            # Known only once the remote answered: the nodes compute each generation in parts,
+            # together, during its own epoch (no node can compute the next one alone in the background).
+            log.info("background refresh is off: the nodes compute each generation in parts during its own "
+                     "epoch")
             self.stop_refresh()
 
     def refresh_target(self, read_generation: int) -> int | None:
@@ -385,23 +417,3 @@ class CacheController:
                         f"{{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}, or "
                         "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
         return exc
-
-    def rotation_fallback(self, sample_bytes: float, num_samples: int) -> RotationSettings:
-        """``on_budget_exceeded="rotate"``: the disk rotation window that fits what is left.
-
-        `sample_bytes` is the size of one stored sample. When not even one
-        fits on the disk, the window is kept in memory instead.
-        """
-        self.disable()
-        rotation = self.settings.k_or_none or FALLBACK_ROTATION
-        available = self.store.budget().available
-        if available is None:
-            return RotationSettings("disk", rotation, num_samples, self.store.path)
-        # One file per slot: allocated in whole blocks, plus the record header.
-        per_slot = -(-(sample_bytes + 512) // 4096) * 4096
-        fits = int(available // per_slot)
-        if fits < 1:
-            log.warning("not even one sample (%d bytes) fits the %d bytes left for %s: rotating through a "
-                        "window in memory instead", sample_bytes, available, self.store.path)
-            return RotationSettings("memory", rotation, None, None)
-        return RotationSettings("disk", rotation, min(fits, num_samples), self.store.path)

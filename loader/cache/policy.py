@@ -13,7 +13,7 @@ import logging
 from cachestore.errors import BudgetExceededError
 
 from ..executors.base import Executor
-from ..settings import BudgetPolicy
+from ..settings import BudgetPolicy, RotationSettings
 from .build import GenerationBuild
 from .controller import CacheController
 
@@ -71,3 +71,28 @@ def close_generation(build: GenerationBuild, cache: CacheController, executor: E
         build.abort()
         return give_up_caching(cache, exc)
     return None
+
+
+#: Times each sample is served when ``on_budget_exceeded="rotate"`` falls back with K = inf.
+FALLBACK_ROTATION = 4
+
+
+def rotation_fallback(cache: CacheController, sample_bytes: float, num_samples: int) -> RotationSettings:
+    """``on_budget_exceeded="rotate"``: the disk rotation window that fits what is left.
+
+    `sample_bytes` is the size of one stored sample. When not even one
+    fits on the disk, the window is kept in memory instead.
+    """
+    cache.disable()
+    rotation = cache.settings.k_or_none or FALLBACK_ROTATION
+    available = cache.store.budget().available
+    if available is None:
+        return RotationSettings("disk", rotation, num_samples, cache.store.path)
+    # One file per slot: allocated in whole blocks, plus the record header.
+    per_slot = -(-(sample_bytes + 512) // 4096) * 4096
+    fits = int(available // per_slot)
+    if fits < 1:
+        log.warning("not even one sample (%d bytes) fits the %d bytes left for %s: rotating through a "
+                    "window in memory instead", sample_bytes, available, cache.store.path)
+        return RotationSettings("memory", rotation, None, None)
+    return RotationSettings("disk", rotation, min(fits, num_samples), cache.store.path)

@@ -41,16 +41,21 @@ def generation_order(setting: str, fits: bool) -> str:
     return "random" if fits else "block"
 
 
-def read_order(choice: ReadChoice, settings: LoaderSettings, ranks: tuple[int, ...] | None) -> str:
+def read_order(choice: ReadChoice, settings: LoaderSettings, ranks: tuple[int, ...] | None, *,
+               direct: bool = False, dealt: bool = False) -> str:
     """The order a read epoch serves in (see the module docstring): ``"block"`` or ``"random"`` (its
-    generation's), ``"random"`` where `ranks` (the node's ranks, first) split one order, or what
-    overrides both: ``"sampler"``, ``"sequential"`` (no shuffle), ``"nearby"`` (``nearby_shuffle``)."""
+    generation's), ``"random"`` where `ranks` (the node's ranks, first) split one order or the whole
+    cluster's samples are `dealt` to every rank, ``"block"`` where the epoch reads the remote
+    `direct` ly (a block of consecutive records is one ranged read), or what overrides them all:
+    ``"sampler"``, ``"sequential"`` (no shuffle), ``"nearby"`` (``nearby_shuffle``)."""
     if settings.sampling is not None:
         return "sampler"
     if not settings.shuffle:
         return "sequential"
     if settings.nearby_shuffle:
         return "nearby"
-    if ranks is not None and ranks[0] != 1:
+    if direct:
+        return "block"
+    if dealt or (ranks is not None and ranks[0] != 1):
         return "random"
     return choice.order

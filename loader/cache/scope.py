@@ -29,6 +29,7 @@ from cachestore.backends import get_backend
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout, gather_across_ranks
+from ..remote_setting import node_of
 from ..executors.host import executor_class
 from ..settings import CacheSettings, LoaderSettings
 from .fingerprint import dataset_fingerprint, describe_mismatch, describe_params
@@ -76,12 +77,23 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
     return replace(settings, cache=replace(cache, scope="rank"))
 
 
+def consumer_layout(settings: LoaderSettings, num_samples: int) -> ConsumerLayout:
+    """This consumer's part of a dataset of `num_samples` (its scope decided): with a remote and the node
+    scope, every node's store holds the whole dataset (``ConsumerLayout.whole``)."""
+    s, cache = settings, settings.cache
+    whole = cache is not None and cache.remote is not None and cache.scope == "node"
+    node = node_of(cache.nb_node, cache.node_rank, s.nb_consumer) if whole and cache is not None else None
+    return ConsumerLayout(num_samples, s.nb_consumer, s.consumer_index, s.seed,
+                          pinned=cache is not None or not s.shuffle, scheme=s.partition,
+                          workers=s.nb_worker, shuffled=s.shuffle,
+                          node_scope=cache is not None and cache.scope == "node", whole=whole, node=node)
+
+
 def _differing_ranks(settings: LoaderSettings, num_samples: int) -> str | None:
     """Why the node's ranks cannot share a store because their datasets differ (one log line says so),
     ``None`` when they are the same on every node or cannot be compared."""
     assert settings.cache is not None
-    layout = ConsumerLayout(num_samples, settings.nb_consumer, settings.consumer_index, settings.seed,
-                            pinned=True, node_scope=True)
+    layout = consumer_layout(replace(settings, cache=replace(settings.cache, scope="node")), num_samples)
     mine = _identity(settings.dataset, num_samples, layout, settings.cache.fingerprint)
     everyone = gather_across_ranks(mine, settings.nb_consumer, settings.consumer_index, settings.cache.prefix)
     if everyone is None:

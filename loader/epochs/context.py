@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cachestore import Store, codec, records
 
 from ..cache.build import CacheResources, GenerationBuild
 from ..cache.controller import CacheController
+from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
@@ -24,6 +25,9 @@ from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
 from .rotation import batch_sizes
 from .windows import DiskWindow, MemoryWindow, RotationWindow
+
+if TYPE_CHECKING:  # imported only where a remote is asked for
+    from ..cache.remote import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ class EpochResources(CacheResources, ThreadsResource, Protocol):
     store: Store | None
     window: RotationWindow | None
     build: GenerationBuild | None
+    remote: RemoteTier | None
 
 
 @dataclass
@@ -98,8 +103,8 @@ class EpochContext:
         if policy is not BudgetPolicy.ROTATE:
             return
         assert self.cache is not None
-        self.state.rotation = self.state.fallback = self.cache.rotation_fallback(self.sample_bytes(),
-                                                                                 len(self.indices))
+        fallback = rotation_fallback(self.cache, self.sample_bytes(), len(self.indices))
+        self.state.rotation = self.state.fallback = fallback
         self.open_window()
         rotation, window = self.state.rotation, self.res.window
         assert window is not None

@@ -61,7 +61,8 @@ class ReadPlan(EpochPlan):
     written again under the same id is another, and readers kept open from
     epoch to epoch must not serve the old files. ``stream``: the generation does
     not fit the memory room and is read with explicit I/O
-    (:mod:`loader.epochs.reads.streamed`).
+    (:mod:`loader.epochs.reads.streamed`). ``remote``: read from the cache's
+    remote directly (the local budget cannot hold the generation).
     """
 
     mode: ClassVar[EpochMode] = EpochMode.READ
@@ -69,6 +70,7 @@ class ReadPlan(EpochPlan):
     committed_at: float | None = None
     blocks: BlockOrder | None = None
     stream: bool = False
+    remote: bool = False
 
 
 @dataclass

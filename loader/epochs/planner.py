@@ -17,6 +17,7 @@ from cachestore.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
 from ..cache.read_order import read_order
+from ..distributed import ConsumerLayout
 from ..executors.host import executor_class
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
@@ -110,13 +111,15 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.READ:
         choice = cache.read_choice(generation)
         blocks = None
-        kind = read_order(choice, s, ranks)
+        # Read from the remote directly, blocks of consecutive records make one ranged read each.
+        kind = read_order(choice, s, ranks, direct="direct" in notes)
         if kind == "block":
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
         info = cache.committed().get(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=kind,
-                        committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream)
+                        committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream,
+                        remote="direct" in notes)
     dropped = len(order) - sum(len(b) for b in batches)
     unserved = (batches[:skip] + ([before] if len(before) else [])
                 + ([order[len(order) - dropped:]] if dropped > 0 else []))
@@ -130,3 +133,36 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         else:
             plan.fill = fill
     return plan
+
+
+def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int,
+                       cache: CacheController, layout: ConsumerLayout) -> EpochPlan:
+    """An epoch of several nodes whose stores each hold the whole dataset (a cache with a remote).
+
+    A read epoch deals a new order of the whole dataset to every rank of every node
+    (:func:`~loader.epochs.order.node_deck` over all of them). A generate epoch serves this
+    node's part (:meth:`loader.cache.remote.RemoteTier.own_part`) dealt to its ranks, as many
+    batches as a read epoch; what a rank's share holds beyond them is computed and written
+    unserved. Without the remote (unreachable) the node's part is the whole dataset: every node
+    computes it all, serving as many batches as with the remote.
+    """
+    n, per_rank = len(indices), layout.batches(s.batch_size, s.drop_last)
+    generation, mode, notes = cache.choose(epoch)
+    if mode == EpochMode.READ:
+        deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
+        _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
+                                  per_rank)
+        info, choice = cache.committed().get(generation), cache.read_choice(generation)
+        return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=read_order(choice, s, None, dealt=True),
+                        committed_at=info.created if info is not None else None, stream=choice.stream,
+                        remote="direct" in notes)
+    start, stop = cache.remote.own_part(n) if cache.remote is not None else (0, n)
+    deck = start + node_deck(stop - start, epoch, seed, layout.local_ranks, s.shuffle)
+    share = deck[layout.local_rank::layout.local_ranks]
+    cap = per_rank * s.batch_size  # what a read epoch serves; the rest of the share is written unserved
+    mine, batches = rank_batches(share[:cap], 1, 0, s.batch_size, s.drop_last, per_rank)
+    served = sum(len(b) for b in batches)
+    rest = np.concatenate([mine[served:], share[cap:]])
+    unserved = batches[:skip] + split_batches(rest, s.batch_size, False)
+    return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
+

@@ -31,7 +31,7 @@ from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
 from .places import compute_place
 from .plan import EpochPlan, EpochStats
-from .planner import plan_epoch
+from .planner import plan_cluster_epoch, plan_epoch
 from .windows import DiskWindow
 
 #: Epochs that show progress (see the ``progress`` argument) do once they take this many seconds.
@@ -46,7 +46,7 @@ class EpochRunner:
         cache = None
         if settings.cache is not None:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
-            res.store = cache.store
+            res.store, res.remote = cache.store, cache.remote
             cache.decide_refresh()
         self.ctx = EpochContext(settings, layout, producer, res, cache)
         self.place = compute_place(self.ctx)
@@ -81,8 +81,13 @@ class EpochRunner:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
                      layout.batches(s.batch_size, s.drop_last))
-        plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
-                          lambda generation, at: refreshed(ctx, generation, at), ranks)
+        if (layout.whole and layout.nodes > 1 and ctx.cache is not None and not ctx.cache.off
+                and ctx.state.rotation is None and s.sampling is None):
+            # Several nodes whose stores each hold the whole dataset (a cache with a remote).
+            plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout)
+        else:
+            plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
+                              lambda generation, at: refreshed(ctx, generation, at), ranks)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         return plan

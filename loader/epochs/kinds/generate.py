@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
+import numpy as np
+
 from cachestore.errors import BudgetExceededError
 
 from ...cache.build import GenerationBuild
@@ -23,6 +25,7 @@ from ...cache.policy import close_generation
 from ...cache.refresh import CHUNK_DIVISOR, BackgroundRefresh
 from ...dataset import Batch
 from ..context import EpochContext
+from ..order import split_batches
 from ..places import ComputePlace
 from ..plan import EpochStats, GeneratePlan
 from ..work import ComputeWork
@@ -61,6 +64,10 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
                      "computed is kept)", plan.epoch, plan.generation, ctx.refresh.generation)
             ctx.kill_executor()
         ctx.res.build = ctx.cache.open_build(plan.generation, ctx.settings.use_threading, executor=place.writer())
+        remote = ctx.cache.remote
+        if remote is not None and remote.parts and ctx.res.build.shared:
+            ctx.res.build.from_parts = True  # this node computes its part; the others come from the remote
+            remote.claim_own(plan.generation)
         return cls(ctx, place, plan, ctx.res.build)
 
     def begin(self, stats: EpochStats) -> None:
@@ -116,6 +123,8 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
         """End of the epoch: commit, or give up caching as the budget policy says."""
         ctx = self.ctx
         assert ctx.cache is not None
+        if build.from_parts and ctx.cache.remote is not None:
+            ctx.cache.remote.exchange(build, lambda positions: self._compute(positions, stats))
         ctx.res.build = None
         policy = close_generation(build, ctx.cache, self.place.closer(), self.plan.epoch)
         if policy is None:
@@ -124,6 +133,15 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             stats.committed = build.writer.state == "committed"
         else:
             ctx.apply_policy(policy)
+
+    def _compute(self, positions: np.ndarray, stats: EpochStats) -> None:
+        """Compute and write `positions` of the generation, serving none (a part another node did not
+        publish in time: :meth:`loader.cache.remote.RemoteTier.exchange`)."""
+        s, plan = self.ctx.settings, self.plan
+        extra = GeneratePlan(plan.epoch, [], plan.indices, plan.generation, {},
+                             unserved=split_batches(positions, s.batch_size, False))
+        for _ in self.place.batches(extra, stats, ComputeWork(self.build, extra.unserved)):
+            pass  # nothing is served
 
     def _break_off(self, build: GenerationBuild) -> None:
         """A broken-off or failed epoch keeps what it wrote. Workers may still be running its tasks:

@@ -31,6 +31,11 @@ class ReadEpoch(EpochKind[ReadPlan]):
         """The read path this epoch takes."""
         store, plan = self.ctx.res.store, self.plan
         assert store is not None
+        cache = self.ctx.cache
+        if plan.remote and cache is not None and cache.remote is not None and cache.remote.remote is not None:
+            # Too large for the local budget: read from the remote by the training process (one ranged
+            # read per run of consecutive records, objects in parallel: the remote reader's own threads).
+            return self.ctx.reads.remote(plan, stats, cache.remote.remote)
         return self.ctx.reads.choose(plan, stats, store, lambda: self.place.read_workers(plan, store))
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:

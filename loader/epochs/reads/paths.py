@@ -102,6 +102,12 @@ class ReadPaths:
             return main
         return Placed(self.placement, (store.path, plan.generation, self.batch_size), main, pool, threads)
 
+    def remote(self, plan: ReadPlan, stats: EpochStats, store: Store) -> ReadPath:
+        """The read path of a read epoch served from the cache's remote `store` directly."""
+        reader = self.reader(store, plan.generation or 0, plan.committed_at)
+        stats.extra["gather"] = "remote"
+        return MainReads(self.producer, reader, (reader.spec, plan.generation or 0, plan.committed_at))
+
     def epoch_ended(self, stats: EpochStats) -> None:
         """A read epoch ended: the threads' free buffers go when the threads did not gather it (as
         slots go when not needed)."""

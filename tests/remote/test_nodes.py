@@ -1,0 +1,179 @@
+"""Several nodes, one generation: two torchrun invocations (``--nnodes=2`` on 127.0.0.1), separate local
+prefixes, one remote; and a node killed before it publishes its part."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachestore import open_store
+
+from .conftest import KEY, SECRET
+from .server import free_port
+
+SCRIPT = Path(__file__).with_name("node_script.py")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+N = 48
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def node_env(weed, endpoint: str | None = None) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "AWS_ENDPOINT_URL": endpoint or weed.endpoint, "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def stores_hold_everything(prefixes: list[Path]) -> None:
+    for prefix in prefixes:
+        assert sorted(os.listdir(prefix)) == ["gen-000000", "store.json"]  # nothing else left behind
+        with open_store(prefix, readonly=True) as store:
+            gens = [g for g in store.generations() if g.committed]
+            assert [(g.id, g.num_samples) for g in gens] == [(0, N)], (prefix, gens)
+            reader = store.reader(0)
+            assert all(int(reader[i]["y"]) == i and np.all(reader[i]["x"] == i) for i in range(N))
+            reader.close()
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generation(tmp_path, weed, remote_url,
+                                                                                     per_node):
+    port, world, epochs = free_port(), 2 * per_node, 1 + 2 * per_node
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", f"--nproc_per_node={per_node}", f"--node_rank={k}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                               str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--epochs", str(epochs)],
+                              env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    for code, err in finish(procs):
+        assert code == 0, err[-3000:]
+    results = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(world)]
+    calls = sorted(c for r in results for c in r["calls"])
+    assert calls == list(range(N))  # each sample computed once across the nodes (and their ranks)
+    for k in range(2):  # node k computed its part: samples k*N//2 .. (k+1)*N//2 - 1
+        node_calls = sorted(c for r in results[k * per_node:(k + 1) * per_node] for c in r["calls"])
+        assert node_calls == list(range(k * N // 2, (k + 1) * N // 2))
+    for r in results:
+        assert r["modes"] == ["generate"] + ["read"] * (epochs - 1)
+        assert r["computed"][1:] == [0] * (epochs - 1)
+        assert all(len(e) == len(r["epochs"][0]) for e in r["epochs"])  # as many samples every epoch
+        # The cached epochs deal the whole cluster's samples: a rank sees them all in world_size epochs.
+        assert sorted(set().union(*r["epochs"][1:1 + world])) == list(range(N))
+    for epoch in range(1, epochs):  # the ranks of an epoch are dealt disjoint shares covering everything
+        assert sorted(c for r in results for c in r["epochs"][epoch]) == list(range(N))
+    assert results[0]["epochs"][1] != results[0]["epochs"][2]  # a new deal every epoch
+    assert {r["store"] for r in results} == {str(p) for p in prefixes}  # prefix itself: no node-<k>-of-<m>/
+    stores_hold_everything(prefixes)
+
+
+def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_path, weed, remote_url):
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+
+    def node(k: int, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url,
+                                 "--node", str(k), "--nodes", "2", "--epochs", "2", "--part-timeout", "3", *extra],
+                                env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = node(1, "--kill-at", str(N - 3))  # in its own part (24..47), after some of it was computed
+    (code, err), = finish([killed])
+    assert code == -9, err[-3000:]
+    (code, err), = finish([node(0)])
+    assert code == 0, err[-3000:]
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert result["calls"] == list(range(N))  # its own part, then the dead node's
+    assert result["modes"] == ["generate", "read"]
+    stores_hold_everything(prefixes[:1])
+    # The killed node, run again, finds the generation complete on the remote and fetches it.
+    (code, err), = finish([node(1)])
+    assert code == 0, err[-3000:]
+    again = json.loads((tmp_path / "node1.json").read_text())
+    assert again["modes"] == ["read", "read"] and again["computed"] == [0, 0]
+    stores_hold_everything(prefixes)
+
+
+def test_nodes_that_cannot_reach_the_remote_each_compute_everything(tmp_path, weed, remote_url):
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--node",
+                               str(k), "--nodes", "2", "--epochs", "2", "--start-timeout", "1"],
+                              env=node_env(weed, "http://127.0.0.1:9"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for k in range(2)]
+    for code, err in finish(procs):
+        assert code == 0, err[-3000:]
+        assert err.count("cannot be reached") == 1  # one warning
+    results = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in range(2)]
+    for r in results:
+        assert r["calls"] == list(range(N))  # its part served, the rest computed unserved
+        assert r["modes"] == ["generate", "read"] and len(r["epochs"][0]) == len(r["epochs"][1]) == N // 2
+    assert sorted(results[0]["epochs"][1] + results[1]["epochs"][1]) == list(range(N))
+    stores_hold_everything(prefixes)
+
+
+def test_server_stopped_while_a_node_waits_for_the_others_part(tmp_path, weed, remote_url):
+    from cachestore.remote import open_remote
+
+    from .conftest import options
+
+    prefix = tmp_path / "node0" / "cache"
+    node = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefix), remote_url, "--node", "0",
+                             "--nodes", "2", "--epochs", "2", "--part-timeout", "120", "--retry-timeout", "2"],
+                            env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(0 in g.published for g in _generations(open_remote, remote_url, options(weed))):  # its part is out: it waits for part 1
+            assert node.poll() is None and time.monotonic() < deadline, node.communicate()[1][-3000:]
+            time.sleep(0.1)  # another process's progress on the server: nothing to wait on but a look
+        weed.stop()
+        (code, err), = finish([node])
+    finally:
+        if weed.proc is None:
+            weed.start()
+    assert code == 0, err[-3000:]
+    assert "computing the 24 samples this node lacks" in err
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert result["calls"] == list(range(N)) and result["modes"] == ["generate", "read"]
+    stores_hold_everything([prefix])
+
+
+def _generations(open_remote, url, opts):
+    try:
+        return open_remote(url, opts).remote_generations()  # the root's one store, once it is there
+    except (OSError, ValueError):
+        return []
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_one_node_of_two_ranks_publishes_what_it_computed(tmp_path, weed, remote_url):
+    from cachestore.remote import open_remote
+
+    from .conftest import options
+
+    prefix = tmp_path / "cache"
+    run = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path), str(prefix),
+                          remote_url, "--epochs", "2"], env=node_env(weed), capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(2)]
+    assert sorted(results[0]["calls"] + results[1]["calls"]) == list(range(N))  # the ranks split the work
+    assert all(r["modes"] == ["generate", "read"] for r in results)
+    stores_hold_everything([prefix])
+    with open_store(prefix, readonly=True) as store:
+        assert open_remote(remote_url, options(weed), local=store).generation_ids() == [0]  # whichever committed
