@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backends import get_backend
+from .backends import backend_origin, get_backend
 from .backends.base import Backend
 
 
@@ -12,7 +12,7 @@ from .backends.base import Backend
 class StoreSpec:
     """Where a store lives and how its records are encoded and checked.
 
-    A spec travels inside tasks, readers and shard tickets (it pickles as five
+    A spec travels inside tasks, readers and shard tickets (it pickles as six
     plain values) and opens the backend again in whatever process it lands in.
 
     Parameters
@@ -27,6 +27,11 @@ class StoreSpec:
         Store otherwise unsupported sample types with pickle.
     verify
         Check each record's checksum when it is read.
+    origin
+        ``"module:Class"`` of a backend plugged in with :func:`cachestore.register_backend`
+        (:func:`~cachestore.backends.backend_origin`): a process that has not registered it (a
+        spawned worker) registers it from there. Taken from the process that made the spec,
+        never from a store's files.
     """
 
     path: str
@@ -34,13 +39,20 @@ class StoreSpec:
     compression: str | None = None
     allow_pickle: bool = False
     verify: bool = True
+    origin: str | None = None
+
+    @classmethod
+    def of(cls, path: str, backend: str, compression: str | None = None, allow_pickle: bool = False,
+           verify: bool = True) -> StoreSpec:
+        """The spec of a store of `backend`, with the backend's origin where it was plugged in."""
+        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend))
 
     @property
     def persistent(self) -> bool:
         """Whether the data lives in files other processes can open (not in one process's RAM)."""
-        return get_backend(self.backend).persistent
+        return get_backend(self.backend, self.origin).persistent
 
     def open_backend(self) -> Backend:
         """A fresh backend object for this store, in this process."""
-        return get_backend(self.backend)(self.path, compression=self.compression,
-                                         allow_pickle=self.allow_pickle, verify=self.verify)
+        return get_backend(self.backend, self.origin)(self.path, compression=self.compression,
+                                                      allow_pickle=self.allow_pickle, verify=self.verify)

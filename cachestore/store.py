@@ -71,7 +71,7 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
-        self.spec = StoreSpec(self.path, backend, compression, allow_pickle, verify)
+        self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify)
         try:
             self.backend: Backend = self.spec.open_backend()
         except ValueError as exc:  # an unknown name

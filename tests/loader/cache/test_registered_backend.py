@@ -15,10 +15,14 @@ from ...plain_backend import PlainArange, PlainFilesBackend, PlainStreamingBacke
 pytestmark = pytest.mark.timeout(90)
 
 
-def test_a_registered_backend_serves_a_cached_run(no_leaks):
+# Spawned workers register the backend from the store's spec before they open it, whether or not they
+# have imported the module that registers it (a worker builds its dataset only when it computes).
+@pytest.mark.parametrize("start_method", ["auto", "spawn"])
+def test_a_registered_backend_serves_a_cached_run(no_leaks, start_method):
     prefix = str(no_leaks / "cache")
     n, k = 24, 2
     with CachedLoader(PlainArange, {"n": n, "augment": True}, batch_size=5, nb_worker=2, seed=1,
+                      start_method=start_method,
                       cache_setting={"prefix": prefix, "update_frequency": k, "backend": PlainFilesBackend.name,
                                      "background_refresh": False}) as loader:
         # memmap's stores are shared by a node's ranks; this one says it cannot be written together.
