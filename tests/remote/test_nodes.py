@@ -15,6 +15,7 @@ import pytest
 
 from cachestore import open_store
 
+from ..marks import long
 from .conftest import KEY, SECRET
 from .server import free_port
 
@@ -56,7 +57,7 @@ def stores_hold_everything(prefixes: list[Path]) -> None:
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-@pytest.mark.parametrize("per_node", [1, 2])
+@pytest.mark.parametrize("per_node", [1, pytest.param(2, marks=long)])
 def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generation(tmp_path, weed, remote_url,
                                                                                      per_node):
     port, world, epochs = free_port(), 2 * per_node, 1 + 2 * per_node
