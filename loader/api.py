@@ -66,7 +66,9 @@ class CachedLoader(LoaderAttributes):
         draw is computed by idle workers.
     worker_init_fn, persistent_workers, prefetch_factor, multiprocessing_context
         torch's: ``worker_init_fn(worker_id)`` runs once in each worker before
-        its first task; workers always persist; ``prefetch_factor`` batches per
+        its first task, on the worker's own copy of the dataset, which
+        ``torch.utils.data.get_worker_info()`` returns there (with the worker's
+        id, the number of workers and its seed); workers always persist; ``prefetch_factor`` batches per
         worker in flight; the context's start method.
     collate_fn
         Turns a list of samples into a batch (default :func:`loader.default_collate`).
