@@ -266,7 +266,7 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self))
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self), owner=self)
 
     # ------------------------------------------------------------------ resuming
     @property
