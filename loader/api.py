@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
+from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases, warn_excessive_workers
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -155,9 +155,9 @@ class CachedLoader(LoaderAttributes):
         self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
-        sweep_dead_segments()
-        if not s.deferred_start:
-            self._start()
+        warn_excessive_workers(s)
+        # Nothing starts here: workers, the store and the fingerprint wait for the first iter() (or start()),
+        # and take the dataset as it is then, as torch's DataLoader does.
 
     def start(self, consumer_index: int, device: Device = None, to_device: BatchFn | None = None) -> None:
         """Deferred start (``swift_loader`` style) when `consumer_index` was not given.
@@ -169,7 +169,7 @@ class CachedLoader(LoaderAttributes):
         """
         if self._closed:
             raise RuntimeError("this loader is closed")
-        if self._runner is not None:
+        if self._runner is not None or not self.settings.deferred_start:
             raise RuntimeError("this loader is already started; start() is called once, and only when "
                                "consumer_index was not given to the constructor")
         if int_at_least("consumer_index", consumer_index, 0) >= self.nb_consumer:
@@ -192,7 +192,11 @@ class CachedLoader(LoaderAttributes):
                               node_scope=s.cache is not None and s.cache.scope == "node")
 
     def _start(self) -> None:
+        """Open the store and start the workers, with the dataset as it is now (fingerprinted anew:
+        an attribute set since the constructor is in the workers' copies and in the store's identity)."""
         s = self.settings
+        s.dataset.memo.clear()
+        sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
 
     def _follow_length(self) -> None:
@@ -210,13 +214,13 @@ class CachedLoader(LoaderAttributes):
                  self.num_samples)
         seed = self.seed  # a loaded state's stays
         self._cursor.close_active()
-        if self._runner is not None:
+        started = self._runner is not None
+        if started:
             self._res.release()
             self._runner = None
         self.num_samples = n
-        self.settings.dataset.memo.clear()  # fingerprinted anew: it changed
-        if not self.settings.deferred_start:
-            self._start()
+        if started:
+            self._start()  # fingerprinted anew: it changed
             assert self._runner is not None
             self._runner.state.seed = seed
 
@@ -259,9 +263,12 @@ class CachedLoader(LoaderAttributes):
         """
         if self._closed:
             raise RuntimeError("this loader is closed")
-        if self._runner is None:
-            raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
         self._follow_length()
+        if self._runner is None:
+            if self.settings.deferred_start:
+                raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
+            self._start()
+            assert self._runner is not None
         epoch, skip = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
