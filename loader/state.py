@@ -19,6 +19,7 @@ from cachestore.errors import FingerprintError
 
 from .cache.fingerprint import class_path, dataset_fingerprint
 from .dataset import Batch
+from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
@@ -221,6 +222,8 @@ class EpochIterator:
             self.progress.exhausted = True
             raise
         self.progress.served += 1
+        if isinstance(batch, FailedBatch):
+            raise batch.error  # the next next() serves the next batch
         return batch
 
     def end(self, superseded_by: int | None = None) -> None:
