@@ -62,3 +62,31 @@ def test_a_dataset_error_is_raised_for_its_batch_and_the_epoch_goes_on(workers, 
                     break
             assert errors == 4
             assert served == [[0, 1], [4, 5], [6, 7], [10, 11], [14, 15], [16, 17]]
+
+
+# Created in the default context (fork): multiprocessing refuses to hand them to a spawned process, as it
+# does for torch's workers.
+@pytest.mark.parametrize("start_method", ["fork", "auto"])
+def test_a_dataset_holding_an_mp_value_reaches_the_workers_as_they_start(start_method):
+    from .torch_datasets import SharedCounterDataset
+
+    dataset = SharedCounterDataset(8)
+    with CachedLoader(dataset, batch_size=2, nb_worker=2, shuffle=False, start_method=start_method) as loader:
+        assert sorted(int(x) for b in loader for x in b) == list(range(8))
+    assert dataset.count.value == 8, "the workers incremented the training process's shared value"
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_come_back_from_workers():
+    dataset = [torch.nested.nested_tensor([torch.arange(float(i + 1))]) for i in range(6)]
+    with CachedLoader(dataset, batch_size=1, nb_worker=2, shuffle=False, collate_fn=lambda samples: samples) as loader:
+        served = [batch[0] for batch in loader]
+    assert len(served) == 6
+    for got, expected in zip(served, dataset):
+        assert got.is_nested and torch.equal(got.unbind()[0], expected.unbind()[0])
+
+
+def test_a_worker_timeout_is_torchs_runtime_error():
+    from loader.errors import WorkerTimeoutError
+
+    assert issubclass(WorkerTimeoutError, RuntimeError)
