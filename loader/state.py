@@ -226,6 +226,15 @@ class EpochIterator:
             raise batch.error  # the next next() serves the next batch
         return batch
 
+    @property
+    def _workers(self) -> list[object]:
+        """torch's iterator attribute that code written for it reads: the worker processes' handles (each
+        with its ``pid``), by worker id; empty without worker processes."""
+        executor = getattr(getattr(self._owner, "_res", None), "executor", None)
+        workers = getattr(executor, "workers", None)
+        return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
+                if getattr(w, "pid", None) is not None] if workers else []
+
     def end(self, superseded_by: int | None = None) -> None:
         """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""
         self._superseded_by = superseded_by
