@@ -90,3 +90,14 @@ def test_a_worker_timeout_is_torchs_runtime_error():
     from loader.errors import WorkerTimeoutError
 
     assert issubclass(WorkerTimeoutError, RuntimeError)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_the_default_collate_refuses_nested_tensors_in_torchs_words():
+    dataset = [torch.nested.nested_tensor([torch.arange(3.0)]) for _ in range(2)]
+    with CachedLoader(dataset, batch_size=1, nb_worker=0, device="cpu") as loader:
+        with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+            list(loader)
+    with CachedLoader(dataset, batch_size=None, nb_worker=0) as unbatched, \
+            CachedLoader(dataset, batch_size=1, nb_worker=0) as batched:
+        assert not unbatched._auto_collation and batched._auto_collation  # torch's attribute
