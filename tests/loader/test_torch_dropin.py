@@ -101,3 +101,12 @@ def test_the_default_collate_refuses_nested_tensors_in_torchs_words():
     with CachedLoader(dataset, batch_size=None, nb_worker=0) as unbatched, \
             CachedLoader(dataset, batch_size=1, nb_worker=0) as batched:
         assert not unbatched._auto_collation and batched._auto_collation  # torch's attribute
+
+
+@pytest.mark.timeout(60)
+def test_a_convolution_after_fork_does_not_hang():
+    from .torch_datasets import ConvDataset, threads_in_worker
+
+    with CachedLoader(ConvDataset(), batch_size=1, nb_worker=1, start_method="fork", device="cpu",
+                      worker_init_fn=threads_in_worker, timeout=30) as loader:
+        assert [tuple(x.shape) for x in loader] == [(1, 1, 1, 23999)]

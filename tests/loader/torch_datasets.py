@@ -76,3 +76,24 @@ class SharedCounterDataset(torch.utils.data.Dataset):
             with self.count.get_lock():
                 self.count.value += 1
         return index
+
+
+class ConvDataset(torch.utils.data.Dataset):
+    """A convolution in ``__getitem__``: torch's intra-op pool, forked from a parent that used it, deadlocks."""
+
+    def __init__(self) -> None:
+        self.x = torch.ones(1, 1, 24000)
+        self(self.x)  # the parent runs the pool once
+
+    def __call__(self, x):
+        return torch.nn.functional.conv1d(x, torch.ones(1, 1, 2))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int):
+        return self(self.x)
+
+
+def threads_in_worker(_: int) -> None:
+    assert torch.get_num_threads() == 1, "torch's workers run one intra-op thread"

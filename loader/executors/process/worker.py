@@ -152,8 +152,10 @@ class LazyDataset:
         if self._torch_seeded or "torch" not in sys.modules:
             return
         self._torch_seeded = True
-        if self._seeded and self._config.seed is not None:
-            seed_torch_only(self._config.seed, self._config.worker_id)
+        if self._seeded:
+            one_torch_thread()
+            if self._config.seed is not None:
+                seed_torch_only(self._config.seed, self._config.worker_id)
         self.identity.install()
 
     def __getitem__(self, index: int) -> Any:
@@ -161,6 +163,12 @@ class LazyDataset:
 
     def __len__(self) -> int:
         return len(self.built())
+
+
+def one_torch_thread() -> None:
+    """torch's intra-op threads down to one, as torch's workers have them: the workers are the
+    parallelism, and a pool forked from a training process that ran it deadlocks (a conv in ``__getitem__``)."""
+    sys.modules["torch"].set_num_threads(1)
 
 
 def initialise(config: m.WorkerConfig, dataset: LazyDataset, own_process: bool) -> None:
@@ -173,6 +181,8 @@ def initialise(config: m.WorkerConfig, dataset: LazyDataset, own_process: bool) 
     """
     if own_process and config.seed is not None:  # a process of its own (a thread shares ours)
         seed_worker(config.seed, config.worker_id)
+    if own_process and "torch" in sys.modules:
+        one_torch_thread()
     dataset.identity.install()
     if config.worker_init_fn is not None:
         init = config.worker_init_fn.load()
