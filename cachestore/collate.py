@@ -35,6 +35,10 @@ def stack_samples(samples: Sequence[Sample]) -> Batch:
     elif is_tensor(first):
         import torch
 
+        if first.is_nested or first.layout != torch.strided:
+            kind = "nested" if first.is_nested else "sparse"
+            raise RuntimeError(f"Batches of {kind} tensors are not currently supported by the default collate_fn; "
+                               "please provide a custom collate_fn to handle them appropriately.")  # torch's words
         if all(is_tensor(s) and s.shape == first.shape for s in rows):
             return torch.stack(list(rows))
     elif isinstance(first, dict):

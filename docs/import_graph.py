@@ -58,6 +58,7 @@ ROOMS = [
     ("loader.executors.messages", "loader/executors (seam)"),
     ("loader.executors.producer", "loader/executors (seam)"),
     ("loader.executors.transport", "loader/executors (seam)"),
+    ("loader.executors.worker_info", "loader/executors (seam)"),
     ("loader.executors", "loader/executors"),
     ("loader.resources", "loader (facade)"),
     ("loader", "loader (shared)"),

@@ -148,6 +148,11 @@ class LoaderAttributes:
     def batch_sampler(self, value: object) -> None:
         raise _fixed(self, "batch_sampler")
 
+    @property
+    def _auto_collation(self) -> bool:
+        """torch's: whether samples are collated into batches (not with ``batch_size=None``)."""
+        return not self._given.unbatched
+
     def _samplers(self) -> tuple[Any, Any]:
         pair = self.__dict__.get("_sampler_pair")
         if pair is None:

@@ -19,6 +19,7 @@ from cachestore.errors import FingerprintError
 
 from .cache.fingerprint import class_path, dataset_fingerprint
 from .dataset import Batch
+from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
@@ -196,8 +197,11 @@ class EpochProgress:
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Batch], progress: EpochProgress) -> None:
+    def __init__(self, batches: Iterator[Batch], progress: EpochProgress, owner: object = None) -> None:
         self._batches = batches
+        # The loader, alive as long as its iterator (``for b in CachedLoader(...)`` holds only this, as
+        # torch's iterator holds its loader): its collection releases the workers the epoch runs on.
+        self._owner = owner
         self.progress = progress
         self.epoch = progress.epoch
         self._superseded_by: int | None = None
@@ -218,7 +222,18 @@ class EpochIterator:
             self.progress.exhausted = True
             raise
         self.progress.served += 1
+        if isinstance(batch, FailedBatch):
+            raise batch.error  # the next next() serves the next batch
         return batch
+
+    @property
+    def _workers(self) -> list[object]:
+        """torch's iterator attribute that code written for it reads: the worker processes' handles (each
+        with its ``pid``), by worker id; empty without worker processes."""
+        executor = getattr(getattr(self._owner, "_res", None), "executor", None)
+        workers = getattr(executor, "workers", None)
+        return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
+                if getattr(w, "pid", None) is not None] if workers else []
 
     def end(self, superseded_by: int | None = None) -> None:
         """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""
@@ -259,11 +274,12 @@ class EpochCursor:
         self.close_active(superseded_by=epoch)
         return epoch, skip
 
-    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None) -> EpochIterator:
-        """The iterator of `epoch` (`total` batches, when known), now the live one."""
+    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None,
+                owner: object = None) -> EpochIterator:
+        """The iterator of `epoch` (`total` batches, when known), now the live one; it keeps `owner` alive."""
         self.next_epoch, self.current, self.skip = epoch + 1, epoch, 0
         self.progress = EpochProgress(epoch, skip, total=total)
-        it = EpochIterator(batches, self.progress)
+        it = EpochIterator(batches, self.progress, owner)
         self._active = weakref.ref(it)
         return it
 

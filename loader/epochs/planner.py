@@ -55,9 +55,26 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
     return mine, batches, 0, served[rank::count]
 
 
+def _unless_another_run_writes(cache: CacheController, s: LoaderSettings, epoch: int, generation: int,
+                               mode: EpochMode, notes: dict) -> tuple[int, EpochMode, dict]:
+    """``(generation, mode, notes)`` of a generate epoch, or, where another run writes this prefix (and
+    this one cannot write with it), a read of what that run committed rather than a wait or a failure."""
+    locked_by = cache.store.lock_holder()
+    newest = cache.store.latest()
+    # It writes the generation with them, where its workers read back what others wrote (Ray's actors
+    # do not: they may run on other machines) or where it has none.
+    readable = executor_class(s.executor).writes_local_store or s.nb_worker == 0
+    joins = locked_by == SHARED_WRITERS and cache.shares(readable)
+    if locked_by in (None, os.getpid()) or newest is None or joins:
+        return generation, mode, notes
+    log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
+             "generation %d", locked_by, cache.store.path, epoch, newest, generation)
+    return newest, EpochMode.READ, {"moved_to": newest}
+
+
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int, int] | None = None) -> EpochPlan:
+               ranks: tuple[int, int, int, int] | None = None, shuffled_part: bool = False) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -76,6 +93,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
+    shuffled_part
+        `indices` are this rank's slice of the epoch's permutation: served in order, as ``DistributedSampler``'s.
     """
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
@@ -83,6 +102,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
     else:
         def deck(count: int) -> np.ndarray:
+            if shuffled_part:  # its padding comes last, and drop_last drops it (a reshuffle served it)
+                return np.arange(len(indices), dtype=np.int64)
             if count == 1:
                 return epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
             return node_deck(len(indices), epoch, seed, count, s.shuffle)
@@ -97,17 +118,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     if mode == EpochMode.GENERATE and refreshed(generation, epoch):
         mode = EpochMode.READ
     if mode == EpochMode.GENERATE and not notes.get("damaged"):
-        locked_by = cache.store.lock_holder()
-        newest = cache.store.latest()
-        # It writes the generation with them, where its workers read back what others wrote (Ray's actors
-        # do not: they may run on other machines) or where it has none.
-        readable = executor_class(s.executor).writes_local_store or s.nb_worker == 0
-        joins = locked_by == SHARED_WRITERS and cache.shares(readable)
-        if locked_by not in (None, os.getpid()) and newest is not None and not joins:
-            # Another run writes this prefix: serve what it committed rather than wait or fail.
-            log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
-                     "generation %d", locked_by, cache.store.path, epoch, newest, generation)
-            generation, mode, notes = newest, EpochMode.READ, {"moved_to": newest}
+        generation, mode, notes = _unless_another_run_writes(cache, s, epoch, generation, mode, notes)
     if mode == EpochMode.READ:
         choice = cache.read_choice(generation)
         blocks = None

@@ -23,6 +23,7 @@ from ..cache.controller import CacheController
 from ..cache.pending import settle
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
+from ..errors import FailedBatch
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..settings import LoaderSettings, RotationSettings
@@ -87,7 +88,8 @@ class EpochRunner:
             plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout)
         else:
             plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
-                              lambda generation, at: refreshed(ctx, generation, at), ranks)
+                              lambda generation, at: refreshed(ctx, generation, at), ranks,
+                              shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         return plan
@@ -128,7 +130,7 @@ class EpochRunner:
                 if progress is not None:
                     progress.update(stats.samples - progress.done)
                 wait = time.perf_counter()
-                yield self.mover(batch) if self.mover is not None else batch
+                yield self.mover(batch) if self.mover is not None and not isinstance(batch, FailedBatch) else batch
                 t0 += time.perf_counter() - wait  # time spent in the training loop is not ours
             # Now, not at the next epoch's start: the loop may validate or checkpoint in between,
             # and a deep epoch's spare slots would be held meanwhile.

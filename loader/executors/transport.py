@@ -48,16 +48,30 @@ class Portable(Generic[T]):
         self._loaded = True
         self.what = what
         self._payload: bytes | None = None
+        # Pickled anew as each worker process starts, not once here: it holds what multiprocessing hands
+        # over only then (an mp.Value, a Semaphore, as torch's workers get them), see payload().
+        self.at_start = False
 
     @property
     def obj(self) -> T:
         return self.load()
 
     def payload(self) -> bytes:
-        """The bytes a worker loads (computed once)."""
-        if self._payload is None:
-            self._payload = dumps(self._obj, self.what)
-        return self._payload
+        """The bytes a worker loads (computed once); empty when the object goes pickled at each start.
+
+        Raises
+        ------
+        NotImportableError
+            The object cannot be sent at all (the message names the part at fault).
+        """
+        if self._payload is None and not self.at_start:
+            try:
+                self._payload = cloudpickle.dumps(self._obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # pickling raises many types
+                if not inherited_only(exc):
+                    self._payload = dumps(self._obj, self.what)  # raises, naming the culprit
+                self.at_start = True
+        return self._payload or b""
 
     def load(self) -> T:
         """The object: itself in this process, a copy where it arrived as bytes, unpickled at the first
@@ -75,8 +89,40 @@ class Portable(Generic[T]):
         received._payload, received._loaded = payload, False
         return received
 
-    def __reduce__(self) -> tuple[object, tuple[bytes, str]]:
-        return (Portable.arrived, (self.payload(), self.what))
+    def __reduce__(self) -> tuple[object, tuple[object, str]]:
+        payload = self.payload()
+        if self.at_start:
+            return (Portable, (self._obj, self.what))  # pickled by the worker's start: multiprocessing's way
+        return (Portable.arrived, (payload, self.what))
+
+
+def inherited_only(exc: BaseException) -> bool:
+    """Whether `exc` says an object may reach a child process only while it starts (``mp.Value``, locks,
+    semaphores: multiprocessing pickles them then, and only then)."""
+    return isinstance(exc, RuntimeError) and ("through inheritance" in str(exc) or "AuthenticationString" in str(exc))
+
+
+class PortablePart(Portable[T]):
+    """Item `index` of a tuple sent as one :class:`Portable`: objects sent together share their parts.
+
+    The dataset and a ``worker_init_fn`` go as one pickle, so that ``worker_init_fn=dataset.open_files``
+    (a bound method) arrives bound to the worker's own dataset, not to a second copy of it.
+    """
+
+    def __init__(self, whole: Portable[tuple[object, ...]], index: int, what: str) -> None:
+        super().__init__(None, what)  # type: ignore[arg-type]
+        self.whole, self.index = whole, index
+
+    def payload(self) -> bytes:
+        return self.whole.payload()
+
+    def load(self) -> T:
+        part: T = self.whole.load()[self.index]  # type: ignore[assignment]
+        return part
+
+    def __reduce__(self) -> tuple[object, tuple[Portable[tuple[object, ...]], int, str]]:  # type: ignore[override]
+        return (PortablePart, (self.whole, self.index, self.what))
+
 
 
 def dumps(obj: object, what: str) -> bytes:

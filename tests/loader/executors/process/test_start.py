@@ -66,12 +66,13 @@ def test_a_forkserver_is_honoured_and_its_dead_workers_replaced(no_leaks, how):
         "multiprocessing_context": mp.get_context("forkserver")}
     with CachedLoader(ArangeDataset, {"n": 40, "delay": 0.002}, batch_size=4, nb_worker=2, seed=0, **given) as loader:
         assert loader.start_method == "forkserver"
+        epoch = iter(loader)  # the workers start here
         pids = loader.worker_pids()
         servers = {psutil.Process(pid).ppid() for pid in pids}
         assert len(servers) == 1 and servers != {os.getpid()}, "the workers are the forkserver's children"
         assert "forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
         seen = []
-        for step, batch in enumerate(loader):
+        for step, batch in enumerate(epoch):
             if step == 2:
                 os.kill(pids[0], signal.SIGKILL)
             seen += batch["y"].tolist()
