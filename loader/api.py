@@ -14,7 +14,8 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, parse_arguments, resolve_aliases
+from .arguments import DEFAULT_QUEUE, Unbatched, parse_arguments, resolve_aliases
+from .cache.controller import CacheController
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -29,7 +30,7 @@ from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
-from .state import EpochCursor, check_state, known_length, make_state
+from .state import EpochCursor, check_state, known_length, make_state, stream_length
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class CachedLoader(LoaderAttributes):
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
-        self.num_samples = len(self.dataset)
+        self.num_samples = self._data_length()
         self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
@@ -193,12 +194,25 @@ class CachedLoader(LoaderAttributes):
         s = self.settings
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
 
+    def _data_length(self) -> int:
+        """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
+        its next epoch iterates it)."""
+        s = self.settings
+        if not s.dataset.stream:
+            return len(self.dataset)
+        if s.cache is None:
+            return 0
+        if self._runner is not None and self._runner.ctx.cache is not None:
+            committed = self._runner.ctx.cache.committed()
+            return committed[max(committed)].num_samples if committed else 0
+        return CacheController.committed_length(s.cache, self._layout(0), s.dataset)
+
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
         gets a new runner, whose layout, fingerprint (the length is part of it: another store's
         samples) and workers (with the dataset as it is) are its own; the old one's parts are
         released as at close (a generation being written is kept as a partial one)."""
-        n = len(self.dataset)
+        n = self._data_length()
         if n == self.num_samples:
             return
         if self._cursor.loaded is not None:
@@ -240,9 +254,12 @@ class CachedLoader(LoaderAttributes):
         """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
         serves more from the next ``iter()`` on)."""
         s, rotation = self.settings, self.rotation
+        if s.dataset.stream and not self._data_length():
+            return stream_length(self.dataset, s.batch_size if not isinstance(s.collate_fn, Unbatched) else None,
+                                 s.drop_last)
         if s.sampling is not None and rotation is None:
             return sampled_length(s.sampling, s.batch_size, s.drop_last)
-        layout = self._layout(len(self.dataset))
+        layout = self._layout(self._data_length())
         if rotation is not None:
             return len(batch_sizes(layout.per_consumer, rotation.rotation, s.batch_size, s.drop_last))
         return layout.batches(s.batch_size, s.drop_last)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .dataset import DatasetSource
+from .dataset import DatasetSource, endless, is_stream
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
 from .settings import (CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least,
@@ -150,9 +150,8 @@ def _refused_as_torch(a: Mapping[str, object]) -> None:
             raise ValueError(f"{name} option should be non-negative" + (
                 f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
                 else f" (timeout={value})"))
-    if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
-               for k in type(a["dataset"]).__mro__):
-        return
+    if not is_stream(a["dataset"]) or a["cache_setting"] is not None or a["rotation_setting"] is not None:
+        return  # a stream with a cache or rotation is random-access from its second epoch: shuffle, samplers
     if a["shuffle"] not in (False, None):
         raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
                          f"shuffle={a['shuffle']}")
@@ -160,6 +159,29 @@ def _refused_as_torch(a: Mapping[str, object]) -> None:
         if a[name] is not None:
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
                              f"{name}={a[name]}")
+
+
+def _stream_checks(a: Mapping[str, object], cache: CacheSettings | None, rotation: RotationSettings | None) -> None:
+    """What a stream (an iterable dataset) cannot take, refused before anything starts."""
+    dataset = a["dataset"]
+    if not is_stream(dataset):
+        return
+    if a["use_threading"]:
+        raise ValueError("a stream is iterated by worker processes, each with its own copy (as torch's DataLoader "
+                         "does): use_threading=True is not supported with an iterable dataset")
+    if a["executor"] != "process":
+        raise ValueError(f"a stream is iterated by local worker processes: executor={a['executor']!r} is not "
+                         "supported with an iterable dataset")
+    if rotation is not None:
+        raise ValueError("rotation_setting is not supported with an iterable dataset yet: use cache_setting (its "
+                         "generate epoch iterates the stream once, later epochs read it in a new order each)")
+    if cache is not None and cache.background_refresh is True:
+        raise ValueError("cache_setting['background_refresh']=True cannot work with an iterable dataset: the stream "
+                         "is iterated again in the epoch that writes the next generation; use 'auto' or False")
+    if cache is not None and cache.stream_samples is None and endless(dataset):
+        raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
+                         "a cache needs to know where its generation ends. Give cache_setting={..., "
+                         "'stream_samples': N}: the first N samples of the stream make the generation")
 
 
 def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]:
@@ -208,7 +230,9 @@ def _torch_arguments(a: Mapping[str, object], workers: int) -> dict[str, object]
                                   "consumer_index": int(getattr(sampler, "rank")),
                                   "seed": sampler_seed}
     else:
-        out = {"shuffle": shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
+        # A stream comes in its own order unless asked (as torch); shuffle=True shuffles its cached epochs.
+        default = sampler is None and batch_sampler is None and not is_stream(a["dataset"])
+        out = {"shuffle": shuffle if shuffle is not None else default,
                "sampling": (Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
                             if sampler is not None or batch_sampler is not None else None)}
     out.update({
@@ -288,6 +312,7 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
             raise ValueError(f"cache_setting['background_refresh']=True cannot work here: {why}; "
                              "use 'auto' (on when it can be) or False")
     rotation = RotationSettings.parse(a["rotation_setting"]) if a["rotation_setting"] is not None else None
+    _stream_checks(a, cache, rotation)
     if cache is not None and rotation is not None:
         raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
                          "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "

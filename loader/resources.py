@@ -69,6 +69,8 @@ class Resources:
         self.store: Store | None = None
         self.window: RotationWindow | None = None
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
+        self.streams: Any = None  # a stream's workers (loader.executors.process.streams)
+        self.stream_writer: Any = None  # the generation a stream's epoch writes: kept as a partial one
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
@@ -121,6 +123,8 @@ class Resources:
                 first = first or exc
 
         step("executor", lambda executor: executor.shutdown())
+        step("streams", lambda streams: streams.close())
+        step("stream_writer", lambda writer: writer.keep())
         try:
             self.keep_builds()
         except BaseException as exc:

@@ -159,7 +159,13 @@ class CacheSettings:
     part of the data); left out, ``"node"`` where the ranks can write one
     store together (a backend that supports it, ``shared=True``, no Ray
     actors) and their datasets are the same, else ``"rank"``
-    (:mod:`loader.cache.scope`).
+    (:mod:`loader.cache.scope`). For a stream (an iterable dataset):
+    ``stream_buffer`` the shuffle buffer, in samples, its generate epochs serve
+    through with ``shuffle=True`` (default 1000, as webdataset's usual
+    ``shuffle(1000)``: a few batches mixed for as little memory as a thousand
+    samples take; later epochs are global permutations of the cache, and 0
+    serves the generate epoch in arrival order); ``stream_samples`` the first N
+    samples of the stream make the generation (required for an endless stream).
 
     Examples
     --------
@@ -181,6 +187,8 @@ class CacheSettings:
     read_order: str = "auto"
     shared: bool = True
     scope: str | None = None  # decided at construction (loader.cache.scope): "node" where a node's ranks can share
+    stream_buffer: int = 1000
+    stream_samples: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -213,6 +221,11 @@ class CacheSettings:
         check_choice("cache_setting", "read_order", self.read_order, READ_ORDERS)
         if self.scope is not None:
             check_choice("cache_setting", "scope", self.scope, SCOPES)
+        if isinstance(self.stream_buffer, bool) or not isinstance(self.stream_buffer, int) or self.stream_buffer < 0:
+            raise ValueError(f"cache_setting['stream_buffer'] must be a number of samples >= 0, got {self.stream_buffer!r}")
+        n = self.stream_samples
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"cache_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:

@@ -174,6 +174,25 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                        ranks if layout.node_scope and isinstance(ranks, int) else None)
 
 
+def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> int:
+    """``len(loader)`` of a stream not written yet, as torch's: from the stream's ``len()``.
+
+    Raises
+    ------
+    TypeError
+        The stream has no ``len()`` (as torch's ``DataLoader`` says it): its length is known once a
+        cache holds it.
+    """
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"object of type '{type(dataset).__name__}' has no len(): a stream's length is known once "
+                        "its generation is committed (a cache_setting, after the first epoch)") from None
+    if batch_size is None:
+        return n
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
 def known_length(loader: Sized) -> int | None:
     """``len(loader)``, ``None`` when it has none (a sampler without ``len()``)."""
     try:

@@ -17,6 +17,7 @@ from ..cache.controller import CacheController
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
+from ..executors.process.streams import InlineStream, StreamWorkers
 from ..executors.producer import BatchProducer
 from ..resources import Resources
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
@@ -60,6 +61,20 @@ class EpochContext:
         self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
         self.refresh: BackgroundRefresh | None = None
+
+    def streams(self) -> StreamWorkers | InlineStream:
+        """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""
+        if self.res.streams is None:
+            s = self.settings
+            collate = self.producer.collate
+            if s.nb_worker == 0:
+                self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate)
+            else:
+                self.res.streams = StreamWorkers(s.dataset, s.nb_worker, s.seed, s.batch_size, s.drop_last, collate,
+                                                 s.worker_init_fn, max(1, s.max_queue_size // s.nb_worker),
+                                                 s.timeout, s.start_method)
+        streams: StreamWorkers | InlineStream = self.res.streams
+        return streams
 
     def kill_executor(self) -> None:
         """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""

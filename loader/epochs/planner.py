@@ -18,7 +18,7 @@ from cachestore.locking import SHARED_WRITERS
 from ..cache.controller import CacheController
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
-from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
+from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +140,18 @@ def _order_used(in_blocks: bool, s: LoaderSettings) -> str:
     if not s.shuffle:
         return "sequential"
     return "nearby" if s.nearby_shuffle else "random"
+
+
+def stream_plan(plan: EpochPlan, skip: int, settings: LoaderSettings, seed: int) -> EpochPlan:
+    """A stream's epoch: read and rotate plans stay; one that computes iterates the stream, and one that
+    generates writes it in arrival order (through a shuffle buffer with ``shuffle``)."""
+    if isinstance(plan, (ReadPlan, RotatePlan)):
+        return plan
+    cache = settings.cache
+    common = dict(epoch=plan.epoch, batches=[], indices=np.zeros(0, dtype=np.int64), notes=plan.notes,
+                  transform_seed=plan.transform_seed, skip=skip, seed=seed,
+                  limit=cache.stream_samples if cache is not None else None)
+    if isinstance(plan, GeneratePlan) and cache is not None:
+        return StreamGeneratePlan(generation=plan.generation, buffer=cache.stream_buffer if settings.shuffle else 0,
+                                  **common)  # type: ignore[arg-type]
+    return StreamPlan(**common)  # type: ignore[arg-type]

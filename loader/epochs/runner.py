@@ -32,7 +32,7 @@ from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
 from .places import compute_place
 from .plan import EpochPlan, EpochStats
-from .planner import plan_epoch
+from .planner import plan_epoch, stream_plan
 from .windows import DiskWindow
 
 #: Epochs that show progress (see the ``progress`` argument) do once they take this many seconds.
@@ -49,6 +49,8 @@ class EpochRunner:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
             res.store = cache.store
             cache.decide_refresh(settings.nb_worker)
+            if settings.dataset.stream:
+                cache.stop_refresh()  # a stream's next generation is iterated in its own epoch
         self.ctx = EpochContext(settings, layout, producer, res, cache)
         self.place = compute_place(self.ctx)
         self.mover = mover
@@ -57,7 +59,8 @@ class EpochRunner:
         self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
         if settings.rotation is not None:
             self.ctx.open_window()
-        self.place.start()
+        if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
+            self.place.start()
 
     @property
     def layout(self) -> ConsumerLayout:
@@ -86,7 +89,7 @@ class EpochRunner:
                           lambda generation, at: refreshed(ctx, generation, at), ranks)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
-        return plan
+        return stream_plan(plan, skip, s, ctx.state.seed) if s.dataset.stream else plan
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
         """Epoch `epoch`, planned, as an object of its kind (chosen here, once)."""
