@@ -52,8 +52,11 @@ def is_stream(dataset: object) -> bool:
 
 
 def endless(dataset: object) -> bool:
-    """Whether stream `dataset` says it never ends: webdataset's ``resampled=True`` (shards drawn with
-    replacement for ever) without ``with_epoch``, or a pipeline repeated for ever."""
+    """Whether stream `dataset` says it never ends: an attribute ``endless = True``, webdataset's
+    ``resampled=True`` (shards drawn with replacement for ever) without ``with_epoch``, or a pipeline
+    repeated for ever."""
+    if getattr(dataset, "endless", False) is True:  # a stream may say so itself
+        return True
     stages = getattr(dataset, "pipeline", None)
     if not isinstance(stages, list) or getattr(dataset, "nsamples", -1) > 0:
         return False

@@ -205,7 +205,7 @@ class StreamWorkers:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         try:
             for worker_id in range(workers):
-                ctx = context_for(start_method, worker_id == 0 or start_method != "auto", module)
+                ctx = context_for(start_method, True, module)
                 ours, theirs = ctx.Pipe()
                 config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init)
                 proc = ctx.Process(target=stream_worker_main, args=(theirs, config), daemon=True,
@@ -245,14 +245,15 @@ class StreamWorkers:
             if not ready:
                 raise WorkerTimeoutError(f"stream worker {worker} (pid {proc.pid}) gave no batch in {self.timeout} s "
                                          f"(timeout={self.timeout})")
-            if conn not in ready or not conn.poll(0):
-                code = proc.exitcode if proc.exitcode is not None else proc.join(1) or proc.exitcode
-                raise WorkerError(f"stream worker {worker} (pid {proc.pid}) exited unexpectedly (exit code {code}) "
-                                  f"in epoch {epoch}: a stream cannot be taken up again where a dead worker left it")
             try:
-                msg = conn.recv()
+                msg = conn.recv() if conn in ready and conn.poll(0) else None
             except (EOFError, OSError):
-                continue  # the sentinel says the rest
+                msg = None
+            if msg is None:
+                proc.join(5.0)  # its pipe closed: it is dead, or about to be
+                raise WorkerError(f"stream worker {worker} (pid {proc.pid}) exited unexpectedly (exit code "
+                                  f"{proc.exitcode}) in epoch {epoch}: a stream cannot be taken up again where a "
+                                  "dead worker left it")
             if isinstance(msg, m.TaskFailed):
                 if msg.kind == "init" or msg.epoch == epoch:
                     raise msg.exception(pid=proc.pid, epoch=epoch)
