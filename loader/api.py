@@ -253,6 +253,14 @@ class CachedLoader(LoaderAttributes):
     def __len__(self) -> int:
         """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
         serves more from the next ``iter()`` on)."""
+        n = self._batches()
+        if self.settings.dataset.stream and self._runner is not None and not self._data_length():
+            # torch warns when a stream yields more than this said (NOTE [ IterableDataset and __len__ ])
+            self._runner.ctx.stream_len_called = len(self.dataset)
+        return n
+
+    def _batches(self) -> int:
+        """``len(self)``, told nobody."""
         s, rotation = self.settings, self.rotation
         if s.dataset.stream and not self._data_length():
             return stream_length(self.dataset, s.batch_size if not isinstance(s.collate_fn, Unbatched) else None,
@@ -281,7 +289,10 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self))
+        it = self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches))
+        res = self._res  # not the loader: the iterator must not keep it alive
+        it.worker_processes = lambda: list(getattr(res.streams, "procs", []))
+        return it
 
     # ------------------------------------------------------------------ resuming
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sized
+from typing import Callable, Iterator
 
 from cachestore.errors import FingerprintError
 
@@ -193,10 +193,10 @@ def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> i
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def known_length(loader: Sized) -> int | None:
-    """``len(loader)``, ``None`` when it has none (a sampler without ``len()``)."""
+def known_length(length: Callable[[], int]) -> int | None:
+    """``length()`` (the loader's ``len``), ``None`` when it has none (a sampler without ``len()``)."""
     try:
-        return len(loader)
+        return length()
     except TypeError:
         return None
 
@@ -220,6 +220,12 @@ class EpochIterator:
         self.progress = progress
         self.epoch = progress.epoch
         self._superseded_by: int | None = None
+        #: The worker processes serving this epoch (torch's iterators have them as ``_workers``).
+        self.worker_processes: Callable[[], list[object]] = list
+
+    @property
+    def _workers(self) -> list[object]:
+        return self.worker_processes()
 
     def __iter__(self) -> "EpochIterator":
         return self

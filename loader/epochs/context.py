@@ -61,6 +61,8 @@ class EpochContext:
         self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
         self.refresh: BackgroundRefresh | None = None
+        #: What ``len(loader)`` said of a stream not cached yet (torch warns when more batches come).
+        self.stream_len_called: int | None = None
 
     def streams(self) -> StreamWorkers | InlineStream:
         """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""

@@ -16,6 +16,7 @@ before it is random-access.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
@@ -71,7 +72,21 @@ class StreamEpoch(EpochKind[StreamPlan]):
                 continue  # served before the resume: the stream is iterated again up to here
             stats.batches += 1
             stats.samples += count
+            self._check_length(served)
             yield batch
+
+    def _check_length(self, served: int) -> None:
+        """torch's warning when more batches come than the ``len(loader)`` the loop was told."""
+        told = self.ctx.stream_len_called
+        if told is None or served <= told:
+            return
+        message = (f"Length of IterableDataset {self.ctx.producer.dataset} was reported to be {told} (when "
+                   f"accessing len(dataloader)), but {served} samples have been fetched. ")
+        if self.ctx.settings.nb_worker > 0:
+            message += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                        "IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(message, stacklevel=2)
 
 
 class StreamGenerateEpoch(StreamEpoch):

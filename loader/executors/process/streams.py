@@ -100,7 +100,7 @@ def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: object
     from torch.utils.data._utils import worker as torch_worker
 
     torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
-                                                        dataset=dataset)
+                                                        dataset=dataset)  # type: ignore[arg-type]  # a stream
 
 
 def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
@@ -109,6 +109,16 @@ def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
     if not samples or (config.drop_last and len(samples) < config.batch_size):
         return None
     return samples
+
+
+def _close(iterator: Iterator[Any] | None) -> None:
+    """End an iterator left before its end (a generator's ``finally`` closes its files now, not at exit)."""
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # the stream's own clean-up failing must not fail the next epoch
+            pass
 
 
 def _latest(conn: Any, waiting: collections.deque[object]) -> None:
@@ -153,6 +163,7 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
             if isinstance(msg, Stop):
                 return
             if isinstance(msg, Begin):
+                _close(iterator)
                 epoch, iterator, collated = msg.epoch, None, msg.collate
                 continue
             if not isinstance(msg, Next) or msg.epoch != epoch:
@@ -208,8 +219,8 @@ class StreamWorkers:
                 ctx = context_for(start_method, True, module)
                 ours, theirs = ctx.Pipe()
                 config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init)
-                proc = ctx.Process(target=stream_worker_main, args=(theirs, config), daemon=True,
-                                   name=f"cachestore-stream-{worker_id}")
+                proc = ctx.Process(target=stream_worker_main, args=(theirs, config),  # type: ignore[attr-defined]
+                                   daemon=True, name=f"cachestore-stream-{worker_id}")
                 start(proc, ctx.get_start_method())
                 theirs.close()
                 self.conns.append(ours)
@@ -290,11 +301,14 @@ class InlineStream:
 
     def items(self, epoch: int, collate: bool) -> Iterator[tuple[int, int, Any]]:
         iterator = iter(self.dataset)
-        while True:
-            samples = list(itertools.islice(iterator, self.batch_size))
-            if not samples or (self.drop_last and len(samples) < self.batch_size):
-                return
-            yield 0, len(samples), self.collate_fn(samples) if collate else samples
+        try:
+            while True:
+                samples = list(itertools.islice(iterator, self.batch_size))
+                if not samples or (self.drop_last and len(samples) < self.batch_size):
+                    return
+                yield 0, len(samples), self.collate_fn(samples) if collate else samples
+        finally:
+            _close(iterator)
 
     def pids(self) -> list[int]:
         return []
