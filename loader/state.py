@@ -152,7 +152,9 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     window = state.get("rotation_window")
     _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
     ranks = state.get("ranks")
-    if layout.node_scope:
+    if settings.dataset.stream and not samples_per_epoch:
+        batches = None  # a stream not written yet: as many batches as it yields
+    elif layout.node_scope:
         _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
                "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)

@@ -85,7 +85,8 @@ class EpochRunner:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
                      layout.batches(s.batch_size, s.drop_last))
-        plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
+        unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
+        plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
                           lambda generation, at: refreshed(ctx, generation, at), ranks)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
