@@ -38,6 +38,7 @@ ROOMS = [
     ("loader.executors.messages", "loader/executors (seam)"),
     ("loader.executors.producer", "loader/executors (seam)"),
     ("loader.executors.transport", "loader/executors (seam)"),
+    ("loader.executors.worker_info", "loader/executors (seam)"),
     ("loader.executors", "loader/executors"),
     ("loader.resources", "loader (shared)"),
     ("loader", "loader (shared)"),

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, Unbatched, parse_arguments, resolve_aliases
+from .arguments import DEFAULT_QUEUE, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
 from .cache.controller import CacheController
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
@@ -67,7 +67,9 @@ class CachedLoader(LoaderAttributes):
         draw is computed by idle workers.
     worker_init_fn, persistent_workers, prefetch_factor, multiprocessing_context
         torch's: ``worker_init_fn(worker_id)`` runs once in each worker before
-        its first task; workers always persist; ``prefetch_factor`` batches per
+        its first task, on the worker's own copy of the dataset, which
+        ``torch.utils.data.get_worker_info()`` returns there (with the worker's
+        id, the number of workers and its seed); workers always persist; ``prefetch_factor`` batches per
         worker in flight; the context's start method.
     collate_fn
         Turns a list of samples into a batch (default :func:`loader.default_collate`).
@@ -147,6 +149,7 @@ class CachedLoader(LoaderAttributes):
         self.epoch_stats: list[EpochStats] = []
         self._cursor = EpochCursor()
         self._runner: EpochRunner | None = None
+        self._len_told: int | None = None  # what len(loader) said of a stream not written yet
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
@@ -154,9 +157,9 @@ class CachedLoader(LoaderAttributes):
         self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
-        sweep_dead_segments()
-        if not s.deferred_start:
-            self._start()
+        warn_excessive_workers(s)
+        # Nothing starts here: workers, the store and the fingerprint wait for the first iter() (or start()),
+        # and take the dataset as it is then, as torch's DataLoader does.
 
     def start(self, consumer_index: int, device: Device = None, to_device: BatchFn | None = None) -> None:
         """Deferred start (``swift_loader`` style) when `consumer_index` was not given.
@@ -168,7 +171,7 @@ class CachedLoader(LoaderAttributes):
         """
         if self._closed:
             raise RuntimeError("this loader is closed")
-        if self._runner is not None:
+        if self._runner is not None or not self.settings.deferred_start:
             raise RuntimeError("this loader is already started; start() is called once, and only when "
                                "consumer_index was not given to the constructor")
         if int_at_least("consumer_index", consumer_index, 0) >= self.nb_consumer:
@@ -191,8 +194,13 @@ class CachedLoader(LoaderAttributes):
                               node_scope=s.cache is not None and s.cache.scope == "node")
 
     def _start(self) -> None:
+        """Open the store and start the workers, with the dataset as it is now (fingerprinted anew:
+        an attribute set since the constructor is in the workers' copies and in the store's identity)."""
         s = self.settings
+        s.dataset.memo.clear()
+        sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
+        self._runner.ctx.stream_len_called = self._len_told
 
     def _data_length(self) -> int:
         """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
@@ -222,13 +230,13 @@ class CachedLoader(LoaderAttributes):
                  self.num_samples)
         seed = self.seed  # a loaded state's stays
         self._cursor.close_active()
-        if self._runner is not None:
+        started = self._runner is not None
+        if started:
             self._res.release()
             self._runner = None
         self.num_samples = n
-        self.settings.dataset.memo.clear()  # fingerprinted anew: it changed
-        if not self.settings.deferred_start:
-            self._start()
+        if started:
+            self._start()  # fingerprinted anew: it changed
             assert self._runner is not None
             self._runner.state.seed = seed
 
@@ -254,9 +262,11 @@ class CachedLoader(LoaderAttributes):
         """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
         serves more from the next ``iter()`` on)."""
         n = self._batches()
-        if self.settings.dataset.stream and self._runner is not None and not self._data_length():
+        if self.settings.dataset.stream and not self._data_length():
             # torch warns when a stream yields more than this said (NOTE [ IterableDataset and __len__ ])
-            self._runner.ctx.stream_len_called = len(self.dataset)
+            self._len_told = len(self.dataset)
+            if self._runner is not None:
+                self._runner.ctx.stream_len_called = self._len_told
         return n
 
     def _batches(self) -> int:
@@ -282,15 +292,18 @@ class CachedLoader(LoaderAttributes):
         """
         if self._closed:
             raise RuntimeError("this loader is closed")
-        if self._runner is None:
-            raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
         self._follow_length()
+        if self._runner is None:
+            if self.settings.deferred_start:
+                raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
+            self._start()
+            assert self._runner is not None
         epoch, skip = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        it = self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches))
-        res = self._res  # not the loader: the iterator must not keep it alive
+        it = self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches), owner=self)
+        res = self._res
         it.worker_processes = lambda: list(getattr(res.streams, "procs", []))
         return it
 

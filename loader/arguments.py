@@ -12,6 +12,7 @@ import multiprocessing
 import multiprocessing.context
 import os
 import secrets
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -349,3 +350,19 @@ def parse_arguments(a: Mapping[str, object]) -> LoaderSettings:
         progress=progress, seed_given=seed_given, executor=str(a["executor"]), ray_options=ray_options,
         sampling=sampling, worker_init_fn=torch["worker_init_fn"],  # type: ignore[arg-type]
         read_transform=_callable("read_transform", a["read_transform"]))
+
+
+def warn_excessive_workers(settings: LoaderSettings) -> None:
+    """torch's warning, in torch's words, when more worker processes are asked for than this process may
+    run on (its CPU affinity): they would only slow each other down, or exhaust memory."""
+    if settings.executor != "process" or settings.use_threading or settings.nb_worker == 0:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores is not None and settings.nb_worker <= cores:
+        return
+    suggested = (f"Our suggested max number of worker in current system is {cores}, which is smaller than what "
+                 "this DataLoader is going to create." if cores is not None else
+                 "DataLoader is not able to compute a suggested max number of worker in current system.")
+    warnings.warn(f"This DataLoader will create {settings.nb_worker} worker processes in total. {suggested} Please "
+                  "be aware that excessive worker creation might get DataLoader running slow or even freeze, lower "
+                  "the worker number to avoid potential slowness/freeze if necessary.", UserWarning, stacklevel=3)

@@ -217,8 +217,11 @@ class EpochProgress:
 class EpochIterator:
     """The iterator of one epoch; ended early when a newer epoch starts or the loader closes."""
 
-    def __init__(self, batches: Iterator[Batch], progress: EpochProgress) -> None:
+    def __init__(self, batches: Iterator[Batch], progress: EpochProgress, owner: object = None) -> None:
         self._batches = batches
+        # The loader, alive as long as its iterator (``for b in CachedLoader(...)`` holds only this, as
+        # torch's iterator holds its loader): its collection releases the workers the epoch runs on.
+        self._owner = owner
         self.progress = progress
         self.epoch = progress.epoch
         self._superseded_by: int | None = None
@@ -286,11 +289,12 @@ class EpochCursor:
         self.close_active(superseded_by=epoch)
         return epoch, skip
 
-    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None) -> EpochIterator:
-        """The iterator of `epoch` (`total` batches, when known), now the live one."""
+    def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None,
+                owner: object = None) -> EpochIterator:
+        """The iterator of `epoch` (`total` batches, when known), now the live one; it keeps `owner` alive."""
         self.next_epoch, self.current, self.skip = epoch + 1, epoch, 0
         self.progress = EpochProgress(epoch, skip, total=total)
-        it = EpochIterator(batches, self.progress)
+        it = EpochIterator(batches, self.progress, owner)
         self._active = weakref.ref(it)
         return it
 

@@ -54,7 +54,7 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int, int] | None = None) -> EpochPlan:
+               ranks: tuple[int, int, int, int] | None = None, shuffled_part: bool = False) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -73,6 +73,10 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
+    shuffled_part
+        `indices` are this consumer's slice of the epoch's permutation (several consumers, no cache): served
+        in that order, as ``DistributedSampler`` serves its rank's, so that the padding it wrapped around
+        comes last (``drop_last`` drops it; a second shuffle spread duplicates over the ranks' batches).
     """
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
@@ -80,6 +84,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
     else:
         def deck(count: int) -> np.ndarray:
+            if shuffled_part:
+                return np.arange(len(indices), dtype=np.int64)
             if count == 1:
                 return epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)
             return node_deck(len(indices), epoch, seed, count, s.shuffle)

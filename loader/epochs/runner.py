@@ -86,8 +86,9 @@ class EpochRunner:
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
                      layout.batches(s.batch_size, s.drop_last))
         unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
-        plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
-                          lambda generation, at: refreshed(ctx, generation, at), ranks)
+        plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed,
+                          ctx.state.rotation is not None, ctx.cache, lambda generation, at: refreshed(ctx, generation, at),
+                          ranks, shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         return stream_plan(plan, skip, s, ctx.state.seed) if s.dataset.stream else plan

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from ..dataset import CollateFn, DatasetSource, ReadTransform, WorkerInitFn
-from ..errors import WorkerTimeoutError
+from ..errors import NotImportableError, WorkerTimeoutError
 from .messages import Message, Task, WorkerConfig
-from .transport import Portable
+from .transport import Portable, PortablePart
 
 #: Called with the shard id of a worker incarnation that died.
 DeathListener = Callable[[str], None]
@@ -116,15 +116,22 @@ class WorkerConfigFactory:
 
     def __init__(self, dataset: DatasetSource, collate_fn: CollateFn | None, gpu_indices: Sequence[int] | None,
                  allow_pickle: bool, worker_init_fn: WorkerInitFn | None = None,
-                 read_transform: ReadTransform | None = None, seed: int | None = None) -> None:
+                 read_transform: ReadTransform | None = None, seed: int | None = None, num_workers: int = 1) -> None:
         # Serialised once for every worker incarnation (see loader.executors.transport).
-        self.dataset = Portable(dataset, "dataset")
+        self.dataset: Portable[DatasetSource] = Portable(dataset, "dataset")
+        self.worker_init_fn: Portable[WorkerInitFn] | None = None
+        if worker_init_fn is not None:
+            # One pickle: a worker_init_fn bound to the dataset (or holding it) changes the worker's copy.
+            self._alone = (self.dataset, Portable(worker_init_fn, "worker_init_fn"))
+            together: Portable[tuple[object, ...]] = Portable((dataset, worker_init_fn), "dataset")
+            self.dataset = PortablePart(together, 0, "dataset")
+            self.worker_init_fn = PortablePart(together, 1, "worker_init_fn")
         self.collate_fn = Portable(collate_fn, "collate_fn") if collate_fn is not None else None
-        self.worker_init_fn = Portable(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
         self.read_transform = Portable(read_transform, "read_transform") if read_transform is not None else None
         self.gpu_indices = gpu_indices
         self.allow_pickle = allow_pickle
         self.seed = seed
+        self.num_workers = num_workers
         self.incarnations = 0
 
     def check_sendable(self) -> None:
@@ -135,7 +142,14 @@ class WorkerConfigFactory:
         NotImportableError
             Something cannot be sent; the message names it.
         """
-        for portable in (self.dataset, self.collate_fn, self.worker_init_fn, self.read_transform):
+        if self.worker_init_fn is not None:
+            try:
+                self.dataset.payload()
+            except NotImportableError:
+                for alone in self._alone:  # the message names the dataset's or the function's part at fault
+                    alone.payload()
+                raise
+        for portable in (self.dataset, self.collate_fn, self.read_transform):
             if portable is not None:
                 portable.payload()
 
@@ -145,7 +159,7 @@ class WorkerConfigFactory:
                             collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
                             allow_pickle=self.allow_pickle, worker_init_fn=self.worker_init_fn,
-                            read_transform=self.read_transform, seed=self.seed)
+                            read_transform=self.read_transform, seed=self.seed, num_workers=self.num_workers)
 
 
 def late_work_report(executor: Executor, tasks: set[tuple[int, int, int]], what: str,

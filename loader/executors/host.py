@@ -66,7 +66,8 @@ class ExecutorHost:
             # The executor must not reference the loader: the finalizer that releases it
             # would then keep the loader alive forever.
             make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle,
-                                              s.worker_init_fn, s.read_transform, s.seed)
+                                              s.worker_init_fn, s.read_transform, s.seed,
+                                              s.ray_options.num_workers if s.ray_options is not None else s.nb_worker)
             if s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS):
                 make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
             if s.executor == "ray":

@@ -48,6 +48,7 @@ class WorkerConfig:
     worker_init_fn: Portable[WorkerInitFn] | None = None
     read_transform: Portable[ReadTransform] | None = None
     seed: int | None = None  # a worker process's global generators are seeded from (seed, worker_id)
+    num_workers: int = 1  # the executor's workers (torch's WorkerInfo.num_workers)
 
 
 #: A committed generation to read: the store's address, the generation id, and when it was committed

@@ -48,7 +48,7 @@ _GLOBAL_RANDOM = threading.Lock()
 
 def _seed_globals(sequence: np.random.SeedSequence) -> None:
     """Seed Python's and torch's global generators of this process from `sequence`."""
-    state = int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
+    state = _state(sequence)
     random.seed(state)
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -57,6 +57,16 @@ def _seed_globals(sequence: np.random.SeedSequence) -> None:
         torch.default_generator.manual_seed(state & 0x7FFF_FFFF_FFFF_FFFF)
         if torch.cuda.is_initialized():
             torch.cuda.manual_seed_all(state & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _state(sequence: np.random.SeedSequence) -> int:
+    """The 64-bit seed of Python's generator drawn from `sequence` (torch's gets its low 63 bits)."""
+    return int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
+
+
+def worker_seed(seed: int, worker_id: int) -> int:
+    """The seed :func:`seed_worker` gives a worker's torch generator (torch's ``WorkerInfo.seed``)."""
+    return _state(np.random.SeedSequence([seed, worker_id])) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def seed_worker(seed: int, worker_id: int) -> None:
@@ -69,6 +79,15 @@ def seed_worker(seed: int, worker_id: int) -> None:
     sequence = np.random.SeedSequence([seed, worker_id])
     _seed_globals(sequence)
     np.random.seed(sequence.generate_state(4))
+
+
+def seed_torch_only(seed: int, worker_id: int) -> None:
+    """Seed torch's generators as :func:`seed_worker` does, leaving Python's and numpy's as they are
+    (torch imported after the worker's start, by its dataset or ``worker_init_fn``)."""
+    python, legacy = random.getstate(), np.random.get_state()
+    seed_worker(seed, worker_id)
+    random.setstate(python)
+    np.random.set_state(legacy)
 
 
 def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0) -> Sample:

@@ -48,6 +48,7 @@ import collections
 import dataclasses
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -60,8 +61,9 @@ from ..errors import WorkerError
 from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
-from .producer import BatchProducer, seed_worker, task_failure
+from .producer import BatchProducer, seed_torch_only, seed_worker, task_failure, worker_seed
 from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
+from .worker_info import WorkerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,18 @@ class RayWorker:
         self.failure: m.TaskFailed | None = None
         self.producer: BatchProducer | None = None
         try:
+            had_torch = "torch" in sys.modules
             if config.seed is not None:
                 seed_worker(config.seed, config.worker_id)
             dataset = config.dataset.load().build()
+            if config.seed is not None and not had_torch and "torch" in sys.modules:
+                seed_torch_only(config.seed, config.worker_id)  # imported by the dataset, just now
             collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
             read_transform = config.read_transform.load() if config.read_transform is not None else None
+            # torch's get_worker_info() in worker_init_fn and __getitem__, as in a worker process.
+            WorkerIdentity(config.worker_id, config.num_workers,
+                           worker_seed(config.seed, config.worker_id) if config.seed is not None else 0,
+                           lambda: dataset, thread=False).install()
             if config.worker_init_fn is not None:
                 config.worker_init_fn.load()(config.worker_id)
         except Exception as exc:

@@ -72,6 +72,28 @@ class Portable(Generic[T]):
         return (_arrived, (self.payload(), self.what))
 
 
+class PortablePart(Portable[T]):
+    """Item `index` of a tuple sent as one :class:`Portable`: objects sent together share their parts.
+
+    The dataset and a ``worker_init_fn`` go as one pickle, so that ``worker_init_fn=dataset.open_files``
+    (a bound method) arrives bound to the worker's own dataset, not to a second copy of it.
+    """
+
+    def __init__(self, whole: Portable[tuple[object, ...]], index: int, what: str) -> None:
+        super().__init__(None, what)  # type: ignore[arg-type]
+        self.whole, self.index = whole, index
+
+    def payload(self) -> bytes:
+        return self.whole.payload()
+
+    def load(self) -> T:
+        part: T = self.whole.load()[self.index]  # type: ignore[assignment]
+        return part
+
+    def __reduce__(self) -> tuple[object, tuple[Portable[tuple[object, ...]], int, str]]:  # type: ignore[override]
+        return (PortablePart, (self.whole, self.index, self.what))
+
+
 def _arrived(payload: bytes, what: str) -> Portable[object]:
     arrived: Portable[object] = Portable(None, what)
     arrived._payload, arrived._loaded = payload, False

@@ -226,3 +226,15 @@ class NamedTupleDataset:
 
     def __getitem__(self, index: int) -> Pair:
         return Pair(np.full(2, index, dtype=np.float32), index)
+
+
+class OffsetDataset(ArangeDataset):
+    """:class:`ArangeDataset` whose ``x`` is shifted by ``offset``, an attribute a user may set after building
+    the loader."""
+
+    offset = 0.0
+
+    def __getitem__(self, index: int) -> dict:
+        sample = super().__getitem__(index)
+        sample["x"] = sample["x"] + np.float32(self.offset)
+        return sample

@@ -160,8 +160,11 @@ def test_a_cache_on_a_read_only_file_system_is_served_and_nothing_written(tmpfs,
 
 def test_a_read_only_prefix_without_a_cache_says_so(tmpfs):
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
-    with pytest.raises(FileNotFoundError, match="read-only file system and holds no cache"):
-        CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0, cache_setting={"prefix": str(tmpfs / "c")})
+    # The store opens at the first iter(), as workers start then (torch's DataLoader starts nothing before).
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0,
+                      cache_setting={"prefix": str(tmpfs / "c")}) as loader:
+        with pytest.raises(FileNotFoundError, match="read-only file system and holds no cache"):
+            iter(loader)
 
 
 # ---------------------------------------------------------------------------- two Ctrl-C
@@ -283,9 +286,10 @@ def test_a_prefix_starting_with_a_tilde_is_in_the_home_directory(tmp_path, monke
 @pytest.mark.parametrize("address", ["127.0.0.1:6399", "no-such-host.invalid:6379", "ray://127.0.0.1:6399"])
 def test_an_unreachable_ray_address_fails_fast_naming_it(address):
     pytest.importorskip("ray")
-    with pytest.raises(ClusterUnreachableError, match=address.replace(".", r"\.")):
-        CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, executor="ray",
-                     executor_options={"address": address, "start_timeout": 5})
+    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, executor="ray",
+                      executor_options={"address": address, "start_timeout": 5}) as loader:
+        with pytest.raises(ClusterUnreachableError, match=address.replace(".", r"\.")):
+            iter(loader)  # the actors start with the first epoch
 
 
 # ---------------------------------------------------------------------------- an iterator dropped unused

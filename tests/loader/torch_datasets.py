@@ -25,3 +25,33 @@ class FailsInWorkers(ArangeDataset):
         super().__init__(n)
         if os.getpid() != home:
             raise OSError("this machine's dataset files are not mounted in the worker")
+
+
+class WorkerInfoDataset(torch.utils.data.Dataset):
+    """Each sample says what ``get_worker_info()`` says where ``__getitem__`` runs, and what
+    ``worker_init_fn`` left on the dataset copy it runs on (``handle``, ``opened_by``)."""
+
+    def __init__(self, n: int = 8) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return {"id": -1, "num_workers": 0, "seed_ok": 1, "same": 1, "handle": -1, "opened_by": -1}
+        return {"id": info.id, "num_workers": info.num_workers, "seed_ok": int(info.seed == torch.initial_seed()),
+                "same": int(info.dataset is self), "handle": getattr(self, "handle", -2),
+                "opened_by": getattr(self, "opened_by", -2)}
+
+    def open_files(self, worker_id: int) -> None:
+        """A bound-method worker_init_fn: it must change the copy the worker's tasks run on."""
+        self.opened_by = worker_id
+
+
+def set_handle_from_worker_info(worker_id: int) -> None:
+    """torch's documented worker_init_fn: set up the worker's copy through ``get_worker_info().dataset``."""
+    info = torch.utils.data.get_worker_info()
+    assert info is not None and info.id == worker_id
+    info.dataset.handle = 100 + worker_id

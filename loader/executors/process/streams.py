@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -33,6 +32,7 @@ from ...errors import WorkerError, WorkerTimeoutError
 from .. import messages as m
 from ..producer import seed_worker
 from ..transport import Portable
+from ..worker_info import WorkerIdentity
 from .start import context_for, start
 from .worker import die_with_parent, orphaned
 
@@ -92,17 +92,6 @@ class End:
     worker_id: int
 
 
-def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: object) -> None:
-    """What ``torch.utils.data.get_worker_info()`` returns in this worker, as torch's workers set it
-    (only where torch is loaded: a dataset that asks for it has imported torch)."""
-    if "torch" not in sys.modules:
-        return
-    from torch.utils.data._utils import worker as torch_worker
-
-    torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
-                                                        dataset=dataset)  # type: ignore[arg-type]  # a stream
-
-
 def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
     """The next batch's samples, ``None`` when the stream ran out (a short last batch with ``drop_last``)."""
     samples = list(itertools.islice(iterator, config.batch_size))
@@ -137,14 +126,15 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
     trainer = spawner.pid if spawner is not None and spawner.pid else parent
     die_with_parent(parent, trainer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    seed = config.seed + config.worker_id
     try:
         seed_worker(config.seed, config.worker_id)
         dataset = config.dataset.load().build()
-        set_worker_info(config.worker_id, config.num_workers, seed, dataset)
+        identity = WorkerIdentity(config.worker_id, config.num_workers, config.seed + config.worker_id,
+                                  lambda: dataset, thread=False)
+        identity.install()
         if config.worker_init_fn is not None:
             config.worker_init_fn.load()(config.worker_id)
-        set_worker_info(config.worker_id, config.num_workers, seed, dataset)  # torch imported by the init fn
+        identity.install()  # torch imported by worker_init_fn
         collate = config.collate_fn.load()
     except BaseException as exc:
         conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,

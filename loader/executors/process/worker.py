@@ -13,21 +13,19 @@ import faulthandler
 import logging
 import multiprocessing
 import os
-import random
 import re
 import signal
 import sys
 import tempfile
 from typing import Any
 
-import numpy as np
-
 from cachestore.errors import CorruptSampleError
 from cachestore.scratch import pid_alive
 
 from ...settings import EpochMode
 from .. import messages as m
-from ..producer import BatchProducer, seed_worker, task_failure
+from ..producer import BatchProducer, seed_torch_only, seed_worker, task_failure, worker_seed
+from ..worker_info import WorkerIdentity
 from .segments import WorkerSegments, gather_batch, write_batch
 
 log = logging.getLogger(__name__)
@@ -130,22 +128,33 @@ class LazyDataset:
     def __init__(self, config: m.WorkerConfig, seeded: bool) -> None:
         self._config = config
         self._seeded = seeded  # this process's generators were seeded at start (a process of its own)
+        self._torch_seeded = "torch" in sys.modules  # seeded with the others, if seeded
         self._dataset: Any = None
         self.failure: BaseException | None = None
+        seed = worker_seed(config.seed, config.worker_id) if config.seed is not None else 0
+        self.identity = WorkerIdentity(config.worker_id, config.num_workers, seed, self.built, thread=not seeded)
 
     def built(self) -> Any:
         if self.failure is not None:
             raise self.failure
         if self._dataset is None:
-            had_torch = "torch" in sys.modules
             try:
                 self._dataset = self._config.dataset.load().build()
             except BaseException as exc:
                 self.failure = exc
                 raise
-            if self._seeded and not had_torch and "torch" in sys.modules and self._config.seed is not None:
-                _seed_torch_only(self._config.seed, self._config.worker_id)  # imported by the dataset, just now
+            self.torch_arrived()
         return self._dataset
+
+    def torch_arrived(self) -> None:
+        """Once torch is imported (by the dataset's module, ``worker_init_fn``, a task): seed its generator
+        as the process's others were at start, and give it torch's worker info (each done once)."""
+        if self._torch_seeded or "torch" not in sys.modules:
+            return
+        self._torch_seeded = True
+        if self._seeded and self._config.seed is not None:
+            seed_torch_only(self._config.seed, self._config.worker_id)
+        self.identity.install()
 
     def __getitem__(self, index: int) -> Any:
         return self.built()[index]
@@ -154,12 +163,21 @@ class LazyDataset:
         return len(self.built())
 
 
-def _seed_torch_only(seed: int, worker_id: int) -> None:
-    """Seed torch's generators as :func:`seed_worker` does, leaving Python's and numpy's as they are."""
-    python, legacy = random.getstate(), np.random.get_state()
-    seed_worker(seed, worker_id)
-    random.setstate(python)
-    np.random.set_state(legacy)
+def initialise(config: m.WorkerConfig, dataset: LazyDataset, own_process: bool) -> None:
+    """Seed a worker process's generators, give it torch's worker info, run ``worker_init_fn``.
+
+    ``worker_init_fn`` arrived pickled together with the dataset (one pickle,
+    :class:`~loader.executors.base.WorkerConfigFactory`), so a bound method
+    ``dataset.open_files`` and ``get_worker_info().dataset`` change the very copy
+    the worker's tasks run on.
+    """
+    if own_process and config.seed is not None:  # a process of its own (a thread shares ours)
+        seed_worker(config.seed, config.worker_id)
+    dataset.identity.install()
+    if config.worker_init_fn is not None:
+        init = config.worker_init_fn.load()
+        dataset.torch_arrived()  # unpickling it may have imported torch
+        init(config.worker_id)
 
 
 def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) -> None:
@@ -181,10 +199,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu_index)
     dataset = LazyDataset(config, seeded=watch_parent)
     try:
-        if watch_parent and config.seed is not None:  # a process of its own (a thread shares ours)
-            seed_worker(config.seed, config.worker_id)
-        if config.worker_init_fn is not None:
-            config.worker_init_fn.load()(config.worker_id)
+        initialise(config, dataset, own_process=watch_parent)
     except BaseException as exc:
         conn.send(m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
                                               index=None, kind="init"))
@@ -222,6 +237,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
                     conn.send(m.ShardFlushed(config.worker_id, error=f"{type(exc).__name__}: {exc}"))
                 continue
             try:
+                dataset.torch_arrived()  # a task may have imported torch
                 result: Any = run_task(producer, segments, msg, config.worker_id)
             except Exception as exc:
                 result = task_failure(exc, msg, config.worker_id) if dataset.failure is None else \
@@ -235,6 +251,7 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
             producer.close()
         finally:
             segments.close()
+            dataset.identity.uninstall()
 
 
 def thread_stack(ident: int | None) -> str:

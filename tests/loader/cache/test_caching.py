@@ -93,9 +93,10 @@ def test_different_params_are_refused_not_served_stale(no_leaks):
     with CachedLoader(ArangeDataset, {"n": 10}, batch_size=4, nb_worker=0,
                       cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
         served(loader)
-    with pytest.raises(FingerprintMismatchError, match="prune"):
-        CachedLoader(ArangeDataset, {"n": 10, "shape": (5,)}, batch_size=4, nb_worker=0,
-                     cache_setting={"prefix": prefix, "update_frequency": 2})
+    with CachedLoader(ArangeDataset, {"n": 10, "shape": (5,)}, batch_size=4, nb_worker=0,
+                      cache_setting={"prefix": prefix, "update_frequency": 2}) as loader:
+        with pytest.raises(FingerprintMismatchError, match="prune"):
+            iter(loader)  # the store is opened, and the dataset fingerprinted, at the first iter()
 
 
 def test_changed_dataset_source_is_refused(no_leaks, monkeypatch):
@@ -118,6 +119,7 @@ def test_changed_dataset_source_is_refused(no_leaks, monkeypatch):
     module.write_text(source.format(factor=2))
     sys.modules.pop("changing_dataset")
     mod = importlib.import_module("changing_dataset")
-    with pytest.raises(FingerprintMismatchError):
-        CachedLoader(mod.DS, {}, batch_size=3, nb_worker=0, cache_setting={"prefix": prefix})
+    with CachedLoader(mod.DS, {}, batch_size=3, nb_worker=0, cache_setting={"prefix": prefix}) as loader:
+        with pytest.raises(FingerprintMismatchError):
+            iter(loader)
     sys.modules.pop("changing_dataset")

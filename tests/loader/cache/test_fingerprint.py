@@ -221,8 +221,10 @@ def test_a_changed_instance_is_refused_by_its_cache(tmp_path):
         assert loader.epoch_stats == [] and next(iter(loader)).shape == (5, 2)
         assert loader.epoch_stats[0].mode == "read"  # the same state: the cache is reused
     table[3, 1] = -1
-    with pytest.raises(FingerprintMismatchError, match="state"):
-        CachedLoader(TableDataset(table, Compose([Scale(2.0)])), batch_size=5, nb_worker=0, cache_setting=setting)
+    with CachedLoader(TableDataset(table, Compose([Scale(2.0)])), batch_size=5, nb_worker=0,
+                      cache_setting=setting) as loader:
+        with pytest.raises(FingerprintMismatchError, match="state"):
+            iter(loader)  # fingerprinted at the first iter(), with the dataset as it is then
 
 
 def test_dataset_params_with_an_instance_is_a_type_error():

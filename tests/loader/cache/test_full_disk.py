@@ -64,6 +64,7 @@ def _run(small_fs, policy, when, backend, nb_worker):
     if when != "fills":
         (small_fs.parent / "filled-once").touch()  # the dataset leaves the disk alone
     loader = _loader(prefix, policy, nb_worker, backend, str(small_fs), N // 2)
+    iter(loader)  # the store is made at the first iter() (an iterator that serves nothing takes no epoch)
     if when != "fills":
         # After the store was created: the generate epoch finds no room at all.
         fill(small_fs, inodes=when == "no-inodes")

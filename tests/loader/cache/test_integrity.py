@@ -41,8 +41,10 @@ def test_a_changed_array_element_is_a_mismatch_naming_the_parameters(no_leaks):
         list(loader)
     changed = table.copy()
     changed[2500] = 1.0
-    with pytest.raises(FingerprintMismatchError) as info:
-        CachedLoader(TableDataset, {"table": changed}, batch_size=4, nb_worker=0, cache_setting={"prefix": prefix})
+    with CachedLoader(TableDataset, {"table": changed}, batch_size=4, nb_worker=0,
+                      cache_setting={"prefix": prefix}) as loader:
+        with pytest.raises(FingerprintMismatchError) as info:
+            iter(loader)
     message = str(info.value)
     assert "parameters changed" in message and "on_mismatch" in message and "prefix" in message
 
@@ -111,6 +113,7 @@ def test_a_run_follows_another_run_that_moved_ahead(no_leaks, caplog):
     with CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=0, cache_setting=setting) as a:
         list(a)  # generation 0
         b = CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=0, cache_setting=setting)
+        iter(b)  # started (the store opened) now, while generation 0 is the newest
         for _ in range(3):
             list(a)  # epochs 1-3: generation 1 committed, generation 0 pruned
         writing = iter(a)

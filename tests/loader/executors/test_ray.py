@@ -403,3 +403,13 @@ def test_executor_ray_without_ray_installed_names_the_install_command():
     """)
     assert done.returncode == 0, done.stderr
     assert 'error: ' in done.stdout and 'pip install "cachestore[ray]"' in done.stdout, done.stdout
+
+
+def test_actors_answer_get_worker_info_and_run_worker_init_fn_on_their_copy(cluster):
+    from ..torch_datasets import WorkerInfoDataset, set_handle_from_worker_info
+
+    with CachedLoader(WorkerInfoDataset(8), batch_size=2, shuffle=False, executor="ray",
+                      worker_init_fn=set_handle_from_worker_info, executor_options=ray_options(cluster)) as loader:
+        rows = [{k: int(v[i]) for k, v in b.items()} for b in loader for i in range(len(b["id"]))]
+    assert rows and all(r["id"] in (0, 1) and r["num_workers"] == 2 and r["same"] and r["seed_ok"] for r in rows)
+    assert all(r["handle"] == 100 + r["id"] for r in rows), rows

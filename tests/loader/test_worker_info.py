@@ -1,0 +1,58 @@
+"""torch's get_worker_info() in the workers, and worker_init_fn against the dataset copy tasks run on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loader import CachedLoader
+
+from .torch_datasets import WorkerInfoDataset, set_handle_from_worker_info
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def served(loader) -> list[dict]:
+    return [{k: int(v[i]) for k, v in batch.items()} for batch in loader for i in range(len(batch["id"]))]
+
+
+@pytest.mark.parametrize("workers", [
+    {"start_method": "spawn"}, {"start_method": "fork"}, {"start_method": "auto"}, {"use_threading": True},
+], ids=["spawn", "fork", "auto", "threads"])
+def test_worker_info_and_worker_init_fn_see_the_copy_tasks_run_on(workers, tmp_path):
+    ds = WorkerInfoDataset(8)
+    with CachedLoader(ds, batch_size=2, nb_worker=2, shuffle=False, worker_init_fn=set_handle_from_worker_info,
+                      **workers) as loader:
+        rows = served(loader)
+    assert torch.utils.data.get_worker_info() is None, "the training process is no worker"
+    assert {r["id"] for r in rows} <= {0, 1} and all(r["num_workers"] == 2 for r in rows)
+    assert all(r["same"] for r in rows), "get_worker_info().dataset is the copy __getitem__ runs on"
+    if "use_threading" in workers:  # threads share the training process's dataset: the last init's handle
+        assert all(r["handle"] in (100, 101) for r in rows), rows
+    else:
+        assert all(r["handle"] == 100 + r["id"] for r in rows), rows
+        assert all(r["seed_ok"] for r in rows), "WorkerInfo.seed is the seed of the worker's torch generator"
+        assert not hasattr(ds, "handle"), "the training process's dataset is not the workers' copy"
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "auto"])
+def test_a_bound_method_worker_init_fn_changes_the_copy_in_use(start_method):
+    ds = WorkerInfoDataset(6)
+    with CachedLoader(ds, batch_size=3, nb_worker=2, shuffle=False, worker_init_fn=ds.open_files,
+                      start_method=start_method) as loader:
+        rows = served(loader)
+    assert all(r["opened_by"] == r["id"] for r in rows), rows
+    assert not hasattr(ds, "opened_by")
+
+
+def test_worker_info_is_none_without_workers():
+    with CachedLoader(WorkerInfoDataset(4), batch_size=2, nb_worker=0, shuffle=False) as loader:
+        assert all(r["id"] == -1 for r in served(loader))
+
+
+def test_worker_info_with_a_cache_in_generate_epochs(tmp_path):
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2}
+    with CachedLoader(WorkerInfoDataset(8), batch_size=2, nb_worker=2, shuffle=False, cache_setting=cache,
+                      worker_init_fn=set_handle_from_worker_info, start_method="spawn") as loader:
+        rows = served(loader)
+    assert all(r["handle"] == 100 + r["id"] and r["id"] in (0, 1) for r in rows), rows
