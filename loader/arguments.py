@@ -179,6 +179,11 @@ def _stream_checks(a: Mapping[str, object], cache: CacheSettings | None, rotatio
     if cache is not None and cache.background_refresh is True:
         raise ValueError("cache_setting['background_refresh']=True cannot work with an iterable dataset: the stream "
                          "is iterated again in the epoch that writes the next generation; use 'auto' or False")
+    consumers = a["nb_consumer"] if a["nb_consumer"] is not None else distributed_defaults()[0]
+    if cache is not None and isinstance(consumers, int) and consumers > 1:
+        raise ValueError(f"a cache of an iterable dataset with several consumers (nb_consumer={consumers}) is not "
+                         "supported yet: the ranks of a node would have to write their streams into one generation. "
+                         "Without a cache each rank iterates its own stream, as with torch's DataLoader")
     if cache is not None and cache.stream_samples is None and endless(dataset):
         raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
                          "a cache needs to know where its generation ends. Give cache_setting={..., "

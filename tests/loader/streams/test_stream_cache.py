@@ -116,3 +116,12 @@ def test_read_transform_on_every_epoch(tmp_path) -> None:
                 assert (np.asarray(batch["x"])[:, 0] > np.asarray(batch["i"])).all()
     with CachedLoader(Counting(8), batch_size=4, num_workers=0, cache_setting={"prefix": str(tmp_path)}) as loader:
         assert all((np.asarray(b["x"])[:, 0] == np.asarray(b["i"])).all() for b in loader)  # stored untransformed
+
+
+def test_several_consumers(tmp_path) -> None:
+    """Without a cache each consumer (rank) iterates its own stream; a cache shared by them is refused."""
+    with pytest.raises(ValueError, match="several consumers"):
+        CachedLoader(Counting(8), nb_consumer=2, consumer_index=0, cache_setting={"prefix": str(tmp_path)})
+    for rank in range(2):
+        with CachedLoader(Counting(8), batch_size=4, num_workers=0, nb_consumer=2, consumer_index=rank) as loader:
+            assert served(loader) == list(range(8))
