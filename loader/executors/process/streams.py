@@ -19,6 +19,7 @@ every wait on them watches their sentinels with the loader's ``timeout``.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -35,6 +36,11 @@ from ..transport import Portable
 from ..worker_info import WorkerIdentity
 from .start import context_for, start
 from .worker import die_with_parent, orphaned
+
+#: torch's message when a batch cannot be received for want of file descriptors.
+TOO_MANY_FILES = ("Too many open files. Communication with the workers is no longer possible. Please increase the "
+                  "limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+                  "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code")
 
 #: Seconds a worker waits for its parent between checks that it is still there.
 IDLE_POLL = 1.0
@@ -248,7 +254,12 @@ class StreamWorkers:
                                          f"(timeout={self.timeout})")
             try:
                 msg = conn.recv() if conn in ready and conn.poll(0) else None
-            except (EOFError, OSError):
+            except (RuntimeError, OSError) as exc:
+                # torch tensors travel as file descriptors: none left to receive one with
+                if "ancdata" in str(exc) or getattr(exc, "errno", None) == errno.EMFILE:
+                    raise RuntimeError(TOO_MANY_FILES) from exc
+                msg = None
+            except EOFError:
                 msg = None
             if msg is None:
                 proc.join(5.0)  # its pipe closed: it is dead, or about to be
