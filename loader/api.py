@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
-from .cache.controller import CacheController
+from .cache.streams import committed_length, wait_for_writer
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -202,9 +202,10 @@ class CachedLoader(LoaderAttributes):
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
         self._runner.ctx.stream_len_called = self._len_told
 
-    def _data_length(self) -> int:
+    def _data_length(self, wait: bool = False) -> int:
         """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
-        its next epoch iterates it)."""
+        its next epoch iterates it). With `wait`, before the first epoch, what another job writing the
+        store now commits counts too (it is waited for)."""
         s = self.settings
         if not s.dataset.stream:
             return len(self.dataset)
@@ -213,14 +214,16 @@ class CachedLoader(LoaderAttributes):
         if self._runner is not None and self._runner.ctx.cache is not None:
             committed = self._runner.ctx.cache.committed()
             return committed[max(committed)].num_samples if committed else 0
-        return CacheController.committed_length(s.cache, self._layout(0), s.dataset)
+        if wait and self._runner is None:
+            wait_for_writer(s.cache, self._layout(0), s.timeout)  # another job writing this stream: its result
+        return committed_length(s.cache, self._layout(0), s.dataset)
 
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
         gets a new runner, whose layout, fingerprint (the length is part of it: another store's
         samples) and workers (with the dataset as it is) are its own; the old one's parts are
         released as at close (a generation being written is kept as a partial one)."""
-        n = self._data_length()
+        n = self._data_length(wait=True)
         if n == self.num_samples:
             return
         if self._cursor.loaded is not None:

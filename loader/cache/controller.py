@@ -147,25 +147,6 @@ class CacheController:
             controller.damaged[generation] = damaged[generation]
         return controller
 
-    @staticmethod
-    def committed_length(settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource) -> int:
-        """Samples in the newest generation a stream of this fingerprint committed under the prefix (0: none).
-
-        What a stream's loader serves per epoch once its stream was written: the store is only
-        looked at (opened read-only, nothing swept or created)."""
-        path = layout.store_path(settings.prefix)
-        if settings.backend == "memory" or not os.path.isfile(os.path.join(path, "store.json")):
-            return 0
-        fingerprint = dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
-        try:
-            with open_store(path, readonly=True) as store:
-                if store.fingerprint != fingerprint:
-                    return 0
-                committed = [g for g in store.generations() if g.committed]
-        except CacheStoreError:
-            return 0
-        return max(committed, key=lambda g: g.id).num_samples if committed else 0
-
     @classmethod
     def open_read_only(cls, settings: CacheSettings, path: str, fingerprint: dict[str, object],
                        num_samples: int) -> CacheController:
