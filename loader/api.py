@@ -15,9 +15,9 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
-from .cache.streams import committed_length, wait_for_writer
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import decide_scope
+from .cache.streams import committed_length, wait_for_writer
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout

@@ -222,7 +222,8 @@ class CacheSettings:
         if self.scope is not None:
             check_choice("cache_setting", "scope", self.scope, SCOPES)
         if isinstance(self.stream_buffer, bool) or not isinstance(self.stream_buffer, int) or self.stream_buffer < 0:
-            raise ValueError(f"cache_setting['stream_buffer'] must be a number of samples >= 0, got {self.stream_buffer!r}")
+            raise ValueError(f"cache_setting['stream_buffer'] must be a number of samples >= 0, "
+                             f"got {self.stream_buffer!r}")
         n = self.stream_samples
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"cache_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")

@@ -87,8 +87,9 @@ class EpochRunner:
                      layout.batches(s.batch_size, s.drop_last))
         unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
         plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed,
-                          ctx.state.rotation is not None, ctx.cache, lambda generation, at: refreshed(ctx, generation, at),
-                          ranks, shuffled_part=ctx.cache is None and layout.changes_per_epoch)
+                          ctx.state.rotation is not None, ctx.cache,
+                          lambda generation, at: refreshed(ctx, generation, at), ranks,
+                          shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         return stream_plan(plan, skip, s, ctx.state.seed) if s.dataset.stream else plan

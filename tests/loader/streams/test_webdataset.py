@@ -68,3 +68,19 @@ def test_resampled_webdataset_needs_stream_samples(tmp_path) -> None:
     with CachedLoader(endless, batch_size=8, num_workers=0, shuffle=True,
                       cache_setting={"prefix": str(tmp_path / "cache"), "stream_samples": 40}) as loader:
         assert len(labels(loader)) == 40 and len(loader) == 5
+
+
+def test_the_fingerprint_covers_the_shard_list(tmp_path) -> None:
+    from cachestore.errors import FingerprintMismatchError
+
+    urls = write_shards(str(tmp_path))
+    cache = {"prefix": str(tmp_path / "cache")}
+    first = wds.WebDataset(urls[:2], shardshuffle=False).decode().to_tuple("npy", "cls")
+    with CachedLoader(first, batch_size=10, num_workers=0, cache_setting=cache) as loader:
+        assert len(labels(loader)) == 2 * PER_SHARD
+    more = wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("npy", "cls")
+    with pytest.raises(FingerprintMismatchError, match="state"):
+        with CachedLoader(more, batch_size=10, num_workers=0, cache_setting=cache) as loader:
+            list(loader)
+    with CachedLoader(more, batch_size=10, num_workers=0, cache_setting={**cache, "on_mismatch": "regenerate"}) as loader:
+        assert sorted(labels(loader)) == list(range(SHARDS * PER_SHARD))
