@@ -85,3 +85,18 @@ def test_a_full_disk_mid_stream(tmp_path) -> None:
         with open_store(prefix, readonly=True) as store:
             assert store.latest() is None
         assert leftovers(prefix) == []  # no half-written generation left
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_corrupt_record_of_a_stream_says_what_to_do(tmp_path, workers: int) -> None:
+    """A map-style sample is computed again by index; a stream's cannot: the error says how to rewrite it."""
+    from cachestore.errors import CorruptSampleError
+    from tests.cachestore.test_corruption import corrupt_sample
+
+    prefix = str(tmp_path / "cache")
+    with CachedLoader(Counting(16), batch_size=4, num_workers=workers, cache_setting={"prefix": prefix}) as loader:
+        served(loader)
+    corrupt_sample(Path(prefix) / "gen-000000", "memmap", None, 5)
+    with CachedLoader(Counting(16), batch_size=4, num_workers=workers, cache_setting={"prefix": prefix}) as loader:
+        with pytest.raises(CorruptSampleError, match="cannot be computed again by index"):
+            served(loader)
