@@ -364,9 +364,9 @@ class CachedLoader(LoaderAttributes):
         return self._res.store
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (empty for ``nb_worker=0``, threads or Ray actors)."""
-        executor = self._res.executor
-        return [] if executor is None else executor.pids()
+        """Pids of the worker processes (a stream's too; empty for ``nb_worker=0``, threads or Ray actors)."""
+        executor, streams = self._res.executor, self._res.streams
+        return ([] if executor is None else executor.pids()) + ([] if streams is None else streams.pids())
 
     def close(self) -> None:
         """Stop workers, release shared memory, keep an unfinished generation as a partial one, which the

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 import errno
+import importlib
+import importlib.util
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -133,6 +135,10 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
     die_with_parent(parent, trainer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        if importlib.util.find_spec("torch") is not None:
+            # A stream splits its work by get_worker_info(), which must answer from its first sample on, even
+            # where torch is imported only inside __iter__ (too late for WorkerIdentity.install to see it).
+            importlib.import_module("torch.utils.data")
         seed_worker(config.seed, config.worker_id)
         dataset = config.dataset.load().build()
         identity = WorkerIdentity(config.worker_id, config.num_workers, config.seed + config.worker_id,
