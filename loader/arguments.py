@@ -173,9 +173,10 @@ def _stream_checks(a: Mapping[str, object], cache: CacheSettings | None, rotatio
     if a["executor"] != "process":
         raise ValueError(f"a stream is iterated by local worker processes: executor={a['executor']!r} is not "
                          "supported with an iterable dataset")
-    if rotation is not None:
-        raise ValueError("rotation_setting is not supported with an iterable dataset yet: use cache_setting (its "
-                         "generate epoch iterates the stream once, later epochs read it in a new order each)")
+    unknown = endless(dataset) or not hasattr(dataset, "__len__")
+    if rotation is not None and rotation.stream_samples is None and unknown:
+        raise ValueError("rotation over a stream serves a number of its samples each epoch: give the stream a "
+                         "__len__, or rotation_setting={..., 'stream_samples': N} (required for an endless stream)")
     if cache is not None and cache.background_refresh is True:
         raise ValueError("cache_setting['background_refresh']=True cannot work with an iterable dataset: the stream "
                          "is iterated again in the epoch that writes the next generation; use 'auto' or False")

@@ -283,8 +283,12 @@ class RotationSettings:
     rotation: int = 0
     size: int | None = None
     prefix: str | None = None
+    stream_samples: int | None = None  # a stream's samples per epoch (default: its len())
 
     def __post_init__(self) -> None:
+        n = self.stream_samples
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"rotation_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
         if self.medium not in ("memory", "disk"):
             raise ValueError(f"rotation_setting['medium'] must be 'memory' or 'disk', got {self.medium!r}")
         check_int("rotation_setting['rotation']", self.rotation, 2)

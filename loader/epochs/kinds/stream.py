@@ -15,6 +15,7 @@ before it is random-access.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from typing import Any, Iterator
@@ -27,7 +28,8 @@ from ...dataset import Batch, Sample
 from ...executors.producer import transform
 from ..context import EpochContext
 from ..places import ComputePlace
-from ..plan import EpochStats, StreamGeneratePlan, StreamPlan
+from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
+from ..rotation import FreshSamples
 from .base import EpochKind
 
 log = logging.getLogger(__name__)
@@ -176,3 +178,25 @@ class StreamGenerateEpoch(StreamEpoch):
         stats.committed = True
         log.info("committed generation %d of a stream (%d samples, %d bytes); pruned %d old item(s)", info.id,
                  info.num_samples, info.nbytes, len(removed))
+
+
+def stream_fresh(ctx: EpochContext, plan: RotatePlan, stats: EpochStats) -> FreshSamples:
+    """The fresh samples of a rotation epoch over a stream: its next samples, as many as each array of
+    positions asks for (the stream is iterated once per epoch, by its workers, in torch's turn)."""
+
+    def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list[Sample]]:
+        items = ctx.streams().items(plan.epoch, collate=False)
+        samples = (sample for _worker, _count, batch in items for sample in batch)
+        taken = 0  # (the rotation counts them into the stats)
+        try:
+            for positions in arrays:
+                got = list(itertools.islice(samples, len(positions)))
+                taken += len(got)
+                if len(got) < len(positions):
+                    raise ValueError(f"the stream ended after {taken} samples in epoch {plan.epoch}: "
+                                     f"rotation serves {len(plan.indices)} of its samples each epoch (its len(), "
+                                     "or rotation_setting['stream_samples'])")
+                yield got
+        finally:
+            items.close()
+    return fresh

@@ -28,7 +28,7 @@ import multiprocessing.connection
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from ...dataset import CollateFn, DatasetSource, WorkerInitFn
 from ...errors import WorkerError, WorkerTimeoutError
@@ -231,7 +231,7 @@ class StreamWorkers:
             self.close()
             raise
 
-    def items(self, epoch: int, collate: bool) -> Iterator[tuple[int, int, Any]]:
+    def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out."""
         for conn in self.conns:
@@ -306,7 +306,7 @@ class InlineStream:
         self.dataset = dataset
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
 
-    def items(self, epoch: int, collate: bool) -> Iterator[tuple[int, int, Any]]:
+    def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
         iterator = iter(self.dataset)
         try:
             while True:
