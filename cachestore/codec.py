@@ -134,6 +134,9 @@ def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
         leaves.append(arr)
         return ("a", arr.dtype.str, arr.shape)
     if is_tensor(x):
+        if getattr(x, "is_nested", False) or str(getattr(x, "layout", "torch.strided")) != "torch.strided":
+            # No flat buffer to store (nested, sparse): pickled, which torch's own pickling supports.
+            return _pickled(x, leaves, allow_pickle, "a nested or sparse tensor")
         dtype, arr = _tensor_to_numpy(x)
         leaves.append(arr)
         return ("t", dtype, tuple(arr.shape))

@@ -307,10 +307,8 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        it = self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches), owner=self)
-        res = self._res
-        it.worker_processes = lambda: list(getattr(res.streams, "procs", []))
-        return it
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches),
+                                    owner=self)
 
     # ------------------------------------------------------------------ resuming
     @property

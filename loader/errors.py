@@ -75,6 +75,16 @@ class SampleError(CacheStoreError):
         return f"while computing sample {self.index}"
 
 
+class FailedBatch:
+    """In place of a batch whose samples the dataset (or ``read_transform``) failed to produce: the epoch's
+    iterator raises `error` for it and, asked again, goes on with the next batch, as torch's does."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 def tag_sample_index(exc: BaseException, index: int) -> None:
     """Give the dataset's exception the index it was raised for (``exc.sample_index``)."""
     try:

@@ -19,6 +19,7 @@ from cachestore.errors import FingerprintError
 
 from .cache.fingerprint import class_path, dataset_fingerprint
 from .dataset import Batch
+from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
@@ -225,12 +226,6 @@ class EpochIterator:
         self.progress = progress
         self.epoch = progress.epoch
         self._superseded_by: int | None = None
-        #: The worker processes serving this epoch (torch's iterators have them as ``_workers``).
-        self.worker_processes: Callable[[], list[object]] = list
-
-    @property
-    def _workers(self) -> list[object]:
-        return self.worker_processes()
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -248,7 +243,22 @@ class EpochIterator:
             self.progress.exhausted = True
             raise
         self.progress.served += 1
+        if isinstance(batch, FailedBatch):
+            raise batch.error  # the next next() serves the next batch
         return batch
+
+    @property
+    def _workers(self) -> list[object]:
+        """torch's iterator attribute that code written for it reads: the worker processes' handles (each
+        with its ``pid``), by worker id; empty without worker processes."""
+        res = getattr(self._owner, "_res", None)
+        streams = getattr(res, "streams", None)  # a stream's workers (loader.executors.process.streams)
+        if getattr(streams, "procs", None):
+            return list(streams.procs)  # type: ignore[union-attr]
+        executor = getattr(res, "executor", None)
+        workers = getattr(executor, "workers", None)
+        return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
+                if getattr(w, "pid", None) is not None] if workers else []
 
     def end(self, superseded_by: int | None = None) -> None:
         """Stop the epoch now (its workers' results are dropped, an unfinished generation is kept)."""

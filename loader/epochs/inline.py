@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterator
 
-from ..errors import SampleError, add_note
+from ..errors import FailedBatch, SampleError, add_note
 from ..executors import messages as m
 from ..executors.producer import BatchProducer
 from .plan import EpochPlan, EpochStats
@@ -26,6 +26,11 @@ def run_inline(plan: EpochPlan, producer: BatchProducer, work: ComputeWork, stat
         yield from _inline_batches(plan, producer, work, stats)
     except SampleError as exc:
         raise dataset_error(exc, plan.epoch) from None
+
+
+def failed(stats: EpochStats) -> None:
+    """Count a batch the dataset failed: a generate epoch with one keeps its generation partial."""
+    stats.extra["failed_batches"] = int(stats.extra.get("failed_batches", 0)) + 1
 
 
 def dataset_error(exc: SampleError, epoch: int) -> BaseException:
@@ -48,7 +53,14 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, work: ComputeWork,
         task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
                       transform_seed=plan.transform_seed if served else None,
                       **work.part(positions, redraw.earlier if redraw is not None else None, here=True))
-        out = producer.produce(task)
+        try:
+            out = producer.produce(task)
+        except SampleError as exc:
+            failed(stats)
+            if served:  # raised for this batch; the epoch goes on (torch's), the generation stays partial
+                stats.batches += 1
+                yield FailedBatch(dataset_error(exc, plan.epoch))
+            continue
         stats.computed += len(positions) - out.staged
         stats.read += out.staged
         stats.waited += out.waited

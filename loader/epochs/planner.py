@@ -74,9 +74,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
     shuffled_part
-        `indices` are this consumer's slice of the epoch's permutation (several consumers, no cache): served
-        in that order, as ``DistributedSampler`` serves its rank's, so that the padding it wrapped around
-        comes last (``drop_last`` drops it; a second shuffle spread duplicates over the ranks' batches).
+        `indices` are this rank's slice of the epoch's permutation: served in order, as ``DistributedSampler``'s.
     """
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
@@ -84,7 +82,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
     else:
         def deck(count: int) -> np.ndarray:
-            if shuffled_part:
+            if shuffled_part:  # its padding comes last, and drop_last drops it (a reshuffle served it)
                 return np.arange(len(indices), dtype=np.int64)
             if count == 1:
                 return epoch_order(len(indices), epoch, seed, s.shuffle, s.nearby_shuffle)

@@ -23,6 +23,7 @@ from ..cache.controller import CacheController
 from ..cache.pending import settle
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
+from ..errors import FailedBatch
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..resources import Resources
@@ -130,7 +131,7 @@ class EpochRunner:
                 if progress is not None:
                     progress.update(stats.samples - progress.done)
                 wait = time.perf_counter()
-                yield self.mover(batch) if self.mover is not None else batch
+                yield self.mover(batch) if self.mover is not None and not isinstance(batch, FailedBatch) else batch
                 t0 += time.perf_counter() - wait  # time spent in the training loop is not ours
             # Now, not at the next epoch's start: the loop may validate or checkpoint in between,
             # and a deep epoch's spare slots would be held meanwhile.

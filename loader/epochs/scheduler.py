@@ -23,6 +23,8 @@ from ..dataset import Batch, CollateFn, Sample
 from ..executors import messages as m
 from ..executors.base import Executor, late_work_report, worker_timeout
 from ..executors.process.slots import SlotPool
+from ..errors import FailedBatch
+from .inline import failed
 from .plan import EpochPlan, EpochStats
 from .work import ComputeWork, Work
 
@@ -214,6 +216,14 @@ class PoolEpoch:
         if isinstance(msg, m.TaskFailed):
             if msg.epoch != plan.epoch and msg.kind != "init":
                 return  # from an abandoned epoch
+            if msg.kind in ("dataset", "read_transform") and (msg.seq, msg.part) in self.inflight:
+                # Raised for its batch alone; the epoch goes on, as torch's does (the worker is well).
+                task = self.inflight.pop((msg.seq, msg.part))
+                self.slots.release(task.slot)
+                failed(stats)
+                error = msg.exception(pid=self.executor.worker_pid(msg.worker_id), epoch=plan.epoch)
+                self.done.setdefault(msg.seq, {})[msg.part] = FailedBatch(error)
+                return
             run.on_failure()
             raise msg.exception(pid=self.executor.worker_pid(msg.worker_id), epoch=plan.epoch)
         if not isinstance(msg, m.BatchDone):
@@ -239,7 +249,8 @@ class PoolEpoch:
         del self.done[self.delivered]
         served = self._served(self.delivered)
         collate = self.run.collate_fn if self.run.collate and served else None
-        batch = parts[0] if len(parts) == 1 else _join(parts, collate)
+        failure = next((part for part in parts.values() if isinstance(part, FailedBatch)), None)
+        batch = failure if failure is not None else parts[0] if len(parts) == 1 else _join(parts, collate)
         del parts  # the parts' samples are views of slots: lent until the last reference goes
         if self.run.collate and served:
             self.stats.batches += 1

@@ -90,14 +90,20 @@ def seed_torch_only(seed: int, worker_id: int) -> None:
     np.random.set_state(legacy)
 
 
-def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0) -> Sample:
+def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0,
+              fresh: bool = False) -> Sample:
     """``fn(sample, rng)``, every random stream seeded by ``(seed, epoch, index)``.
 
     `rng` is a ``numpy.random.Generator`` of that triple; Python's and torch's
     global generators in this process are seeded from it too, so torchvision's
     random transforms draw the same numbers in any worker, thread or process,
-    and after a resume. `serve` numbers the later serves of one sample in a
-    rotation epoch (each draws anew).
+    and after a resume, and given back their state after the call (the
+    training loop's draws, with ``nb_worker=0`` or threads, do not depend on
+    the transform). `serve` numbers the later serves of one sample in a
+    rotation epoch (each draws anew). `fn` gets a copy of `sample`'s arrays
+    and tensors unless the caller says they are `fresh` (its own): an
+    in-place ``img *= -1`` must not change the dataset's arrays
+    (``TensorDataset`` returns views of them), a store's or a rotation window's.
 
     Raises
     ------
@@ -108,12 +114,54 @@ def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: i
     sequence = np.random.SeedSequence(key)
     # The global generators are the process's: worker threads take turns, or one would reseed them
     # under another's draws. (Worker processes never wait here.)
+    if not fresh:
+        sample = private_copy(sample)
     with _GLOBAL_RANDOM:
+        saved = _global_states()
         _seed_globals(sequence)
         try:
             return fn(sample, np.random.default_rng(sequence))
         except Exception as exc:
             raise SampleError(index, exc, "read_transform") from exc
+        finally:
+            _restore_globals(saved)
+
+
+def _global_states() -> tuple[object, object, object]:
+    """The states :func:`_seed_globals` changes: Python's generator, torch's CPU one, CUDA's if initialised."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return random.getstate(), None, None
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return random.getstate(), torch.default_generator.get_state(), cuda
+
+
+def _restore_globals(saved: tuple[object, object, object]) -> None:
+    python, cpu, cuda = saved
+    random.setstate(python)  # type: ignore[arg-type]
+    torch = sys.modules.get("torch")
+    if torch is not None and cpu is not None:
+        torch.default_generator.set_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def private_copy(sample: Sample) -> Sample:
+    """`sample` with its numpy arrays and torch tensors copied (only their own elements: a view's
+    base is not), through dicts, lists and tuples (named ones too); other values as they are."""
+    if isinstance(sample, np.ndarray):
+        return sample.copy()
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(sample, torch.Tensor):
+        return sample.clone()
+    if type(sample) is dict:
+        return {key: private_copy(value) for key, value in sample.items()}
+    if type(sample) is list:
+        return [private_copy(value) for value in sample]
+    if isinstance(sample, tuple):
+        items = [private_copy(value) for value in sample]
+        return type(sample)(*items) if hasattr(sample, "_fields") else type(sample)(items)
+    return sample
 
 
 def owned(batch: Batch) -> Batch:
@@ -306,8 +354,8 @@ class BatchProducer:
         own = self.hands_out
         if not task.collate or self.custom_collate or self.transforms(task):
             # A transform may change a sample in place: it gets the caller's own copy, never the store's.
-            samples = self.transformed(task, self.rows(task, reader) if self.transforms(task) else
-                                       [reader.get(int(i), copy=own) for i in task.stored_at])
+            samples = self.transformed(task, self.rows(task, reader), fresh=True) if self.transforms(task) else \
+                [reader.get(int(i), copy=own) for i in task.stored_at]
             return self.collate(samples) if task.collate else samples
         batch = reader.get_batch(task.stored_at)
         return owned(batch) if own else batch
@@ -324,7 +372,8 @@ class BatchProducer:
         count = len(task.stored_at)
         leaves = [np.empty((count, *shape), dtype=dtype) for dtype, shape in specs]
         reader.get_batch(task.stored_at, out=leaves)
-        return [codec.unflatten(treedef, [leaf[r] for leaf in leaves]) for r in range(count)]
+        # leaf[r, ...]: a 0-d array for a scalar leaf (leaf[r] is a numpy scalar, no tensor can be made of it)
+        return [codec.unflatten(treedef, [leaf[r, ...] for leaf in leaves]) for r in range(count)]
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
         built = getattr(self.dataset, "built", None)  # a worker's dataset, built at its first use
@@ -342,12 +391,13 @@ class BatchProducer:
         """Whether the samples of `task` go through ``read_transform``."""
         return self.read_transform is not None and task.transform_seed is not None
 
-    def transformed(self, task: m.Task, samples: list[Sample]) -> list[Sample]:
-        """`samples` through ``read_transform``, each with its own random streams (see :func:`transform`)."""
+    def transformed(self, task: m.Task, samples: list[Sample], fresh: bool = False) -> list[Sample]:
+        """`samples` through ``read_transform``, each with its own random streams (see :func:`transform`;
+        `fresh`: the samples are this call's own, not the dataset's or the store's)."""
         if not self.transforms(task):
             return samples
         assert self.read_transform is not None and task.transform_seed is not None
-        return [transform(self.read_transform, sample, task.transform_seed, task.epoch, int(index))
+        return [transform(self.read_transform, sample, task.transform_seed, task.epoch, int(index), fresh=fresh)
                 for sample, index in zip(samples, task.indices.tolist())]
 
     def produce(self, task: m.Task) -> Produced:

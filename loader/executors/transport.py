@@ -48,16 +48,30 @@ class Portable(Generic[T]):
         self._loaded = True
         self.what = what
         self._payload: bytes | None = None
+        # Pickled anew as each worker process starts, not once here: it holds what multiprocessing hands
+        # over only then (an mp.Value, a Semaphore, as torch's workers get them), see payload().
+        self.at_start = False
 
     @property
     def obj(self) -> T:
         return self.load()
 
     def payload(self) -> bytes:
-        """The bytes a worker loads (computed once)."""
-        if self._payload is None:
-            self._payload = dumps(self._obj, self.what)
-        return self._payload
+        """The bytes a worker loads (computed once); empty when the object goes pickled at each start.
+
+        Raises
+        ------
+        NotImportableError
+            The object cannot be sent at all (the message names the part at fault).
+        """
+        if self._payload is None and not self.at_start:
+            try:
+                self._payload = cloudpickle.dumps(self._obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # pickling raises many types
+                if not inherited_only(exc):
+                    self._payload = dumps(self._obj, self.what)  # raises, naming the culprit
+                self.at_start = True
+        return self._payload or b""
 
     def load(self) -> T:
         """The object: itself in this process, a copy where it arrived as bytes, unpickled at the first
@@ -68,8 +82,17 @@ class Portable(Generic[T]):
             self._loaded = True
         return self._obj
 
-    def __reduce__(self) -> tuple[object, tuple[bytes, str]]:
-        return (_arrived, (self.payload(), self.what))
+    def __reduce__(self) -> tuple[object, tuple[object, str]]:
+        payload = self.payload()
+        if self.at_start:
+            return (Portable, (self._obj, self.what))  # pickled by the worker's start: multiprocessing's way
+        return (_arrived, (payload, self.what))
+
+
+def inherited_only(exc: BaseException) -> bool:
+    """Whether `exc` says an object may reach a child process only while it starts (``mp.Value``, locks,
+    semaphores: multiprocessing pickles them then, and only then)."""
+    return isinstance(exc, RuntimeError) and ("through inheritance" in str(exc) or "AuthenticationString" in str(exc))
 
 
 class PortablePart(Portable[T]):

@@ -136,3 +136,56 @@ def test_rotation_epochs_are_transformed_per_serve(tmp_path):
     for i in range(12):
         first, second = [x for y, x in served if y == i]
         assert first != second and all(i <= v < i + 1 for v in first + second)
+
+
+def negate_in_place(sample, rng):
+    """An in-place augmentation, as many are (``img *= -1``)."""
+    sample[0].mul_(-1)
+    return sample
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("backend", ["memmap", "lmdb", "memory"])
+def test_an_in_place_transform_changes_neither_the_dataset_nor_the_store(tmp_path, workers, backend):
+    from torch.utils.data import TensorDataset
+
+    data = torch.arange(24, dtype=torch.float32).reshape(24, 1)
+    dataset = TensorDataset(data.clone(), torch.arange(24))  # __getitem__ returns views of these tensors
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2, "backend": backend}
+    with CachedLoader(dataset, batch_size=4, nb_worker=workers, shuffle=False, cache_setting=cache, seed=0,
+                      read_transform=negate_in_place, use_threading=False) as loader:
+        for _ in range(4):  # generate, read, generate, read
+            assert [float(x) for b in loader for x in b[0][:, 0]] == [-float(i) for i in range(24)]
+        assert torch.equal(dataset.tensors[0], data), "the dataset's own tensors were changed"
+        store = loader.store
+        reader = store.reader()
+        assert [float(reader[i][0][0]) for i in range(24)] == [float(i) for i in range(24)], "the store changed"
+        reader.close()
+
+
+def draws_globally(sample, rng):
+    sample["py"], sample["torch"] = random.random(), float(torch.rand(1))
+    return sample
+
+
+@pytest.mark.parametrize("threads", [False, True], ids=["in-process", "threads"])
+def test_read_transform_gives_the_loops_generators_back(threads):
+    """The loop's own draws depend on its seed, not on the transform's reseeding."""
+    def loop_draws(seed: int) -> list[float]:
+        torch.manual_seed(seed)
+        random.seed(seed)
+        draws = []
+        with CachedLoader(ArangeDataset(8), batch_size=2, nb_worker=2 if threads else 0, use_threading=threads,
+                          shuffle=False, seed=0, read_transform=draws_globally) as loader:
+            for _ in loader:
+                draws += [float(torch.rand(1)), random.random()]
+        return draws
+
+    assert loop_draws(1) != loop_draws(2)
+    torch.manual_seed(1)
+    random.seed(1)
+    expected = []
+    for _ in range(4):
+        expected += [float(torch.rand(1)), random.random()]
+    if not threads:  # threads' draws interleave with the loop's, but never reseed it
+        assert loop_draws(1) == expected

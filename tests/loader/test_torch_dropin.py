@@ -27,3 +27,66 @@ def test_an_uneven_distributed_sampler_without_a_cache_serves_no_duplicate(worke
     for epoch in range(2):
         every_rank = [x for part in served[epoch::2] for x in part]
         assert len(every_rank) == 8 and len(set(every_rank)) == 8, every_rank
+
+
+class EveryFifthFails:
+    """Samples 3, 8, 13, ... raise NotImplementedError (torch's ErrorDataset raises for every one)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if index % 5 == 3:
+            raise NotImplementedError(f"sample {index} is broken")
+        return index
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("cached", [False, True], ids=["nocache", "cache"])
+def test_a_dataset_error_is_raised_for_its_batch_and_the_epoch_goes_on(workers, cached, tmp_path):
+    cache = {"prefix": str(tmp_path / "c")} if cached else None
+    with CachedLoader(EveryFifthFails(20), batch_size=2, nb_worker=workers, shuffle=False,
+                      cache_setting=cache) as loader:
+        for _ in range(2):  # a generate epoch with failures keeps its generation partial: the next computes
+            it, served, errors = iter(loader), [], 0
+            while True:
+                try:
+                    served.append([int(x) for x in next(it)])
+                except NotImplementedError as exc:
+                    errors += 1
+                    assert exc.sample_index % 5 == 3
+                except StopIteration:
+                    break
+            assert errors == 4
+            assert served == [[0, 1], [4, 5], [6, 7], [10, 11], [14, 15], [16, 17]]
+
+
+# Created in the default context (fork): multiprocessing refuses to hand them to a spawned process, as it
+# does for torch's workers.
+@pytest.mark.parametrize("start_method", ["fork", "auto"])
+def test_a_dataset_holding_an_mp_value_reaches_the_workers_as_they_start(start_method):
+    from .torch_datasets import SharedCounterDataset
+
+    dataset = SharedCounterDataset(8)
+    with CachedLoader(dataset, batch_size=2, nb_worker=2, shuffle=False, start_method=start_method) as loader:
+        assert sorted(int(x) for b in loader for x in b) == list(range(8))
+    assert dataset.count.value == 8, "the workers incremented the training process's shared value"
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_come_back_from_workers():
+    dataset = [torch.nested.nested_tensor([torch.arange(float(i + 1))]) for i in range(6)]
+    with CachedLoader(dataset, batch_size=1, nb_worker=2, shuffle=False, collate_fn=lambda samples: samples) as loader:
+        served = [batch[0] for batch in loader]
+    assert len(served) == 6
+    for got, expected in zip(served, dataset):
+        assert got.is_nested and torch.equal(got.unbind()[0], expected.unbind()[0])
+
+
+def test_a_worker_timeout_is_torchs_runtime_error():
+    from loader.errors import WorkerTimeoutError
+
+    assert issubclass(WorkerTimeoutError, RuntimeError)

@@ -56,3 +56,11 @@ def test_worker_info_with_a_cache_in_generate_epochs(tmp_path):
                       worker_init_fn=set_handle_from_worker_info, start_method="spawn") as loader:
         rows = served(loader)
     assert all(r["handle"] == 100 + r["id"] and r["id"] in (0, 1) for r in rows), rows
+
+
+def test_the_iterator_names_its_workers_as_torchs_does():
+    # torch's test of get_worker_info matches each sample's pid with `iter(loader)._workers`.
+    with CachedLoader(WorkerInfoDataset(4), batch_size=2, nb_worker=2, shuffle=False, start_method="fork") as loader:
+        it = iter(loader)
+        next(it)
+        assert sorted(w.pid for w in it._workers) == sorted(loader.worker_pids())

@@ -55,3 +55,24 @@ def set_handle_from_worker_info(worker_id: int) -> None:
     info = torch.utils.data.get_worker_info()
     assert info is not None and info.id == worker_id
     info.dataset.handle = 100 + worker_id
+
+
+class SharedCounterDataset(torch.utils.data.Dataset):
+    """Holds an ``mp.Value`` that every worker increments: multiprocessing hands it over only while a
+    worker process starts (torch's SynchronizedDataset does the same with a Semaphore)."""
+
+    def __init__(self, n: int = 8) -> None:
+        import multiprocessing
+
+        self.n = n
+        self.count = multiprocessing.Value("i", 0, lock=True)
+        self.barrier = multiprocessing.Semaphore(1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        with self.barrier:
+            with self.count.get_lock():
+                self.count.value += 1
+        return index

@@ -87,6 +87,8 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             yield from self.place.batches(plan, stats, ComputeWork(build, plan.unserved, plan.repeats), filling)
             if build is not None and filling is not None and not filling.done:
                 self._leave_fill(filling, stats)
+            elif build is not None and stats.extra.get("failed_batches"):
+                self._break_off(build)  # the failed batches' samples are missing: kept, a partial generation
             elif build is not None:
                 self._finish(build, stats)
             finished = True

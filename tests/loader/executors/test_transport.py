@@ -84,12 +84,15 @@ class WithLock(ArangeDataset):
 
 
 def test_what_cannot_be_sent_is_refused_naming_the_attribute(no_leaks):
-    with pytest.raises(NotImportableError, match=r"dataset\.lock cannot be sent") as info:
-        CachedLoader(WithLock(4), batch_size=2, nb_worker=2)
+    # Checked as the workers start, at the first iter() (torch's workers get the dataset then too).
+    with CachedLoader(WithLock(4), batch_size=2, nb_worker=2) as loader:
+        with pytest.raises(NotImportableError, match=r"dataset\.lock cannot be sent") as info:
+            iter(loader)
     assert isinstance(info.value, CacheStoreError) and isinstance(info.value, ValueError)
     assert "use_threading=True" in str(info.value) and "nb_worker=0" in str(info.value)
-    with pytest.raises(NotImportableError, match=r"dataset_params\['transform'\] cannot be sent"):
-        CachedLoader(TransformDataset, {"n": 4, "transform": threading.Lock()}, batch_size=2, nb_worker=2)
+    with CachedLoader(TransformDataset, {"n": 4, "transform": threading.Lock()}, batch_size=2, nb_worker=2) as loader:
+        with pytest.raises(NotImportableError, match=r"dataset_params\['transform'\] cannot be sent"):
+            iter(loader)
 
 
 @pytest.mark.parametrize("kwargs", [{"nb_worker": 0}, {"nb_worker": 2, "use_threading": True},
