@@ -66,16 +66,33 @@ class StreamEpoch(EpochKind[StreamPlan]):
         return 0  # unknown
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
-        plan, served = self.plan, 0
-        for _worker, count, batch in self.ctx.streams().items(plan.epoch, collate=True):
+        plan, served, arrived = self.plan, 0, 0
+        # read_transform needs the samples (seeded by their arrival position): collated here, then
+        transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
+        for _worker, count, batch in self.ctx.streams().items(plan.epoch, collate=not transforms):
             stats.computed += count
             served += 1
+            arrived += count
             if served <= plan.skip:
                 continue  # served before the resume: the stream is iterated again up to here
+            self._check_length(served)
+            if transforms:
+                yield self._serve(list(enumerate(batch, arrived - count)), stats)
+                continue
             stats.batches += 1
             stats.samples += count
-            self._check_length(served)
             yield batch
+
+    def _serve(self, batch: list[tuple[int, Sample]], stats: EpochStats) -> Batch:
+        """One batch of ``(index, sample)``: through ``read_transform``, collated."""
+        s, plan = self.ctx.settings, self.plan
+        samples: list[Any] = [sample for _i, sample in batch]
+        if s.read_transform is not None and plan.transform_seed is not None:
+            samples = [transform(s.read_transform, sample, plan.transform_seed, plan.epoch, i)
+                       for (i, _), sample in zip(batch, samples)]
+        stats.batches += 1
+        stats.samples += len(samples)
+        return self.ctx.producer.collate(samples)
 
     def _check_length(self, served: int) -> None:
         """torch's warning when more batches come than the ``len(loader)`` the loop was told."""
@@ -150,17 +167,6 @@ class StreamGenerateEpoch(StreamEpoch):
             if not finished and ctx.res.stream_writer is not None:
                 ctx.res.stream_writer = None
                 writer.keep()
-
-    def _serve(self, batch: list[tuple[int, Sample]], stats: EpochStats) -> Batch:
-        """One batch of ``(index, sample)``: through ``read_transform``, collated."""
-        s, plan = self.ctx.settings, self.plan
-        samples: list[Any] = [sample for _i, sample in batch]
-        if s.read_transform is not None and plan.transform_seed is not None:
-            samples = [transform(s.read_transform, sample, plan.transform_seed, plan.epoch, i)
-                       for (i, _), sample in zip(batch, samples)]
-        stats.batches += 1
-        stats.samples += len(samples)
-        return self.ctx.producer.collate(samples)
 
     def _commit(self, count: int, stats: EpochStats) -> None:
         """The end of the stream: the generation holds `count` samples."""

@@ -125,3 +125,13 @@ def test_several_consumers(tmp_path) -> None:
     for rank in range(2):
         with CachedLoader(Counting(8), batch_size=4, num_workers=0, nb_consumer=2, consumer_index=rank) as loader:
             assert served(loader) == list(range(8))
+
+
+def test_read_transform_without_a_cache() -> None:
+    def plus(sample: dict, rng: np.random.Generator) -> dict:
+        return {"i": sample["i"], "x": sample["x"] + rng.integers(1, 100)}
+
+    with CachedLoader(Counting(8), batch_size=4, num_workers=2, read_transform=plus) as loader:
+        batches = list(loader)
+    assert sorted(v for b in batches for v in np.asarray(b["i"]).tolist()) == list(range(8))
+    assert all((np.asarray(b["x"])[:, 0] > np.asarray(b["i"])).all() for b in batches)
