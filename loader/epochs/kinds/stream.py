@@ -22,8 +22,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from cachestore.errors import BudgetExceededError
+from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
 
+from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.producer import transform
 from ..context import EpochContext
@@ -117,7 +118,14 @@ class StreamGenerateEpoch(StreamEpoch):
     def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
         """The epoch, its generation opened for writing (the store's writer lock: one writer at a time)."""
         assert ctx.cache is not None and plan.generation is not None
-        ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+        try:
+            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+        except StoreLockedError:
+            # Another job iterates the same stream into this store: wait for it, then read what it committed.
+            wait_for_writer(ctx.cache.settings, ctx.layout, ctx.settings.timeout)
+            if plan.generation in ctx.cache.committed():
+                raise GenerationCommitted(f"generation {plan.generation} was committed by another job") from None
+            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
         return cls(ctx, place, plan)
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:

@@ -22,7 +22,7 @@ def test_the_second_job_waits_and_reads(tmp_path) -> None:
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as a:
         try:
             assert a.stdout is not None and a.stdin is not None
-            assert a.stdout.readline().strip() == "writing"  # job A holds the store's writer lock now
+            assert a.stdout.readline().strip() == "writing 0"  # job A holds the store's writer lock now
             loader = CachedLoader(Counting(50, log), batch_size=5, num_workers=0, shuffle=True, timeout=60,
                                   cache_setting={"prefix": prefix})
             got: list = []
@@ -48,3 +48,33 @@ def test_the_second_job_waits_and_reads(tmp_path) -> None:
         finally:
             a.kill()
             a.wait(30)
+
+
+def test_a_job_that_finds_the_next_generation_being_written_reads_what_is_committed(tmp_path) -> None:
+    """update_frequency=2: both jobs read generation 0; while job A writes generation 1 (its epoch 2), job B's
+    epoch 2 reads generation 0, as for map-style data, and its epoch 3 reads the generation A committed: the
+    stream is never iterated twice for one generation."""
+    prefix, log = str(tmp_path / "cache"), str(tmp_path / "log")
+    cache = {"prefix": prefix, "update_frequency": 2}
+    with CachedLoader(Counting(50, log), batch_size=5, num_workers=0, cache_setting=cache) as first:
+        list(first)  # generation 0, written here
+    with subprocess.Popen([sys.executable, "-m", "tests.loader.streams.writing_job", prefix, log, "2"], cwd=ROOT,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as a:
+        try:
+            assert a.stdout is not None and a.stdin is not None
+            with CachedLoader(Counting(50, log), batch_size=5, num_workers=0, shuffle=True, timeout=60,
+                              cache_setting=cache) as loader:
+                for _ in range(2):
+                    list(loader)  # epochs 0 and 1 read generation 0
+                assert a.stdout.readline().strip() == "writing 2"  # A holds the writer lock of generation 1
+                assert sorted(int(v) for b in loader for v in np.asarray(b["i"])) == list(range(50))
+                assert (loader.epoch_stats[-1].mode.value, loader.epoch_stats[-1].generation) == ("read", 0)
+                a.stdin.write("go\n")
+                a.stdin.flush()
+                assert a.stdout.readline().strip() == "committed True"
+                assert sorted(int(v) for b in loader for v in np.asarray(b["i"])) == list(range(50))
+                assert (loader.epoch_stats[-1].mode.value, loader.epoch_stats[-1].generation) == ("read", 1)
+        finally:
+            a.kill()
+            a.wait(30)
+    assert iterations(log) == 2  # generation 0 here, generation 1 in A
