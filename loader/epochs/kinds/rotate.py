@@ -34,6 +34,6 @@ class RotateEpoch(EpochKind[RotatePlan]):
         ctx, plan = self.ctx, self.plan
         s, rotation, window = ctx.settings, ctx.state.rotation, ctx.res.window
         assert rotation is not None and window is not None
-        fresh = stream_fresh(ctx, plan, stats) if s.dataset.stream else self.place.fresh(plan, stats)
+        fresh = stream_fresh(ctx, plan) if s.dataset.stream else self.place.fresh(plan, stats)
         yield from rotation_epoch(plan, stats, rotation.rotation, window, s.batch_size, s.drop_last, ctx.state.seed,
                                   fresh, s.collate_fn or stack_samples, s.read_transform)

@@ -194,7 +194,7 @@ class StreamGenerateEpoch(StreamEpoch):
                  info.num_samples, info.nbytes, len(removed))
 
 
-def stream_fresh(ctx: EpochContext, plan: RotatePlan, stats: EpochStats) -> FreshSamples:
+def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
     """The fresh samples of a rotation epoch over a stream: its next samples, as many as each array of
     positions asks for (the stream is iterated once per epoch, by its workers, in torch's turn)."""
 
