@@ -168,11 +168,18 @@ def _first_epoch(results: dict, sizes: dict) -> None:
 
 
 #: Each scenario's runner, in the order of :data:`benchmarks.config.SCENARIOS`.
+def _streams(results: dict, sizes: dict) -> None:
+    from .streams import streams_scenario
+
+    _log("  streams")
+    results["streams"] = streams_scenario(workers=WORKERS, batch_size=BATCH, **sizes["streams"])
+
+
 RUNNERS: dict[str, Callable[[dict, dict], None]] = {
     "memcpy": _memcpy, "memory": _memory, "expensive": _expensive, "rotation": _rotation,
     "read_transform": _read_transform, "training_step": _training_step, "setup_time": _setup_time,
     "throughput": _throughput, "latency": _latency, "larger_than_memory": _larger_than_memory, "sweep": _sweep,
-    "torchrun": _torchrun, "remote": _remote, "first_epoch": _first_epoch}
+    "torchrun": _torchrun, "remote": _remote, "first_epoch": _first_epoch, "streams": _streams}
 
 
 _T0 = [time.perf_counter()]  # reset by main()

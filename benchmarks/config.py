@@ -19,7 +19,9 @@ SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "read_transform", "tra
              # the remote tier against a local SeaweedFS (remote.py): about a minute of a full run
              "remote",
              # construction and first epoch against torch's (first_epoch.py): about a minute of a full run
-             "first_epoch"]
+             "first_epoch",
+             # webdataset tar shards cached against webdataset's shuffle buffer (streams.py): about 2 minutes
+             "streams"]
 
 #: Sizes of a full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
@@ -32,7 +34,8 @@ SIZES: dict[str, dict[str, Any]] = {
              # stores of 2 GB read under a 512 MiB limit (why these: benchmarks/larger_than_memory.py)
              "larger_than_memory": {"limit_mib": 512, "store_mb": 2000, "budget_s": 15},
              "sweep": {"n": 600, "repeats": 2}, "torchrun": {"n": 800, "repeats": 2},
-             "remote": {"mb": 256, "repeats": 3}, "first_epoch": {"n": 640, "repeats": 3}},
+             "remote": {"mb": 256, "repeats": 3}, "first_epoch": {"n": 640, "repeats": 3},
+             "streams": {"shards": 8, "per_shard": 1000, "epochs": 6, "buffer": 1000, "repeats": 2}},
     "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
               "rotation": {"n": 300, "repeats": 2}, "read_transform": {"n": 300, "repeats": 1},
               "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
@@ -41,7 +44,8 @@ SIZES: dict[str, dict[str, Any]] = {
               "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1},
               "larger_than_memory": {"limit_mib": 384, "store_mb": 1250, "budget_s": 4},
               "sweep": {"n": 200, "repeats": 1}, "torchrun": {"n": 400, "repeats": 1},
-              "remote": {"mb": 96, "repeats": 1}, "first_epoch": {"n": 320, "repeats": 2}},
+              "remote": {"mb": 96, "repeats": 1}, "first_epoch": {"n": 320, "repeats": 2},
+              "streams": {"shards": 8, "per_shard": 250, "epochs": 6, "buffer": 1000, "repeats": 1}},
 }
 COST, WORKERS, BATCH, TP_BATCH, STEP = 0.005, 2, 64, 256, 0.08
 #: CPU seconds the set-up scenario's training process spends building its "model" (the set-up target: >= 1 s).

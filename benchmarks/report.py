@@ -291,6 +291,10 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
         from .larger_than_memory import markdown_section
 
         out += markdown_section(results["larger_than_memory"]) + [""]
+    if results.get("streams"):
+        from .streams import markdown_section as streams_section
+
+        out += streams_section(results["streams"]) + [""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

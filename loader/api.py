@@ -14,9 +14,10 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, Arguments, parse_arguments, resolve_aliases, warn_excessive_workers
+from .arguments import DEFAULT_QUEUE, Arguments, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import consumer_layout, decide_scope
+from .cache.streams import committed_length, wait_for_writer
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -29,7 +30,7 @@ from .executors.process.shm import sweep_dead_segments
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
-from .state import EpochCursor, check_state, known_length, make_state
+from .state import EpochCursor, check_state, known_length, make_state, stream_length
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +159,11 @@ class CachedLoader(LoaderAttributes):
         self.epoch_stats: list[EpochStats] = []
         self._cursor = EpochCursor()
         self._runner: EpochRunner | None = None
+        self._len_told: int | None = None  # what len(loader) said of a stream not written yet
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
-        self.num_samples = len(self.dataset)
+        self.num_samples = self._data_length()
         self.settings = s = decide_scope(s, self.num_samples)  # before anything is written
         self._producer = BatchProducer(self.dataset, s.collate_fn, "main", s.allow_pickle, hands_out=True,
                                        read_transform=s.read_transform)
@@ -205,13 +207,32 @@ class CachedLoader(LoaderAttributes):
         s.dataset.memo.clear()
         sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
+        self._runner.ctx.stream_len_called = self._len_told
+
+    def _data_length(self, wait: bool = False) -> int:
+        """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
+        its next epoch iterates it). With `wait`, before the first epoch, what another job writing the
+        store now commits counts too (it is waited for)."""
+        s = self.settings
+        if not s.dataset.stream:
+            return len(self.dataset)
+        if s.rotation is not None:  # each epoch rotates through this many samples of the stream
+            return s.rotation.stream_samples or len(self.dataset)
+        if s.cache is None:
+            return 0
+        if self._runner is not None and self._runner.ctx.cache is not None:
+            committed = self._runner.ctx.cache.committed()
+            return committed[max(committed)].num_samples if committed else 0
+        if wait and self._runner is None:
+            wait_for_writer(s.cache, self._layout(0), s.timeout)  # another job writing this stream: its result
+        return committed_length(s.cache, self._layout(0), s.dataset)
 
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
         gets a new runner, whose layout, fingerprint (the length is part of it: another store's
         samples) and workers (with the dataset as it is) are its own; the old one's parts are
         released as at close (a generation being written is kept as a partial one)."""
-        n = len(self.dataset)
+        n = self._data_length(wait=True)
         if n == self.num_samples:
             return
         if self._cursor.loaded is not None:
@@ -252,10 +273,23 @@ class CachedLoader(LoaderAttributes):
     def __len__(self) -> int:
         """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
         serves more from the next ``iter()`` on)."""
+        n = self._batches()
+        if self.settings.dataset.stream and not self._data_length():
+            # torch warns when a stream yields more than this said (NOTE [ IterableDataset and __len__ ])
+            self._len_told = len(self.dataset)
+            if self._runner is not None:
+                self._runner.ctx.stream_len_called = self._len_told
+        return n
+
+    def _batches(self) -> int:
+        """``len(self)``, told nobody."""
         s, rotation = self.settings, self.rotation
+        if s.dataset.stream and not self._data_length():
+            return stream_length(self.dataset, s.batch_size if not isinstance(s.collate_fn, Unbatched) else None,
+                                 s.drop_last)
         if s.sampling is not None and rotation is None:
             return sampled_length(s.sampling, s.batch_size, s.drop_last)
-        layout = self._layout(len(self.dataset))
+        layout = self._layout(self._data_length())
         if rotation is not None:
             return len(batch_sizes(layout.per_consumer, rotation.rotation, s.batch_size, s.drop_last))
         return layout.batches(s.batch_size, s.drop_last)
@@ -280,7 +314,8 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
-        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self), owner=self)
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches),
+                                    owner=self)
 
     # ------------------------------------------------------------------ resuming
     @property
@@ -336,9 +371,9 @@ class CachedLoader(LoaderAttributes):
         return self._res.store
 
     def worker_pids(self) -> list[int]:
-        """Pids of the worker processes (empty for ``nb_worker=0``, threads or Ray actors)."""
-        executor = self._res.executor
-        return [] if executor is None else executor.pids()
+        """Pids of the worker processes (a stream's too; empty for ``nb_worker=0``, threads or Ray actors)."""
+        executor, streams = self._res.executor, self._res.streams
+        return ([] if executor is None else executor.pids()) + ([] if streams is None else streams.pids())
 
     def close(self) -> None:
         """Stop workers, release shared memory, keep an unfinished generation as a partial one, which the

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .cache.refresh import decide_refresh
-from .dataset import DatasetSource
+from .dataset import DatasetSource, endless, is_stream
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
 from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least
@@ -212,9 +212,8 @@ def _refused_as_torch(a: Arguments) -> None:
             raise ValueError(f"{name} option should be non-negative" + (
                 f"; use num_workers=0 to disable multiprocessing. (nb_worker={value})" if name == "num_workers"
                 else f" (timeout={value})"))
-    if not any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data")
-               for k in type(a.dataset).__mro__):
-        return
+    if not is_stream(a.dataset) or a.cache_setting is not None or a.rotation_setting is not None:
+        return  # a stream with a cache or rotation is random-access from its second epoch: shuffle, samplers
     if a.shuffle not in (False, None):
         raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
                          f"shuffle={a.shuffle}")
@@ -222,6 +221,32 @@ def _refused_as_torch(a: Arguments) -> None:
         if value is not None:
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
                              f"{name}={value}")
+
+
+def _stream_checks(a: Arguments, cache: CacheSettings | None, rotation: RotationSettings | None) -> None:
+    """What a stream (an iterable dataset) cannot take, refused before anything starts."""
+    dataset = a.dataset
+    if not is_stream(dataset):
+        return
+    if a.use_threading:
+        raise ValueError("a stream is iterated by worker processes, each with its own copy (as torch's DataLoader "
+                         "does): use_threading=True is not supported with an iterable dataset")
+    if a.executor != "process":
+        raise ValueError(f"a stream is iterated by local worker processes: executor={a.executor!r} is not "
+                         "supported with an iterable dataset")
+    unknown = endless(dataset) or not hasattr(dataset, "__len__")
+    if rotation is not None and rotation.stream_samples is None and unknown:
+        raise ValueError("rotation over a stream serves a number of its samples each epoch: give the stream a "
+                         "__len__, or rotation_setting={..., 'stream_samples': N} (required for an endless stream)")
+    consumers = a.nb_consumer if a.nb_consumer is not None else distributed_defaults()[0]
+    if cache is not None and isinstance(consumers, int) and consumers > 1:
+        raise ValueError(f"a cache of an iterable dataset with several consumers (nb_consumer={consumers}) is not "
+                         "supported yet: the ranks of a node would have to write their streams into one generation. "
+                         "Without a cache each rank iterates its own stream, as with torch's DataLoader")
+    if cache is not None and cache.stream_samples is None and endless(dataset):
+        raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
+                         "a cache needs to know where its generation ends. Give cache_setting={..., "
+                         "'stream_samples': N}: the first N samples of the stream make the generation")
 
 
 def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
@@ -269,8 +294,10 @@ def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
                            nb_consumer=int(getattr(sampler, "num_replicas")),
                            consumer_index=int(getattr(sampler, "rank")), seed=sampler_seed)
     else:
+        # A stream comes in its own order unless asked (as torch); shuffle=True shuffles its cached epochs.
+        default = sampler is None and batch_sampler is None and not is_stream(a.dataset)
         out = TorchChoices(
-            shuffle=shuffle if shuffle is not None else (sampler is None and batch_sampler is None),
+            shuffle=shuffle if shuffle is not None else default,
             sampling=(Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
                       if sampler is not None or batch_sampler is not None else None))
     out = dataclasses.replace(out, worker_init_fn=_callable("worker_init_fn", a.worker_init_fn))
@@ -344,8 +371,9 @@ def parse_arguments(a: Arguments) -> LoaderSettings:
                          f"got {start_method!r}")
     cache = CacheSettings.parse(a.cache_setting) if a.cache_setting is not None else None
     if cache is not None:
-        cache = decide_refresh(cache, workers)
+        cache = decide_refresh(cache, workers, stream=is_stream(a.dataset))
     rotation = RotationSettings.parse(a.rotation_setting) if a.rotation_setting is not None else None
+    _stream_checks(a, cache, rotation)
     if cache is not None and rotation is not None:
         raise ValueError("cache_setting and rotation_setting cannot be combined: a cache keeps every sample, "
                          "rotation a window of them. Use cache_setting={..., 'on_budget_exceeded': 'rotate'} "

@@ -9,6 +9,7 @@ open (as torch's ``DataLoader`` does). Everything else is typed.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TypeAlias, runtime_checkable
 
@@ -39,6 +40,28 @@ class Dataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Sample: ...
+
+
+def is_stream(dataset: object) -> bool:
+    """Whether `dataset` (an instance or a class) is a stream: a ``torch.utils.data.IterableDataset``, or
+    anything iterable without ``__getitem__`` (its samples come in order, never by index)."""
+    klass = dataset if isinstance(dataset, type) else type(dataset)
+    if any(k.__name__ == "IterableDataset" and k.__module__.startswith("torch.utils.data") for k in klass.__mro__):
+        return True
+    return hasattr(klass, "__iter__") and not hasattr(klass, "__getitem__")
+
+
+def endless(dataset: object) -> bool:
+    """Whether stream `dataset` says it never ends: an attribute ``endless = True``, webdataset's
+    ``resampled=True`` (shards drawn with replacement for ever) without ``with_epoch``, or a pipeline
+    repeated for ever."""
+    if getattr(dataset, "endless", False) is True:  # a stream may say so itself
+        return True
+    stages = getattr(dataset, "pipeline", None)
+    if not isinstance(stages, list) or getattr(dataset, "nsamples", -1) > 0:
+        return False
+    resampled = any(type(stage).__name__ == "ResampledShards" for stage in stages)
+    return resampled or getattr(dataset, "repetitions", 1) == sys.maxsize
 
 
 @dataclass(frozen=True)
@@ -73,10 +96,15 @@ class DatasetSource:
             raise TypeError("dataset_params are the keyword arguments of a dataset class; this dataset is an "
                             f"instance ({type(dataset).__qualname__}) already built: pass it alone, or pass its "
                             "class with dataset_params")
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise TypeError(f"dataset must be a map-style dataset (with __len__ and __getitem__), or its class; "
-                            f"got {dataset!r}")
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) and not is_stream(dataset):
+            raise TypeError(f"dataset must be a map-style dataset (with __len__ and __getitem__), a stream (an "
+                            f"IterableDataset, or an iterable without __getitem__), or its class; got {dataset!r}")
         return cls(type(dataset), {}, dataset)  # type: ignore[arg-type]
+
+    @property
+    def stream(self) -> bool:
+        """Whether the dataset is a stream (:func:`is_stream`): iterated, never indexed."""
+        return is_stream(self.dataset_class)
 
     def build(self) -> Dataset:
         """The dataset: the instance, or a new one built from the class."""

@@ -74,6 +74,8 @@ class Resources:
         self.remote: RemoteTier | None = None  # the cache's remote: its publishes are waited for at close
         self.window: RotationWindow | None = None
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
+        self.streams: Any = None  # a stream's workers (loader.executors.process.streams)
+        self.stream_writer: Any = None  # the generation a stream's epoch writes: kept as a partial one
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
@@ -126,6 +128,8 @@ class Resources:
                 first = first or exc
 
         step("executor", lambda executor: executor.shutdown())
+        step("streams", lambda streams: streams.close())
+        step("stream_writer", lambda writer: writer.keep())
         try:
             self.keep_builds()
         except BaseException as exc:

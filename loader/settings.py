@@ -169,6 +169,13 @@ class CacheSettings:
     remote is an error within ``start_timeout`` seconds, else a warning),
     ``part_timeout`` (seconds before the other nodes compute a part nobody
     published): :mod:`loader.cache.remote`.
+    For a stream (an iterable dataset):
+    ``stream_buffer`` the shuffle buffer, in samples, its generate epochs serve
+    through with ``shuffle=True`` (default 1000, as webdataset's usual
+    ``shuffle(1000)``: a few batches mixed for as little memory as a thousand
+    samples take; later epochs are global permutations of the cache, and 0
+    serves the generate epoch in arrival order); ``stream_samples`` the first N
+    samples of the stream make the generation (required for an endless stream).
 
     Examples
     --------
@@ -197,6 +204,8 @@ class CacheSettings:
     part_timeout: float = 600.0
     nb_node: int | None = None
     node_rank: int | None = None
+    stream_buffer: int = 1000
+    stream_samples: int | None = None
 
     def __post_init__(self) -> None:
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
@@ -233,6 +242,12 @@ class CacheSettings:
             from .remote_setting import check_remote_settings
 
             check_remote_settings(self)
+        if isinstance(self.stream_buffer, bool) or not isinstance(self.stream_buffer, int) or self.stream_buffer < 0:
+            raise ValueError(f"cache_setting['stream_buffer'] must be a number of samples >= 0, "
+                             f"got {self.stream_buffer!r}")
+        n = self.stream_samples
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"cache_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
 
     @classmethod
     def parse(cls, setting: object) -> CacheSettings:
@@ -284,8 +299,12 @@ class RotationSettings:
     rotation: int = 0
     size: int | None = None
     prefix: str | None = None
+    stream_samples: int | None = None  # a stream's samples per epoch (default: its len())
 
     def __post_init__(self) -> None:
+        n = self.stream_samples
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"rotation_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
         if self.medium not in ("memory", "disk"):
             raise ValueError(f"rotation_setting['medium'] must be 'memory' or 'disk', got {self.medium!r}")
         check_int("rotation_setting['rotation']", self.rotation, 2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sized
+from typing import Callable, Iterator
 
 from cachestore.errors import FingerprintError
 
@@ -153,7 +153,9 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     window = state.get("rotation_window")
     _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
     ranks = state.get("ranks")
-    if layout.node_scope:
+    if settings.dataset.stream and not samples_per_epoch:
+        batches = None  # a stream not written yet: as many batches as it yields
+    elif layout.node_scope:
         _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
                "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)
@@ -175,10 +177,29 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                        ranks if layout.node_scope and isinstance(ranks, int) else None)
 
 
-def known_length(loader: Sized) -> int | None:
-    """``len(loader)``, ``None`` when it has none (a sampler without ``len()``)."""
+def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> int:
+    """``len(loader)`` of a stream not written yet, as torch's: from the stream's ``len()``.
+
+    Raises
+    ------
+    TypeError
+        The stream has no ``len()`` (as torch's ``DataLoader`` says it): its length is known once a
+        cache holds it.
+    """
     try:
-        return len(loader)
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"object of type '{type(dataset).__name__}' has no len(): a stream's length is known once "
+                        "its generation is committed (a cache_setting, after the first epoch)") from None
+    if batch_size is None:
+        return n
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def known_length(length: Callable[[], int]) -> int | None:
+    """``length()`` (the loader's ``len``), ``None`` when it has none (a sampler without ``len()``)."""
+    try:
+        return length()
     except TypeError:
         return None
 
@@ -230,7 +251,11 @@ class EpochIterator:
     def _workers(self) -> list[object]:
         """torch's iterator attribute that code written for it reads: the worker processes' handles (each
         with its ``pid``), by worker id; empty without worker processes."""
-        executor = getattr(getattr(self._owner, "_res", None), "executor", None)
+        res = getattr(self._owner, "_res", None)
+        streams = getattr(res, "streams", None)  # a stream's workers (loader.executors.process.streams)
+        if getattr(streams, "procs", None):
+            return list(streams.procs)  # type: ignore[union-attr]
+        executor = getattr(res, "executor", None)
         workers = getattr(executor, "workers", None)
         return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
                 if getattr(w, "pid", None) is not None] if workers else []

@@ -279,6 +279,10 @@ def params_hash(params: Any) -> str:
 
 # --------------------------------------------------------------------- the fingerprint
 
+#: The length a stream's fingerprint records: a stream's length is what its generation holds.
+STREAM_LENGTH = -1
+
+
 def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[int, int],
                         fingerprint: str | None = None) -> dict[str, object]:
     """The fingerprint recorded in (and checked against) a store.
@@ -308,6 +312,8 @@ def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[in
         Part of the dataset cannot be hashed by value (the message names it, e.g.
         ``dataset.transform.transforms[2].fn``) and no `fingerprint` was given.
     """
+    if dataset.stream:
+        length = STREAM_LENGTH  # a stream's generations hold what it yielded, whatever the loader knew of it
     if fingerprint is not None:
         if not isinstance(fingerprint, str) or not fingerprint:
             raise TypeError(f"an explicit fingerprint must be a non-empty string, got {fingerprint!r}")

@@ -49,7 +49,7 @@ CHUNKS_PER_WORKER = 4
 CHUNK_DIVISOR = 8
 
 
-def decide_refresh(cache: CacheSettings, nb_worker: int) -> CacheSettings:
+def decide_refresh(cache: CacheSettings, nb_worker: int, stream: bool = False) -> CacheSettings:
     """`cache` with ``background_refresh`` decided for the loader's life (see the module docstring):
     ``"auto"`` stays on where a refresh can run and turns ``False`` (said in one log line) where it
     never can; ``True`` insists, and still raises later when the budget has no room for it.
@@ -61,7 +61,7 @@ def decide_refresh(cache: CacheSettings, nb_worker: int) -> CacheSettings:
     """
     if cache.background_refresh is False:
         return cache
-    why = _refresh_impossible(cache, nb_worker)
+    why = _refresh_impossible(cache, nb_worker, stream)
     if why is None:
         return cache
     if cache.background_refresh is True:
@@ -71,10 +71,13 @@ def decide_refresh(cache: CacheSettings, nb_worker: int) -> CacheSettings:
     return dataclasses.replace(cache, background_refresh=False)
 
 
-def _refresh_impossible(cache: CacheSettings, nb_worker: int) -> str | None:
-    """Why a background refresh can never run with these settings (``None`` when it can)."""
+def _refresh_impossible(cache: CacheSettings, nb_worker: int, stream: bool) -> str | None:
+    """Why a background refresh can never run with these settings (``None`` when it can); `stream`: the
+    dataset is an iterable one."""
     if not cache.rewrites:
         return "update_frequency is math.inf, so no generation is ever refreshed"
+    if stream:
+        return "a stream is iterated again, in order, in the epoch that writes its next generation"
     if not get_backend(cache.backend).persistent:
         return f"the {cache.backend!r} backend lives in this process, where no idle worker can write it"
     if nb_worker == 0:

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cachestore import Store, codec, records
+from cachestore import GenerationWriter, Store, codec, records
 
 from ..cache.build import CacheResources, GenerationBuild
 from ..cache.controller import CacheController
@@ -20,6 +20,7 @@ from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
+from ..executors.process.streams import InlineStream, StreamWorkers
 from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
@@ -41,6 +42,8 @@ class EpochResources(CacheResources, ThreadsResource, Protocol):
     window: RotationWindow | None
     build: GenerationBuild | None
     remote: RemoteTier | None
+    streams: StreamWorkers | InlineStream | None  # a stream's workers, or its iterator in this process
+    stream_writer: GenerationWriter | None  # the generation a stream's epoch writes
 
 
 @dataclass
@@ -76,6 +79,22 @@ class EpochContext:
         self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
         self.refresh: BackgroundRefresh | None = None
+        #: What ``len(loader)`` said of a stream not cached yet (torch warns when more batches come).
+        self.stream_len_called: int | None = None
+
+    def streams(self) -> StreamWorkers | InlineStream:
+        """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""
+        if self.res.streams is None:
+            s = self.settings
+            collate = self.producer.collate
+            if s.nb_worker == 0:
+                self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate)
+            else:
+                self.res.streams = StreamWorkers(s.dataset, s.nb_worker, s.seed, s.batch_size, s.drop_last, collate,
+                                                 s.worker_init_fn, max(1, s.max_queue_size // s.nb_worker),
+                                                 s.timeout, s.start_method)
+        streams: StreamWorkers | InlineStream = self.res.streams
+        return streams
 
     def kill_executor(self) -> None:
         """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""

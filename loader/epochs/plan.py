@@ -86,6 +86,32 @@ class RotatePlan(EpochPlan):
 
 
 @dataclass
+class StreamPlan(EpochPlan):
+    """Iterate a stream (an iterable dataset) once and serve what it yields, in torch's order.
+
+    With ``generation`` (a cache with no committed generation for this epoch)
+    every sample is written as it arrives, its index its arrival position, and
+    the generation is committed at the end of the stream (or after ``limit``
+    samples); the epoch is then a generate epoch. ``buffer`` > 0 serves the
+    samples through a shuffle buffer of that many samples; ``skip``: batches
+    served before a resume (the stream is iterated again up to there).
+    """
+
+    mode: ClassVar[EpochMode] = EpochMode.COMPUTE
+    skip: int = 0
+    buffer: int = 0
+    limit: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class StreamGeneratePlan(StreamPlan):
+    """A stream's generate epoch: :class:`StreamPlan` with ``generation`` written in arrival order."""
+
+    mode: ClassVar[EpochMode] = EpochMode.GENERATE
+
+
+@dataclass
 class EpochStats:
     """What an epoch did; ``loader.epoch_stats`` keeps one per epoch."""
 

@@ -32,7 +32,7 @@ from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
 from .places import compute_place
 from .plan import EpochPlan, EpochStats
-from .planner import plan_cluster_epoch, plan_epoch
+from .planner import plan_cluster_epoch, plan_epoch, stream_plan
 from .windows import DiskWindow
 
 #: Epochs that show progress (see the ``progress`` argument) do once they take this many seconds.
@@ -57,7 +57,8 @@ class EpochRunner:
         self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
         if settings.rotation is not None:
             self.ctx.open_window()
-        self.place.start()
+        if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
+            self.place.start()
 
     @property
     def layout(self) -> ConsumerLayout:
@@ -82,17 +83,19 @@ class EpochRunner:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
                      layout.batches(s.batch_size, s.drop_last))
+        unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
         if (layout.whole and layout.nodes > 1 and ctx.cache is not None and not ctx.cache.off
                 and ctx.state.rotation is None and s.sampling is None):
             # Several nodes whose stores each hold the whole dataset (a cache with a remote).
             plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout)
         else:
-            plan = plan_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.state.rotation is not None, ctx.cache,
+            plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed,
+                              ctx.state.rotation is not None, ctx.cache,
                               lambda generation, at: refreshed(ctx, generation, at), ranks,
                               shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
-        return plan
+        return stream_plan(plan, skip, s, ctx.state.seed) if s.dataset.stream else plan
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
         """Epoch `epoch`, planned, as an object of its kind (chosen here, once)."""

@@ -23,7 +23,7 @@ from cachestore.records import encode_record
 from cachestore.collate import stack_samples
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 
-from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample
+from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample, is_stream
 from ..errors import SampleError, add_note, tag_sample_index
 from ..settings import BudgetPolicy, EpochMode
 from . import messages as m
@@ -376,6 +376,13 @@ class BatchProducer:
         return [codec.unflatten(treedef, [leaf[r, ...] for leaf in leaves]) for r in range(count)]
 
     def recompute(self, task: m.Task, exc: CorruptSampleError) -> Batch:
+        built = getattr(self.dataset, "built", None)  # a worker's dataset, built at its first use
+        if is_stream(built() if callable(built) else self.dataset):
+            error = CorruptSampleError(
+                f"{exc}. A stream's samples cannot be computed again by index: remove the damaged generation "
+                "(cachestore prune PREFIX --keep 0) and the next epoch iterates the stream again")
+            error.generation, error.index = exc.generation, exc.index
+            raise error from exc
         log.warning("%s; computing this batch from the dataset instead", str(exc))
         samples = self.transformed(task, [self._call(index) for index in task.indices.tolist()])
         return self.collate(samples) if task.collate else samples

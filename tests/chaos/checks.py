@@ -64,6 +64,7 @@ REAP_DEADLINE = 15.0
 
 CHAOS_ERROR = "tests.chaos.dataset.ChaosError"
 TIMEOUT_ERROR = "loader.errors.WorkerTimeoutError"
+WORKER_ERROR = "loader.errors.WorkerError"
 BUDGET_ERROR = "cachestore.errors.BudgetExceededError"
 LOCKED_ERROR = "cachestore.errors.StoreLockedError"
 NOT_FOUND_ERROR = "cachestore.errors.GenerationNotFoundError"
@@ -604,7 +605,7 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                          and owner_run(f["pid"], runs, paths.ctl) is run]
                 if not match:
                     problems.append(f"{where} for index {err['index']}, which no fault of this run raised")
-                elif err["sample_index"] != err["index"]:
+                elif err["sample_index"] != err["index"] and not s.get("stream"):  # a stream's samples have none
                     mode = e.mode if e else None
                     problems.append(f"{where}: sample_index {err['sample_index']} is not the index "
                                     f"{err['index']} that raised ({mode} epoch, nb_worker={run.spec['nb_worker']})")
@@ -639,6 +640,8 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                         problems.append(f"{where} names pid {err['pid']} computing {err['indices']}, but the "
                                         f"stuck worker is pid {f['pid']}, inside dataset[{f['index']}]")
                     explained.update(match)
+            elif WORKER_ERROR in mro and s.get("stream") and any(r is run for r, _ in actions_of(runs, "kill-worker")):
+                pass  # a stream cannot be taken up where a killed worker left it: the epoch fails, the next one iterates
             elif BUDGET_ERROR in mro:
                 full = s["tmpfs"] and disk_full_during(runs, t0, err["t"])
                 if not full:

@@ -179,3 +179,26 @@ def psutil_start_time() -> float:
     import psutil
 
     return psutil.Process().create_time()
+
+
+class ChaosStream:
+    """:class:`ChaosDataset` as a stream: iterated, never indexed (no ``__getitem__``). Each worker yields
+    every ``num_workers``-th sample from its id (torch's ``get_worker_info()``), in index order, each
+    computed (and logged, and faulted) as ``ChaosDataset`` computes it."""
+
+    def __init__(self, n: int = 24, version: int = 1, ctl: str = "", delay: float = 0.0,
+                 endless: bool = False) -> None:
+        self.n, self.version, self.ctl, self.delay = n, version, ctl, delay
+        self.endless = endless  # goes round for ever (the loader then caches its first n samples)
+        self._samples = ChaosDataset(n, version, ctl, delay)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        while True:
+            for index in range(worker, self.n, workers):
+                yield self._samples[index]
+            if not self.endless:
+                return

@@ -27,6 +27,12 @@ Ordinary accidents:
                       between two epochs of a run
 ``prune-live``        ``cachestore prune PREFIX --keep 0`` (or ``Store.prune(keep=0)``) while an epoch reads
 
+Streams: about half the scenarios of a persistent cache, the error policy and only faults a stream
+takes (:data:`STREAM_FAULTS`) serve :class:`~tests.chaos.dataset.ChaosStream`, an iterable dataset
+(``worker-kill`` then fails the epoch: a stream cannot be taken up where its worker died); half of
+those with at most one worker an endless one, cached as its first ``n`` samples (``stream_samples``).
+Drawn from generators of their own: the other draws of a seed stay what they were.
+
 Cooperating processes (memmap, whose runs write a generation together):
 
 ``coop-kill-claim``   2-4 runs start together (a file barrier) with their own seeds, batch sizes and workers;
@@ -157,7 +163,28 @@ def draw(seed: int, kinds: tuple[str, ...] = FAULTS) -> dict:
         s["delay"] = rng.choice(COOP_DELAYS)
     s["timeout"] = rng.choice(HANG_TIMEOUTS) if "hang" in faults else rng.choice(PLAIN_TIMEOUTS)
     s["runs"] = _runs(s, rng)
+    s["stream"] = is_stream_scenario(s)
+    # An endless stream, cached as its first n samples (stream_samples): one iterator (at most one worker), so
+    # that those are samples 0..n-1, each once.
+    s["endless"] = s["stream"] and all(r["nb_worker"] <= 1 for r in s["runs"]) and \
+        random.Random(s["seed"] * 7919 + 18).random() < 0.5
+    if s["stream"]:
+        s["background_refresh"] = False  # a stream's next generation is iterated in its own epoch
     return s
+
+
+#: Faults a stream scenario may have: the others do not apply to a stream yet (a worker's death or hang fails
+#: a stream's epoch; budget policies, rotation and cooperating runs are map-style only).
+STREAM_FAULTS = frozenset({"raise", "train-sigkill", "train-sigterm", "disk-full", "second-run", "bitflip",
+                           "double-sigint", "worker-kill"})
+
+
+def is_stream_scenario(s: dict) -> bool:
+    """Whether the dataset of scenario `s` is a stream (:class:`tests.chaos.dataset.ChaosStream`): drawn from a
+    generator of its own, so that every seed's other draws stay what they were."""
+    eligible = (s["mode"] == "cache" and s["backend"] != "memory" and s["policy"] == "error"
+                and set(s["faults"]) <= STREAM_FAULTS)
+    return eligible and random.Random(s["seed"] * 7919 + 17).random() < 0.5
 
 
 def computing_epochs(s: dict) -> list[int]:
@@ -293,6 +320,12 @@ def loader_settings(s: dict, run: dict, prefix: str, rotation_dir: str, ctl: str
                                    # the settings where it cannot (memory backend, K=inf, no workers)
                                    "background_refresh": "auto" if s["background_refresh"] else False,
                                    "on_budget_exceeded": s["policy"], "on_mismatch": run["on_mismatch"]}
+        if s.get("stream"):  # shuffled as map-style data is by default: a buffer first, a permutation after
+            kwargs["cache_setting"]["stream_buffer"] = 8
+            kwargs.update(shuffle=True, stream=True)
+            if s.get("endless"):
+                kwargs["cache_setting"]["stream_samples"] = s["n"]
+                kwargs["dataset_params"]["endless"] = True
     else:
         setting = {"medium": s["medium"], "rotation": s["rotation"], "size": s["size"]}
         if s["medium"] == "disk":
@@ -306,6 +339,8 @@ def describe(s: dict) -> str:
     what = (f"cache {s['backend']} K={s['K'] or 'inf'}{' refresh' if s['background_refresh'] else ''} "
             f"policy={s['policy']}" if s["mode"] == "cache"
             else f"rotation {s['medium']} R={s['rotation']} S={s['size']}")
+    if s.get("stream"):
+        what += " endless stream" if s.get("endless") else " stream"
     runs = " ".join(f"{r['name']}(w={r['nb_worker']},e={r['epochs']},v={r['version']}"
                     + (f",bs={r['batch_size']}" if "batch_size" in r else "") + ")" for r in s["runs"])
     return (f"seed {s['seed']}: {what}, n={s['n']} bs={s['batch_size']} timeout={s['timeout']}; "

@@ -40,3 +40,14 @@ def check(seed: int, tmp_path, kinds: tuple[str, ...] = FAULTS) -> None:
     for seed in SUBSET])
 def test_chaos_scenario(seed, tmp_path):
     check(seed, tmp_path)
+
+
+#: Stream scenarios (a worker or the training process killed mid-stream, a full disk, an endless stream).
+STREAM_SEEDS = {6212: "worker-kill", 6478: "worker-kill, train-sigkill", 6459: "disk-full, endless",
+                6291: "train-sigkill, raise, endless"}
+
+
+@pytest.mark.parametrize("seed", sorted(STREAM_SEEDS))
+def test_chaos_stream_scenario(seed, tmp_path):
+    assert draw(seed)["stream"], f"seed {seed} no longer draws a stream scenario ({STREAM_SEEDS[seed]})"
+    check(seed, tmp_path)

@@ -192,15 +192,16 @@ class Run:
     def epochs(self) -> None:
         from loader import CachedLoader
 
-        from .dataset import ChaosDataset, check_sample
+        from .dataset import ChaosDataset, ChaosStream, check_sample
 
         spec = self.spec
         if self.kill is not None and self.kill.get("how") == "commit":
             kill_in_commit(self.kill["stage"], spec["ctl"], self.log)
         kwargs = dict(spec["loader"])
         params = kwargs.pop("dataset_params")
+        dataset = ChaosStream if kwargs.pop("stream", False) else ChaosDataset
         try:
-            self.loader = CachedLoader(ChaosDataset, params, **kwargs)
+            self.loader = CachedLoader(dataset, params, **kwargs)
         except Exception as exc:
             self.log.write("error", epoch=-1, **describe_error(exc))
             self.barrier()
@@ -213,10 +214,12 @@ class Run:
             self.log.write("epoch", epoch=epoch, loader_epoch=loader.epoch)
             self.act(epoch, -1)
             completed, number, batch = False, 0, None
-            it = iter(loader)
+            it = None
             while True:
                 t0 = time.monotonic()
                 try:
+                    if it is None:
+                        it = iter(loader)  # the loader opens its store at its first iter(): a full disk fails here
                     batch = next(it)
                 except StopIteration:
                     completed = True

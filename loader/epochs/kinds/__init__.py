@@ -8,11 +8,12 @@ generate      every sample computed, written, served; committed      :mod:`.gene
 read          served from a committed generation                     :mod:`.read`
 refresh       read, while idle workers compute the next generation   :mod:`.refresh`
 rotate        served ``R`` times each through a bounded window       :mod:`.rotate`
+stream        a stream iterated, served as it comes (and written)    :mod:`.stream`
 ============  =====================================================  ========================
 
 Each is an :class:`~.base.EpochKind` with a plan of its own
 (:mod:`loader.epochs.plan`). A new kind is a plan class, a module here and
-one line in :func:`kind_of`: so will be the generate epoch of a stream (an
+one line in :func:`kind_of`: so is the generate epoch of a stream (an
 ``IterableDataset`` iterated once and written in arrival order, its later
 epochs then read like any generation).
 """
@@ -26,15 +27,17 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted
 from ...cache.policy import give_up_caching
 from ..context import EpochContext
 from ..places import ComputePlace
-from ..plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan
+from ..plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
 from .base import EpochKind
 from .compute import ComputeEpoch
 from .generate import GenerateEpoch
 from .read import ReadEpoch
 from .refresh import RefreshEpoch
 from .rotate import RotateEpoch
+from .stream import StreamEpoch, StreamGenerateEpoch
 
-__all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEpoch", "RotateEpoch", "kind_of"]
+__all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEpoch", "RotateEpoch", "StreamEpoch",
+           "StreamGenerateEpoch", "kind_of"]
 
 
 def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Callable[[], EpochPlan]) -> EpochKind:
@@ -45,6 +48,9 @@ def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Call
     committed it meanwhile, the epoch is planned `again` (it then computes,
     rotates or reads).
     """
+    if isinstance(plan, StreamPlan):
+        return StreamGenerateEpoch.open(ctx, place, plan) if isinstance(plan, StreamGeneratePlan) else \
+            StreamEpoch(ctx, place, plan)
     if isinstance(plan, GeneratePlan):
         assert ctx.cache is not None
         try:

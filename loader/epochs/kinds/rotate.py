@@ -3,7 +3,8 @@
 With ``rotation_setting``, or after ``on_budget_exceeded="rotate"`` switched
 to a window that fits. The schedule and the window are
 :mod:`loader.epochs.rotation`'s; the fresh samples come from the place that
-computes samples (:mod:`loader.epochs.places`), ahead of the loop.
+computes samples (:mod:`loader.epochs.places`), ahead of the loop; a stream's are its next samples,
+in arrival order (:func:`~loader.epochs.kinds.stream.stream_fresh`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ...dataset import Batch
 from ..plan import EpochStats, RotatePlan
 from ..rotation import rotation_epoch
 from .base import EpochKind
+from .stream import stream_fresh
 
 
 class RotateEpoch(EpochKind[RotatePlan]):
@@ -32,5 +34,6 @@ class RotateEpoch(EpochKind[RotatePlan]):
         ctx, plan = self.ctx, self.plan
         s, rotation, window = ctx.settings, ctx.state.rotation, ctx.res.window
         assert rotation is not None and window is not None
+        fresh = stream_fresh(ctx, plan) if s.dataset.stream else self.place.fresh(plan, stats)
         yield from rotation_epoch(plan, stats, rotation.rotation, window, s.batch_size, s.drop_last, ctx.state.seed,
-                                  self.place.fresh(plan, stats), s.collate_fn or stack_samples, s.read_transform)
+                                  fresh, s.collate_fn or stack_samples, s.read_transform)

@@ -1,0 +1,216 @@
+"""A stream's epochs that iterate it: served as it comes, and (with a cache) written in arrival order.
+
+A stream (an iterable dataset) has no indices: its workers iterate their own
+copies and the batches come in torch's turn
+(:mod:`loader.executors.process.streams`). Without a cache every epoch is a
+:class:`StreamEpoch`. With one, an epoch whose generation is not committed is a
+:class:`StreamGenerateEpoch`: the samples are written as they arrive (index =
+arrival position, the workers' batches in torch's turn), and the generation
+is committed at the end of the stream; the epochs that read it are the
+ordinary read epochs, a global permutation each (``docs/ARCHITECTURE.md``,
+"Streams"). With ``shuffle=True`` a generate epoch serves through a shuffle
+buffer (``cache_setting["stream_buffer"]`` samples): the best a stream allows
+before it is random-access.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+
+from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
+
+from ...cache.streams import wait_for_writer
+from ...dataset import Batch, Sample
+from ...executors.producer import transform
+from ..context import EpochContext
+from ..places import ComputePlace
+from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
+from ..rotation import FreshSamples
+from .base import EpochKind
+
+log = logging.getLogger(__name__)
+
+
+class ShuffleBuffer:
+    """A shuffle buffer of `size` samples: each new sample swaps with a random one once it is full."""
+
+    def __init__(self, size: int, rng: np.random.Generator) -> None:
+        self.size, self.rng = size, rng
+        self.held: list[tuple[int, Sample]] = []
+
+    def push(self, item: tuple[int, Sample]) -> tuple[int, Sample] | None:
+        """Add `item`; a random held one comes out once the buffer is full."""
+        if len(self.held) < self.size:
+            self.held.append(item)
+            return None
+        k = int(self.rng.integers(self.size))
+        out, self.held[k] = self.held[k], item
+        return out
+
+    def drain(self) -> list[tuple[int, Sample]]:
+        """What is left, in random order."""
+        left, self.held = self.held, []
+        return [left[i] for i in self.rng.permutation(len(left))]
+
+
+class StreamEpoch(EpochKind[StreamPlan]):
+    """An epoch that iterates the stream and serves its batches as they come (see the module docstring)."""
+
+    shows_progress = True
+
+    def total(self) -> int:
+        return 0  # unknown
+
+    def batches(self, stats: EpochStats) -> Iterator[Batch]:
+        plan, served, arrived = self.plan, 0, 0
+        # read_transform needs the samples (seeded by their arrival position): collated here, then
+        transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
+        for _worker, count, batch in self.ctx.streams().items(plan.epoch, collate=not transforms):
+            stats.computed += count
+            served += 1
+            arrived += count
+            if served <= plan.skip:
+                continue  # served before the resume: the stream is iterated again up to here
+            self._check_length(served)
+            if transforms:
+                yield self._serve(list(enumerate(batch, arrived - count)), stats)
+                continue
+            stats.batches += 1
+            stats.samples += count
+            yield batch
+
+    def _serve(self, batch: list[tuple[int, Sample]], stats: EpochStats) -> Batch:
+        """One batch of ``(index, sample)``: through ``read_transform``, collated."""
+        s, plan = self.ctx.settings, self.plan
+        samples: list[Any] = [sample for _i, sample in batch]
+        if s.read_transform is not None and plan.transform_seed is not None:
+            samples = [transform(s.read_transform, sample, plan.transform_seed, plan.epoch, i)
+                       for (i, _), sample in zip(batch, samples)]
+        stats.batches += 1
+        stats.samples += len(samples)
+        return self.ctx.producer.collate(samples)
+
+    def _check_length(self, served: int) -> None:
+        """torch's warning when more batches come than the ``len(loader)`` the loop was told."""
+        told = self.ctx.stream_len_called
+        if told is None or served <= told:
+            return
+        message = (f"Length of IterableDataset {self.ctx.producer.dataset} was reported to be {told} (when "
+                   f"accessing len(dataloader)), but {served} samples have been fetched. ")
+        if self.ctx.settings.nb_worker > 0:
+            message += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                        "IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(message, stacklevel=2)
+
+
+class StreamGenerateEpoch(StreamEpoch):
+    """A stream iterated once into generation ``plan.generation`` (see the module docstring)."""
+
+    plan: StreamGeneratePlan
+
+    @classmethod
+    def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
+        """The epoch, its generation opened for writing (the store's writer lock: one writer at a time)."""
+        assert ctx.cache is not None and plan.generation is not None
+        try:
+            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+        except StoreLockedError:
+            # Another job iterates the same stream into this store: wait for it, then read what it committed.
+            wait_for_writer(ctx.cache.settings, ctx.layout, ctx.settings.timeout)
+            if plan.generation in ctx.cache.committed():
+                raise GenerationCommitted(f"generation {plan.generation} was committed by another job") from None
+            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+        return cls(ctx, place, plan)
+
+    def batches(self, stats: EpochStats) -> Iterator[Batch]:
+        ctx, plan = self.ctx, self.plan
+        writer = ctx.res.stream_writer
+        assert writer is not None and ctx.cache is not None
+        s = ctx.settings
+        buffer = ShuffleBuffer(plan.buffer, np.random.default_rng([plan.seed, plan.epoch])) if plan.buffer else None
+        pending: list[tuple[int, Sample]] = []
+        index, served, finished = 0, 0, False
+        try:
+            for _worker, _count, samples in ctx.streams().items(plan.epoch, collate=False):
+                arrived = []
+                for sample in samples:
+                    if plan.limit is not None and index >= plan.limit:
+                        break
+                    writer.put(index, sample)
+                    arrived.append((index, sample))
+                    index += 1
+                stats.computed += len(arrived)
+                stats.written += len(arrived)
+                if buffer is None:
+                    pending = arrived  # torch's batches, as the workers made them
+                else:
+                    pending.extend(out for out in map(buffer.push, arrived) if out is not None)
+                while pending and (buffer is None or len(pending) >= s.batch_size):
+                    batch, pending = pending[:s.batch_size], pending[s.batch_size:]
+                    served += 1
+                    if served > plan.skip:
+                        yield self._serve(batch, stats)
+                if plan.limit is not None and index >= plan.limit:
+                    break
+            if buffer is not None:
+                pending.extend(buffer.drain())
+            while pending and not (s.drop_last and len(pending) < s.batch_size):
+                batch, pending = pending[:s.batch_size], pending[s.batch_size:]
+                served += 1
+                if served > plan.skip:
+                    yield self._serve(batch, stats)
+            self._commit(index, stats)
+            finished = True
+        except BudgetExceededError:
+            ctx.res.stream_writer = None
+            writer.abort()
+            raise
+        finally:
+            if not finished and ctx.res.stream_writer is not None:
+                ctx.res.stream_writer = None
+                writer.keep()
+
+    def _commit(self, count: int, stats: EpochStats) -> None:
+        """The end of the stream: the generation holds `count` samples."""
+        ctx = self.ctx
+        writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+        assert ctx.cache is not None and writer is not None
+        if count == 0:
+            writer.abort()
+            raise ValueError("the stream yielded no sample: there is nothing to cache")
+        info = writer.commit({"epochs": [self.plan.epoch], "update_frequency": ctx.cache.settings.k_or_none,
+                              "stream": True})
+        ctx.cache.mine.add(info.id)
+        removed = ctx.cache.store.prune(keep=1)
+        ctx.reads.drop_reader()
+        stats.committed = True
+        log.info("committed generation %d of a stream (%d samples, %d bytes); pruned %d old item(s)", info.id,
+                 info.num_samples, info.nbytes, len(removed))
+
+
+def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
+    """The fresh samples of a rotation epoch over a stream: its next samples, as many as each array of
+    positions asks for (the stream is iterated once per epoch, by its workers, in torch's turn)."""
+
+    def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list[Sample]]:
+        items = ctx.streams().items(plan.epoch, collate=False)
+        samples = (sample for _worker, _count, batch in items for sample in batch)
+        taken = 0  # (the rotation counts them into the stats)
+        try:
+            for positions in arrays:
+                got = list(itertools.islice(samples, len(positions)))
+                taken += len(got)
+                if len(got) < len(positions):
+                    raise ValueError(f"the stream ended after {taken} samples in epoch {plan.epoch}: "
+                                     f"rotation serves {len(plan.indices)} of its samples each epoch (its len(), "
+                                     "or rotation_setting['stream_samples'])")
+                yield got
+        finally:
+            items.close()
+    return fresh

@@ -1,0 +1,107 @@
+"""Streams for the tests: iterable datasets that split their work by worker and count their iterations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+
+def iterations(log: str | None) -> int:
+    """How many times the streams logging to `log` started an iteration (in any process)."""
+    return 0 if log is None or not os.path.exists(log) else len(Path(log).read_text().splitlines())
+
+
+class Counting(IterableDataset):
+    """Samples ``0..n-1``, each worker taking every ``num_workers``-th from its id; each ``__iter__`` appends
+    a line to `log` (so tests count iterations across processes)."""
+
+    def __init__(self, n: int, log: str | None = None, width: int = 3) -> None:
+        self.n, self.log, self.width = n, log, width
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{os.getpid()} {worker}\n")
+        for i in range(worker, self.n, workers):
+            yield {"x": np.full((self.width,), i, dtype=np.float32), "i": i}
+
+
+class Sized(Counting):
+    """A stream with ``__len__``, as some IterableDatasets have."""
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Uneven(IterableDataset):
+    """Worker w yields ``sizes[w]`` samples ``(w, k)``: workers run out at different times."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        for k in range(self.sizes[worker] if worker < len(self.sizes) else 0):
+            yield torch.tensor([worker, k])
+
+
+class Plain:
+    """An iterable that is not a torch dataset: ``__iter__`` and no ``__getitem__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(worker, self.n, workers))
+
+
+class Failing(IterableDataset):
+    """Raises ``LookupError`` after `after` samples of worker 0's copy."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(1000):
+            if i == self.after:
+                raise LookupError(f"sample {i} is missing")
+            yield i
+
+
+class Endless(IterableDataset):
+    """Never ends: ``0, 1, 2, ...``, each worker its own residue class."""
+
+    endless = True
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        i = worker
+        while True:
+            yield {"i": i}
+            i += workers
+
+
+class Dying(IterableDataset):
+    """Worker 1 kills itself (SIGKILL) after `after` samples: a worker lost mid-stream."""
+
+    def __init__(self, n: int, after: int) -> None:
+        self.n, self.after = n, after
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for k, i in enumerate(range(worker, self.n, workers)):
+            if worker == 1 and k == self.after:
+                os.kill(os.getpid(), 9)
+            yield i
