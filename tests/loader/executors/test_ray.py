@@ -160,10 +160,10 @@ def test_killed_actor_is_replaced_and_its_batches_rerun(cluster, tmp_path):
     cache = {"prefix": str(tmp_path / "c"), "update_frequency": 3}
     with CachedLoader(ArangeDataset, {"n": 48, "delay": 0.02}, batch_size=4, seed=0, max_queue_size=4,
                       cache_setting=cache, executor="ray", executor_options=ray_options(cluster)) as loader:
-        executor = loader._res.executor
         seen, values = [], {}
         for step, batch in enumerate(loader):
             if step == 2:
+                executor = loader._res.executor  # started at the first iter()
                 killed = executor.workers[0]
                 ray.kill(killed.actor, no_restart=True)
             for y, x in zip(batch["y"].tolist(), batch["x"]):
@@ -402,7 +402,7 @@ def test_executor_ray_without_ray_installed_names_the_install_command():
         from loader import CachedLoader
         from tests.loader.datasets import ArangeDataset
         try:
-            CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, executor="ray")
+            next(iter(CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, executor="ray")))  # starts at iter()
         except ImportError as exc:
             assert isinstance(exc, CacheStoreError)
             print("error:", exc)
