@@ -24,6 +24,7 @@ from ..cache.refresh import BackgroundRefresh
 from ..dataset import Batch, Sample
 from ..executors import messages as m
 from ..executors.base import Executor
+from ..errors import FailedBatch
 from .context import EpochContext
 from .inline import run_inline
 from .plan import EpochPlan, EpochStats, ReadPlan, RotatePlan
@@ -140,7 +141,18 @@ class OnWorkers(ComputePlace):
             compute = EpochPlan(plan.epoch, arrays, np.arange(ctx.layout.num_samples))
             run = PoolRun(host.ensure(), host.slot_pool(), s.max_queue_size, ctx.kill_executor,
                           s.max_minibatch_length, collate=False, timeout=s.timeout)
-            return run_pool(compute, run, stats, ComputeWork())
+            pool = run_pool(compute, run, stats, ComputeWork())
+            try:
+                for samples in pool:
+                    if isinstance(samples, FailedBatch):
+                        # A rotation epoch cannot serve past fresh samples it lacks (their slots stay
+                        # empty): the dataset's error ends it, as it does without workers.
+                        raise samples.error
+                    yield samples
+            finally:
+                close = getattr(pool, "close", None)
+                if close is not None:
+                    close()  # its slots given back now, not when it is collected
         return fresh
 
     def writer(self) -> Executor | None:
