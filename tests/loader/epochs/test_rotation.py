@@ -207,3 +207,13 @@ def test_memory_window_larger_than_the_memory_room_is_refused(tmp_path, monkeypa
     with CachedLoader(ArangeDataset, {"n": 100, "shape": (64, 64)}, batch_size=4, nb_worker=0,
                       rotation_setting={"medium": "memory", "rotation": 2, "size": 15}) as loader:
         assert Counter(y for b in loader for y in b["y"].tolist()) == {i: 2 for i in range(100)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_error_among_fresh_samples_ends_the_rotation_epoch_with_that_error(no_leaks, workers):
+    # The window's slots of a failed batch would stay empty: the epoch ends with the dataset's own error.
+    with CachedLoader(ArangeDataset, {"n": 24, "fail_at": 13}, batch_size=4, nb_worker=workers, shuffle=False,
+                      rotation_setting={"medium": "memory", "rotation": 2, "size": 8}) as loader:
+        with pytest.raises(KeyError, match="sample 13 is broken"):
+            list(loader)
