@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 from loader import CachedLoader, default_collate
 
-from ..marks import covering
+from ..marks import covering, long
 from .conftest import leftovers, live_children, my_segments
 from .parity_datasets import ParityDataset, collate_batch_level, collate_list
 
@@ -396,7 +396,7 @@ def check_cache_epochs(root: Path, backend: str, nb_worker: int, collate: str, c
 
 
 @covering("backend,collate", BACKENDS, list(COLLATES))
-@parity(bounded=3, seconds_per_example=1)
+@parity(bounded=2, seconds_per_example=1)
 @with_examples
 @given(case=cases)
 def test_cache_epochs_without_workers_serve_what_torch_serves(tmp_path, backend, collate, case):
@@ -411,7 +411,7 @@ def test_cache_epochs_with_workers_serve_what_torch_serves(tmp_path, backend, co
     check_cache_epochs(tmp_path, backend, 2, collate, case)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [BACKENDS[0], *(pytest.param(b, marks=long) for b in BACKENDS[1:])])
 @parity(bounded=1, seconds_per_example=4)
 @with_collate_examples
 @given(case=cases, collate=collates)
@@ -517,7 +517,7 @@ def check_rotation_epochs(root: Path, medium: str, nb_worker: int, collate: str,
 
 
 @covering("medium,collate", ["memory", "disk"], list(COLLATES))
-@parity(bounded=3, seconds_per_example=1)
+@parity(bounded=2, seconds_per_example=1)
 @with_rotation_examples
 @given(rotation_case=rotation_cases)
 def test_rotation_epochs_without_workers_serve_each_sample_r_times(tmp_path, medium, collate, rotation_case):

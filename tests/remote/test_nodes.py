@@ -112,6 +112,7 @@ def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_
     stores_hold_everything(prefixes)
 
 
+@long
 def test_nodes_that_cannot_reach_the_remote_each_compute_everything(tmp_path, weed, remote_url):
     prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--node",
@@ -163,6 +164,7 @@ def _generations(open_remote, url, opts):
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+@long
 def test_one_node_of_two_ranks_publishes_what_it_computed(tmp_path, weed, remote_url):
     from cachestore.remote import open_remote
 

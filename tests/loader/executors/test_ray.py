@@ -199,6 +199,7 @@ def test_broken_off_epochs_give_every_slot_back(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+@long
 def test_repeated_actor_deaths_end_in_clear_error(cluster, tmp_path):
     options = ray_options(cluster, num_workers=1)
     with CachedLoader(KillSelfDataset, {"kill_at": 5, "n": 12}, batch_size=4, max_worker_restarts=1,
@@ -208,6 +209,7 @@ def test_repeated_actor_deaths_end_in_clear_error(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+@long
 def test_dataset_exception_keeps_its_type_index_and_traceback(cluster, tmp_path):
     cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2}
     loader = CachedLoader(ArangeDataset, {"n": 40, "fail_at": 17}, batch_size=4, cache_setting=cache,
