@@ -260,10 +260,7 @@ class GenerationWriter:
         except BaseException:
             self.abort()
             raise
-        self.state = "committed"
-        self._finalizer.detach()
-        self._lease.release()
-        return info
+        return self._committed(info)
 
     def install(self) -> GenerationInfo:
         """Publish the staging area as it is: it already holds a committed generation's files, verified
@@ -276,6 +273,10 @@ class GenerationWriter:
         except BaseException:
             self.abort()
             raise
+        return self._committed(info)
+
+    def _committed(self, info: GenerationInfo) -> GenerationInfo:
+        """The generation is published: nothing left to abort, the writer lease goes."""
         self.state = "committed"
         self._finalizer.detach()
         self._lease.release()
