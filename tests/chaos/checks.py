@@ -69,6 +69,7 @@ BUDGET_ERROR = "cachestore.errors.BudgetExceededError"
 LOCKED_ERROR = "cachestore.errors.StoreLockedError"
 NOT_FOUND_ERROR = "cachestore.errors.GenerationNotFoundError"
 STORE_ERROR = "cachestore.errors.CacheStoreError"
+CORRUPT_ERROR = "cachestore.errors.CorruptSampleError"
 #: What the store and the loader say of a write into a generation whose files went away (a worker's write:
 #: loader/executors/producer.py; a commit: cachestore/safefs.py, lmdb_backend.py).
 WRITE_REMOVED = r"was the cache directory removed while it was written|staging area \S+ is gone"
@@ -664,6 +665,11 @@ def check_errors(s: dict, runs: list, paths: Paths) -> list[str]:
                 elif e is not None and e.mode == "read" and not any(READ_REMOVED in n for n in err["notes"]):
                     problems.append(f"{where} after {why}, without the note that says the generation was removed "
                                     f"while the epoch read it: {err['message'][:300]}")
+            elif CORRUPT_ERROR in mro and s.get("stream"):
+                # A stream's sample cannot be computed again by its index: a record flipped on purpose is an
+                # error that says to prune the generation (README, "Streams").
+                if not any(ev["t"] <= err["t"] for _, ev in actions_of(runs, "flip")):
+                    problems.append(f"{where}, but no record was flipped before it: {err['message'][:300]}")
             elif STORE_ERROR in mro and re.search(WRITE_REMOVED, err["message"]):
                 if not [w for w in windows_of(runs, "rm-prefix") if w[0] <= err["t"] and w[1] >= t0]:
                     problems.append(f"{where} of a write into a removed directory, but nothing removed the prefix "

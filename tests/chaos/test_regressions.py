@@ -72,6 +72,19 @@ def test_seed_4112075_a_sample_read_back_from_an_area_removed_under_it_is_comput
     check(4112075, tmp_path)
 
 
+def test_seed_2602510374_a_stream_worker_that_died_is_a_worker_error_at_the_next_epoch(tmp_path):
+    # A stream worker killed in one epoch: the next epoch's first message to it met a broken pipe, and a
+    # bare BrokenPipeError reached the training loop instead of the WorkerError that names the worker.
+    check(2602510374, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [2602510344, 2602510355])
+def test_stream_records_flipped_on_purpose_are_an_error_that_says_to_prune(tmp_path, seed):
+    # A stream's sample cannot be computed again by its index: a flipped record is a CorruptSampleError
+    # that says to prune the generation (the check had taken it for one no fault explains).
+    check(seed, tmp_path)
+
+
 def test_seed_4112090_a_member_of_a_removed_area_does_not_publish_its_successor(tmp_path):
     # After a commit that failed on the full disk (the area removed, its members file unlinked), a member
     # of the old area took the commit lock of the old file and published the new area beside its own

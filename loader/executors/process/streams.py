@@ -234,10 +234,10 @@ class StreamWorkers:
     def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out."""
-        for conn in self.conns:
-            conn.send(Begin(epoch, collate))
+        for worker in range(len(self.conns)):
+            self._send(worker, Begin(epoch, collate), epoch)
             for _ in range(self.prefetch):
-                conn.send(Next(epoch))
+                self._send(worker, Next(epoch), epoch)
         active, pos = list(range(len(self.conns))), 0
         while active:
             worker = active[pos]
@@ -246,9 +246,20 @@ class StreamWorkers:
                 active.pop(pos)
                 pos = pos % len(active) if active else 0
                 continue
-            self.conns[worker].send(Next(epoch))
+            self._send(worker, Next(epoch), epoch)
             pos = (pos + 1) % len(active)
             yield worker, msg.count, msg.items
+
+    def _send(self, worker: int, msg: object, epoch: int) -> None:
+        """Send `msg` to worker `worker`; a worker that died (its pipe broken) is a :class:`WorkerError`."""
+        try:
+            self.conns[worker].send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            proc = self.procs[worker]
+            proc.join(5.0)
+            raise WorkerError(f"stream worker {worker} (pid {proc.pid}) exited unexpectedly (exit code "
+                              f"{proc.exitcode}) before epoch {epoch}: a stream cannot be taken up again where a "
+                              "dead worker left it") from None
 
     def _receive(self, worker: int, epoch: int) -> Items | End:
         """Worker `worker`'s next answer in epoch `epoch` (an older epoch's are dropped)."""
