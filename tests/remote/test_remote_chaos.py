@@ -69,8 +69,12 @@ def _published(url: str, weed) -> list:
 def _await(condition, procs: list[subprocess.Popen], what: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+        # A node that ended may have done so after the last look: look once more before failing.
+        ended = any(p.poll() is not None for p in procs)
+        if (ended or time.monotonic() > deadline) and not condition():
             raise AssertionError(f"never saw {what}")
+        if ended:
+            return
         time.sleep(0.1)  # the nodes' progress on the server: nothing to wait on but a look
 
 
@@ -81,6 +85,7 @@ def test_remote_fault(seed, tmp_path, weed, remote_url):
     n, fault = s["n"], s["fault"]
     env, proxy = node_env(weed), None
     codes: list[tuple[int, str]] = []
+    procs: list[subprocess.Popen] = []
     try:
         if fault == "slowdown":
             proxy = FaultProxy(weed.ports["s3.port"], slowdown_every=s["slowdown_every"], drop_every=s["drop_every"])
@@ -93,13 +98,22 @@ def test_remote_fault(seed, tmp_path, weed, remote_url):
         else:
             procs = [_node(s, tmp_path, remote_url, k, env) for k in range(2)]
         if fault == "restart":
-            _await(lambda: any(g.published or g.claimed for g in _published(remote_url, weed)), procs, "a claim")
+            # A generation completed between two looks counts: its parts' files are gone then.
+            _await(lambda: any(g.complete or g.published or g.claimed for g in _published(remote_url, weed)),
+                   procs, "a claim")
             weed.restart()
         if fault == "stop-exchange":
             _await(lambda: any(0 in g.published for g in _published(remote_url, weed)), procs, "part 0")
             weed.stop()
         codes = finish(procs)
     finally:
+        for p in procs:  # a failed wait leaves no node running past the test
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
         if proxy is not None:
             proxy.close()
         if weed.proc is None:
