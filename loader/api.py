@@ -12,10 +12,11 @@ import logging
 import weakref
 from typing import Iterable, Iterator, NoReturn, Sequence
 
-from cachestore import Store
+from cachestore import FingerprintError, Store
 
 from .arguments import DEFAULT_QUEUE, Arguments, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
 from .attributes import LoaderAttributes, TorchArguments
+from .cache.fingerprint import dataset_fingerprint
 from .cache.scope import consumer_layout, decide_scope
 from .cache.streams import committed_length, wait_for_writer
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -27,6 +28,7 @@ from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
+from .executors.process.streams import StreamAt, stateful
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
@@ -208,6 +210,12 @@ class CachedLoader(LoaderAttributes):
         sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
         self._runner.ctx.stream_len_called = self._len_told
+        if s.dataset.instance is not None and s.dataset.stream and stateful(s.dataset.instance):
+            # Its own position moves as this process iterates it: a state names the stream as it starts.
+            try:
+                dataset_fingerprint(s.dataset, 0, (0, 1))
+            except FingerprintError:
+                pass  # a state then names its class (loader.state)
 
     def _data_length(self, wait: bool = False) -> int:
         """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
@@ -313,7 +321,8 @@ class CachedLoader(LoaderAttributes):
         epoch, skip = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
-            self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks)
+            self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks,
+                                 r.stream)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches),
                                     owner=self)
 
@@ -349,8 +358,18 @@ class CachedLoader(LoaderAttributes):
             (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
         else:
             cache, fallback, window = None, None, None
+        stream = self._stream_position(epoch, served)
         return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
-                          fallback, window)
+                          fallback, window, stream.plain() if stream is not None else None)
+
+    def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
+        """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until
+        iterated), ``None`` where the stream is iterated again up to there (see :mod:`loader.state`)."""
+        loaded = self._cursor.loaded
+        if loaded is not None:
+            return loaded.stream
+        at = self._runner.ctx.stream_at if self._runner is not None else None
+        return at[2] if at is not None and at[:2] == (epoch, served) and served > 0 else None
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue the run `state` was taken from (call before iterating).

@@ -23,6 +23,7 @@ from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
+from .executors.process.streams import StreamAt
 from .settings import LoaderSettings, RotationSettings
 
 STATE_VERSION = 1
@@ -64,7 +65,7 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
 
 def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
                served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
-               window: str | None = None) -> dict[str, object]:
+               window: str | None = None, stream: dict[str, object] | None = None) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -74,13 +75,16 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     ranks, ``ranks`` says how many split the epoch: resumed on another number of
     ranks, the epoch goes on after the first ``batches_served x batch_size x
     ranks`` samples of its order, which the new ranks split between them.
+    `stream`: where a stateful stream's copies were after batch `served` (their
+    own states), so the epoch goes on from there rather than from the start.
     """
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
-            "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None}
+            "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
+            "stream": stream}
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class LoadedState:
     rotation_fallback: dict[str, object] | None
     rotation_window: str | None
     ranks: int | None = None  # ranks of the node that split the epoch (a store shared by a node's ranks)
+    stream: StreamAt | None = None  # where a stateful stream's copies were
 
 
 def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
@@ -172,9 +177,11 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
+    stream = state.get("stream")
+    at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
-                       ranks if layout.node_scope and isinstance(ranks, int) else None)
+                       ranks if layout.node_scope and isinstance(ranks, int) else None, at)
 
 
 def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> int:

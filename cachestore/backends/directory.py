@@ -316,8 +316,10 @@ class DirectoryBackend(Backend):
             self.discard(token)
 
     def adopt(self, generation: int, num_samples: int | None, record: ProducerRecord) -> StagingToken | None:
-        if num_samples is None or record.get("fingerprint") is None:
-            return None  # without them nothing says the samples are this producer's
+        if record.get("fingerprint") is None:
+            return None  # nothing says the samples are this producer's
+        # (num_samples None: a stream's generation, whose length is known at its end; the record's must be
+        # None too, and the fingerprint covers the stream.)
         if os.path.lexists(self.path / gen_dirname(generation)):
             return None  # committed (or damaged): begin() decides
         wanted = {**record, "generation": generation}
@@ -331,7 +333,7 @@ class DirectoryBackend(Backend):
         old = max(found, key=allocated_bytes)
         staging = self.path / staging_dirname(generation)
         try:
-            if parse_shared(old.name) is not None:
+            if parse_shared(old.name) is not None and num_samples is not None:  # (a stream's is never shared)
                 self._unshare(old, num_samples)
             os.rename(old, staging)
             fsync_dir(self.path)
@@ -346,8 +348,8 @@ class DirectoryBackend(Backend):
             if is_out_of_space(exc) and not isinstance(exc, BudgetExceededError):
                 raise out_of_space(exc, f"adopting the partial generation {generation}", self.path) from exc
             raise
-        log.info("adopted the partial generation %d in %s (%d of %d samples present)", generation, old.name,
-                 kept, num_samples)
+        log.info("adopted the partial generation %d in %s (%d of %s samples present)", generation, old.name,
+                 kept, num_samples if num_samples is not None else "a stream's")
         return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",
                             self.allow_pickle)
 
@@ -439,7 +441,7 @@ class DirectoryBackend(Backend):
         """Every index the shards of `staging` recorded as written (duplicates included)."""
 
     @abstractmethod
-    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int | None) -> int:
         """Make an adopted staging area writable by new shards; return the samples kept.
 
         Renames every shard to ``prefix + shard id`` and keeps, per index in

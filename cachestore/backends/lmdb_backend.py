@@ -43,7 +43,7 @@ from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
 from .manifest import Manifest
-from .staging import check_complete
+from .staging import check_complete, in_range
 
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
 FLUSH_BYTES = 16 << 20
@@ -347,12 +347,12 @@ class LmdbBackend(DirectoryBackend):
             parts.append(np.frombuffer(data[:len(data) - len(data) % _LOG.itemsize], dtype=_LOG))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int | None) -> int:
         # The dead writer's lock file may hold its stale reader slots: nobody has it open now
         # (we hold the writer lease, the owner and its workers are gone), so start a fresh one.
         (staging / "lock.mdb").unlink(missing_ok=True)
         _allocate_lock_file(staging, create=True)
-        seen = np.zeros(num_samples, dtype=bool)
+        seen: set[int] = set()
         records = LmdbStaging(staging, verify=True)
         try:
             for log_file in sorted(staging.glob("keys-*.bin")):
@@ -362,9 +362,9 @@ class LmdbBackend(DirectoryBackend):
                 keep = np.zeros(len(logged), dtype=bool)
                 for k, i in enumerate(logged.tolist()):
                     # LMDB holds one value per key: any copy that verifies is the one a reader gets.
-                    keep[k] = 0 <= i < num_samples and not seen[i] and records.sound(i)
+                    keep[k] = in_range(i, num_samples) and i not in seen and records.sound(i)
                     if keep[k]:
-                        seen[i] = True
+                        seen.add(i)
                 safefs.write_new(_keys_file(staging, prefix + shard_id), logged[keep].tobytes())
                 log_file.unlink()
                 stats = staging / f"stats-{shard_id}.json"
@@ -373,7 +373,7 @@ class LmdbBackend(DirectoryBackend):
         finally:
             records.close()
         fsync_dir(staging)
-        return int(seen.sum())
+        return len(seen)
 
     def open_staging(self, token: StagingToken) -> StagingData:
         return LmdbStaging(Path(token.path), self.verify, self.allow_pickle)

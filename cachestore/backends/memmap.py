@@ -29,7 +29,7 @@ from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, g
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
 from .memmap_staging import StagingRecords
-from .staging import check_complete
+from .staging import check_complete, in_range
 
 
 class MemmapBackend(DirectoryBackend):
@@ -84,9 +84,9 @@ class MemmapBackend(DirectoryBackend):
         parts = [read_rows(path)["index"] for path in sorted(staging.glob("*.idx"))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int) -> int:
+    def _adopt_shards(self, staging: Path, prefix: str, num_samples: int | None) -> int:
         records = StagingRecords(staging, verify=True)
-        seen = np.zeros(num_samples, dtype=bool)
+        seen: set[int] = set()
         for path in sorted(staging.glob("*.idx")):
             shard_id = path.name[:-4]
             rows = read_rows(path)
@@ -94,9 +94,9 @@ class MemmapBackend(DirectoryBackend):
             for k, row in enumerate(rows):
                 i = int(row["index"])
                 # Written twice (a re-run that raced a worker's death): the first copy that verifies.
-                keep[k] = 0 <= i < num_samples and not seen[i] and records.sound(shard_id, row)
+                keep[k] = in_range(i, num_samples) and i not in seen and records.sound(shard_id, row)
                 if keep[k]:
-                    seen[i] = True
+                    seen.add(i)
             new_id = prefix + shard_id
             if (staging / f"{shard_id}.seg").exists():
                 os.rename(staging / f"{shard_id}.seg", staging / f"{new_id}.seg")
@@ -104,7 +104,7 @@ class MemmapBackend(DirectoryBackend):
             path.unlink()
         records.close()
         fsync_dir(staging)
-        return int(seen.sum())
+        return len(seen)
 
     def keep_logged(self, token: StagingToken, tags: np.ndarray) -> None:
         staging = Path(token.path)

@@ -154,3 +154,9 @@ def check_complete(indices: Sequence[int] | npt.NDArray[np.integer], num_samples
         raise CacheStoreError(f"{where} cannot be committed: {'; '.join(parts)}; "
                               "a generation must hold every index 0..n-1 exactly once")
     return n
+
+
+def in_range(index: int, num_samples: int | None) -> bool:
+    """Whether a logged `index` can belong to a generation of `num_samples` (``None``: a stream's, of a
+    length known at its end)."""
+    return index >= 0 and (num_samples is None or index < num_samples)

@@ -20,7 +20,7 @@ from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
-from ..executors.process.streams import InlineStream, StreamWorkers
+from ..executors.process.streams import InlineStream, StreamAt, StreamWorkers
 from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
@@ -81,6 +81,8 @@ class EpochContext:
         self.refresh: BackgroundRefresh | None = None
         #: What ``len(loader)`` said of a stream not cached yet (torch warns when more batches come).
         self.stream_len_called: int | None = None
+        #: A stateful stream's position after the latest batch served: ``(epoch, batches served, where)``.
+        self.stream_at: tuple[int, int, StreamAt] | None = None
 
     def streams(self) -> StreamWorkers | InlineStream:
         """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""

@@ -8,12 +8,15 @@ base class holds what every kind needs; each kind's plan adds its own fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 import numpy as np
 
 from ..settings import EpochMode
 from .order import BlockOrder, Redraw
+
+if TYPE_CHECKING:
+    from ..executors.process.streams import StreamAt
 
 
 @dataclass
@@ -94,7 +97,8 @@ class StreamPlan(EpochPlan):
     the generation is committed at the end of the stream (or after ``limit``
     samples); the epoch is then a generate epoch. ``buffer`` > 0 serves the
     samples through a shuffle buffer of that many samples; ``skip``: batches
-    served before a resume (the stream is iterated again up to there).
+    served before a resume (the stream is iterated again up to there, unless
+    ``resume`` says where a stateful stream's copies were: they go on from it).
     """
 
     mode: ClassVar[EpochMode] = EpochMode.COMPUTE
@@ -102,6 +106,7 @@ class StreamPlan(EpochPlan):
     buffer: int = 0
     limit: int | None = None
     seed: int = 0
+    resume: StreamAt | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from ..cache.controller import CacheController
 from ..cache.read_order import read_order
 from ..distributed import ConsumerLayout
 from ..executors.host import executor_class
+from ..executors.process.streams import StreamAt
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
@@ -178,15 +179,17 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
 
 
-def stream_plan(plan: EpochPlan, skip: int, settings: LoaderSettings, seed: int) -> EpochPlan:
-    """A stream's epoch: read and rotate plans stay; one that computes iterates the stream, and one that
-    generates writes it in arrival order (through a shuffle buffer with ``shuffle``)."""
+def stream_plan(plan: EpochPlan, skip: int, settings: LoaderSettings, seed: int,
+                resume: StreamAt | None = None) -> EpochPlan:
+    """A stream's epoch: read and rotate plans stay; one that computes iterates the stream (from `resume`,
+    a stateful stream's position after batch `skip`), and one that generates writes it in arrival order
+    (through a shuffle buffer with ``shuffle``)."""
     if isinstance(plan, (ReadPlan, RotatePlan)):
         return plan
     cache = settings.cache
     common = dict(epoch=plan.epoch, batches=[], indices=np.zeros(0, dtype=np.int64), notes=plan.notes,
                   transform_seed=plan.transform_seed, skip=skip, seed=seed,
-                  limit=cache.stream_samples if cache is not None else None)
+                  limit=cache.stream_samples if cache is not None else None, resume=resume)
     if isinstance(plan, GeneratePlan) and cache is not None:
         return StreamGeneratePlan(generation=plan.generation, buffer=cache.stream_buffer if settings.shuffle else 0,
                                   **common)  # type: ignore[arg-type]

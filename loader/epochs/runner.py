@@ -24,6 +24,7 @@ from ..cache.pending import settle
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..errors import FailedBatch
+from ..executors.process.streams import StreamAt
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..settings import LoaderSettings, RotationSettings
@@ -55,6 +56,7 @@ class EpochRunner:
         self.stats = stats
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
         self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
+        self._stream_resume: tuple[int, int, StreamAt] | None = None  # (epoch, batches served, where) loaded
         if settings.rotation is not None:
             self.ctx.open_window()
         if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
@@ -95,7 +97,11 @@ class EpochRunner:
                               shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
-        return stream_plan(plan, skip, s, ctx.state.seed) if s.dataset.stream else plan
+        if not s.dataset.stream:
+            return plan
+        resume = self._stream_resume
+        at = resume[2] if resume is not None and resume[:2] == (epoch, skip) and skip > 0 else None
+        return stream_plan(plan, skip, s, ctx.state.seed, at)
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
         """Epoch `epoch`, planned, as an object of its kind (chosen here, once)."""
@@ -163,10 +169,13 @@ class EpochRunner:
         return str(window.path) if isinstance(window, DiskWindow) else None
 
     def restore(self, seed: int, cache: dict[str, object] | None, fallback: dict[str, object] | None,
-                window: str | None, epoch: int, applied: int, ranks: int | None = None) -> None:
-        """Continue the run a state was taken from: its seed, its cache plan, its rotation window, and
-        (a store shared by a node's ranks) how many ranks split the epoch it stopped in."""
+                window: str | None, epoch: int, applied: int, ranks: int | None = None,
+                stream: StreamAt | None = None) -> None:
+        """Continue the run a state was taken from: its seed, its cache plan, its rotation window,
+        (a store shared by a node's ranks) how many ranks split the epoch it stopped in, and where a
+        stateful stream's copies were."""
         ctx = self.ctx
+        self._stream_resume = (epoch, applied, stream) if stream is not None else None
         ctx.state.seed = ctx.layout.seed = seed
         if ranks is not None:
             self._ranks_before = (epoch, ranks)

@@ -15,6 +15,7 @@ before it is random-access.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import warnings
@@ -26,6 +27,7 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
+from ...executors.process.streams import StreamAt, stateful
 from ...executors.producer import transform
 from ..context import EpochContext
 from ..places import ComputePlace
@@ -67,22 +69,29 @@ class StreamEpoch(EpochKind[StreamPlan]):
         return 0  # unknown
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
-        plan, served, arrived = self.plan, 0, 0
+        plan, streams = self.plan, self.ctx.streams()
+        # A stateful stream goes on from where it was; another is iterated again up to the resume point.
+        served, arrived = (plan.skip, plan.resume.arrived) if plan.resume is not None else (0, 0)
         # read_transform needs the samples (seeded by their arrival position): collated here, then
         transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
-        for _worker, count, batch in self.ctx.streams().items(plan.epoch, collate=not transforms):
+        for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume):
             stats.computed += count
             served += 1
             arrived += count
             if served <= plan.skip:
                 continue  # served before the resume: the stream is iterated again up to here
             self._check_length(served)
+            self._mark(streams.at, served)
             if transforms:
                 yield self._serve(list(enumerate(batch, arrived - count)), stats)
                 continue
             stats.batches += 1
             stats.samples += count
             yield batch
+
+    def _mark(self, at: StreamAt | None, served: int) -> None:
+        """Where a state taken after batch `served` resumes a stateful stream (``None``: by iterating again)."""
+        self.ctx.stream_at = (self.plan.epoch, served, at) if at is not None else None
 
     def _serve(self, batch: list[tuple[int, Sample]], stats: EpochStats) -> Batch:
         """One batch of ``(index, sample)``: through ``read_transform``, collated."""
@@ -116,16 +125,27 @@ class StreamGenerateEpoch(StreamEpoch):
 
     @classmethod
     def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
-        """The epoch, its generation opened for writing (the store's writer lock: one writer at a time)."""
+        """The epoch, its generation opened for writing (the store's writer lock: one writer at a time); a
+        stateful stream resumed adopts the partial generation the stopped run kept."""
         assert ctx.cache is not None and plan.generation is not None
+        # A stateful stream's writer records its producer, so that a stopped run's partial generation is kept
+        # for the run that resumes it (and adopted by that one).
+        resume = stateful(ctx.producer.dataset)
         try:
-            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+            writer = ctx.cache.store.writer(plan.generation, None, resume=resume)
         except StoreLockedError:
             # Another job iterates the same stream into this store: wait for it, then read what it committed.
             wait_for_writer(ctx.cache.settings, ctx.layout, ctx.settings.timeout)
             if plan.generation in ctx.cache.committed():
                 raise GenerationCommitted(f"generation {plan.generation} was committed by another job") from None
-            ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
+            writer = ctx.cache.store.writer(plan.generation, None, resume=resume)
+        ctx.res.stream_writer = writer
+        if plan.resume is not None and len(writer.present()) < plan.resume.arrived:
+            # The samples the stream yielded before the stop are not all kept (the partial generation was
+            # pruned): iterated again from the start instead, as a stream without a state of its own is.
+            log.info("the partial generation of epoch %d lacks the samples before the resume point: the stream "
+                     "is iterated again from its start", plan.epoch)
+            plan = dataclasses.replace(plan, resume=None)
         return cls(ctx, place, plan)
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
@@ -135,14 +155,19 @@ class StreamGenerateEpoch(StreamEpoch):
         s = ctx.settings
         buffer = ShuffleBuffer(plan.buffer, np.random.default_rng([plan.seed, plan.epoch])) if plan.buffer else None
         pending: list[tuple[int, Sample]] = []
-        index, served, finished = 0, 0, False
+        streams, finished = ctx.streams(), False
+        # A stateful stream resumed goes on after the samples the adopted partial generation holds; the
+        # samples written after its state was taken (a run that went on, then stopped) are kept as they are.
+        index, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
+        kept = set(writer.present().tolist()) if writer.adopted else set()
         try:
-            for _worker, _count, samples in ctx.streams().items(plan.epoch, collate=False):
+            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume):
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and index >= plan.limit:
                         break
-                    writer.put(index, sample)
+                    if index not in kept:
+                        writer.put(index, sample)
                     arrived.append((index, sample))
                     index += 1
                 stats.computed += len(arrived)
@@ -155,6 +180,8 @@ class StreamGenerateEpoch(StreamEpoch):
                     batch, pending = pending[:s.batch_size], pending[s.batch_size:]
                     served += 1
                     if served > plan.skip:
+                        # Through a shuffle buffer, what was taken from the stream is more than was served.
+                        self._mark(streams.at if buffer is None else None, served)
                         yield self._serve(batch, stats)
                 if plan.limit is not None and index >= plan.limit:
                     break

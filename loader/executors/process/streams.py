@@ -11,6 +11,13 @@ as it is; the samples themselves where the training process writes them into a
 generation, ``docs/ARCHITECTURE.md``, "Streams"). Each worker has
 `prefetch` requests in flight, as torch's ``prefetch_factor``.
 
+A stream with its own ``state_dict()``/``load_state_dict()`` (torchdata's
+``Stateful``) sends its copy's state with each batch; :class:`StreamAt` is
+where an epoch got (each worker's state after the last batch taken from it,
+whose turn is next), and an epoch begun from one continues there, every copy
+loading its state before its new iterator, instead of iterating the stream
+again from its start.
+
 Workers die with the training process (the parent-death signal of
 :func:`~loader.executors.process.worker.die_with_parent`), ignore Ctrl-C, and
 every wait on them watches their sentinels with the loader's ``timeout``.
@@ -62,12 +69,55 @@ class StreamConfig:
     worker_init_fn: Portable[WorkerInitFn] | None = None
 
 
+def stateful(stream: object) -> bool:
+    """Whether `stream` saves and loads its own position (torchdata's ``Stateful``)."""
+    return callable(getattr(stream, "state_dict", None)) and callable(getattr(stream, "load_state_dict", None))
+
+
+@dataclass(frozen=True)
+class StreamAt:
+    """Where an epoch of a stateful stream got: after `arrived` samples, each worker's copy at `states`
+    (``None``: nothing taken from it yet), those in `ended` out of the turn, worker `next` next."""
+
+    states: tuple[Any, ...]
+    ended: tuple[bool, ...]
+    next: int
+    arrived: int
+
+    def plain(self) -> dict[str, object]:
+        """As the plain values of a loader state."""
+        return {"states": list(self.states), "ended": list(self.ended), "next": self.next, "arrived": self.arrived}
+
+    @classmethod
+    def from_plain(cls, value: object, workers: int) -> StreamAt:
+        """The position a loader state recorded for `workers` workers (1 for a stream iterated in place).
+
+        Raises
+        ------
+        ValueError
+            `value` is not such a position.
+        """
+        ok = isinstance(value, dict) and isinstance(value.get("states"), list) and isinstance(
+            value.get("ended"), list) and len(value["states"]) == len(value["ended"]) == workers and all(
+            isinstance(e, bool) for e in value["ended"])
+        nat = [isinstance(value.get(k), int) and not isinstance(value.get(k), bool) and value[k] >= 0
+               for k in ("next", "arrived")] if isinstance(value, dict) else [False]
+        if not ok or not all(nat) or value["next"] >= workers:  # type: ignore[index]
+            raise ValueError(f"damaged loader state: state['stream'] must be the position of a stream's {workers} "
+                             "iterator(s) {'states': [...], 'ended': [bool, ...], 'next': int, 'arrived': int}, "
+                             f"got {value!r}")
+        assert isinstance(value, dict)
+        return cls(tuple(value["states"]), tuple(value["ended"]), value["next"], value["arrived"])
+
+
 @dataclass(frozen=True)
 class Begin:
-    """Start epoch `epoch`: a new iterator of the worker's copy; batches are collated when `collate`."""
+    """Start epoch `epoch`: a new iterator of the worker's copy (after loading `state` into the copy, when
+    given); batches are collated when `collate`."""
 
     epoch: int
     collate: bool
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +134,14 @@ class Stop:
 
 @dataclass(frozen=True)
 class Items:
-    """A batch of `count` samples of epoch `epoch`: collated, or the list of samples."""
+    """A batch of `count` samples of epoch `epoch`: collated, or the list of samples; a stateful stream's
+    copy's `state` after it."""
 
     epoch: int
     worker_id: int
     count: int
     items: Any
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +205,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                                               index=None, kind="init"))
         return
     waiting: collections.deque[object] = collections.deque()
-    epoch, iterator, collated = -1, None, True
+    epoch, iterator, collated, state = -1, None, True, None
+    keeper: Any = dataset if stateful(dataset) else None  # a stream that saves and loads its own position
     try:
         while True:
             _latest(conn, waiting)
@@ -166,18 +219,21 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                 return
             if isinstance(msg, Begin):
                 _close(iterator)
-                epoch, iterator, collated = msg.epoch, None, msg.collate
+                epoch, iterator, collated, state = msg.epoch, None, msg.collate, msg.state
                 continue
             if not isinstance(msg, Next) or msg.epoch != epoch:
                 continue
             try:
                 if iterator is None:
+                    if state is not None and keeper is not None:
+                        keeper.load_state_dict(state)
                     iterator = iter(dataset)
                 samples = _pull(iterator, config)
                 if samples is None:
                     answer: object = End(epoch, config.worker_id)
                 else:
-                    answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples)
+                    answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples,
+                                   keeper.state_dict() if keeper is not None else None)
             except Exception as exc:
                 answer = m.TaskFailed.from_exception(exc, epoch=epoch, seq=-1, part=-1, worker_id=config.worker_id,
                                                      index=None, kind="dataset")
@@ -216,6 +272,8 @@ class StreamWorkers:
         module = source.dataset_class.__module__
         self.conns: list[Any] = []
         self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.at: StreamAt | None = None  # a stateful stream's position after the latest batch items() gave
+        self.keeps_state = stateful(source.instance if source.instance is not None else source.dataset_class)
         try:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
@@ -231,23 +289,36 @@ class StreamWorkers:
             self.close()
             raise
 
-    def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
+    def items(self, epoch: int, collate: bool,
+              resume: StreamAt | None = None) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
-        worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out."""
-        for worker in range(len(self.conns)):
-            self._send(worker, Begin(epoch, collate), epoch)
-            for _ in range(self.prefetch):
+        worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out; from
+        position `resume` on, when given (a stateful stream's)."""
+        n = len(self.conns)
+        states = list(resume.states) if resume is not None else [None] * n
+        ended = list(resume.ended) if resume is not None else [False] * n
+        arrived = resume.arrived if resume is not None else 0
+        for worker in range(n):
+            self._send(worker, Begin(epoch, collate, states[worker]), epoch)
+            for _ in range(self.prefetch if not ended[worker] else 0):
                 self._send(worker, Next(epoch), epoch)
-        active, pos = list(range(len(self.conns))), 0
+        active = [w for w in range(n) if not ended[w]]
+        pos = active.index(resume.next) if resume is not None and resume.next in active else 0
+        self.at = None
         while active:
             worker = active[pos]
             msg = self._receive(worker, epoch)
             if isinstance(msg, End):
                 active.pop(pos)
+                ended[worker] = True
                 pos = pos % len(active) if active else 0
                 continue
             self._send(worker, Next(epoch), epoch)
             pos = (pos + 1) % len(active)
+            arrived += msg.count
+            if self.keeps_state:
+                states[worker] = msg.state
+                self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived)
             yield worker, msg.count, msg.items
 
     def _send(self, worker: int, msg: object, epoch: int) -> None:
@@ -316,14 +387,26 @@ class InlineStream:
     def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn) -> None:
         self.dataset = dataset
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
+        self.keeps_state = stateful(dataset)
+        self.at: StreamAt | None = None  # as StreamWorkers.at
 
-    def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
+    def items(self, epoch: int, collate: bool,
+              resume: StreamAt | None = None) -> Generator[tuple[int, int, Any], None, None]:
+        self.at = None
+        if resume is not None and resume.ended[0]:
+            return
+        arrived = resume.arrived if resume is not None else 0
+        if resume is not None and resume.states[0] is not None:
+            self.dataset.load_state_dict(resume.states[0])
         iterator = iter(self.dataset)
         try:
             while True:
                 samples = list(itertools.islice(iterator, self.batch_size))
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
                     return
+                arrived += len(samples)
+                if self.keeps_state:
+                    self.at = StreamAt((self.dataset.state_dict(),), (False,), 0, arrived)
                 yield 0, len(samples), self.collate_fn(samples) if collate else samples
         finally:
             _close(iterator)

@@ -105,3 +105,35 @@ class Dying(IterableDataset):
             if worker == 1 and k == self.after:
                 os.kill(os.getpid(), 9)
             yield i
+
+
+class Resumable(IterableDataset):
+    """:class:`Counting` with its own ``state_dict()``/``load_state_dict()`` (torchdata's ``Stateful``): the
+    state is how many samples of its share the copy yielded; ``iter()`` goes on from a loaded one. Each
+    sample yielded appends its value to `log` (so tests see that none is yielded twice)."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n, self.log, self.done = n, log, 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = state["done"]
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        mine = range(worker, self.n, workers)
+        while self.done < len(mine):
+            i = mine[self.done]
+            self.done += 1
+            with open(self.log, "a") as f:
+                f.write(f"{i}\n")
+            yield {"x": np.full((3,), i, dtype=np.float32), "i": i}
+        self.done = 0  # the next epoch starts the stream again
+
+
+def yielded(log: str) -> list[int]:
+    """The samples the :class:`Resumable` streams logging to `log` yielded, in any process."""
+    return [] if not os.path.exists(log) else [int(v) for v in Path(log).read_text().split()]

@@ -8,7 +8,7 @@ import pytest
 
 from loader import CachedLoader
 
-from .stream_datasets import Counting, iterations
+from .stream_datasets import Counting, Resumable, iterations, yielded
 
 
 def labels(batch: dict) -> list[int]:
@@ -58,3 +58,52 @@ def test_resume_in_a_cached_epoch_is_exact(tmp_path) -> None:
     assert sorted(v for b in served for v in b) == list(range(30))
     assert iterations(log) == 2  # only the generate epoch iterated the stream
 
+
+
+@pytest.mark.parametrize("cached", [True, False])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_stream_resumes_from_its_own_state(tmp_path, workers: int, cached: bool) -> None:
+    # Its copies load the states they had after the last batch served: none of the samples served
+    # before the stop is yielded again, and the batches are those of a run never stopped.
+    def build(log: str, prefix: str) -> CachedLoader:
+        cache = {"cache_setting": {"prefix": str(tmp_path / prefix)}} if cached else {}
+        return CachedLoader(Resumable(30, str(tmp_path / log)), batch_size=4, num_workers=workers, shuffle=False,
+                            timeout=60, **cache)
+
+    with build("full.log", "full") as full:
+        expected = [labels(b) for b in full]
+    with build("run.log", "run") as first:
+        served = []
+        for k, batch in enumerate(first):
+            served.append(labels(batch))
+            if k == 2:
+                state = first.state_dict()
+                break
+    assert state["stream"] is not None and state["stream"]["arrived"] == 12
+    before = yielded(str(tmp_path / "run.log"))
+    with build("run.log", "run") as second:
+        second.load_state_dict(state)
+        served += [labels(b) for b in second]
+        if cached:
+            assert second.epoch_stats[-1].committed
+            assert sorted(v for b in second for v in labels(b)) == list(range(30))  # read from the generation
+    assert served == expected
+    again = yielded(str(tmp_path / "run.log"))[len(before):]
+    assert not set(v for b in served[:3] for v in b) & set(again), "a sample served before the stop was yielded again"
+
+
+def test_a_stateful_stream_behind_a_shuffle_buffer_is_iterated_again(tmp_path) -> None:
+    # Through a shuffle buffer more was taken from the stream than was served: its state says nothing of
+    # the buffer, so the run resumes as for any stream (iterated again, what was served skipped).
+    log = str(tmp_path / "log")
+    kwargs = dict(batch_size=4, num_workers=0, shuffle=True, seed=3,
+                  cache_setting={"prefix": str(tmp_path / "c"), "stream_buffer": 6})
+    with CachedLoader(Resumable(20, log), **kwargs) as first:
+        it = iter(first)
+        served = [labels(next(it)) for _ in range(2)]
+        state = first.state_dict()
+    assert state["stream"] is None
+    with CachedLoader(Resumable(20, log), **kwargs) as second:
+        second.load_state_dict(state)
+        served += [labels(b) for b in second]
+    assert sorted(v for b in served for v in b) == list(range(20))
