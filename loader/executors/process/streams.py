@@ -28,8 +28,9 @@ import multiprocessing.connection
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 
+from ...datapipes import is_datapipe, seed_pipes, shard
 from ...dataset import CollateFn, DatasetSource, WorkerInitFn
 from ...errors import WorkerError, WorkerTimeoutError
 from .. import messages as m
@@ -60,14 +61,17 @@ class StreamConfig:
     drop_last: bool
     collate_fn: Portable[CollateFn]
     worker_init_fn: Portable[WorkerInitFn] | None = None
+    world: tuple[int, int] = (1, 0)  # torch.distributed's (world size, rank): a datapipe's shards
 
 
 @dataclass(frozen=True)
 class Begin:
-    """Start epoch `epoch`: a new iterator of the worker's copy; batches are collated when `collate`."""
+    """Start epoch `epoch`: a new iterator of the worker's copy; batches are collated when `collate`;
+    a datapipe's random pipes are seeded from `seed` first (the same in every worker)."""
 
     epoch: int
     collate: bool
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
         identity = WorkerIdentity(config.worker_id, config.num_workers, config.seed + config.worker_id,
                                   lambda: dataset, thread=False)
         identity.install()
+        if is_datapipe(dataset):  # its sharding filters keep this worker's share, as torch's workers do
+            shard(dataset, config.num_workers, config.worker_id, config.world)
         if config.worker_init_fn is not None:
             config.worker_init_fn.load()(config.worker_id)
         identity.install()  # torch imported by worker_init_fn
@@ -167,6 +173,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
             if isinstance(msg, Begin):
                 _close(iterator)
                 epoch, iterator, collated = msg.epoch, None, msg.collate
+                if msg.seed is not None:
+                    seed_pipes(dataset, msg.seed)
                 continue
             if not isinstance(msg, Next) or msg.epoch != epoch:
                 continue
@@ -203,13 +211,17 @@ class StreamWorkers:
         Requests in flight per worker.
     timeout
         Seconds one wait may take (``None``: as long as it takes).
+    pipe_seed
+        A datapipe's: the seed of its random pipes in an epoch (:func:`loader.datapipes.epoch_seed`).
     """
 
     def __init__(self, source: DatasetSource, workers: int, seed: int, batch_size: int, drop_last: bool,
                  collate_fn: CollateFn, worker_init_fn: WorkerInitFn | None, prefetch: int,
-                 timeout: float | None, start_method: str) -> None:
+                 timeout: float | None, start_method: str, pipe_seed: Callable[[int], int] | None = None,
+                 world: tuple[int, int] = (1, 0)) -> None:
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
+        self.pipe_seed = pipe_seed
         dataset = Portable(source, "dataset")
         collate = Portable(collate_fn, "collate_fn")
         init = Portable(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
@@ -220,7 +232,8 @@ class StreamWorkers:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
                 ours, theirs = ctx.Pipe()
-                config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init)
+                config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init,
+                                      world)
                 proc = ctx.Process(target=stream_worker_main, args=(theirs, config),  # type: ignore[attr-defined]
                                    daemon=True, name=f"cachestore-stream-{worker_id}")
                 start(proc, ctx.get_start_method())
@@ -234,8 +247,9 @@ class StreamWorkers:
     def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out."""
+        begin = Begin(epoch, collate, self.pipe_seed(epoch) if self.pipe_seed is not None else None)
         for worker in range(len(self.conns)):
-            self._send(worker, Begin(epoch, collate), epoch)
+            self._send(worker, begin, epoch)
             for _ in range(self.prefetch):
                 self._send(worker, Next(epoch), epoch)
         active, pos = list(range(len(self.conns))), 0
@@ -311,13 +325,19 @@ class StreamWorkers:
 
 
 class InlineStream:
-    """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading."""
+    """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading
+    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`)."""
 
-    def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn) -> None:
+    def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn,
+                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0)) -> None:
         self.dataset = dataset
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
+        self.pipe_seed, self.world = pipe_seed, world
 
     def items(self, epoch: int, collate: bool) -> Generator[tuple[int, int, Any], None, None]:
+        if self.pipe_seed is not None:
+            shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
+            seed_pipes(self.dataset, self.pipe_seed(epoch))
         iterator = iter(self.dataset)
         try:
             while True:
