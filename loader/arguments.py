@@ -303,7 +303,8 @@ def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
         default = sampler is None and batch_sampler is None and not is_stream(a.dataset)
         out = TorchChoices(
             shuffle=shuffle if shuffle is not None else default,
-            sampling=(Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
+            sampling=(Sampling(sampler, batch_sampler,  # type: ignore[arg-type]  # iterables, checked above
+                               keys=a.batch_size is None and sampler is not None)
                       if sampler is not None or batch_sampler is not None else None))
     out = dataclasses.replace(out, worker_init_fn=_callable("worker_init_fn", a.worker_init_fn))
     if isinstance(a.prefetch_factor, int):

@@ -344,10 +344,15 @@ Device = Union[str, "torch.device", None]
 
 @dataclass(frozen=True)
 class Sampling:
-    """torch's ``sampler`` or ``batch_sampler``: the user's own order, drawn anew every epoch."""
+    """torch's ``sampler`` or ``batch_sampler``: the user's own order, drawn anew every epoch.
+
+    With `keys` (``batch_size=None``), a sampler may yield lists of indices instead of indices: each
+    list is then handed to ``dataset[...]`` whole, once, and its result served as it is (torch's
+    loading without auto-collation)."""
 
     sampler: Iterable[int] | None = None
     batch_sampler: Iterable[Sequence[int]] | None = None
+    keys: bool = False
 
     @property
     def source(self) -> object:
