@@ -417,6 +417,15 @@ class LoaderSettings:
     read_transform: ReadTransform | None = None
 
     @property
+    def deals_in_turn(self) -> bool:
+        """Whether batches go to the workers in turn, whole (batch ``i`` of an epoch to worker ``i mod N``), as
+        torch deals them: with a ``worker_init_fn``, which makes each worker one of its own (a handle, a
+        shard of files, its id in the samples) that code written for torch may count on. Otherwise a batch
+        goes to the least loaded worker and an epoch's first and last batches are split between the
+        workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch")."""
+        return self.worker_init_fn is not None
+
+    @property
     def allow_pickle(self) -> bool:
         """Whether samples that need pickle may travel and be stored (a cache setting)."""
         return self.cache.allow_pickle if self.cache is not None else False

@@ -155,3 +155,34 @@ def test_a_sampler_of_lists_with_a_cache_says_why_it_cannot_be_cached(tmp_path):
                       cache_setting={"prefix": str(tmp_path / "c")}) as loader:
         with pytest.raises(ValueError, match="not one sample per index"):
             next(iter(loader))
+
+
+class WhoComputes:
+    """Samples ``(worker id, index)``, the id set by ``worker_init_fn`` on the worker's copy (torch's
+    TestWorkerQueueDataset)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.worker_id = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def init(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.worker_id, index
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_with_a_worker_init_fn_batches_go_to_the_workers_in_turn_whole(workers):
+    dataset = WhoComputes(100)
+    with CachedLoader(dataset, batch_size=8, shuffle=False, nb_worker=workers, worker_init_fn=dataset.init,
+                      device="cpu") as loader:
+        for _ in range(2):
+            served = list(loader)
+            assert len(served) == 13
+            for i, (who, index) in enumerate(served):
+                assert who.tolist() == [i % workers] * len(index)
+                assert index.tolist() == list(range(8 * i, min(8 * i + 8, 100)))
