@@ -422,7 +422,8 @@ class LoaderSettings:
         torch deals them: with a ``worker_init_fn``, which makes each worker one of its own (a handle, a
         shard of files, its id in the samples) that code written for torch may count on. Otherwise a batch
         goes to the least loaded worker and an epoch's first and last batches are split between the
-        workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch")."""
+        workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch"). Ray actors
+        always take the least loaded."""
         return self.worker_init_fn is not None
 
     @property
