@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .cache.refresh import decide_refresh
+from .datapipes import apply_shuffle, is_datapipe
 from .dataset import DatasetSource, endless, is_stream
 from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
@@ -189,7 +190,11 @@ def _dataset_source(a: Arguments) -> DatasetSource:
     if a.dataset is None:
         raise TypeError("CachedLoader() needs a dataset: a map-style dataset instance, or its class (with "
                         "dataset_params)")
-    return DatasetSource.of(a.dataset, params)
+    dataset = a.dataset
+    if a.shuffle is not None and is_datapipe(dataset) and not isinstance(dataset, type):
+        # As torch's DataLoader: shuffle turns the datapipe's own shufflers on or off (loader.datapipes).
+        dataset = apply_shuffle(dataset, _flag("shuffle", a.shuffle))
+    return DatasetSource.of(dataset, params)
 
 
 def _batching(a: Arguments) -> tuple[int, bool, Callable[..., Any] | None]:
@@ -214,7 +219,7 @@ def _refused_as_torch(a: Arguments) -> None:
                 else f" (timeout={value})"))
     if not is_stream(a.dataset) or a.cache_setting is not None or a.rotation_setting is not None:
         return  # a stream with a cache or rotation is random-access from its second epoch: shuffle, samplers
-    if a.shuffle not in (False, None):
+    if a.shuffle not in (False, None) and not is_datapipe(a.dataset):  # torch's DataLoader drives its shufflers
         raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
                          f"shuffle={a.shuffle}")
     for name, value in (("sampler", a.sampler), ("batch_sampler", a.batch_sampler)):
@@ -298,7 +303,8 @@ def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
         default = sampler is None and batch_sampler is None and not is_stream(a.dataset)
         out = TorchChoices(
             shuffle=shuffle if shuffle is not None else default,
-            sampling=(Sampling(sampler, batch_sampler)  # type: ignore[arg-type]  # iterables, checked above
+            sampling=(Sampling(sampler, batch_sampler,  # type: ignore[arg-type]  # iterables, checked above
+                               keys=a.batch_size is None and sampler is not None)
                       if sampler is not None or batch_sampler is not None else None))
     out = dataclasses.replace(out, worker_init_fn=_callable("worker_init_fn", a.worker_init_fn))
     if isinstance(a.prefetch_factor, int):

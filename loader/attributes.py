@@ -153,6 +153,12 @@ class LoaderAttributes:
         """torch's: whether samples are collated into batches (not with ``batch_size=None``)."""
         return not self._given.unbatched
 
+    @property
+    def _iterator(self) -> None:
+        """torch's iterator kept by a loader with ``persistent_workers`` (code written for torch stops
+        its workers through it): always ``None``, the workers belong to the loader (``close()``)."""
+        return None
+
     def _samplers(self) -> tuple[Any, Any]:
         pair = self.__dict__.get("_sampler_pair")
         if pair is None:

@@ -344,10 +344,15 @@ Device = Union[str, "torch.device", None]
 
 @dataclass(frozen=True)
 class Sampling:
-    """torch's ``sampler`` or ``batch_sampler``: the user's own order, drawn anew every epoch."""
+    """torch's ``sampler`` or ``batch_sampler``: the user's own order, drawn anew every epoch.
+
+    With `keys` (``batch_size=None``), a sampler may yield lists of indices instead of indices: each
+    list is then handed to ``dataset[...]`` whole, once, and its result served as it is (torch's
+    loading without auto-collation)."""
 
     sampler: Iterable[int] | None = None
     batch_sampler: Iterable[Sequence[int]] | None = None
+    keys: bool = False
 
     @property
     def source(self) -> object:
@@ -410,6 +415,16 @@ class LoaderSettings:
     sampling: Sampling | None = None  # torch's sampler or batch_sampler
     worker_init_fn: Callable[[int], object] | None = None
     read_transform: ReadTransform | None = None
+
+    @property
+    def deals_in_turn(self) -> bool:
+        """Whether batches go to the workers in turn, whole (batch ``i`` of an epoch to worker ``i mod N``), as
+        torch deals them: with a ``worker_init_fn``, which makes each worker one of its own (a handle, a
+        shard of files, its id in the samples) that code written for torch may count on. Otherwise a batch
+        goes to the least loaded worker and an epoch's first and last batches are split between the
+        workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch"). Ray actors
+        always take the least loaded."""
+        return self.worker_init_fn is not None
 
     @property
     def allow_pickle(self) -> bool:

@@ -8,6 +8,7 @@ One :class:`EpochContext` per started loader, made by the runner
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -18,6 +19,7 @@ from ..cache.build import CacheResources, GenerationBuild
 from ..cache.controller import CacheController
 from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
+from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
 from ..executors.process.streams import InlineStream, StreamAt, StreamWorkers
@@ -89,12 +91,16 @@ class EpochContext:
         if self.res.streams is None:
             s = self.settings
             collate = self.producer.collate
+            # A datapipe's shufflers get one seed per epoch, in every worker alike (loader.datapipes).
+            pipe_seed = (functools.partial(epoch_seed, s.seed if s.seed_given else None)
+                         if is_datapipe(s.dataset.dataset_class) else None)
             if s.nb_worker == 0:
-                self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate)
+                self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate, pipe_seed,
+                                                ranks())
             else:
                 self.res.streams = StreamWorkers(s.dataset, s.nb_worker, s.seed, s.batch_size, s.drop_last, collate,
                                                  s.worker_init_fn, max(1, s.max_queue_size // s.nb_worker),
-                                                 s.timeout, s.start_method)
+                                                 s.timeout, s.start_method, pipe_seed, ranks())
         streams: StreamWorkers | InlineStream = self.res.streams
         return streams
 

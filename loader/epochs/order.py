@@ -91,8 +91,9 @@ def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int, drop
 
 
 def sampled_batches(sampling: Sampling, epoch: int, n: int, batch_size: int,
-                    drop_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The order a sampler (or batch sampler) draws for `epoch`, and its batches.
+                    drop_last: bool) -> tuple[np.ndarray, list[np.ndarray], bool]:
+    """The order a sampler (or batch sampler) draws for `epoch`, its batches, and whether each batch is
+    one of the sampler's lists of indices, for ``dataset[list]`` (``sampling.keys``, see :class:`Sampling`).
 
     ``set_epoch(epoch)`` is called first when the sampler has it, as torch's
     ``DistributedSampler`` expects. Indices may repeat and some may be missing.
@@ -106,17 +107,33 @@ def sampled_batches(sampling: Sampling, epoch: int, n: int, batch_size: int,
     set_epoch = getattr(source, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
+    keys = False
     if sampling.batch_sampler is not None:
         batches = [np.asarray([int(i) for i in batch], dtype=np.int64) for batch in sampling.batch_sampler]
         order = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
     else:
         assert sampling.sampler is not None
-        order = np.fromiter((int(i) for i in sampling.sampler), dtype=np.int64)
-        batches = split_batches(order, batch_size, drop_last)
+        drawn = list(sampling.sampler) if sampling.keys else sampling.sampler
+        keys = sampling.keys and bool(drawn) and np.ndim(drawn[0]) == 1  # type: ignore[index]
+        if keys:
+            batches = [_key(key, sampling.name) for key in drawn]
+            order = np.concatenate(batches)
+        else:
+            order = np.fromiter((int(i) for i in drawn), dtype=np.int64)
+            batches = split_batches(order, batch_size, drop_last)
     if len(order) and (order.min() < 0 or order.max() >= n):
         bad = order[(order < 0) | (order >= n)][0]
         raise IndexError(f"the {sampling.name} drew index {bad} in epoch {epoch}; the dataset has {n} samples")
-    return order, batches
+    return order, batches, keys
+
+
+def _key(key: object, name: str) -> np.ndarray:
+    """One list of indices a sampler yielded (with ``batch_size=None``), as an array."""
+    array = np.asarray(key)
+    if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(f"the {name} yields lists of indices (batch_size=None hands each to dataset[...]): "
+                        f"every item must be a list of int, got {key!r}")
+    return array.astype(np.int64)
 
 
 def sampled_length(sampling: Sampling, batch_size: int, drop_last: bool) -> int:

@@ -128,7 +128,8 @@ class OnWorkers(ComputePlace):
 
     def batches(self, plan: EpochPlan, stats: EpochStats, work: ComputeWork,
                 background: BackgroundRefresh | None = None) -> Iterator[Batch]:
-        run = self._run(plan, True, background)
+        # Split ends only where batches go to the least loaded worker: one dealt in turn is a worker's whole.
+        run = self._run(plan, not self.ctx.settings.deals_in_turn, background)
         if work.build is not None:
             work.build.attach(run.executor)
         return run_pool(plan, run, stats, work)

@@ -100,7 +100,9 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
     if s.sampling is not None:  # the user's order (positions are dataset indices: one consumer)
-        order, batches = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
+        order, batches, keys = sampled_batches(s.sampling, epoch, len(indices), s.batch_size, s.drop_last)
+        if keys:
+            return _keys_plan(epoch, batches[skip:], indices, rotates or (cache is not None and not cache.off))
     else:
         def deck(count: int) -> np.ndarray:
             if shuffled_part:  # its padding comes last, and drop_last drops it (a reshuffle served it)
@@ -145,6 +147,26 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         else:
             plan.fill = fill
     return plan
+
+
+def _keys_plan(epoch: int, batches: list[np.ndarray], indices: np.ndarray, stores: bool) -> EpochPlan:
+    """The epoch of a sampler that yields lists of indices with ``batch_size=None``: each list goes to
+    ``dataset[...]`` whole (``EpochPlan.keys``), computed every epoch.
+
+    Raises
+    ------
+    ValueError
+        With a cache or rotation (`stores`): what ``dataset[list]`` returns is one object for several
+        indices, not a sample per index, so it cannot fill a generation that holds each index once;
+        kept by the list itself, it would be found again only if the sampler drew the same list, which
+        a shuffling sampler never does.
+    """
+    if stores:
+        raise ValueError("a sampler that yields lists of indices with batch_size=None hands each list to "
+                         "dataset[...] whole: its result is not one sample per index, which a cache or a rotation "
+                         "window stores. Drop cache_setting / rotation_setting, or let the sampler yield indices "
+                         "(a batch_sampler yields the lists, and collate_fn sees each batch whole)")
+    return EpochPlan(epoch, batches, indices, keys=True)
 
 
 def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int,

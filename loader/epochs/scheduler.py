@@ -176,8 +176,9 @@ class PoolEpoch:
         step = run.minibatch or len(positions)
         if run.split_ends and (seq == 0 or last) and executor.nb_worker > 1:
             step = min(step, -(-len(positions) // executor.nb_worker))
-        if redraw is not None and redraw.whole:
-            step = len(positions)  # it draws an index twice: one task computes it once
+        if (redraw is not None and redraw.whole) or plan.keys:
+            # It draws an index twice: one task computes it once; or dataset[list] computes it whole.
+            step = len(positions)
         starts = range(0, len(positions), step)
         self.parts_of[seq] = len(starts)
         # A batch computed in parts comes back as its samples, collated here, whole: a collate
@@ -192,7 +193,7 @@ class PoolEpoch:
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=whole,
                           transform_seed=plan.transform_seed if self._served(seq) and run.collate else None,
-                          **fields)
+                          keys=plan.keys, **fields)
             self.inflight[(seq, part)] = task
             executor.submit(task)
 

@@ -91,7 +91,8 @@ class ExecutorHost:
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
                 res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                          s.max_worker_restarts, s.dataset.dataset_class.__module__)
+                                          s.max_worker_restarts, s.dataset.dataset_class.__module__,
+                                          in_turn=s.deals_in_turn)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor

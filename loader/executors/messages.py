@@ -109,6 +109,8 @@ class Task:
     # The run's seed when the samples are served and go through read_transform (None: they are not:
     # a background chunk, rotation's fresh samples, which the training process transforms per serve).
     transform_seed: int | None = None
+    # `indices` is one list a sampler yielded (batch_size=None): dataset[indices] computes the batch whole.
+    keys: bool = False
 
     @property
     def mode(self) -> EpochMode:

@@ -238,6 +238,8 @@ class BatchProducer:
         (read back) or that another process computes it now: those are waited for once this task's
         own samples are written and flushed (nothing is held while waiting; see :mod:`cachestore.sink`).
         """
+        if task.keys:
+            return self._whole(task)
         sink = self._sink_for(task)
         out = Produced(None, records=[] if task.send_records else None)
         stopped = sink.budget_error if sink is not None else None
@@ -264,6 +266,18 @@ class BatchProducer:
         samples = self.transformed(task, samples)
         out.batch = self.collate(samples) if task.collate else samples
         return out
+
+    def _whole(self, task: m.Task) -> Produced:
+        """The batch of a task whose indices are one list a sampler yielded: ``dataset[list]``, called once
+        and served as it is, as torch's loading without auto-collation (never written: the planner refuses
+        a cache with such a sampler)."""
+        keys = task.indices.tolist()
+        try:
+            sample = self.dataset[keys]
+        except Exception as exc:
+            raise SampleError(keys[0] if keys else -1, exc) from exc
+        samples = self.transformed(task, [sample])
+        return Produced(self.collate(samples) if task.collate else samples)
 
     def _first_pass(self, task: m.Task, sink: SampleSink | None, out: Produced,
                     got: dict[int, Sample]) -> tuple[list[Sample], list[int]]:

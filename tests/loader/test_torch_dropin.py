@@ -110,3 +110,79 @@ def test_a_convolution_after_fork_does_not_hang():
     with CachedLoader(ConvDataset(), batch_size=1, nb_worker=1, start_method="fork", device="cpu",
                       worker_init_fn=threads_in_worker, timeout=30) as loader:
         assert [tuple(x.shape) for x in loader] == [(1, 1, 1, 23999)]
+
+
+class ByLists:
+    """``dataset[list]`` only, as torch's BulkLoadingDataset: a whole list of indices at once."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, indices: list[int]) -> torch.Tensor:
+        assert isinstance(indices, list), indices
+        return torch.as_tensor(indices) * 10
+
+
+class ListsOf4:
+    """A sampler that yields lists of 4 shuffled indices (torch's BulkLoadingSampler)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for part in torch.randperm(self.n).split(4):
+            yield part.tolist()
+
+    def __len__(self) -> int:
+        return -(-self.n // 4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_of_lists_without_batch_size_hands_each_list_to_the_dataset_whole(workers):
+    with CachedLoader(ByLists(35), batch_size=None, sampler=ListsOf4(35), nb_worker=workers, device="cpu") as loader:
+        assert not loader._auto_collation and len(loader) == 9
+        for _ in range(2):
+            served = list(loader)
+            assert [len(x) for x in served] == [4] * 8 + [3]
+            assert sorted(int(x) for batch in served for x in batch) == [10 * i for i in range(35)]
+
+
+def test_a_sampler_of_lists_with_a_cache_says_why_it_cannot_be_cached(tmp_path):
+    with CachedLoader(ByLists(10), batch_size=None, sampler=ListsOf4(10), nb_worker=0,
+                      cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        with pytest.raises(ValueError, match="not one sample per index"):
+            next(iter(loader))
+
+
+class WhoComputes:
+    """Samples ``(worker id, index)``, the id set by ``worker_init_fn`` on the worker's copy (torch's
+    TestWorkerQueueDataset)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.worker_id = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def init(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.worker_id, index
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_with_a_worker_init_fn_batches_go_to_the_workers_in_turn_whole(workers):
+    dataset = WhoComputes(100)
+    with CachedLoader(dataset, batch_size=8, shuffle=False, nb_worker=workers, worker_init_fn=dataset.init,
+                      device="cpu") as loader:
+        for _ in range(2):
+            served = list(loader)
+            assert len(served) == 13
+            for i, (who, index) in enumerate(served):
+                assert who.tolist() == [i % workers] * len(index)
+                assert index.tolist() == list(range(8 * i, min(8 * i + 8, 100)))

@@ -95,8 +95,10 @@ class WorkerPool(DeathListeners):
     writes_local_store = True  # workers run on this machine
 
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
-                 start_method: str, max_restarts: int, dataset_module: str | None = None) -> None:
+                 start_method: str, max_restarts: int, dataset_module: str | None = None,
+                 in_turn: bool = False) -> None:
         self.make_config = make_config
+        self.in_turn = in_turn  # torch's dealing: LoaderSettings.deals_in_turn
         self.nb_worker = nb_worker
         self.use_threading = use_threading
         self.start_method = start_method  # "auto": fork or spawn, start by start (process/start.py)
@@ -229,7 +231,11 @@ class WorkerPool(DeathListeners):
             sibling = any(t.epoch == task.epoch and t.seq == task.seq for t in w.outstanding)
             work = sum(len(t.indices) for t in w.outstanding if t.epoch != m.BACKGROUND_EPOCH)
             return sibling, work, len(w.outstanding)
-        worker = min(self.workers, key=load)
+        if self.in_turn and task.epoch != m.BACKGROUND_EPOCH:
+            # Batch i of an epoch to worker i mod N, as torch deals them (a background chunk has no turn).
+            worker = self.workers[(task.seq + task.part) % len(self.workers)]
+        else:
+            worker = min(self.workers, key=load)
         worker.outstanding.append(task)
         self._send(worker, task)
 

@@ -35,8 +35,9 @@ import multiprocessing.connection
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 
+from ...datapipes import is_datapipe, seed_pipes, shard
 from ...dataset import CollateFn, DatasetSource, WorkerInitFn
 from ...errors import WorkerError, WorkerTimeoutError
 from .. import messages as m
@@ -67,6 +68,7 @@ class StreamConfig:
     drop_last: bool
     collate_fn: Portable[CollateFn]
     worker_init_fn: Portable[WorkerInitFn] | None = None
+    world: tuple[int, int] = (1, 0)  # torch.distributed's (world size, rank): a datapipe's shards
 
 
 def stateful(stream: object) -> bool:
@@ -113,10 +115,12 @@ class StreamAt:
 @dataclass(frozen=True)
 class Begin:
     """Start epoch `epoch`: a new iterator of the worker's copy (after loading `state` into the copy, when
-    given); batches are collated when `collate`."""
+    given); batches are collated when `collate`; a datapipe's random pipes are seeded from `seed` first
+    (the same in every worker)."""
 
     epoch: int
     collate: bool
+    seed: int | None = None
     state: Any = None
 
 
@@ -196,6 +200,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
         identity = WorkerIdentity(config.worker_id, config.num_workers, config.seed + config.worker_id,
                                   lambda: dataset, thread=False)
         identity.install()
+        if is_datapipe(dataset):  # its sharding filters keep this worker's share, as torch's workers do
+            shard(dataset, config.num_workers, config.worker_id, config.world)
         if config.worker_init_fn is not None:
             config.worker_init_fn.load()(config.worker_id)
         identity.install()  # torch imported by worker_init_fn
@@ -220,6 +226,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
             if isinstance(msg, Begin):
                 _close(iterator)
                 epoch, iterator, collated, state = msg.epoch, None, msg.collate, msg.state
+                if msg.seed is not None:
+                    seed_pipes(dataset, msg.seed)
                 continue
             if not isinstance(msg, Next) or msg.epoch != epoch:
                 continue
@@ -259,13 +267,17 @@ class StreamWorkers:
         Requests in flight per worker.
     timeout
         Seconds one wait may take (``None``: as long as it takes).
+    pipe_seed
+        A datapipe's: the seed of its random pipes in an epoch (:func:`loader.datapipes.epoch_seed`).
     """
 
     def __init__(self, source: DatasetSource, workers: int, seed: int, batch_size: int, drop_last: bool,
                  collate_fn: CollateFn, worker_init_fn: WorkerInitFn | None, prefetch: int,
-                 timeout: float | None, start_method: str) -> None:
+                 timeout: float | None, start_method: str, pipe_seed: Callable[[int], int] | None = None,
+                 world: tuple[int, int] = (1, 0)) -> None:
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
+        self.pipe_seed = pipe_seed
         dataset = Portable(source, "dataset")
         collate = Portable(collate_fn, "collate_fn")
         init = Portable(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
@@ -278,7 +290,8 @@ class StreamWorkers:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
                 ours, theirs = ctx.Pipe()
-                config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init)
+                config = StreamConfig(dataset, worker_id, workers, seed % 2**32, batch_size, drop_last, collate, init,
+                                      world)
                 proc = ctx.Process(target=stream_worker_main, args=(theirs, config),  # type: ignore[attr-defined]
                                    daemon=True, name=f"cachestore-stream-{worker_id}")
                 start(proc, ctx.get_start_method())
@@ -298,8 +311,9 @@ class StreamWorkers:
         states = list(resume.states) if resume is not None else [None] * n
         ended = list(resume.ended) if resume is not None else [False] * n
         arrived = resume.arrived if resume is not None else 0
+        seed = self.pipe_seed(epoch) if self.pipe_seed is not None else None
         for worker in range(n):
-            self._send(worker, Begin(epoch, collate, states[worker]), epoch)
+            self._send(worker, Begin(epoch, collate, seed, states[worker]), epoch)
             for _ in range(self.prefetch if not ended[worker] else 0):
                 self._send(worker, Next(epoch), epoch)
         active = [w for w in range(n) if not ended[w]]
@@ -382,11 +396,14 @@ class StreamWorkers:
 
 
 class InlineStream:
-    """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading."""
+    """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading
+    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`)."""
 
-    def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn) -> None:
+    def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn,
+                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0)) -> None:
         self.dataset = dataset
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
+        self.pipe_seed, self.world = pipe_seed, world
         self.keeps_state = stateful(dataset)
         self.at: StreamAt | None = None  # as StreamWorkers.at
 
@@ -396,6 +413,9 @@ class InlineStream:
         if resume is not None and resume.ended[0]:
             return
         arrived = resume.arrived if resume is not None else 0
+        if self.pipe_seed is not None:
+            shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
+            seed_pipes(self.dataset, self.pipe_seed(epoch))
         if resume is not None and resume.states[0] is not None:
             self.dataset.load_state_dict(resume.states[0])
         iterator = iter(self.dataset)
