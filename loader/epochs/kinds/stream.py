@@ -24,6 +24,7 @@ import numpy as np
 
 from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
 
+from ...cache.stream_ranks import NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.producer import transform
@@ -110,14 +111,20 @@ class StreamEpoch(EpochKind[StreamPlan]):
 
 
 class StreamGenerateEpoch(StreamEpoch):
-    """A stream iterated once into generation ``plan.generation`` (see the module docstring)."""
+    """A stream iterated once into generation ``plan.generation`` (see the module docstring); with
+    several ranks on the node, this rank's stream into the generation they write together
+    (:mod:`loader.cache.stream_ranks`)."""
 
     plan: StreamGeneratePlan
+    #: This rank's part of the generation the node's ranks write together (``None``: one writer, this one).
+    node: NodeStreamWriter | None = None
 
     @classmethod
     def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
         """The epoch, its generation opened for writing (the store's writer lock: one writer at a time)."""
         assert ctx.cache is not None and plan.generation is not None
+        if ctx.layout.local_ranks > 1:
+            return cls._open_with_ranks(ctx, place, plan)
         try:
             ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
         except StoreLockedError:
@@ -128,23 +135,54 @@ class StreamGenerateEpoch(StreamEpoch):
             ctx.res.stream_writer = ctx.cache.store.writer(plan.generation, None)
         return cls(ctx, place, plan)
 
+    @classmethod
+    def _open_with_ranks(cls, ctx: EpochContext, place: ComputePlace,
+                         plan: StreamGeneratePlan) -> StreamGenerateEpoch:
+        """The epoch of one of the node's ranks: local rank 0 opens the generation (and holds the writer
+        lock), every rank writes a shard of it."""
+        assert ctx.cache is not None and plan.generation is not None
+        store, layout = ctx.cache.store, ctx.layout
+        node = NodeStream(store.path, plan.generation, plan.epoch, layout.local_ranks, layout.local_rank,
+                          ctx.settings.timeout)
+        try:
+            if node.rank == 0:
+                ctx.res.stream_writer = writer = store.writer(plan.generation, None)
+                node.publish_ticket(writer.token)
+                spec = writer.shard_spec()
+            else:
+                spec = node.ticket(store)
+            epoch = cls(ctx, place, plan)
+            epoch.node = NodeStreamWriter(node, spec, store)
+        except BaseException as exc:
+            node.fail(exc)
+            node.close()
+            raise
+        return epoch
+
+    def _put(self, k: int, sample: Sample) -> int:
+        """Write the `k`-th sample to arrive (the one writer's: its index is `k`)."""
+        writer = self.ctx.res.stream_writer
+        assert writer is not None
+        writer.put(k, sample)
+        return k
+
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
-        ctx, plan = self.ctx, self.plan
-        writer = ctx.res.stream_writer
-        assert writer is not None and ctx.cache is not None
+        ctx, plan, node = self.ctx, self.plan, self.node
         s = ctx.settings
+        put = node.put if node is not None else self._put
         buffer = ShuffleBuffer(plan.buffer, np.random.default_rng([plan.seed, plan.epoch])) if plan.buffer else None
         pending: list[tuple[int, Sample]] = []
-        index, served, finished = 0, 0, False
+        written, served, finished = 0, 0, False
         try:
             for _worker, _count, samples in ctx.streams().items(plan.epoch, collate=False):
                 arrived = []
                 for sample in samples:
-                    if plan.limit is not None and index >= plan.limit:
+                    if plan.limit is not None and written >= plan.limit:
                         break
-                    writer.put(index, sample)
-                    arrived.append((index, sample))
-                    index += 1
+                    arrived.append((put(written, sample), sample))
+                    written += 1
+                if node is not None:
+                    node.check()  # another rank failed: stop now, not at the end of this rank's stream
                 stats.computed += len(arrived)
                 stats.written += len(arrived)
                 if buffer is None:
@@ -156,7 +194,7 @@ class StreamGenerateEpoch(StreamEpoch):
                     served += 1
                     if served > plan.skip:
                         yield self._serve(batch, stats)
-                if plan.limit is not None and index >= plan.limit:
+                if plan.limit is not None and written >= plan.limit:
                     break
             if buffer is not None:
                 pending.extend(buffer.drain())
@@ -165,16 +203,41 @@ class StreamGenerateEpoch(StreamEpoch):
                 served += 1
                 if served > plan.skip:
                     yield self._serve(batch, stats)
-            self._commit(index, stats)
+            self._end(written, stats)
             finished = True
-        except BudgetExceededError:
-            ctx.res.stream_writer = None
-            writer.abort()
+        except BaseException as exc:
+            if node is not None:
+                node.fail(exc)  # first: the other ranks stop at their next look
+            if isinstance(exc, BudgetExceededError) and ctx.res.stream_writer is not None:
+                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+                writer.abort()
             raise
         finally:
+            if node is not None:
+                node.close()
+                node.node.close()
             if not finished and ctx.res.stream_writer is not None:
-                ctx.res.stream_writer = None
+                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
                 writer.keep()
+
+    def _end(self, count: int, stats: EpochStats) -> None:
+        """The end of this rank's stream, after `count` samples: the generation committed (by local rank 0
+        where the node's ranks write it together, the others waiting for it)."""
+        node, ctx = self.node, self.ctx
+        if node is None:
+            self._commit(count, stats)
+            return
+        total = node.end(count)
+        if node.node.rank == 0:
+            self._commit(total, stats)
+            node.committed(self.plan.generation)
+            return
+        if not total:
+            raise ValueError("the streams of the node's ranks yielded no sample: there is nothing to cache")
+        node.await_commit()
+        assert ctx.cache is not None and self.plan.generation is not None
+        ctx.cache.mine.add(self.plan.generation)
+        ctx.reads.drop_reader()
 
     def _commit(self, count: int, stats: EpochStats) -> None:
         """The end of the stream: the generation holds `count` samples."""

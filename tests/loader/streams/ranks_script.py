@@ -1,0 +1,87 @@
+"""Run under ``torchrun --nproc_per_node=2``: each rank caches its own stream into the node's store.
+
+Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W]
+[--fail-rank R --fail-after N]``. Every rank builds the same :class:`RankStream` (one fingerprint for
+the node's store); inside ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split
+between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, the stream's
+iterations so far and what the epoch computed; or the error it stopped with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+from loader import CachedLoader  # noqa: E402
+
+
+def this_rank() -> int:
+    """The rank, as a stream in a worker finds it (torch.distributed where it is initialised, else torchrun's)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ["RANK"])
+
+
+class RankStream(IterableDataset):
+    """Rank r yields ``sizes[r]`` samples ``r * 1000 + k``, worker w of W every W-th; each ``__iter__``
+    appends a line to ``<log>-<rank>``; rank `fail_rank` raises ``LookupError`` after `fail_after` samples."""
+
+    def __init__(self, sizes: list[int], log: str, fail_rank: int = -1, fail_after: int = 0) -> None:
+        self.sizes, self.log, self.fail_rank, self.fail_after = sizes, log, fail_rank, fail_after
+
+    def __iter__(self) -> Iterator[dict]:
+        rank, info = this_rank(), get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        with open(f"{self.log}-{rank}", "a") as f:
+            f.write(f"{os.getpid()} {worker}\n")
+        for k in range(worker, self.sizes[rank], workers):
+            if rank == self.fail_rank and k >= self.fail_after:
+                raise LookupError(f"rank {rank} lost its shard at sample {k}")
+            yield {"id": rank * 1000 + k, "x": np.full((4,), k, dtype=np.float32)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--sizes", default="30,20")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-after", type=int, default=0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    log = os.path.join(args.out, "iterations")
+    stream = RankStream([int(n) for n in args.sizes.split(",")], log, args.fail_rank, args.fail_after)
+    result: dict = {"rank": rank, "epochs": [], "iterations": [], "computed": [], "len": []}
+    loader = None
+    try:
+        with CachedLoader(stream, batch_size=4, num_workers=args.workers, shuffle=True, seed=5, timeout=60,
+                          cache_setting={"prefix": os.path.join(args.out, "cache")}) as loader:  # type: ignore[assignment]
+            for _ in range(args.epochs):
+                served: list[int] = []
+                for batch in loader:
+                    served += batch["id"].tolist()
+                result["epochs"].append(served)
+                result["computed"].append(loader.epoch_stats[-1].computed)
+                result["iterations"].append(len(Path(f"{log}-{rank}").read_text().splitlines()))
+                result["len"].append(len(loader))
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["computed"].append(loader.epoch_stats[-1].computed if loader and loader.epoch_stats else None)
+        raise
+    finally:
+        Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
