@@ -235,6 +235,10 @@ class NodeStreamWriter:
         """Raise another rank's error, if one failed."""
         self.node.check()
 
+    def fail(self, exc: BaseException) -> None:
+        """Tell the other ranks that this one fails with `exc`."""
+        self.node.fail(exc)
+
     def end(self, count: int) -> int:
         """The generation's length, after this rank wrote `count` samples: its samples past the end
         moved into holes, and (local rank 0, which commits next) every rank's moves done."""

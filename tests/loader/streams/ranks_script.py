@@ -3,8 +3,8 @@
 Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W]
 [--fail-rank R --fail-after N]``. Every rank builds the same :class:`RankStream` (one fingerprint for
 the node's store); inside ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split
-between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, the stream's
-iterations so far and what the epoch computed; or the error it stopped with.
+between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, its batches, the
+stream's iterations so far, what the epoch computed and ``len(loader)`` after it; or the error it stopped with.
 """
 
 from __future__ import annotations
@@ -61,25 +61,29 @@ def main() -> None:
     rank = dist.get_rank()
     log = os.path.join(args.out, "iterations")
     stream = RankStream([int(n) for n in args.sizes.split(",")], log, args.fail_rank, args.fail_after)
-    result: dict = {"rank": rank, "epochs": [], "iterations": [], "computed": [], "len": []}
+    result: dict = {"rank": rank, "epochs": [], "batches": [], "iterations": [], "computed": [], "len": []}
     loader = None
     try:
         with CachedLoader(stream, batch_size=4, num_workers=args.workers, shuffle=True, seed=5, timeout=60,
                           cache_setting={"prefix": os.path.join(args.out, "cache")}) as loader:  # type: ignore[assignment]
             for _ in range(args.epochs):
                 served: list[int] = []
+                batches = 0
                 for batch in loader:
                     served += batch["id"].tolist()
+                    batches += 1
                 result["epochs"].append(served)
+                result["batches"].append(batches)
                 result["computed"].append(loader.epoch_stats[-1].computed)
                 result["iterations"].append(len(Path(f"{log}-{rank}").read_text().splitlines()))
                 result["len"].append(len(loader))
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-        result["computed"].append(loader.epoch_stats[-1].computed if loader and loader.epoch_stats else None)
+        result["computed"].append(loader.epoch_stats[-1].computed if loader is not None and loader.epoch_stats else None)
         raise
     finally:
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # torchrun stops every rank once one exits: each has said how it ended first
         dist.destroy_process_group()
 
 
