@@ -20,8 +20,10 @@ do); the node's store gets one generation of all of them, whose length nobody kn
   epoch was broken off) writes its error there first, and every other rank raises
   :class:`~loader.errors.RankFailedError` with it at its next look (after each batch, and while it
   waits): no rank waits for an answer that will never come. A rank whose process is gone without
-  an answer, one that does not answer within the loader's ``timeout``, or one that does not show up
-  within :data:`JOIN_TIMEOUT`, is an error too.
+  an answer, or that does not show up within :data:`JOIN_TIMEOUT`, is an error too. A rank that
+  lives is waited for as long as it takes: its stream may be longer, or its training loop slower,
+  and its own ``timeout`` bounds each of its batches (a stream that hangs fails that rank, which
+  says so).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ JOIN_TIMEOUT = 300.0
 MAX_POLL = 0.05
 #: Seconds between two looks for another rank's error while this one iterates its stream.
 CHECK_EVERY = 0.05
+#: Seconds after which a rendezvous none of whose ranks lives is debris (a younger one may be starting).
+STALE_AFTER = 60.0
 
 
 def interleaved(k: int, rank: int, ranks: int) -> int:
@@ -73,6 +77,24 @@ def moves(counts: Sequence[int]) -> list[list[tuple[int, int]]]:
     return out
 
 
+def sweep_stale(store_path: str, keep: Path) -> None:
+    """Remove the rendezvous left in `store_path` by runs whose ranks were killed: older than
+    :data:`STALE_AFTER`, none of their ranks alive (every other one is a live run's, or one starting)."""
+    try:
+        found = [p for p in Path(store_path).iterdir() if p.name.startswith(".stream-") and p != keep]
+    except OSError:
+        return
+    for where in found:
+        try:
+            if time.time() - where.lstat().st_mtime < STALE_AFTER or not is_real_dir(where):
+                continue
+            pids = [read_json(p).get("pid") for p in where.glob("pid-*.json")]
+        except (OSError, ValueError, AttributeError):
+            continue  # removed meanwhile, or not ours to judge
+        if not any(isinstance(pid, int) and pid_alive(pid) for pid in pids):
+            shutil.rmtree(where, ignore_errors=True)
+
+
 class NodeStream:
     """This rank's side of the rendezvous of one generation written by the node's ranks (see the
     module docstring).
@@ -85,18 +107,17 @@ class NodeStream:
         What the ranks write, and in which epoch.
     ranks, rank
         The node's ranks, and which one this is (local rank 0 holds the writer lock).
-    timeout
-        Seconds to wait for a rank that showed up (``None``: as long as its process lives).
     """
 
-    def __init__(self, store_path: str, generation: int, epoch: int, ranks: int, rank: int,
-                 timeout: float | None) -> None:
+    def __init__(self, store_path: str, generation: int, epoch: int, ranks: int, rank: int) -> None:
         env = os.environ
         key = (f"{env.get('TORCHELASTIC_RUN_ID')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}-"
                f"{generation}-{epoch}")
         self.where = Path(store_path) / f".stream-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-        self.generation, self.ranks, self.rank, self.timeout = generation, ranks, rank, timeout
+        self.generation, self.ranks, self.rank = generation, ranks, rank
         self._looked = 0.0
+        if rank == 0:
+            sweep_stale(store_path, keep=self.where)
         self.where.mkdir(exist_ok=True)
         self.post("pid", {"pid": os.getpid()})
 
@@ -172,14 +193,14 @@ class NodeStream:
         """Raise when a rank that has not posted `what` never will."""
         for r in missing:
             pid = (self._read("pid", r) or {}).get("pid")
-            limit = JOIN_TIMEOUT if pid is None else self.timeout
             if isinstance(pid, int) and not pid_alive(pid):
                 self.check(now=True)  # its own error says more, if it wrote one
                 raise RankFailedError(f"rank {r} of this node (pid {pid}) is gone before it said its {what}: the "
                                       f"node's ranks cannot commit generation {self.generation} of their streams")
-            if limit is not None and waited > limit:
-                raise RanksTimeoutError(f"rank {r} of this node did not say its {what} within {limit:.0f} s (the "
-                                        f"ranks write their streams into generation {self.generation}, in {self.where})")
+            if pid is None and waited > JOIN_TIMEOUT:
+                raise RanksTimeoutError(f"rank {r} of this node did not show up within {JOIN_TIMEOUT:.0f} s to say "
+                                        f"its {what} (the ranks write their streams into generation "
+                                        f"{self.generation}, in {self.where}): every rank iterates its loader")
 
     # ------------------------------------------------------------------ what the ranks say
     def publish_ticket(self, token: StagingToken) -> None:
@@ -243,9 +264,10 @@ class NodeStreamWriter:
         """The generation's length, after this rank wrote `count` samples: its samples past the end
         moved into holes, and (local rank 0, which commits next) every rank's moves done."""
         self.shard.close()
-        counts = [doc.get("count") for doc in self._say("count", {"count": count})]
-        if not all(isinstance(c, int) and c >= 0 for c in counts):
-            raise RankFailedError(f"the ranks' counts in {self.node.where} are not counts: {counts!r}")
+        said = [doc.get("count") for doc in self._say("count", {"count": count})]
+        counts = [c for c in said if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
+        if len(counts) != len(said):
+            raise RankFailedError(f"the ranks' counts in {self.node.where} are not counts: {said!r}")
         total = sum(counts)
         mine = moves(counts)[self.node.rank]
         if mine:

@@ -142,8 +142,7 @@ class StreamGenerateEpoch(StreamEpoch):
         lock), every rank writes a shard of it."""
         assert ctx.cache is not None and plan.generation is not None
         store, layout = ctx.cache.store, ctx.layout
-        node = NodeStream(store.path, plan.generation, plan.epoch, layout.local_ranks, layout.local_rank,
-                          ctx.settings.timeout)
+        node = NodeStream(store.path, plan.generation, plan.epoch, layout.local_ranks, layout.local_rank)
         try:
             if node.rank == 0:
                 ctx.res.stream_writer = writer = store.writer(plan.generation, None)

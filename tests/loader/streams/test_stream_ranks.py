@@ -103,10 +103,10 @@ def _exit() -> None:
 
 def test_a_rank_that_is_gone_or_never_comes_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "by-hand")
-    node = NodeStream(str(tmp_path), 0, 0, 2, 0, timeout=None)
+    node = NodeStream(str(tmp_path), 0, 0, 2, 0)
     monkeypatch.setattr(stream_ranks, "JOIN_TIMEOUT", 0.2)
     node.post("count", {"count": 3})
-    with pytest.raises(RanksTimeoutError, match="rank 1 of this node did not say its count within 0 s"):
+    with pytest.raises(RanksTimeoutError, match="rank 1 of this node did not show up within 0 s to say its count"):
         node.gather("count")
     # Rank 1 showed up, then its process ended without a word.
     gone = multiprocessing.get_context("spawn").Process(target=_exit)
@@ -123,3 +123,20 @@ def test_a_rank_that_is_gone_or_never_comes_is_an_error(tmp_path, monkeypatch):
     (node.where / "done-1").touch()
     node.close()
     assert not node.where.exists(), "the last rank done removes the rendezvous"
+
+
+def test_a_rendezvous_of_ranks_that_were_killed_is_swept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "killed")
+    killed = NodeStream(str(tmp_path), 0, 0, 2, 1)  # its ranks died before they were done
+    (killed.where / "pid-1.json").write_text(json.dumps({"pid": 2**22 + 1}))  # above any pid_max: none lives
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "live")
+    live = NodeStream(str(tmp_path), 0, 0, 2, 1)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "next")
+    NodeStream(str(tmp_path), 0, 0, 2, 0)
+    assert killed.where.exists(), "a young one may still be starting"
+    old = os.stat(killed.where).st_mtime - 2 * stream_ranks.STALE_AFTER
+    for where in (killed.where, live.where):
+        os.utime(where, (old, old))
+    NodeStream(str(tmp_path), 0, 0, 2, 0)
+    assert not killed.where.exists()
+    assert live.where.exists(), "this process, one of its ranks, lives"
