@@ -1,7 +1,7 @@
 """Run under ``torchrun --nproc_per_node=2``: each rank caches its own stream into the node's store.
 
 Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W]
-[--fail-rank R --fail-after N]``. Every rank builds the same :class:`RankStream` (one fingerprint for
+[--fail-rank R --fail-after N] [--k K]``. Every rank builds the same :class:`RankStream` (one fingerprint for
 the node's store); inside ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split
 between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, its batches, the
 stream's iterations so far, what the epoch computed and ``len(loader)`` after it; or the error it stopped with.
@@ -56,16 +56,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-after", type=int, default=0)
+    parser.add_argument("--k", type=int, default=0, help="update_frequency (0: never)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     log = os.path.join(args.out, "iterations")
     stream = RankStream([int(n) for n in args.sizes.split(",")], log, args.fail_rank, args.fail_after)
     result: dict = {"rank": rank, "epochs": [], "batches": [], "iterations": [], "computed": [], "len": []}
-    loader = None
+    loader: CachedLoader | None = None
     try:
         with CachedLoader(stream, batch_size=4, num_workers=args.workers, shuffle=True, seed=5, timeout=60,
-                          cache_setting={"prefix": os.path.join(args.out, "cache")}) as loader:  # type: ignore[assignment]
+                          cache_setting={"prefix": os.path.join(args.out, "cache"),
+                                         **({"update_frequency": args.k} if args.k else {})}) as loader:
             for _ in range(args.epochs):
                 served: list[int] = []
                 batches = 0

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from cachestore import open_store
+from loader import CachedLoader
 from loader.cache import stream_ranks
 from loader.cache.stream_ranks import NodeStream, interleaved, moves
 from loader.errors import RankFailedError, RanksTimeoutError
 
 from ...marks import long
+from .stream_datasets import Counting
 
 SCRIPT = Path(__file__).with_name("ranks_script.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -36,6 +38,20 @@ def test_moves_fill_the_holes_below_the_end(counts):
         assert list(mine) == written[len(written) - len(mine):], "a rank moves the tail of its shard"
         final += [mine.get(i, i) for i in written]
     assert sorted(final) == list(range(total)), "every index below the end once"
+
+
+@pytest.mark.parametrize("local,cache,refused", [
+    ("1", {}, "ranks on several nodes"),
+    ("2", {"scope": "rank"}, "which they cannot here: scope='rank'"),
+    ("2", {"backend": "lmdb"}, "the 'lmdb' backend does not support writing together"),
+])
+def test_a_stream_cache_the_ranks_cannot_write_together_is_refused(tmp_path, monkeypatch, local, cache, refused):
+    # torchrun's environment for rank 0 of 2 (WORLD_SIZE left out: nothing to compare datasets with)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "refused")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    with pytest.raises(ValueError, match=refused):
+        CachedLoader(Counting(8), nb_consumer=2, consumer_index=0, cache_setting={"prefix": str(tmp_path), **cache})
+    assert list(tmp_path.iterdir()) == [], "refused before anything is written"
 
 
 def _torchrun(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -77,6 +93,21 @@ def test_uneven_streams_make_one_generation_dealt_to_both_ranks(tmp_path, sizes,
     if min(sizes_of):
         assert stored[:2] == [0, 1000]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000000", "store.json"]
+
+
+@pytest.mark.timeout(150)
+@needs_torchrun
+@long  # the first case above checks the generation; this one that the ranks write the next one together
+def test_update_frequency_writes_the_next_generation_together(tmp_path):
+    run = _torchrun(tmp_path, "--sizes", "9,14", "--workers", "1", "--epochs", "5", "--k", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = _results(tmp_path)
+    everything = Counter([k for k in range(9)] + [1000 + k for k in range(14)])
+    assert [r["computed"] for r in ranks] == [[9, 0, 9, 0, 9], [14, 0, 14, 0, 14]]
+    assert [r["iterations"] for r in ranks] == [[1, 1, 2, 2, 3]] * 2, "iterated in epochs 0, 2 and 4 only"
+    for e in (1, 3):
+        assert Counter(ranks[0]["epochs"][e] + ranks[1]["epochs"][e]) == everything, f"epoch {e}"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000002", "store.json"]
 
 
 @pytest.mark.timeout(150)
