@@ -16,10 +16,11 @@ do); the node's store gets one generation of all of them, whose length nobody kn
 * **Rendezvous** (:class:`NodeStream`). The ranks talk through small JSON files in a directory of
   the store named after torchrun's run id, its restart count, the generation and the epoch (a new
   run never reads an old answer): local rank 0's ticket (the staging area every rank writes into),
-  each rank's pid, its count, its moves done, the commit. A rank that fails (its stream raised, its
-  epoch was broken off) writes its error there first, and every other rank raises
-  :class:`~loader.errors.RankFailedError` with it at its next look (after each batch, and while it
-  waits): no rank waits for an answer that will never come. A rank whose process is gone without
+  each rank's pid, its count, its moves done, the commit. A rank that fails (its stream raised)
+  writes its error there first, and every other rank raises :class:`~loader.errors.RankFailedError`
+  with it at its next look (after each batch, and while it waits): no rank waits for an answer that
+  will never come. A rank whose loop broke off the epoch says so; the others serve the rest of their
+  streams and end the epoch without a commit (:class:`Abandoned`). A rank whose process is gone without
   an answer, or that does not show up within :data:`JOIN_TIMEOUT`, is an error too. A rank that
   lives is waited for as long as it takes: its stream may be longer, or its training loop slower,
   and its own ``timeout`` bounds each of its batches (a stream that hangs fails that rank, which
@@ -38,6 +39,7 @@ from typing import Any, Sequence
 from cachestore import Store
 from cachestore.backends.base import ShardWriter, StagingToken
 from cachestore.codec import Sample
+from cachestore.errors import CacheStoreError
 from cachestore.safefs import is_real_dir, read_json, write_json_atomic
 from cachestore.scratch import pid_alive
 from cachestore.untrusted import is_file_name
@@ -75,6 +77,12 @@ def moves(counts: Sequence[int]) -> list[list[tuple[int, int]]]:
     for (old, r), new in zip(sorted(over), sorted(holes)):
         out[r].append((old, new))
     return out
+
+
+class Abandoned(RankFailedError):
+    """A rank's training loop broke off the generate epoch (a step limit, a checkpoint and stop): the
+    generation cannot be committed, and the other ranks end their epoch without it, as one rank alone
+    would have kept what it wrote; the next epoch writes it again."""
 
 
 def sweep_stale(store_path: str, keep: Path) -> None:
@@ -136,8 +144,9 @@ class NodeStream:
             raise RankFailedError(f"{self.where}/{what}-{rank}.json is not what a rank writes: {doc!r}")
         return doc
 
-    def check(self, now: bool = False) -> None:
-        """Raise another rank's error, if one failed (looked at every :data:`CHECK_EVERY` s unless `now`).
+    def check(self, now: bool = False) -> int | None:
+        """Raise another rank's error, if one failed; else the first rank that broke off its epoch, if one
+        did (looked at every :data:`CHECK_EVERY` s unless `now`; ``None`` when not looked).
 
         Raises
         ------
@@ -145,24 +154,31 @@ class NodeStream:
             Another rank failed; its error is in the message.
         """
         if not now and time.monotonic() - self._looked < CHECK_EVERY:
-            return
+            return None
         self._looked = time.monotonic()
         for r in range(self.ranks):
             error = self._read("error", r) if r != self.rank else None
             if error is not None:
                 raise RankFailedError(f"rank {r} of this node failed while the node's ranks wrote their streams "
                                       f"into generation {self.generation}: {error.get('error')}")
+        return self.broke()
+
+    def broke(self) -> int | None:
+        """The first other rank that broke off its epoch, ``None`` when none did."""
+        return next((r for r in range(self.ranks) if r != self.rank and self._read("broke", r) is not None), None)
 
     def fail(self, exc: BaseException) -> None:
-        """Tell the other ranks that this one fails with `exc` (not when it fails because another did)."""
+        """Tell the other ranks that this one fails with `exc` (not when it fails because another did), or,
+        for a ``GeneratorExit``, that its loop broke off the epoch (not an error: see :class:`Abandoned`)."""
         if isinstance(exc, RankFailedError):
             return
-        why = "its epoch was broken off before the end of its stream" if isinstance(exc, GeneratorExit) else \
-            f"{type(exc).__name__}: {exc}"
         try:
-            self.post("error", {"error": why, "pid": os.getpid()})
+            if isinstance(exc, GeneratorExit):
+                self.post("broke", {"pid": os.getpid()})
+            else:
+                self.post("error", {"error": f"{type(exc).__name__}: {exc}", "pid": os.getpid()})
         except OSError:
-            pass  # the others then find this process gone, or time out
+            pass  # the others then find this process gone
 
     def gather(self, what: str, of: Sequence[int] | None = None) -> list[dict[str, Any]]:
         """The `what` of every rank (or of those `of`), waited for (see the module docstring for what ends
@@ -172,6 +188,8 @@ class NodeStream:
         ------
         RankFailedError
             A rank failed, or its process is gone without an answer.
+        Abandoned
+            A rank broke off its epoch: it will never answer.
         RanksTimeoutError
             A rank did not answer in time.
         """
@@ -185,6 +203,9 @@ class NodeStream:
                     got[r] = doc
             if len(got) == len(ranks):
                 return [got[r] for r in ranks]
+            broke = [r for r in ranks if r not in got and self._read("broke", r) is not None]
+            if broke:
+                raise Abandoned(self.abandoned_by(broke[0]))
             self._gone_or_late(what, [r for r in ranks if r not in got], time.monotonic() - start)
             time.sleep(pause)  # the other ranks' files: nothing to wait on but their arrival
             pause = min(MAX_POLL, pause * 2)
@@ -201,6 +222,11 @@ class NodeStream:
                 raise RanksTimeoutError(f"rank {r} of this node did not show up within {JOIN_TIMEOUT:.0f} s to say "
                                         f"its {what} (the ranks write their streams into generation "
                                         f"{self.generation}, in {self.where}): every rank iterates its loader")
+
+    def abandoned_by(self, rank: int) -> str:
+        """What a rank that broke off its epoch leaves of the generation, in words."""
+        return (f"rank {rank} of this node broke off its epoch before the end of its stream: generation "
+                f"{self.generation} is not committed")
 
     # ------------------------------------------------------------------ what the ranks say
     def publish_ticket(self, token: StagingToken) -> None:
@@ -245,16 +271,28 @@ class NodeStreamWriter:
         self.node, self.spec, self.store = node, spec, store
         self.shard_id = f"rank-{node.rank}"
         self.shard: ShardWriter = spec.open(self.shard_id)
+        #: Why nothing more is written (another rank broke off its epoch), ``None`` while it is.
+        self.abandoned: str | None = None
 
     def put(self, k: int, sample: Sample) -> int:
-        """Write this rank's `k`-th sample; its index."""
+        """Write this rank's `k`-th sample (unless the generation was abandoned); its index."""
         index = interleaved(k, self.node.rank, self.node.ranks)
-        self.shard.put(index, sample)
+        if self.abandoned is None:
+            try:
+                self.shard.put(index, sample)
+            except (OSError, CacheStoreError):
+                # Local rank 0 may have broken off, and removed the staging area as it went on to its next
+                # epoch: not this rank's error then; it serves the rest of its stream.
+                if (broke := self.node.broke()) is None:
+                    raise
+                self.abandoned = self.node.abandoned_by(broke)
         return index
 
     def check(self) -> None:
-        """Raise another rank's error, if one failed."""
-        self.node.check()
+        """Raise another rank's error, if one failed; stop writing if one broke off its epoch."""
+        broke = self.node.check()
+        if broke is not None and self.abandoned is None:
+            self.abandoned = self.node.abandoned_by(broke)
 
     def fail(self, exc: BaseException) -> None:
         """Tell the other ranks that this one fails with `exc`."""
@@ -262,7 +300,15 @@ class NodeStreamWriter:
 
     def end(self, count: int) -> int:
         """The generation's length, after this rank wrote `count` samples: its samples past the end
-        moved into holes, and (local rank 0, which commits next) every rank's moves done."""
+        moved into holes, and (local rank 0, which commits next) every rank's moves done.
+
+        Raises
+        ------
+        Abandoned
+            Another rank broke off its epoch.
+        """
+        if self.abandoned is not None:
+            raise Abandoned(self.abandoned)
         self.shard.close()
         said = [doc.get("count") for doc in self._say("count", {"count": count})]
         counts = [c for c in said if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
@@ -298,7 +344,7 @@ class NodeStreamWriter:
         self.store.backend.discard_shard_tail(self.spec.token, self.shard_id, count - len(mine))
 
     def committed(self, generation: int | None) -> None:
-        """Local rank 0: the generation is committed (``None``: nothing to commit, the streams were empty)."""
+        """Local rank 0: `generation` is committed."""
         self.node.post("end", {"committed": generation})
 
     def await_commit(self) -> None:

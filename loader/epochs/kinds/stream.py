@@ -24,7 +24,7 @@ import numpy as np
 
 from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
 
-from ...cache.stream_ranks import NodeStream, NodeStreamWriter
+from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.producer import transform
@@ -202,8 +202,7 @@ class StreamGenerateEpoch(StreamEpoch):
                 served += 1
                 if served > plan.skip:
                     yield self._serve(batch, stats)
-            self._end(written, stats)
-            finished = True
+            finished = self._end(written, stats)
         except BaseException as exc:
             if node is not None:
                 node.fail(exc)  # first: the other ranks stop at their next look
@@ -219,24 +218,30 @@ class StreamGenerateEpoch(StreamEpoch):
                 writer, ctx.res.stream_writer = ctx.res.stream_writer, None
                 writer.keep()
 
-    def _end(self, count: int, stats: EpochStats) -> None:
+    def _end(self, count: int, stats: EpochStats) -> bool:
         """The end of this rank's stream, after `count` samples: the generation committed (by local rank 0
-        where the node's ranks write it together, the others waiting for it)."""
+        where the node's ranks write it together, the others waiting for it); ``False`` when another rank
+        broke off its epoch (what was written is kept, as a broken-off epoch keeps it)."""
         node, ctx = self.node, self.ctx
         if node is None:
             self._commit(count, stats)
-            return
-        total = node.end(count)
+            return True
+        try:
+            total = node.end(count)
+        except Abandoned as exc:
+            log.info("%s; the next epoch writes it again", exc)
+            return False
         if node.node.rank == 0:
             self._commit(total, stats)
             node.committed(self.plan.generation)
-            return
+            return True
         if not total:
             raise ValueError("the streams of the node's ranks yielded no sample: there is nothing to cache")
         node.await_commit()
         assert ctx.cache is not None and self.plan.generation is not None
         ctx.cache.mine.add(self.plan.generation)
         ctx.reads.drop_reader()
+        return True
 
     def _commit(self, count: int, stats: EpochStats) -> None:
         """The end of the stream: the generation holds `count` samples."""

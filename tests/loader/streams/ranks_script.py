@@ -1,7 +1,7 @@
 """Run under ``torchrun --nproc_per_node=2``: each rank caches its own stream into the node's store.
 
 Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W]
-[--fail-rank R --fail-after N] [--k K]``. Every rank builds the same :class:`RankStream` (one fingerprint for
+[--fail-rank R --fail-after N] [--k K] [--break-rank R --break-after B]``. Every rank builds the same :class:`RankStream` (one fingerprint for
 the node's store); inside ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split
 between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, its batches, the
 stream's iterations so far, what the epoch computed and ``len(loader)`` after it; or the error it stopped with.
@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-after", type=int, default=0)
     parser.add_argument("--k", type=int, default=0, help="update_frequency (0: never)")
+    parser.add_argument("--break-rank", type=int, default=-1, help="this rank's loop breaks off epoch 0 ...")
+    parser.add_argument("--break-after", type=int, default=0, help="... after this many batches")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -74,11 +76,16 @@ def main() -> None:
                 for batch in loader:
                     served += batch["id"].tolist()
                     batches += 1
+                    if rank == args.break_rank and loader.epoch == 0 and batches == args.break_after:
+                        break
                 result["epochs"].append(served)
                 result["batches"].append(batches)
                 result["computed"].append(loader.epoch_stats[-1].computed)
                 result["iterations"].append(len(Path(f"{log}-{rank}").read_text().splitlines()))
-                result["len"].append(len(loader))
+                try:
+                    result["len"].append(len(loader))
+                except TypeError:  # nothing committed: a stream without len() has none yet (torch's error)
+                    result["len"].append(None)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["computed"].append(loader.epoch_stats[-1].computed if loader is not None and loader.epoch_stats else None)

@@ -4,19 +4,20 @@ rendezvous they meet at, met here by hand."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from cachestore import open_store
+from cachestore import GenerationWriter, Store, open_store
 from loader import CachedLoader
 from loader.cache import stream_ranks
-from loader.cache.stream_ranks import NodeStream, interleaved, moves
+from loader.cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter, interleaved, moves
 from loader.errors import RankFailedError, RanksTimeoutError
 
 from ...marks import long
@@ -112,6 +113,23 @@ def test_update_frequency_writes_the_next_generation_together(tmp_path):
 
 @pytest.mark.timeout(150)
 @needs_torchrun
+@long  # a variation of the first case: how its generate epoch ends
+@pytest.mark.parametrize("breaking", [0, 1])
+def test_a_rank_that_breaks_off_the_generate_epoch_leaves_it_uncommitted_not_failed(tmp_path, breaking):
+    run = _torchrun(tmp_path, "--sizes", "30,20", "--workers", "1", "--epochs", "3", "--break-rank", str(breaking),
+                    "--break-after", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = _results(tmp_path)
+    assert ranks[breaking]["batches"][0] == 2
+    assert len(ranks[1 - breaking]["epochs"][0]) == (20 if breaking == 0 else 30), "the other serves its stream"
+    assert [r["computed"][1:] for r in ranks] == [[30, 0], [20, 0]], "epoch 1 writes the generation again"
+    everything = Counter([k for k in range(30)] + [1000 + k for k in range(20)])
+    assert Counter(ranks[0]["epochs"][2] + ranks[1]["epochs"][2]) == everything
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000000", "store.json"]
+
+
+@pytest.mark.timeout(150)
+@needs_torchrun
 @pytest.mark.parametrize("failing", [1, pytest.param(0, marks=long)])
 def test_a_rank_whose_stream_raises_stops_both(tmp_path, failing):
     # The other rank's stream would take long to end: it stops at its next look, not at its end.
@@ -128,10 +146,6 @@ def test_a_rank_whose_stream_raises_stops_both(tmp_path, failing):
     assert leftovers == []
 
 
-def _exit() -> None:
-    pass
-
-
 def test_a_rank_that_is_gone_or_never_comes_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "by-hand")
     node = NodeStream(str(tmp_path), 0, 0, 2, 0)
@@ -140,11 +154,10 @@ def test_a_rank_that_is_gone_or_never_comes_is_an_error(tmp_path, monkeypatch):
     with pytest.raises(RanksTimeoutError, match="rank 1 of this node did not show up within 0 s to say its count"):
         node.gather("count")
     # Rank 1 showed up, then its process ended without a word.
-    gone = multiprocessing.get_context("spawn").Process(target=_exit)
-    gone.start()
-    gone.join(30)
-    (node.where / "pid-1.json").write_text(json.dumps({"pid": gone.pid}))
-    with pytest.raises(RankFailedError, match=f"rank 1 of this node \\(pid {gone.pid}\\) is gone"):
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout)
+    (node.where / "pid-1.json").write_text(json.dumps({"pid": gone}))
+    with pytest.raises(RankFailedError, match=f"rank 1 of this node \\(pid {gone}\\) is gone"):
         node.gather("count")
     # Its error, when it wrote one, says more.
     (node.where / "error-1.json").write_text(json.dumps({"error": "OSError: disk full"}))
@@ -171,3 +184,96 @@ def test_a_rendezvous_of_ranks_that_were_killed_is_swept(tmp_path, monkeypatch):
     NodeStream(str(tmp_path), 0, 0, 2, 0)
     assert not killed.where.exists()
     assert live.where.exists(), "this process, one of its ranks, lives"
+
+
+def _rank(store: Store, rank: int, samples: list[int], out: dict, writer: GenerationWriter | None = None,
+          breaks: bool = False) -> None:
+    """One rank's side of the protocol, as a generate epoch runs it (local rank 0 holds `writer`)."""
+    node = NodeStream(store.path, 0, 0, 2, rank)
+    try:
+        if writer is not None:
+            node.publish_ticket(writer.token)
+            ranked = NodeStreamWriter(node, writer.shard_spec(), store)
+        else:
+            ranked = NodeStreamWriter(node, node.ticket(store), store)
+        out[rank] = [ranked.put(k, {"id": np.int64(s)}) for k, s in enumerate(samples)]
+        if breaks:
+            ranked.fail(GeneratorExit())
+            return
+        try:
+            total = ranked.end(len(samples))
+        except Abandoned as exc:
+            out[f"abandoned-{rank}"] = str(exc)
+            return
+        if writer is not None:
+            out["info"] = writer.commit()
+            ranked.committed(0)
+        else:
+            ranked.await_commit()
+        out[f"total-{rank}"] = total
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("sizes,breaking", [((9, 4), None), ((2, 7), None), ((5, 5), None), ((6, 3), 1),
+                                            ((3, 6), 0)])
+def test_the_ranks_end_commits_every_sample_once_or_nothing_when_one_broke_off(tmp_path, monkeypatch, sizes,
+                                                                               breaking):
+    """The protocol itself, both ranks in threads of this process: counts, moves, commit."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "threads")
+    path = str(tmp_path / "store")
+    stores = [open_store(path), open_store(path)]  # each rank opens the node's store
+    writer = stores[0].writer(0, None)
+    samples = [[r * 100 + k for k in range(n)] for r, n in enumerate(sizes)]
+    out: dict = {}
+    threads = [threading.Thread(target=_rank, args=(stores[r], r, samples[r], out),
+                                kwargs={"writer": writer if r == 0 else None, "breaks": r == breaking})
+               for r in range(2)]
+    for t in threads[::-1]:  # rank 1 first: it waits for the ticket
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    if breaking is not None:
+        assert out[f"abandoned-{1 - breaking}"].startswith(f"rank {breaking} of this node broke off its epoch")
+        writer.abort()
+        return
+    assert out["total-0"] == out["total-1"] == sum(sizes)
+    reader = stores[1].reader()
+    stored = [int(reader[i]["id"]) for i in range(len(reader))]
+    assert sorted(stored) == sorted(samples[0] + samples[1])
+    common = min(sizes)
+    assert stored[:2 * common] == [s for pair in zip(samples[0][:common], samples[1][:common]) for s in pair]
+    assert [p.name for p in Path(path).iterdir() if p.name.startswith(".stream-")] == []
+    for store in stores:
+        store.close()
+
+
+def test_a_rank_whose_staging_area_went_with_rank_0_breaking_off_serves_on_unwritten(tmp_path, monkeypatch):
+    # Local rank 0 broke off its epoch and went on to the next one, whose writer removed the staging area
+    # the others were writing into: they serve the rest of their streams, writing nothing, and end unfailed.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "moved-on")
+    store = open_store(str(tmp_path))
+    writer = store.writer(0, None)
+    first = NodeStream(store.path, 0, 0, 2, 0)
+    first.publish_ticket(writer.token)
+    second = NodeStream(store.path, 0, 0, 2, 1)
+    ranked = NodeStreamWriter(second, second.ticket(store), store)
+    first.fail(GeneratorExit())
+    writer.abort()
+    assert [ranked.put(k, {"id": np.int64(k)}) for k in range(3)] == [1, 3, 5]
+    assert ranked.abandoned is not None and ranked.abandoned.startswith("rank 0 of this node broke off its epoch")
+    with pytest.raises(Abandoned):
+        ranked.end(3)
+    ranked.close()
+    # Without a rank that broke off, a write that fails is this rank's error.
+    writer = store.writer(0, None)
+    alone = NodeStream(store.path, 0, 1, 2, 0)
+    alone.publish_ticket(writer.token)
+    other = NodeStream(store.path, 0, 1, 2, 1)
+    ranked = NodeStreamWriter(other, other.ticket(store), store)
+    writer.abort()
+    with pytest.raises(FileNotFoundError):
+        ranked.put(0, {"id": np.int64(0)})
+    ranked.close()
+    store.close()
