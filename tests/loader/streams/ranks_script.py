@@ -1,17 +1,19 @@
 """Run under ``torchrun --nproc_per_node=2``: each rank caches its own stream into the node's store.
 
-Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W]
-[--fail-rank R --fail-after N] [--k K] [--break-rank R --break-after B]``. Every rank builds the same :class:`RankStream` (one fingerprint for
-the node's store); inside ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split
-between its workers. Each rank writes ``rank<r>.json``: per epoch the ids it served, its batches, the
-stream's iterations so far, what the epoch computed and ``len(loader)`` after it; or the error it stopped with.
-"""
+Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W] [--k K]
+[--fail-rank R --fail-after N] [--break-rank R --break-after B] [--stop-after B] [--resume]``.
+Every rank builds the same :class:`RankStream` (one fingerprint for the node's store); inside
+``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split between its workers. Each rank
+writes ``rank<r>.json`` (``rank<r>-resumed.json`` with ``--resume``): per epoch the ids it served,
+its batches, the stream's iterations so far, what the epoch computed and ``len(loader)`` after it;
+or the error it stopped with."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -59,41 +61,56 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=0, help="update_frequency (0: never)")
     parser.add_argument("--break-rank", type=int, default=-1, help="this rank's loop breaks off epoch 0 ...")
     parser.add_argument("--break-after", type=int, default=0, help="... after this many batches")
+    parser.add_argument("--stop-after", type=int, default=0, help="each rank saves its state after this many "
+                        "batches of epoch 0 and the job stops")
+    parser.add_argument("--resume", action="store_true", help="each rank loads the state it saved")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    log = os.path.join(args.out, "iterations")
-    stream = RankStream([int(n) for n in args.sizes.split(",")], log, args.fail_rank, args.fail_after)
     result: dict = {"rank": rank, "epochs": [], "batches": [], "iterations": [], "computed": [], "len": []}
     loader: CachedLoader | None = None
     try:
+        stream = RankStream([int(n) for n in args.sizes.split(",")], os.path.join(args.out, "iterations"),
+                            args.fail_rank, args.fail_after)
         with CachedLoader(stream, batch_size=4, num_workers=args.workers, shuffle=True, seed=5, timeout=60,
                           cache_setting={"prefix": os.path.join(args.out, "cache"),
                                          **({"update_frequency": args.k} if args.k else {})}) as loader:
-            for _ in range(args.epochs):
-                served: list[int] = []
-                batches = 0
-                for batch in loader:
-                    served += batch["id"].tolist()
-                    batches += 1
-                    if rank == args.break_rank and loader.epoch == 0 and batches == args.break_after:
-                        break
-                result["epochs"].append(served)
-                result["batches"].append(batches)
-                result["computed"].append(loader.epoch_stats[-1].computed)
-                result["iterations"].append(len(Path(f"{log}-{rank}").read_text().splitlines()))
-                try:
-                    result["len"].append(len(loader))
-                except TypeError:  # nothing committed: a stream without len() has none yet (torch's error)
-                    result["len"].append(None)
+            if args.resume:
+                loader.load_state_dict(pickle.loads(Path(args.out, f"state{rank}.pkl").read_bytes()))
+            serve(loader, args, rank, result)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["computed"].append(loader.epoch_stats[-1].computed if loader is not None and loader.epoch_stats else None)
         raise
     finally:
-        Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
+        Path(args.out, f"rank{rank}{'-resumed' if args.resume else ''}.json").write_text(json.dumps(result))
         dist.barrier()  # torchrun stops every rank once one exits: each has said how it ended first
         dist.destroy_process_group()
+
+
+def serve(loader: CachedLoader, args: argparse.Namespace, rank: int, result: dict) -> None:
+    """The epochs, recorded into `result` (see the module docstring)."""
+    log = Path(args.out, f"iterations-{rank}")
+    for _ in range(args.epochs):
+        served: list[int] = []
+        batches = 0
+        for batch in loader:
+            served += batch["id"].tolist()
+            batches += 1
+            if rank == args.break_rank and loader.epoch == 0 and batches == args.break_after:
+                break
+            if loader.epoch == 0 and batches == args.stop_after:
+                Path(args.out, f"state{rank}.pkl").write_bytes(pickle.dumps(loader.state_dict()))
+                result["epochs"].append(served)
+                return
+        result["epochs"].append(served)
+        result["batches"].append(batches)
+        result["computed"].append(loader.epoch_stats[-1].computed)
+        result["iterations"].append(len(log.read_text().splitlines()))
+        try:
+            result["len"].append(len(loader))
+        except TypeError:  # nothing committed: a stream without len() has none yet (torch's error)
+            result["len"].append(None)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,26 @@ def test_a_rank_that_breaks_off_the_generate_epoch_leaves_it_uncommitted_not_fai
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000000", "store.json"]
 
 
+@pytest.mark.timeout(250)
+@needs_torchrun
+@long  # two torchrun jobs; resuming one rank is test_stream_resume.py's
+def test_a_job_stopped_in_the_generate_epoch_resumes_on_both_ranks(tmp_path):
+    stopped = _torchrun(tmp_path, "--sizes", "30,20", "--workers", "1", "--stop-after", "3")
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    resumed = _torchrun(tmp_path, "--sizes", "30,20", "--workers", "1", "--resume", "--epochs", "3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first = _results(tmp_path)
+    then = [json.loads((tmp_path / f"rank{r}-resumed.json").read_text()) for r in range(2)]
+    for r, n in enumerate((30, 20)):
+        assert len(first[r]["epochs"][0]) == 12
+        assert Counter(first[r]["epochs"][0] + then[r]["epochs"][0]) == Counter(r * 1000 + k for k in range(n)), \
+            "the rest of the epoch, after what was served"
+        assert then[r]["computed"] == [n, 0, 0], "its stream iterated again, the cached epochs read"
+    everything = Counter([k for k in range(30)] + [1000 + k for k in range(20)])
+    for e in (1, 2):
+        assert Counter(then[0]["epochs"][e] + then[1]["epochs"][e]) == everything
+
+
 @pytest.mark.timeout(150)
 @needs_torchrun
 @pytest.mark.parametrize("failing", [1, pytest.param(0, marks=long)])
