@@ -3,9 +3,12 @@
 Under torchrun each rank iterates its own stream (split by rank inside ``__iter__``, as torch users
 do); the node's store gets one generation of all of them, whose length nobody knows in advance:
 
-* **Indices.** Rank ``r`` of ``R`` puts its ``k``-th sample at index ``k * R + r``
-  (:func:`interleaved`): the node's samples interleave by arrival, and the index a sample gets
-  depends on the streams alone, never on which rank ran ahead.
+* **Indices.** The ranks take turns by blocks of :data:`BLOCK` samples: rank ``r`` of ``R`` puts its
+  ``k``-th sample at index ``(k // B) * R * B + r * B + k % B`` (:func:`interleaved`). The index a
+  sample gets depends on the streams alone, never on which rank ran ahead. Blocks, not single
+  samples: the commit cuts a column file's tail past the generation's end, and cutting a tail
+  whose rows alternate with holes (the shorter streams' places) frees one extent per row, which
+  took seconds for a few thousand rows of 4 KiB once they were on disk; a block is one extent.
 * **The end.** At the end of its stream each rank says how many samples it wrote; the generation
   holds their sum ``N``. Where the streams were uneven, the longer ones' last samples lie at ``N``
   or past it and the shorter ones left as many holes below it: each rank moves its own samples
@@ -55,24 +58,33 @@ MAX_POLL = 0.05
 CHECK_EVERY = 0.05
 #: Seconds after which a rendezvous none of whose ranks lives is debris (a younger one may be starting).
 STALE_AFTER = 60.0
+#: Samples a rank puts in a row before the next rank's turn (see the module docstring).
+BLOCK = 1024
 
 
-def interleaved(k: int, rank: int, ranks: int) -> int:
-    """The index of rank `rank`'s `k`-th sample (of `ranks` ranks)."""
-    return k * ranks + rank
+def interleaved(k: int, rank: int, ranks: int, block: int = BLOCK) -> int:
+    """The index of rank `rank`'s `k`-th sample (of `ranks` ranks taking turns by `block` samples)."""
+    return (k // block) * ranks * block + rank * block + k % block
 
 
-def moves(counts: Sequence[int]) -> list[list[tuple[int, int]]]:
+def moves(counts: Sequence[int], block: int = BLOCK) -> list[list[tuple[int, int]]]:
     """Per rank, ``(index written, index it moves to)`` of each of its samples at or past the
     generation's end (``sum(counts)``), paired in ascending order with the holes below the end that
-    the shorter streams left (as many: the generation holds every index below the end once)."""
+    the shorter streams left (as many: the generation holds every index below the end once).
+
+    A rank's indices grow with its arrivals: what it moves is the tail of what it wrote."""
     ranks, total = len(counts), sum(counts)
     over: list[tuple[int, int]] = []
     holes: list[int] = []
     for r, count in enumerate(counts):
-        first_over = max(0, -(-(total - r) // ranks))  # the smallest k whose index is past the end
-        over += [(interleaved(k, r, ranks), r) for k in range(first_over, count)]
-        holes += [interleaved(k, r, ranks) for k in range(count, first_over)]
+        k = count - 1
+        while k >= 0 and (index := interleaved(k, r, ranks, block)) >= total:
+            over.append((index, r))
+            k -= 1
+        k = count
+        while (index := interleaved(k, r, ranks, block)) < total:
+            holes.append(index)
+            k += 1
     out: list[list[tuple[int, int]]] = [[] for _ in counts]
     for (old, r), new in zip(sorted(over), sorted(holes)):
         out[r].append((old, new))
@@ -271,12 +283,13 @@ class NodeStreamWriter:
         self.node, self.spec, self.store = node, spec, store
         self.shard_id = f"rank-{node.rank}"
         self.shard: ShardWriter = spec.open(self.shard_id)
+        self.block = BLOCK  # (the module's, when it is made: a test makes it small)
         #: Why nothing more is written (another rank broke off its epoch), ``None`` while it is.
         self.abandoned: str | None = None
 
     def put(self, k: int, sample: Sample) -> int:
         """Write this rank's `k`-th sample (unless the generation was abandoned); its index."""
-        index = interleaved(k, self.node.rank, self.node.ranks)
+        index = interleaved(k, self.node.rank, self.node.ranks, self.block)
         if self.abandoned is None:
             try:
                 self.shard.put(index, sample)
@@ -315,7 +328,7 @@ class NodeStreamWriter:
         if len(counts) != len(said):
             raise RankFailedError(f"the ranks' counts in {self.node.where} are not counts: {said!r}")
         total = sum(counts)
-        mine = moves(counts)[self.node.rank]
+        mine = moves(counts, self.block)[self.node.rank]
         if mine:
             self._move(mine, count)
         self.node.post("moved", {"moved": len(mine)})

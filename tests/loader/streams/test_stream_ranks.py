@@ -28,13 +28,14 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 needs_torchrun = pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
 
 
+@pytest.mark.parametrize("block", [1, 4, stream_ranks.BLOCK])
 @pytest.mark.parametrize("counts", [[30, 20], [20, 30], [7, 7], [5, 0], [0, 5], [3, 1, 4], [1, 0, 0], [0, 0, 9]])
-def test_moves_fill_the_holes_below_the_end(counts):
+def test_moves_fill_the_holes_below_the_end(counts, block):
     ranks, total = len(counts), sum(counts)
-    planned = moves(counts)
+    planned = moves(counts, block)
     final = []
     for r, count in enumerate(counts):
-        written = [interleaved(k, r, ranks) for k in range(count)]
+        written = [interleaved(k, r, ranks, block) for k in range(count)]
         mine = dict(planned[r])
         assert list(mine) == written[len(written) - len(mine):], "a rank moves the tail of its shard"
         final += [mine.get(i, i) for i in written]
@@ -86,13 +87,12 @@ def test_uneven_streams_make_one_generation_dealt_to_both_ranks(tmp_path, sizes,
         assert ranks[0]["batches"][e] == ranks[1]["batches"][e] == ranks[0]["len"][e - 1], "as many batches"
     assert len({tuple(ranks[0]["epochs"][e] + ranks[1]["epochs"][e]) for e in (1, 2, 3)}) == 3
     assert ranks[0]["len"] == ranks[1]["len"]
-    # The store: one generation, rank r's k-th sample at k x 2 + r below the shorter stream's end.
+    # The store: one generation; streams shorter than a block: rank 0's samples, then rank 1's, moved there.
     with open_store(str(tmp_path / "cache")) as store:
         reader = store.reader()
         stored = [int(reader[i]["id"]) for i in range(len(reader))]
     assert Counter(stored) == everything
-    if min(sizes_of):
-        assert stored[:2] == [0, 1000]
+    assert Counter(stored[:sizes_of[0]]) == Counter(k for k in range(sizes_of[0]))
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000000", "store.json"]
 
 
@@ -241,6 +241,7 @@ def test_the_ranks_end_commits_every_sample_once_or_nothing_when_one_broke_off(t
                                                                                breaking):
     """The protocol itself, both ranks in threads of this process: counts, moves, commit."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "threads")
+    monkeypatch.setattr(stream_ranks, "BLOCK", 2)  # the ranks take turns by 2 samples
     path = str(tmp_path / "store")
     stores = [open_store(path), open_store(path)]  # each rank opens the node's store
     writer = stores[0].writer(0, None)
@@ -262,8 +263,8 @@ def test_the_ranks_end_commits_every_sample_once_or_nothing_when_one_broke_off(t
     reader = stores[1].reader()
     stored = [int(reader[i]["id"]) for i in range(len(reader))]
     assert sorted(stored) == sorted(samples[0] + samples[1])
-    common = min(sizes)
-    assert stored[:2 * common] == [s for pair in zip(samples[0][:common], samples[1][:common]) for s in pair]
+    common = min(sizes) // 2 * 2  # the blocks both ranks filled: rank 0's two samples, rank 1's two, ...
+    assert stored[:2 * common] == [s for k in range(0, common, 2) for r in (0, 1) for s in samples[r][k:k + 2]]
     assert [p.name for p in Path(path).iterdir() if p.name.startswith(".stream-")] == []
     for store in stores:
         store.close()
@@ -273,6 +274,7 @@ def test_a_rank_whose_staging_area_went_with_rank_0_breaking_off_serves_on_unwri
     # Local rank 0 broke off its epoch and went on to the next one, whose writer removed the staging area
     # the others were writing into: they serve the rest of their streams, writing nothing, and end unfailed.
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "moved-on")
+    monkeypatch.setattr(stream_ranks, "BLOCK", 1)
     store = open_store(str(tmp_path))
     writer = store.writer(0, None)
     first = NodeStream(store.path, 0, 0, 2, 0)
