@@ -365,8 +365,10 @@ class NodeStreamWriter:
         self.node.gather("end", [0])
 
     def close(self) -> None:
-        """Close this rank's shard (what it wrote stays for the commit, or the partial generation)."""
+        """Close this rank's shard (what it wrote stays for the commit, or the partial generation) and
+        leave the rendezvous."""
         try:
             self.shard.close()
         except Exception:  # what it could not flush is not committed; the error that ends the epoch says why
             pass
+        self.node.close()

@@ -213,7 +213,6 @@ class StreamGenerateEpoch(StreamEpoch):
         finally:
             if node is not None:
                 node.close()
-                node.node.close()
             if not finished and ctx.res.stream_writer is not None:
                 writer, ctx.res.stream_writer = ctx.res.stream_writer, None
                 writer.keep()

@@ -80,7 +80,8 @@ def main() -> None:
             serve(loader, args, rank, result)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-        result["computed"].append(loader.epoch_stats[-1].computed if loader is not None and loader.epoch_stats else None)
+        stats = loader.epoch_stats if loader is not None else []
+        result["computed"].append(stats[-1].computed if stats else None)
         raise
     finally:
         Path(args.out, f"rank{rank}{'-resumed' if args.resume else ''}.json").write_text(json.dumps(result))
