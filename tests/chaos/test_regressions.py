@@ -18,6 +18,7 @@ import pytest
 
 from cachestore import open_store
 
+from ..marks import long
 from .runner import run_scenario
 from .scenario import ORIGINAL
 from .test_chaos import check
@@ -78,7 +79,7 @@ def test_seed_2602510374_a_stream_worker_that_died_is_a_worker_error_at_the_next
     check(2602510374, tmp_path)
 
 
-@pytest.mark.parametrize("seed", [2602510344, 2602510355])
+@pytest.mark.parametrize("seed", [pytest.param(2602510344, marks=long), 2602510355])
 def test_stream_records_flipped_on_purpose_are_an_error_that_says_to_prune(tmp_path, seed):
     # A stream's sample cannot be computed again by its index: a flipped record is a CorruptSampleError
     # that says to prune the generation (the check had taken it for one no fault explains).

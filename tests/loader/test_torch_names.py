@@ -13,6 +13,7 @@ from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Se
 from cachestore import FingerprintMismatchError, open_store
 from loader import CachedLoader
 
+from ..marks import long
 from .datasets import ArangeDataset, read_calls
 
 pytestmark = pytest.mark.timeout(120)
@@ -261,7 +262,7 @@ def draws(workers: int, start_method: str, seed: int = 11) -> np.ndarray:
         return np.concatenate([batch["r"] for batch in loader])
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", ["fork", pytest.param("spawn", marks=long)])
 def test_workers_draw_their_own_random_numbers(start_method):
     # Forked workers inherit one state, spawned ones torch's fixed default seed: unseeded, they repeat
     # each other's numbers.

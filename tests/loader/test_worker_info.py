@@ -7,6 +7,7 @@ import torch
 
 from loader import CachedLoader
 
+from ..marks import long
 from .torch_datasets import WorkerInfoDataset, set_handle_from_worker_info
 
 pytestmark = pytest.mark.timeout(120)
@@ -16,8 +17,10 @@ def served(loader) -> list[dict]:
     return [{k: int(v[i]) for k, v in batch.items()} for batch in loader for i in range(len(batch["id"]))]
 
 
+# Spawned workers: test_worker_info_with_a_cache_in_generate_epochs in make test, all three in make check.
 @pytest.mark.parametrize("workers", [
-    {"start_method": "spawn"}, {"start_method": "fork"}, {"start_method": "auto"}, {"use_threading": True},
+    pytest.param({"start_method": "spawn"}, marks=long), {"start_method": "fork"}, {"start_method": "auto"},
+    {"use_threading": True},
 ], ids=["spawn", "fork", "auto", "threads"])
 def test_worker_info_and_worker_init_fn_see_the_copy_tasks_run_on(workers, tmp_path):
     ds = WorkerInfoDataset(8)
@@ -35,7 +38,7 @@ def test_worker_info_and_worker_init_fn_see_the_copy_tasks_run_on(workers, tmp_p
         assert not hasattr(ds, "handle"), "the training process's dataset is not the workers' copy"
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "auto"])
+@pytest.mark.parametrize("start_method", [pytest.param("spawn", marks=long), "auto"])
 def test_a_bound_method_worker_init_fn_changes_the_copy_in_use(start_method):
     ds = WorkerInfoDataset(6)
     with CachedLoader(ds, batch_size=3, nb_worker=2, shuffle=False, worker_init_fn=ds.open_files,

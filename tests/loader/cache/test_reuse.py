@@ -13,6 +13,7 @@ from loader import CachedLoader
 
 from ...marks import covering, long
 from ..datasets import ArangeDataset
+from .committing import reader_process, writer_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,37 +38,6 @@ def test_torch_dataloader_reads_what_cachedloader_served(tmp_path, backend, cont
     assert seen == 37
 
 
-def _writer(path: str, generations: int, committed, stop) -> None:
-    store = open_store(path)
-    for g in range(1, generations + 1):
-        with store.writer(g, num_samples=64) as w:
-            for i in range(64):
-                w.put(i, {"x": np.full(256, g * 1000 + i, np.int64), "g": g})
-        store.prune(keep=2)
-        committed.value = g
-        if stop.is_set():
-            break
-
-
-def _reader(path: str, committed, results, stop) -> None:
-    store = open_store(path, readonly=True)
-    checked = 0
-    try:
-        while (checked < 3 or committed.value < 6) and not stop.is_set():
-            reader = store.reader()  # newest committed generation
-            g = reader.generation
-            for i in range(len(reader)):
-                sample = reader[i]
-                assert sample["g"] == g and (sample["x"] == g * 1000 + i).all()
-            batch = reader.get_batch(np.arange(64)[::-1])
-            assert (batch["x"][:, 0] == g * 1000 + np.arange(64)[::-1]).all()
-            checked += 1
-            reader.close()
-        results.put(("ok", checked))
-    except Exception as exc:  # reported to the test, which fails with it
-        results.put(("error", repr(exc)))
-
-
 @pytest.mark.parametrize("backend", ["memmap", pytest.param("lmdb", marks=long)])
 def test_readers_in_other_processes_while_the_writer_keeps_committing(tmp_path, backend):
     path = str(tmp_path / "store")
@@ -77,8 +47,8 @@ def test_readers_in_other_processes_while_the_writer_keeps_committing(tmp_path, 
             w.put(i, {"x": np.full(256, i, np.int64), "g": 0})
     ctx = mp.get_context("spawn")
     committed, stop, results = ctx.Value("i", 0), ctx.Event(), ctx.Queue()
-    readers = [ctx.Process(target=_reader, args=(path, committed, results, stop)) for _ in range(2)]
-    writer = ctx.Process(target=_writer, args=(path, 6, committed, stop))
+    readers = [ctx.Process(target=reader_process, args=(path, committed, results, stop)) for _ in range(2)]
+    writer = ctx.Process(target=writer_process, args=(path, 6, committed, stop))
     for p in readers + [writer]:
         p.start()
     try:
