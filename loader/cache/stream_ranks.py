@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 from cachestore import Store
 from cachestore.backends.base import ShardWriter, StagingToken
+from cachestore.backends.staging import parse_staging
 from cachestore.codec import Sample
 from cachestore.errors import CacheStoreError
 from cachestore.safefs import is_real_dir, read_json, write_json_atomic
@@ -250,8 +251,11 @@ class NodeStream:
         """The other ranks: local rank 0's staging area, as a ticket to write into it."""
         doc = self.gather("ticket", [0])[0]
         name, compress, pickle = doc.get("staging"), doc.get("compress"), doc.get("allow_pickle")
-        path = os.path.join(store.path, name) if is_file_name(name) else ""
-        if not (path and is_real_dir(path) and isinstance(compress, bool) and isinstance(pickle, bool)):
+        # A staging area of this generation by name (one removed since, by local rank 0 gone on to its next
+        # epoch, fails at the first write).
+        staged = parse_staging(name) if is_file_name(name) else None
+        path = os.path.join(store.path, str(name)) if staged is not None and staged[0] == self.generation else ""
+        if not (path and isinstance(compress, bool) and isinstance(pickle, bool)):
             raise RankFailedError(f"{self.where}/ticket-0.json does not name a staging area of {store.path}: {doc!r}")
         token = StagingToken(path, self.generation, store.budget(), None, compress, pickle)
         return ShardSpec(store.spec, token)
@@ -282,23 +286,32 @@ class NodeStreamWriter:
     def __init__(self, node: NodeStream, spec: ShardSpec, store: Store) -> None:
         self.node, self.spec, self.store = node, spec, store
         self.shard_id = f"rank-{node.rank}"
-        self.shard: ShardWriter = spec.open(self.shard_id)
         self.block = BLOCK  # (the module's, when it is made: a test makes it small)
         #: Why nothing more is written (another rank broke off its epoch), ``None`` while it is.
         self.abandoned: str | None = None
+        self.shard: ShardWriter | None = None
+        try:
+            self.shard = spec.open(self.shard_id)
+        except (OSError, CacheStoreError):
+            self._abandon_if_broke()
+
+    def _abandon_if_broke(self) -> None:
+        """After a write that failed: nothing more is written where another rank broke off its epoch, else
+        the error is this rank's (re-raised). Local rank 0 that broke off removes the staging area as it
+        goes on to its next epoch: the others serve the rest of their streams."""
+        broke = self.node.broke()
+        if broke is None:
+            raise
+        self.abandoned = self.node.abandoned_by(broke)
 
     def put(self, k: int, sample: Sample) -> int:
         """Write this rank's `k`-th sample (unless the generation was abandoned); its index."""
         index = interleaved(k, self.node.rank, self.node.ranks, self.block)
-        if self.abandoned is None:
+        if self.abandoned is None and self.shard is not None:
             try:
                 self.shard.put(index, sample)
             except (OSError, CacheStoreError):
-                # Local rank 0 may have broken off, and removed the staging area as it went on to its next
-                # epoch: not this rank's error then; it serves the rest of its stream.
-                if (broke := self.node.broke()) is None:
-                    raise
-                self.abandoned = self.node.abandoned_by(broke)
+                self._abandon_if_broke()
         return index
 
     def check(self) -> None:
@@ -320,8 +333,8 @@ class NodeStreamWriter:
         Abandoned
             Another rank broke off its epoch.
         """
-        if self.abandoned is not None:
-            raise Abandoned(self.abandoned)
+        if self.abandoned is not None or self.shard is None:
+            raise Abandoned(self.abandoned or "")
         self.shard.close()
         said = [doc.get("count") for doc in self._say("count", {"count": count})]
         counts = [c for c in said if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
@@ -368,7 +381,8 @@ class NodeStreamWriter:
         """Close this rank's shard (what it wrote stays for the commit, or the partial generation) and
         leave the rendezvous."""
         try:
-            self.shard.close()
+            if self.shard is not None:
+                self.shard.close()
         except Exception:  # what it could not flush is not committed; the error that ends the epoch says why
             pass
         self.node.close()

@@ -299,3 +299,26 @@ def test_a_rank_whose_staging_area_went_with_rank_0_breaking_off_serves_on_unwri
         ranked.put(0, {"id": np.int64(0)})
     ranked.close()
     store.close()
+
+
+def test_a_rank_that_comes_after_rank_0_broke_off_and_moved_on_serves_unwritten(tmp_path, monkeypatch):
+    # Rank 0 broke off and its next epoch removed the staging area before this rank opened its shard.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "late")
+    store = open_store(str(tmp_path))
+    writer = store.writer(0, None)
+    first = NodeStream(store.path, 0, 0, 2, 0)
+    first.publish_ticket(writer.token)
+    first.fail(GeneratorExit())
+    writer.abort()
+    late = NodeStream(store.path, 0, 0, 2, 1)
+    ranked = NodeStreamWriter(late, late.ticket(store), store)
+    assert ranked.abandoned is not None and ranked.put(0, {"id": np.int64(0)}) == stream_ranks.BLOCK
+    with pytest.raises(Abandoned):
+        ranked.end(1)
+    ranked.close()
+    # A ticket that names no staging area of this generation is refused.
+    (first.where / "ticket-0.json").write_text(json.dumps({"staging": "gen-000000", "compress": False,
+                                                           "allow_pickle": False}))
+    with pytest.raises(RankFailedError, match="does not name a staging area"):
+        late.ticket(store)
+    store.close()
