@@ -159,6 +159,11 @@ class LoaderAttributes:
         its workers through it): always ``None``, the workers belong to the loader (``close()``)."""
         return None
 
+    @_iterator.setter
+    def _iterator(self, value: object) -> None:
+        # Lightning resets it (``loader._iterator = None``) as it would torch's: there is nothing to drop.
+        pass
+
     def _samplers(self) -> tuple[Any, Any]:
         pair = self.__dict__.get("_sampler_pair")
         if pair is None:

@@ -7,7 +7,7 @@ import pytest
 import loader.errors
 from cachestore import CacheStoreError
 from loader.errors import (ClusterUnreachableError, MissingDependencyError, NotImportableError, NotPicklableError,
-                           SampleError, SettingFixedError, WorkerError, WorkerTimeoutError)
+                           RankFailedError, SampleError, SettingFixedError, WorkerError, WorkerTimeoutError)
 
 HIERARCHY = {
     WorkerError: RuntimeError,
@@ -18,6 +18,7 @@ HIERARCHY = {
     NotPicklableError: TypeError,
     SettingFixedError: (ValueError, AttributeError),  # torch's, and Python's for a read-only attribute
     SampleError: Exception,  # internal: the dataset's own exception is what reaches the user
+    RankFailedError: RuntimeError,
 }
 
 
