@@ -237,6 +237,12 @@ class _ValueHasher:
         import torch  # already imported: codec.is_tensor found it in sys.modules
 
         t = obj.detach()
+        if t.is_nested:  # no flat buffer of its own (sizes() is refused): its components, in order
+            parts = t.unbind()
+            self.tag("nested tensor", str(t.layout), str(t.dtype), len(parts))
+            for i, part in enumerate(parts):
+                self._tensor(part, f"{where}[{i}]")
+            return
         if t.layout != torch.strided:
             t = t.to_dense()
         t = t.cpu().contiguous()

@@ -299,3 +299,15 @@ def test_a_dataset_holding_the_test_session_is_refused_at_once_naming_the_attrib
     with pytest.raises(FingerprintError, match=r"dataset\.test_object\.") as info:
         dataset_fingerprint(source, 3, (0, 1))
     assert "cache_setting={'fingerprint'" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_hashed_by_their_components():
+    def nested(last: float, layout=torch.strided):
+        return torch.nested.nested_tensor([torch.arange(5.0), torch.tensor([0.0, 1.0, last])], layout=layout)
+
+    first = params_hash({"t": nested(2.0)})
+    assert params_hash({"t": nested(2.0)}) == first
+    assert params_hash({"t": nested(3.0)}) != first, "a value of a component"
+    assert params_hash({"t": nested(2.0, torch.jagged)}) != first, "the layout"
+    assert params_hash({"t": list(nested(2.0).unbind())}) != first, "a list of its components is another value"
