@@ -7,7 +7,9 @@ whatever its bytes name: no reader of an untrusted store does that (docs/ARCHITE
 "Untrusted stores"). So the codec records the class's module, qualified name and field names
 (:func:`describe`), and a reader rebuilds the tuple (:func:`rebuild`):
 
-- as **that class**, when it is already loaded in the reading process (found in
+- as **that class**, when the reading process itself stored values of it (:func:`describe`
+  remembers it: a namedtuple made in a class body records a name that leads nowhere, for pickle
+  too), or when it is already loaded there (found in
   ``sys.modules`` by plain dictionary lookups: no import, no module ``__getattr__``, no
   descriptor), is a tuple subclass of the plain ``type`` metaclass and has exactly the recorded
   fields; the tuple is made by ``tuple.__new__``, so none of the class's code runs. A reader of
@@ -35,6 +37,8 @@ from typing import Any, Iterable
 MAX_NAME = 512
 #: Rebuilt namedtuple classes kept (a store naming more gets a new class per sample beyond these).
 MAX_MADE = 256
+#: Classes remembered by their description: those this process stored values of, or found by name.
+MAX_SEEN = 4096
 
 _found: dict[tuple[str, str, tuple[str, ...]], type] = {}
 _made: dict[tuple[str, tuple[str, ...]], type] = {}
@@ -50,7 +54,10 @@ def describe(cls: type, length: int) -> tuple[str, str, tuple[str, ...]] | None:
     module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or not valid(module, qualname, fields):
         return None
-    return module, qualname, fields
+    key = (module, qualname, fields)
+    if _found.get(key) is not cls and len(_found) < MAX_SEEN:
+        _found[key] = cls  # the newest class of that description: the one the program makes values of now
+    return key
 
 
 def valid(module: str, qualname: str, fields: Iterable[str]) -> bool:
@@ -79,7 +86,7 @@ def rebuild(module: str, qualname: str, fields: tuple[str, ...], values: list[An
     cls = _found.get(key)
     if cls is None:
         cls = _find(module, qualname, fields, trusted)
-        if cls is not None:
+        if cls is not None and len(_found) < MAX_SEEN:
             _found[key] = cls
         else:
             cls = _rebuilt(qualname.rsplit(".", 1)[-1], fields)
