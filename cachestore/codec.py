@@ -212,7 +212,6 @@ def children(node: TreeDef) -> tuple[TreeDef, ...]:
     return cast("tuple[TreeDef, ...]", node[-1])
 
 
-
 def _keys(node: TreeDef) -> tuple[str, ...]:  # of a dict
     return cast("tuple[str, ...]", node[1])
 
@@ -373,7 +372,8 @@ def treedef_to_json(node: TreeDef) -> list[object]:
     if tag in ("l", "u"):
         return [tag, [treedef_to_json(c) for c in children(node)]]
     if tag == "k":
-        return ["k", node[1], node[2], list(cast("tuple[str, ...]", node[3])), [treedef_to_json(c) for c in children(node)]]
+        fields = list(cast("tuple[str, ...]", node[3]))
+        return ["k", node[1], node[2], fields, [treedef_to_json(c) for c in children(node)]]
     if tag == "v":
         return ["v", node[1], node[2], [treedef_to_json(c) for c in children(node)]]
     if tag in ("a", "t"):

@@ -52,10 +52,14 @@ def describe(cls: type, length: int) -> tuple[str, str, tuple[str, ...]] | None:
     if not isinstance(fields, tuple) or len(fields) != length or not all(type(f) is str for f in fields):
         return None
     module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or not valid(module, qualname, fields):
+    if not isinstance(module, str) or not isinstance(qualname, str):
         return None
     key = (module, qualname, fields)
-    if _found.get(key) is not cls and len(_found) < MAX_SEEN:
+    if _found.get(key) is cls:
+        return key  # checked when first seen: every sample of a dataset takes this path
+    if not valid(module, qualname, fields):
+        return None
+    if len(_found) < MAX_SEEN:
         _found[key] = cls  # the newest class of that description: the one the program makes values of now
     return key
 
@@ -86,10 +90,10 @@ def rebuild(module: str, qualname: str, fields: tuple[str, ...], values: list[An
     cls = _found.get(key)
     if cls is None:
         cls = _find(module, qualname, fields, trusted)
-        if cls is not None and len(_found) < MAX_SEEN:
-            _found[key] = cls
-        else:
+        if cls is None:
             cls = _rebuilt(qualname.rsplit(".", 1)[-1], fields)
+        elif len(_found) < MAX_SEEN:
+            _found[key] = cls
     return tuple.__new__(cls, values)  # no code of the class runs
 
 

@@ -12,8 +12,9 @@ transform object used to give the same fingerprint and the old samples were
 served. multiprocessing's locks, events and shared values are the workers'
 means to coordinate, not data: they are hashed by what they are
 (:mod:`loader.cache.shared_state`), never by their current value. What cannot
-be hashed by value (an open file, a thread's lock, a generator) is an error asking for an explicit identity (``fingerprint=`` below, the
-loader's ``cache_setting["fingerprint"]``).
+be hashed by value (an open file, a thread's lock, a generator) is an error
+asking for an explicit identity (``fingerprint=`` below, the loader's
+``cache_setting["fingerprint"]``).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ class _ValueHasher:
             return self._digest(obj, where, depth)  # cheap, or a cycle: tagged where it closes
         known = self.walk.digests.get(key)
         if known is None:
-            known = self.walk.digests[key] = (obj, self._digest(obj, where, depth))  # obj kept: its id stays its own
+            # The value is kept with its digest: while it lives, its id names no other value.
+            known = self.walk.digests[key] = (obj, self._digest(obj, where, depth))
         return known[1]
 
     def _digest(self, obj: Any, where: str, depth: int) -> bytes:

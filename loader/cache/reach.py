@@ -105,7 +105,7 @@ class Walk:
     """What the hashers of one fingerprint share.
 
     ``active``: the values being hashed (id -> depth), to cut cycles in data; ``digests``: the
-    digests of shared values, hashed once. ``queued``: the
+    digests of the values hashed as parts, so that a shared one is hashed once. ``queued``: the
     functions and classes of user code reached by a name (a global, a method, a base), hashed once
     each by :func:`finish` from a work list, so that a project's call graph (shared parts, cycles,
     chains of any length) costs one visit per function and no deep recursion.
