@@ -4,6 +4,8 @@ still runs none of its writer's choices (a namedtuple names a class: nothing is 
 from __future__ import annotations
 
 import collections
+import importlib
+import os
 import sys
 import typing
 
@@ -87,9 +89,6 @@ def _planted_module(tmp_path, monkeypatch, name: str, body: str) -> str:
 
 
 def test_a_reader_never_imports_the_module_a_namedtuple_names(tmp_path, monkeypatch, backend):
-    import importlib
-    import os
-
     name = f"planted_codec_named_{backend}"  # a module of its own per test: sys.modules keeps them
     marker = _planted_module(tmp_path, monkeypatch, name, "Pair = collections.namedtuple('Pair', 'a b')")
     module = importlib.import_module(name)
@@ -138,8 +137,6 @@ def __getattr__(name):
     pathlib.Path(__file__ + '.getattr').write_text(name)
     raise AttributeError(name)
 """)
-    import os
-
     import planted_codec_trap
 
     leaves = [np.array(7, np.int64)]
