@@ -11,6 +11,8 @@ Treedef nodes (nested tuples, so they hash and compare cheaply)::
 
     ("d", keys, children)   dict with str keys      ("l", children)  list
     ("u", children)         tuple                   ("n",)           None
+    ("k", module, qualname, fields, children)       namedtuple (see :mod:`cachestore.named`)
+    ("v", layout, dtype, children)                  nested torch tensor: its components ("t")
     ("a", dtype, shape)     numpy array             ("t", dtype, shape) torch tensor
     ("g", dtype)            numpy scalar            ("i",) ("f",) ("b",) int / float / bool
     ("s", n) ("y", n)       str (utf-8) / bytes of n bytes
@@ -33,7 +35,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeAlias, Union, cast
 import numpy as np
 import numpy.typing as npt
 
-from .errors import PickleRefusedError, UnsupportedSampleError
+from . import named
+from .errors import MalformedFileError, PickleRefusedError, UnsupportedSampleError
 
 #: A sample (see above; with ``allow_pickle`` anything picklable): ``object``, since torch is
 #: never imported here and pickle takes anything.
@@ -72,6 +75,12 @@ def _tensor_to_numpy(x: Any) -> tuple[str, Leaf]:
     except (TypeError, RuntimeError) as exc:
         raise UnsupportedSampleError(f"torch tensors of dtype {x.dtype} cannot be stored: {exc}") from exc
     return arr.dtype.str, arr
+
+
+def _tensor_dtype_name(x: Any) -> str:
+    """The leaf dtype name of tensors of `x`'s dtype (an empty one tells it without any data)."""
+    torch = cast(ModuleType, _torch())  # `x` is a tensor: torch is imported
+    return _tensor_to_numpy(torch.empty(0, dtype=x.dtype))[0]
 
 
 def _numpy_to_tensor(dtype: str, arr: Leaf) -> object:
@@ -124,6 +133,20 @@ def _pickled(x: object, leaves: list[Leaf], allow_pickle: bool, what: str) -> Tr
     return ("p", data.size)
 
 
+def _tensor_node(x: Any, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
+    layout = str(x.layout)
+    if x.is_nested and layout in _NESTED_LAYOUTS:
+        # No flat buffer of its own: its components, each a tensor leaf, made one again on reading.
+        parts = tuple(_flatten(p, leaves, allow_pickle) for p in x.unbind())
+        return ("v", layout[len("torch."):], _tensor_dtype_name(x), parts)
+    if x.is_nested or layout != "torch.strided":
+        # No flat buffer to store (sparse): pickled, which torch's own pickling supports.
+        return _pickled(x, leaves, allow_pickle, "a sparse tensor")
+    dtype, arr = _tensor_to_numpy(x)
+    leaves.append(arr)
+    return ("t", dtype, tuple(arr.shape))
+
+
 def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
     # Order matters: bool before int (bool is an int), np.generic before the builtins.
     if isinstance(x, np.ndarray):
@@ -134,12 +157,7 @@ def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
         leaves.append(arr)
         return ("a", arr.dtype.str, arr.shape)
     if is_tensor(x):
-        if getattr(x, "is_nested", False) or str(getattr(x, "layout", "torch.strided")) != "torch.strided":
-            # No flat buffer to store (nested, sparse): pickled, which torch's own pickling supports.
-            return _pickled(x, leaves, allow_pickle, "a nested or sparse tensor")
-        dtype, arr = _tensor_to_numpy(x)
-        leaves.append(arr)
-        return ("t", dtype, tuple(arr.shape))
+        return _tensor_node(x, leaves, allow_pickle)
     if isinstance(x, dict):
         if not all(type(k) is str for k in x):
             return _pickled(x, leaves, allow_pickle, "a dict with non-str keys")
@@ -148,6 +166,8 @@ def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
     if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
         tag = "l" if type(x) is list else "u"
         return (tag, tuple(_flatten(v, leaves, allow_pickle) for v in x))
+    if isinstance(x, tuple) and (name := named.describe(type(x), len(x))) is not None:
+        return ("k", *name, tuple(_flatten(v, leaves, allow_pickle) for v in x))
     if x is None:
         return ("n",)
     if isinstance(x, np.generic):
@@ -180,9 +200,16 @@ def _flatten(x: object, leaves: list[Leaf], allow_pickle: bool) -> TreeDef:
 _SCALAR: dict[str, np.dtype[np.generic]] = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "b": np.dtype(np.bool_)}
 
 
+#: Tags of the nodes that hold others: their children are always their last field.
+CONTAINERS = ("d", "l", "u", "k", "v")
+#: The layouts of nested tensors stored as their components (torch.strided, torch.jagged).
+_NESTED_LAYOUTS = ("torch.strided", "torch.jagged")
+
+
 # The fields of a node, as its tag says they are.
-def _children(node: TreeDef) -> tuple[TreeDef, ...]:  # of a dict, list or tuple
-    return cast("tuple[TreeDef, ...]", node[2] if node[0] == "d" else node[1])
+def children(node: TreeDef) -> tuple[TreeDef, ...]:
+    """The child nodes of a container node (:data:`CONTAINERS`)."""
+    return cast("tuple[TreeDef, ...]", node[-1])
 
 
 def _keys(node: TreeDef) -> tuple[str, ...]:  # of a dict
@@ -207,8 +234,8 @@ def row_bytes(specs: Sequence[LeafSpec]) -> list[int]:
 
 def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
     tag = node[0]
-    if tag in ("d", "l", "u"):
-        for child in _children(node):
+    if tag in CONTAINERS:
+        for child in children(node):
             _specs(child, out)
     elif tag in ("a", "t"):
         dtype = np.dtype(np.int16) if node[1] == BFLOAT16 else np.dtype(cast(str, node[1]))
@@ -224,6 +251,11 @@ def _specs(node: TreeDef, out: list[LeafSpec]) -> None:
 def unflatten(treedef: TreeDef, leaves: Sequence[Leaf], allow_pickle: bool = False) -> Sample:
     """Rebuild one sample from `treedef` and its leaves (inverse of :func:`flatten`).
 
+    `allow_pickle` says the bytes are this program's own (or a trusted writer's): pickled leaves
+    load, and a namedtuple's module may be imported to find its class (as pickle would); without
+    it a namedtuple is rebuilt without running code of the store's choosing
+    (:func:`cachestore.named.rebuild`).
+
     Raises
     ------
     PickleRefusedError
@@ -232,32 +264,56 @@ def unflatten(treedef: TreeDef, leaves: Sequence[Leaf], allow_pickle: bool = Fal
         writer the reader trusts.
     """
     it = iter(leaves)
-    return _build(treedef, it, lambda node, leaf: _leaf_value(node, leaf, allow_pickle))
+    return _build(treedef, it, lambda node, leaf: _leaf_value(node, leaf, allow_pickle), allow_pickle)
 
 
 def unflatten_batch(treedef: TreeDef, leaves: Sequence[Leaf]) -> Batch:
     """Rebuild a batch from a *sample* treedef and leaves stacked along axis 0.
 
     Arrays stay stacked (numpy as numpy, torch as torch); Python scalars become
-    one numpy array per leaf; str, bytes, None and pickled leaves become lists.
+    one numpy array per leaf; str, bytes, None and pickled leaves become lists;
+    a namedtuple is one of batches.
     This is exactly what :func:`cachestore.collate.stack_samples` produces from
     the individual samples.
     """
     it = iter(leaves)
-    return _build(treedef, it, _batch_value)
+    return _build(treedef, it, _batch_value, False)
 
 
-def _build(node: TreeDef, it: Iterator[Leaf], leaf_fn: Callable[[TreeDef, Leaf | None], object]) -> object:
+def _build(node: TreeDef, it: Iterator[Leaf], leaf_fn: Callable[[TreeDef, Leaf | None], object],
+           trusted: bool) -> object:
     tag = node[0]
     if tag == "d":
-        return {k: _build(c, it, leaf_fn) for k, c in zip(_keys(node), _children(node))}
+        return {k: _build(c, it, leaf_fn, trusted) for k, c in zip(_keys(node), children(node))}
     if tag == "l":
-        return [_build(c, it, leaf_fn) for c in _children(node)]
+        return [_build(c, it, leaf_fn, trusted) for c in children(node)]
     if tag == "u":
-        return tuple(_build(c, it, leaf_fn) for c in _children(node))
+        return tuple(_build(c, it, leaf_fn, trusted) for c in children(node))
+    if tag == "k":
+        values = [_build(c, it, leaf_fn, trusted) for c in children(node)]
+        return named.rebuild(cast(str, node[1]), cast(str, node[2]), cast("tuple[str, ...]", node[3]), values,
+                             trusted)
+    if tag == "v":
+        if leaf_fn is _batch_value:
+            raise TypeError("unflatten_batch: nested tensors are not stackable (is_stackable)")
+        parts = [_build(c, it, leaf_fn, trusted) for c in children(node)]
+        return _nested_tensor(cast(str, node[1]), cast(str, node[2]), parts)
     if tag == "n":
         return leaf_fn(node, None)
     return leaf_fn(node, next(it))
+
+
+def _nested_tensor(layout: str, dtype: str, parts: list[object]) -> object:
+    """A nested tensor of `parts` (tensors of `dtype`, torch's dtype given as the codec names it)."""
+    import torch
+
+    if not parts:  # no component to take the dtype from: an empty leaf of the dtype tells it
+        kind = cast(Any, _numpy_to_tensor(dtype, np.empty(0, np.int16 if dtype == BFLOAT16 else np.dtype(dtype))))
+        return torch.nested.nested_tensor([], dtype=kind.dtype, layout=getattr(torch, layout))
+    try:
+        return torch.nested.nested_tensor(parts, layout=getattr(torch, layout))
+    except (RuntimeError, ValueError) as exc:  # components the parser let through and torch refuses
+        raise MalformedFileError(f"a nested tensor's components cannot make one: {exc}") from None
 
 
 def _leaf_value(node: TreeDef, leaf: Leaf | None, allow_pickle: bool) -> object:
@@ -303,8 +359,8 @@ def _batch_value(node: TreeDef, arr: Leaf | None) -> object:
 def is_stackable(treedef: TreeDef) -> bool:
     """Whether a batch of this treedef can be gathered column-wise (no list leaves)."""
     tag = treedef[0]
-    if tag in ("d", "l", "u"):
-        return all(is_stackable(c) for c in _children(treedef))
+    if tag in ("d", "l", "u", "k"):
+        return all(is_stackable(c) for c in children(treedef))
     return tag in ("a", "t", "g", "i", "f", "b")
 
 
@@ -312,9 +368,14 @@ def treedef_to_json(node: TreeDef) -> list[object]:
     """A JSON-serialisable form of `node` (tuples become lists)."""
     tag = node[0]
     if tag == "d":
-        return ["d", list(_keys(node)), [treedef_to_json(c) for c in _children(node)]]
+        return ["d", list(_keys(node)), [treedef_to_json(c) for c in children(node)]]
     if tag in ("l", "u"):
-        return [tag, [treedef_to_json(c) for c in _children(node)]]
+        return [tag, [treedef_to_json(c) for c in children(node)]]
+    if tag == "k":
+        fields = list(cast("tuple[str, ...]", node[3]))
+        return ["k", node[1], node[2], fields, [treedef_to_json(c) for c in children(node)]]
+    if tag == "v":
+        return ["v", node[1], node[2], [treedef_to_json(c) for c in children(node)]]
     if tag in ("a", "t"):
         return [tag, node[1], list(_shape(node))]
     return list(node)

@@ -28,12 +28,12 @@ import math
 import os
 import re
 import warnings
-from typing import Any, Sequence, TypeGuard
+from typing import Any, Sequence, TypeGuard, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from . import safefs
+from . import named, safefs
 from .codec import BFLOAT16, TreeDef
 from .errors import MalformedFileError
 
@@ -274,6 +274,10 @@ def _node(obj: object, where: str, depth: int, budget: list[int]) -> TreeDef:
         return ("d", tuple(keys), tuple(_node(c, where, depth + 1, budget) for c in children))
     if tag in ("l", "u") and len(rest) == 1 and isinstance(rest[0], list):
         return (tag, tuple(_node(c, where, depth + 1, budget) for c in rest[0]))
+    if tag == "k" and len(rest) == 4 and isinstance(rest[2], list) and isinstance(rest[3], list):
+        return _namedtuple(rest, where, depth, budget)
+    if tag == "v" and len(rest) == 3 and isinstance(rest[2], list):
+        return _nested_tensor(rest, where, depth, budget)
     if tag in ("a", "t") and len(rest) == 2:
         if tag == "t" and rest[0] == BFLOAT16:
             return (tag, BFLOAT16, parse_shape(rest[1], 2, where))
@@ -289,6 +293,30 @@ def _node(obj: object, where: str, depth: int, budget: list[int]) -> TreeDef:
     if tag in ("s", "y", "p") and len(rest) == 1:
         return (tag, _int(rest[0], where, f"size of a {tag!r} leaf"))
     raise MalformedFileError(f"{where}: {_show(obj)} is not a node of a sample structure")
+
+
+def _namedtuple(rest: list[Any], where: str, depth: int, budget: list[int]) -> TreeDef:
+    """A namedtuple node: names a reader may look up and ``collections.namedtuple`` may compile
+    (:func:`cachestore.named.valid`), one field per child."""
+    module, qualname, fields, kids = rest
+    if not isinstance(module, str) or not isinstance(qualname, str) or len(fields) != len(kids) \
+            or not named.valid(module, qualname, fields):
+        raise MalformedFileError(f"{where}: a namedtuple node whose names are not a class's and its fields'")
+    return ("k", module, qualname, tuple(fields), tuple(_node(c, where, depth + 1, budget) for c in kids))
+
+
+def _nested_tensor(rest: list[Any], where: str, depth: int, budget: list[int]) -> TreeDef:
+    """A nested tensor node: a layout torch has, and components that are tensors of its dtype and
+    one number of dimensions (a jagged one's differ in their first only), as the codec writes them."""
+    layout, dtype, kids = rest
+    parts = [_node(c, where, depth + 1, budget) for c in kids]
+    shapes = [cast("tuple[int, ...]", p[2]) for p in parts if p[0] == "t" and p[1] == dtype]
+    if layout not in ("strided", "jagged") or len(shapes) != len(parts) or len({len(s) for s in shapes}) > 1 \
+            or (layout == "jagged" and (not shapes or not shapes[0] or len({s[1:] for s in shapes}) > 1)):
+        raise MalformedFileError(f"{where}: a nested tensor node that is none the codec writes")
+    if not parts:
+        _node(["t", dtype, [0]], where, depth + 1, budget)  # its dtype is one a tensor has
+    return ("v", layout, dtype, tuple(parts))
 
 
 def check_index_rows(rows: npt.NDArray[np.void], num_samples: int, num_shards: int, path: str) -> None:

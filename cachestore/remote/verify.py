@@ -29,15 +29,15 @@ from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
 BLOCK_BYTES = 16 << 20
-_KINDS = {"d", "l", "u", "n", "a", "t", "g", "i", "f", "b", "s", "y", "p"}
+_KINDS = {*codec.CONTAINERS, "n", "a", "t", "g", "i", "f", "b", "s", "y", "p"}
 
 
 def _nodes(node: Any, depth: int = 0) -> Iterator[Any]:
     if depth > 64 or not isinstance(node, tuple) or not node or node[0] not in _KINDS:
         raise ValueError("not a sample structure this cachestore knows")
     yield node
-    if node[0] in ("d", "l", "u"):
-        for child in (node[2] if node[0] == "d" else node[1]):
+    if node[0] in codec.CONTAINERS:
+        for child in codec.children(node):
             yield from _nodes(child, depth + 1)
 
 

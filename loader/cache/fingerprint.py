@@ -9,9 +9,12 @@ module-level values and helper functions they use, wherever they live). Why not
 ``repr()``: numpy elides the middle of large arrays and objects with the
 default repr show only their class, so a changed table or a changed
 transform object used to give the same fingerprint and the old samples were
-served. What cannot be hashed by value (an open file, a lock, a generator)
-is an error asking for an explicit identity (``fingerprint=`` below, the
-loader's ``cache_setting["fingerprint"]``).
+served. multiprocessing's locks, events and shared values are the workers'
+means to coordinate, not data: they are hashed by what they are
+(:mod:`loader.cache.shared_state`), never by their current value. What cannot
+be hashed by value (an open file, a thread's lock, a generator) is an error
+asking for an explicit identity (``fingerprint=`` below, the loader's
+``cache_setting["fingerprint"]``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from cachestore import codec
 from cachestore.errors import FingerprintError
 
 from ..dataset import DatasetSource
-from . import reach
+from . import reach, shared_state
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
@@ -92,6 +95,10 @@ def _const_repr(const: object) -> str:
     return f"{type(const).__name__}:{const!r}"
 
 
+#: Values hashed where they stand, never remembered by id (cheap, and ids of ints are reused).
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
 def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -125,6 +132,27 @@ class _ValueHasher:
         self.h.update(b"".join(chunks))
 
     def digest_of(self, obj: Any, where: str, depth: int) -> bytes:
+        """The digest of `obj` as a part, computed once per value and walk.
+
+        A value reached again (shared by several attributes, as a config, a registry or a test
+        case is) reuses its digest: walked once per path through it, a graph of shared references
+        costs exponential time (a dataset holding a ``unittest.TestCase`` reaches pytest's whole
+        session, and its fingerprint never finished). An acyclic value's digest is the same
+        whichever path reaches it. One inside a cycle records where the cycle closed (a distance
+        up the path first taken): still a digest of everything it reaches, so a changed value
+        still changes the fingerprint, but equal cyclic structures built in another order may
+        hash apart (a cache computed once more, never a stale one served).
+        """
+        key = id(obj)
+        if type(obj) in _SCALARS or key in self._active:
+            return self._digest(obj, where, depth)  # cheap, or a cycle: tagged where it closes
+        known = self.walk.digests.get(key)
+        if known is None:
+            # The value is kept with its digest: while it lives, its id names no other value.
+            known = self.walk.digests[key] = (obj, self._digest(obj, where, depth))
+        return known[1]
+
+    def _digest(self, obj: Any, where: str, depth: int) -> bytes:
         sub = self.sub()
         sub.feed(obj, where, depth)
         return sub.h.digest()
@@ -211,6 +239,12 @@ class _ValueHasher:
         import torch  # already imported: codec.is_tensor found it in sys.modules
 
         t = obj.detach()
+        if t.is_nested:  # no flat buffer of its own (sizes() is refused): its components, in order
+            parts = t.unbind()
+            self.tag("nested tensor", str(t.layout), str(t.dtype), len(parts))
+            for i, part in enumerate(parts):
+                self._tensor(part, f"{where}[{i}]")
+            return
         if t.layout != torch.strided:
             t = t.to_dense()
         t = t.cpu().contiguous()
@@ -240,6 +274,10 @@ class _ValueHasher:
 
     def _reduced(self, obj: Any, where: str, depth: int) -> None:
         kind = type(obj)
+        shared = shared_state.identity(obj)
+        if shared is not None:  # coordination between workers, not content: by what it is, not its value
+            self.tag("shared state", *shared)
+            return
         # As pickle does: a reducer registered with copyreg (re.Pattern, numpy's ufuncs) comes first.
         reducer = copyreg.dispatch_table.get(kind)
         try:

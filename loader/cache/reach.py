@@ -104,7 +104,8 @@ def code_names(code: types.CodeType) -> set[str]:
 class Walk:
     """What the hashers of one fingerprint share.
 
-    ``active``: the values being hashed (id -> depth), to cut cycles in data. ``queued``: the
+    ``active``: the values being hashed (id -> depth), to cut cycles in data; ``digests``: the
+    digests of the values hashed as parts, so that a shared one is hashed once. ``queued``: the
     functions and classes of user code reached by a name (a global, a method, a base), hashed once
     each by :func:`finish` from a work list, so that a project's call graph (shared parts, cycles,
     chains of any length) costs one visit per function and no deep recursion.
@@ -113,6 +114,9 @@ class Walk:
     active: dict[int, int] = field(default_factory=dict)
     queued: dict[int, Any] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)
+    #: Digests of values already hashed whole (id -> (value, digest); the value kept so its id stays
+    #: its own): see ``_ValueHasher.digest_of``.
+    digests: dict[int, tuple[Any, bytes]] = field(default_factory=dict)
 
 
 class Hasher(Protocol):

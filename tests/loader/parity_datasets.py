@@ -5,6 +5,7 @@ A *spec* is plain data (JSON-able): ``{"seed": int, "root": node}``, where a nod
 ==========================================  =====================================================
 ``{"k": "dict", "items": [[key, node]]}``   a dict (str keys, in this order)
 ``{"k": "list" | "tuple", "items": [...]}``  a list or tuple of a fixed length
+``{"k": "namedtuple", "items": [...]}``      a namedtuple (:data:`NAMEDTUPLES`, by its length)
 ``{"k": "array", "dtype": ">f4", ...}``      a numpy array: ``shape``, ``vary`` (per axis: the
                                              axis grows by ``(index + axis) % (vary + 1)``, so 0
                                              is a fixed axis), ``layout`` ``"C"``, ``"F"`` or
@@ -26,9 +27,18 @@ converted on the way.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Sequence
 
 import numpy as np
+
+#: The namedtuple classes of "namedtuple" nodes, by their number of fields (module-level: found
+#: by name in every process, as a reader of a store finds them).
+Fields0 = collections.namedtuple("Fields0", [])
+Fields1 = collections.namedtuple("Fields1", ["a"])
+Fields2 = collections.namedtuple("Fields2", ["a", "b"])
+Fields3 = collections.namedtuple("Fields3", ["a", "b", "c"])
+NAMEDTUPLES = [Fields0, Fields1, Fields2, Fields3]
 
 # Code points a str leaf draws from: ASCII (NUL included), Latin-1, CJK and astral-plane
 # characters, so a str that is not 1 byte per character in UTF-8 round-trips too.
@@ -70,6 +80,8 @@ def _node(node: dict[str, Any], index: int, rng: np.random.Generator) -> Any:
         return [_node(child, index, rng) for child in node["items"]]
     if kind == "tuple":
         return tuple(_node(child, index, rng) for child in node["items"])
+    if kind == "namedtuple":
+        return NAMEDTUPLES[len(node["items"])](*(_node(child, index, rng) for child in node["items"]))
     if kind == "array":
         arr = _values(np.dtype(node["dtype"]), shape_of(node, index), rng)
         if node["layout"] == "F":

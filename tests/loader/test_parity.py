@@ -52,7 +52,7 @@ from loader import CachedLoader, default_collate
 
 from ..marks import covering, long
 from .conftest import leftovers, live_children, my_segments
-from .parity_datasets import ParityDataset, collate_batch_level, collate_list
+from .parity_datasets import NAMEDTUPLES, ParityDataset, collate_batch_level, collate_list
 
 # ----------------------------------------------------------------------------- run size
 #: Examples per test case: a bounded run in `make test`, PARITY_EXAMPLES in `make parity`.
@@ -115,7 +115,7 @@ _keys = st.sampled_from(["x", "y", "label", "", "é", "a b"])
 def _containers(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
     items = st.lists(children, max_size=3)
     return st.one_of(
-        st.builds(lambda kind, xs: {"k": kind, "items": xs}, st.sampled_from(["list", "tuple"]), items),
+        st.builds(lambda kind, xs: {"k": kind, "items": xs}, st.sampled_from(["list", "tuple", "namedtuple"]), items),
         st.lists(st.tuples(_keys, children), max_size=3, unique_by=lambda kv: kv[0]).map(
             lambda kvs: {"k": "dict", "items": [list(kv) for kv in kvs]}),
     )
@@ -161,6 +161,9 @@ EXAMPLES = [
     # collate makes it native; the list collates keep it >f4).
     Case({"seed": 3, "root": {"k": "dict", "items": [["x", _array(">f4", [3])], ["y", {"k": "int"}]]}},
          6, 4, False, None),
+    # A namedtuple sample: read back from the store as its class, collated into one of batches.
+    Case({"seed": 4, "root": {"k": "namedtuple", "items": [_array("<f4", [2]), {"k": "str", "len": 1, "vary": 1}]}},
+         5, 2, False, None),
 ]
 
 
@@ -444,8 +447,10 @@ def _rows(batch: Any, node: dict[str, Any], size: int) -> list[Any]:
     if kind == "dict":
         columns = [_rows(batch[key], child, size) for key, child in node["items"]]
         return [{key: col[i] for (key, _), col in zip(node["items"], columns)} for i in range(size)]
-    if kind in ("list", "tuple"):
+    if kind in ("list", "tuple", "namedtuple"):
         columns = [_rows(batch[j], child, size) for j, child in enumerate(node["items"])]
+        if kind == "namedtuple":
+            return [NAMEDTUPLES[len(columns)](*(col[i] for col in columns)) for i in range(size)]
         make = list if kind == "list" else tuple
         return [make(col[i] for col in columns) for i in range(size)]
     if isinstance(batch, list):

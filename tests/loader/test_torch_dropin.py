@@ -76,6 +76,50 @@ def test_a_dataset_holding_an_mp_value_reaches_the_workers_as_they_start(start_m
     assert dataset.count.value == 8, "the workers incremented the training process's shared value"
 
 
+def test_a_dataset_holding_an_mp_value_is_cached_and_read_back(tmp_path):
+    # Its Value and Semaphore are how the workers coordinate, not data: the fingerprint takes their
+    # types (torch's SynchronizedSeedDataset), and the second epoch is read from the store.
+    from .torch_datasets import SharedCounterDataset
+
+    dataset = SharedCounterDataset(8)
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2, "background_refresh": False}
+    with CachedLoader(dataset, batch_size=2, nb_worker=2, shuffle=False, start_method="fork",
+                      cache_setting=cache) as loader:
+        for _ in range(2):
+            assert [int(x) for b in loader for x in b] == list(range(8))
+        assert [(s.computed, s.read) for s in loader.epoch_stats] == [(8, 0), (0, 8)]
+    assert dataset.count.value == 8, "the read epoch called no __getitem__"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_namedtuple_samples_read_from_the_store_collate_into_a_namedtuple_of_batches(tmp_path, workers):
+    from .torch_datasets import Data, Labelled, NamedTupleDataset
+
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2, "background_refresh": False}
+    with CachedLoader(NamedTupleDataset(), batch_size=2, nb_worker=workers, shuffle=False, device="cpu",
+                      cache_setting=cache) as loader:
+        epochs = [list(loader) for _ in range(2)]
+        assert [(s.computed, s.read) for s in loader.epoch_stats] == [(6, 0), (0, 6)]
+    for batch in epochs[1]:
+        assert type(batch) is Labelled and type(batch.data) is Data and isinstance(batch.data.positive, torch.Tensor)
+    for computed, read in zip(*epochs):
+        assert read.label == computed.label and torch.equal(read.random_tensor, computed.random_tensor)
+        assert torch.equal(read.data.negative, computed.data.negative)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_cached_and_read_back(tmp_path):
+    from .torch_datasets import NestedTensors, keep_samples
+
+    cache = {"prefix": str(tmp_path / "c"), "update_frequency": 2, "background_refresh": False}
+    with CachedLoader(NestedTensors(), batch_size=1, nb_worker=2, shuffle=False, collate_fn=keep_samples,
+                      cache_setting=cache) as loader:
+        epochs = [[batch[0] for batch in loader] for _ in range(2)]
+        assert [(s.computed, s.read) for s in loader.epoch_stats] == [(6, 0), (0, 6)]
+    for i, got in enumerate(epochs[1]):
+        assert got.is_nested and [p.tolist() for p in got.unbind()] == [list(map(float, range(i + 1))), [0.0, 0.0]]
+
+
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_nested_tensors_come_back_from_workers():
     dataset = [torch.nested.nested_tensor([torch.arange(float(i + 1))]) for i in range(6)]

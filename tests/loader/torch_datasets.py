@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 
 import torch  # noqa: F401  the import whose cost a worker that only reads must not pay
@@ -97,3 +98,33 @@ class ConvDataset(torch.utils.data.Dataset):
 
 def threads_in_worker(_: int) -> None:
     assert torch.get_num_threads() == 1, "torch's workers run one intra-op thread"
+
+
+Data = collections.namedtuple("Data", ["positive", "negative"])
+Labelled = collections.namedtuple("Labelled", ["data", "label", "random_tensor"])
+
+
+class NamedTupleDataset(torch.utils.data.Dataset):
+    """torch's NamedTupleDataset, with its namedtuples at module level (workers send them by name)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> Labelled:
+        return Labelled(Data(positive=index, negative=-index), label=str(index),
+                        random_tensor=torch.full((3,), float(index)))
+
+
+class NestedTensors(torch.utils.data.Dataset):
+    """Sample i: a nested tensor of two components, the first i + 1 long."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int):
+        return torch.nested.nested_tensor([torch.arange(float(index + 1)), torch.zeros(2)])
+
+
+def keep_samples(samples: list) -> list:
+    """A collate_fn that keeps the samples as they are (nested tensors have no default collate)."""
+    return samples

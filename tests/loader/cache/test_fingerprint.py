@@ -234,3 +234,80 @@ def test_dataset_params_with_an_instance_is_a_type_error():
 
     with pytest.raises(TypeError, match="instance"):
         CachedLoader(TableDataset(np.zeros(4)), {"table": np.zeros(4)}, batch_size=2, nb_worker=0)
+
+
+def _shared_state() -> list:
+    import multiprocessing as mp
+
+    return [mp.Value("i", 0), mp.Value("i", 0, lock=False), mp.Array("d", 3), mp.RawArray("i", 2), mp.Lock(),
+            mp.RLock(), mp.Semaphore(2), mp.BoundedSemaphore(), mp.Event(), mp.Condition(), mp.Barrier(2)]
+
+
+def test_multiprocessing_shared_state_is_fingerprinted_by_what_it_is_not_by_its_value():
+    import multiprocessing as mp
+
+    hashes = [params_hash({"obj": obj}) for obj in _shared_state()]
+    assert len(set(hashes)) == len(hashes), "each kind of primitive and each shared type is told apart"
+    counter = mp.Value("i", 0)
+    before = params_hash({"count": counter})
+    counter.value = 6  # what the workers do while the loader runs
+    assert params_hash({"count": counter}) == before == params_hash({"count": mp.Value("i", 41)})
+    assert params_hash({"count": mp.Value("d", 0.0)}) != before, "the element type is part of it"
+    assert params_hash({"table": mp.Array("d", 3)}) != params_hash({"table": mp.Array("d", 4)}), "so is the length"
+    assert params_hash({"s": mp.Semaphore(1)}) == params_hash({"s": mp.Semaphore(5)})
+    assert params_hash({"lock": mp.get_context("spawn").Lock()}) == params_hash({"lock": mp.Lock()})
+
+
+def test_a_threads_lock_still_asks_for_an_explicit_fingerprint():
+    # No process shares it: a dataset that holds one keeps what pickle cannot send, as before.
+    with pytest.raises(FingerprintError, match="lock"):
+        params_hash({"lock": threading.Lock()})
+
+
+class Node:
+    """A value of a graph whose parts are shared (and, with `up`, point back at their parent)."""
+
+    def __init__(self, child: object, up: bool) -> None:
+        self.left = child
+        self.right = child
+        if up and isinstance(child, Node):
+            child.up = self
+
+
+def _ladder(levels: int, leaf: int, up: bool) -> Node:
+    node: object = leaf
+    for _ in range(levels):
+        node = Node(node, up)
+    return node  # type: ignore[return-value]
+
+
+@pytest.mark.timeout(20)  # walked once per path, 50 levels are 2**50 walks: a hang, not a slow test
+@pytest.mark.parametrize("up", [False, True], ids=["shared", "shared-and-cyclic"])
+def test_a_graph_of_shared_values_is_hashed_once_per_value(up):
+    first = params_hash({"g": _ladder(50, 1, up)})
+    assert params_hash({"g": _ladder(50, 1, up)}) == first
+    assert params_hash({"g": _ladder(50, 2, up)}) != first, "the deepest value still counts"
+
+
+@pytest.mark.timeout(20)
+def test_a_dataset_holding_the_test_session_is_refused_at_once_naming_the_attribute(request):
+    # torch's test_splits_indexing_type: the dataset keeps the running test (here pytest's request),
+    # which reaches the whole session: its shared parts made the walk endless; now it ends at the
+    # first attribute that is no data (an open stream, a thread's lock).
+    source = _instance(np.zeros(3), None)
+    source.instance.test_object = request
+    with pytest.raises(FingerprintError, match=r"dataset\.test_object\.") as info:
+        dataset_fingerprint(source, 3, (0, 1))
+    assert "cache_setting={'fingerprint'" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_hashed_by_their_components():
+    def nested(last: float, layout=torch.strided):
+        return torch.nested.nested_tensor([torch.arange(5.0), torch.tensor([0.0, 1.0, last])], layout=layout)
+
+    first = params_hash({"t": nested(2.0)})
+    assert params_hash({"t": nested(2.0)}) == first
+    assert params_hash({"t": nested(3.0)}) != first, "a value of a component"
+    assert params_hash({"t": nested(2.0, torch.jagged)}) != first, "the layout"
+    assert params_hash({"t": list(nested(2.0).unbind())}) != first, "a list of its components is another value"
