@@ -25,6 +25,7 @@ torch is imported only for a datapipe, which cannot exist without it.
 
 from __future__ import annotations
 
+import inspect
 import random
 import sys
 from typing import Any
@@ -89,9 +90,9 @@ def shard(dataset: Any, num_workers: int, worker_id: int, world: tuple[int, int]
 #: its own once iterated): the same pipe before and after an epoch in the training process.
 _ITERATION = frozenset({"_valid_iterator_id", "_number_of_samples_yielded", "_snapshot_state",
                         "_fast_forward_iterator"})
-#: What a random pipe's seed and iteration make of it, besides its generators: the seed ``set_seed``
-#: stores for the next ``reset()`` (torch's convention), and torch's shufflers' pending samples.
-_SEEDED = frozenset({"_seed", "_buffer", "_shuffled_indices"})
+#: What seeding and iterating torch's shufflers make of them besides their seed and generator: the
+#: samples pending in the buffer (``iter.Shuffler``), the indices still to yield (``map.Shuffler``).
+_PENDING = frozenset({"_buffer", "_shuffled_indices"})
 
 
 def _is_generator(value: object) -> bool:
@@ -109,10 +110,12 @@ def identity_state(pipe: Any) -> dict[str, Any]:
 
     Left out is what torch's ``DataLoader`` (and this loader, driving a datapipe as it does) changes
     by seeding, sharding and iterating it: the iterator bookkeeping of every ``IterDataPipe``; a
-    random pipe's (one with ``set_seed``, as ``apply_random_seed`` finds them) seed, generators and
-    pending samples; a sharding filter's default group (each worker's share, set per copy: what
-    the workers write together is the whole stream) with the instance count and id derived from
-    it. A shuffler's on/off (``shuffle=``), its buffer size, and a group the user set stay.
+    random pipe's (one with a ``set_seed`` method, which ``apply_random_seed`` seeds) ``_seed``
+    (where torch's pipes keep the seed for their next ``reset()``) and random generators; torch's
+    shufflers' pending samples; a sharding filter's default group (each worker's share, set on
+    each copy: what the workers write together is the whole stream), with the instance count and
+    id derived from it. A shuffler's on/off (``shuffle=``), its buffer size, and a sharding group
+    the user set stay.
 
     Parameters
     ----------
@@ -124,12 +127,15 @@ def identity_state(pipe: Any) -> dict[str, Any]:
     dict
         A copy of ``vars(pipe)`` without those attributes (the pipe itself is not changed).
     """
+    from torch.utils.data.datapipes.iter import Shuffler
     from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
-    from torch.utils.data.graph_settings import _is_random_datapipe
+    from torch.utils.data.datapipes.map.combinatorics import ShufflerIterDataPipe as MapShuffler
 
     state = {k: v for k, v in vars(pipe).items() if k not in _ITERATION}
-    if _is_random_datapipe(pipe):
-        state = {k: v for k, v in state.items() if k not in _SEEDED and not _is_generator(v)}
+    if inspect.ismethod(getattr(pipe, "set_seed", None)):
+        state = {k: v for k, v in state.items() if k != "_seed" and not _is_generator(v)}
+    if isinstance(pipe, (Shuffler, MapShuffler)):
+        state = {k: v for k, v in state.items() if k not in _PENDING}
     if isinstance(pipe, ShardingFilterIterDataPipe):
         state.pop("num_of_instances", None)
         state.pop("instance_id", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
+from torch.utils.data.datapipes.map import SequenceWrapper
 
 from loader import CachedLoader
 
@@ -76,6 +77,12 @@ def test_a_datapipes_seed_sharding_and_iteration_are_not_its_identity():
     changed = [IterableWrapper(list(range(11))).shuffle(buffer_size=7).sharding_filter(),
                IterableWrapper(list(range(10))).shuffle(buffer_size=8).sharding_filter(), other]
     assert len({before, *map(state_hash, changed)}) == 4
+    # A map-style datapipe's shuffler: the permutation it drew is its seed's, not part of it.
+    mapped = SequenceWrapper(list(range(10))).shuffle()
+    before = state_hash(mapped)
+    assert before == state_hash(SequenceWrapper(list(range(10))).shuffle())
+    seed_pipes(mapped, 5)
+    assert sorted(mapped) == list(range(10)) and state_hash(mapped) == before
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=long)])
