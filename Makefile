@@ -21,17 +21,18 @@ demo: $(STAMP)
 # The suite CI runs (.ci/run): every check once, in minutes. Tests marked `long` (more backends,
 # collates and stopping points of a matrix whose diagonal runs here: tests/marks.py) wait for `check`.
 # TEST_JOBS pytest processes (pytest-xdist): a test spends most of its time waiting on the processes
-# it starts, so two of them keep two cores busy where one left them idle half the time.
+# it starts, so two of them keep two cores busy where one left them idle half the time. The tests of a
+# Ray cluster or a SeaweedFS server stay in one process each (xdist_group), which starts it once.
 TEST_JOBS ?= 2
 test: typecheck
-	$(PY) -m pytest -q -m "not long" -n $(TEST_JOBS)
+	$(PY) -m pytest -q -m "not long" -n $(TEST_JOBS) --dist loadgroup
 
 # Everything, for a change that touches the engine or the loader's epochs: the whole suite with its
 # long variations, the full chaos run, the parity suite at length, and torch's own DataLoader tests
 # through CachedLoader where a copy of them is at PEER_TORCH (skipped, with a word, where not).
 PEER_TORCH ?= ../shared/peer_torch
 check: typecheck
-	$(PY) -m pytest -q -n $(TEST_JOBS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 	$(MAKE) chaos
 	$(MAKE) parity
 	$(MAKE) peer-torch

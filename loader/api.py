@@ -231,9 +231,11 @@ class CachedLoader(LoaderAttributes):
         if self._runner is not None and self._runner.ctx.cache is not None:
             committed = self._runner.ctx.cache.committed()
             return committed[max(committed)].num_samples if committed else 0
-        if wait and self._runner is None:
-            wait_for_writer(s.cache, self._layout(0), s.timeout)  # another job writing this stream: its result
-        return committed_length(s.cache, self._layout(0), s.dataset)
+        layout = self._layout(0)
+        # Another job writing this stream: its result (not another rank of the node: they write it together).
+        if wait and self._runner is None and layout.local_ranks == 1:
+            wait_for_writer(s.cache, layout, s.timeout)
+        return committed_length(s.cache, layout, s.dataset)
 
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built

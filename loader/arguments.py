@@ -22,7 +22,7 @@ import numpy as np
 from .cache.refresh import decide_refresh
 from .datapipes import apply_shuffle, is_datapipe
 from .dataset import DatasetSource, endless, is_stream
-from .distributed import PARTITIONS, distributed_defaults
+from .distributed import PARTITIONS, distributed_defaults, ranks_per_node
 from .executors.ray_options import parse_executor
 from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least
 
@@ -245,9 +245,13 @@ def _stream_checks(a: Arguments, cache: CacheSettings | None, rotation: Rotation
                          "__len__, or rotation_setting={..., 'stream_samples': N} (required for an endless stream)")
     consumers = a.nb_consumer if a.nb_consumer is not None else distributed_defaults()[0]
     if cache is not None and isinstance(consumers, int) and consumers > 1:
-        raise ValueError(f"a cache of an iterable dataset with several consumers (nb_consumer={consumers}) is not "
-                         "supported yet: the ranks of a node would have to write their streams into one generation. "
-                         "Without a cache each rank iterates its own stream, as with torch's DataLoader")
+        # The node's ranks write their streams into one generation, meeting in the store under the key of
+        # torchrun's run (loader.cache.stream_ranks): one node, its ranks started by torchrun.
+        if not os.environ.get("TORCHELASTIC_RUN_ID") or ranks_per_node(consumers) != consumers:
+            raise ValueError(f"a cache of an iterable dataset with several consumers (nb_consumer={consumers}) is "
+                             "written by the ranks of one node together, started by torchrun (they meet under its "
+                             "run id): ranks on several nodes, or consumers given by hand, are not supported. Without "
+                             "a cache each rank iterates its own stream, as with torch's DataLoader")
     if cache is not None and cache.stream_samples is None and endless(dataset):
         raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
                          "a cache needs to know where its generation ends. Give cache_setting={..., "

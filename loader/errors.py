@@ -30,6 +30,11 @@ class RanksTimeoutError(CacheStoreError, TimeoutError):
     """The ranks of a job, comparing their datasets when their loaders are built, did not all arrive."""
 
 
+class RankFailedError(CacheStoreError, RuntimeError):
+    """Another rank of the node failed (or is gone) while the node's ranks wrote their streams into one
+    generation; the message carries its error."""
+
+
 class ClusterUnreachableError(WorkerError, ConnectionError):
     """The Ray cluster ``executor_options['address']`` names does not answer."""
 
@@ -93,8 +98,9 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
         pass  # __slots__ without it: the index is still in the message's notes
 
 
-__all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "NotPicklableError", "SampleError",
-           "SettingFixedError", "WorkerError", "WorkerTimeoutError", "tag_sample_index"]
+__all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "NotPicklableError",
+           "RankFailedError", "SampleError", "SettingFixedError", "WorkerError", "WorkerTimeoutError",
+           "tag_sample_index"]
 
 
 def add_note(exc: BaseException, note: str) -> None:

@@ -57,19 +57,25 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
     Raises
     ------
     ValueError
-        ``scope="node"`` was asked for ranks that cannot share a store (it says why).
+        ``scope="node"`` was asked for ranks that cannot share a store, or the ranks' streams cannot
+        be cached in one (it says why).
     """
-    cache = settings.cache
-    if cache is None or cache.scope == "rank":
+    cache, consumers = settings.cache, settings.nb_consumer
+    if cache is None or (cache.scope == "rank" and not (settings.dataset.stream and consumers > 1)):
         return settings
-    consumers = settings.nb_consumer
-    why_not = write_together(cache, settings.executor)
+    why_not = "scope='rank'" if cache.scope == "rank" else write_together(cache, settings.executor)
     if why_not is None and settings.partition != "equal":
         why_not = f"partition={settings.partition!r} keeps each consumer's part in a store of its own"
     if why_not is None and consumers > 1 and not settings.deferred_start:
         why_not = _differing_ranks(settings, num_samples)
     if why_not is None:
         return replace(settings, cache=replace(cache, scope="node"))
+    if settings.dataset.stream and consumers > 1:
+        # A stream has no indices to split between stores of their own: the node's ranks write one generation.
+        raise ValueError(f"a cache of an iterable dataset is written by the {consumers} ranks of the node together, "
+                         f"which they cannot here: {why_not}. They need the node scope: a backend that writes "
+                         "together (memmap), partition='equal' and the same stream on every rank (split the work by "
+                         "rank inside __iter__, or give cache_setting['fingerprint'])")
     if cache.scope == "node" and consumers > 1:
         raise ValueError(f"cache_setting['scope']='node' has the {consumers} ranks of a node write one store "
                          f"together, which they cannot here: {why_not}. Use scope='rank' (a store per rank) or "

@@ -109,6 +109,15 @@ class EpochContext:
         self.host.kill()
         self.refresh = None
 
+    def drop_workers(self) -> None:
+        """After an epoch that a worker error ended: stop every worker, a stream's too; the next epoch starts
+        new ones, as torch's next ``iter()`` does (a stream's copies cannot be taken up where one died), and
+        the slots lent to tasks that will never answer are retired then (``ExecutorHost.shrink_slots``)."""
+        self.kill_executor()
+        streams, self.res.streams = self.res.streams, None
+        if streams is not None:
+            streams.close()
+
     # rotation ---------------------------------------------------------------
     def open_window(self) -> None:
         """The rotation window the epochs rotate through (the settings', or the budget's fallback)."""

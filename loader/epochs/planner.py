@@ -120,7 +120,9 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     generation, mode, notes = cache.choose(epoch)
     if mode == EpochMode.GENERATE and refreshed(generation, epoch):
         mode = EpochMode.READ
-    if mode == EpochMode.GENERATE and not notes.get("damaged"):
+    # The node's ranks writing their streams together: the writer lock another rank holds is this job's.
+    stream_ranks = s.dataset.stream and ranks is not None and ranks[0] > 1
+    if mode == EpochMode.GENERATE and not notes.get("damaged") and not stream_ranks:
         generation, mode, notes = _unless_another_run_writes(cache, s, epoch, generation, mode, notes)
     if mode == EpochMode.READ:
         choice = cache.read_choice(generation)

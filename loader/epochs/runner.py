@@ -23,7 +23,7 @@ from ..cache.controller import CacheController
 from ..cache.pending import settle
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
-from ..errors import FailedBatch
+from ..errors import FailedBatch, WorkerError
 from ..executors.process.streams import StreamAt
 from ..executors.producer import BatchProducer
 from ..progress import Progress
@@ -148,6 +148,9 @@ class EpochRunner:
             ctx.reads.epoch_ended(stats)
         except BudgetExceededError as exc:
             raise CacheController.explain(exc)
+        except WorkerError:
+            ctx.drop_workers()
+            raise
         finally:
             if progress is not None:
                 progress.close()

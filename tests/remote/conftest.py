@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -14,6 +15,15 @@ from .server import WeedServer, weed_binary
 
 KEY = "cachestore-test-key"
 SECRET = "s3cr3t-" + secrets.token_hex(12)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``), every test of this package runs in one pytest process, so the
+    package starts one server, not one per process."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("remote"))
 
 
 @pytest.fixture(scope="package")  # stopped before tests of other packages look for stray processes

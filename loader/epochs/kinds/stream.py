@@ -25,6 +25,7 @@ import numpy as np
 
 from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
 
+from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.process.streams import StreamAt, stateful
@@ -119,15 +120,25 @@ class StreamEpoch(EpochKind[StreamPlan]):
 
 
 class StreamGenerateEpoch(StreamEpoch):
-    """A stream iterated once into generation ``plan.generation`` (see the module docstring)."""
+    """A stream iterated once into generation ``plan.generation`` (see the module docstring); with
+    several ranks on the node, this rank's stream into the generation they write together
+    (:mod:`loader.cache.stream_ranks`)."""
 
     plan: StreamGeneratePlan
+    #: This rank's part of the generation the node's ranks write together (``None``: one writer, this one).
+    node: NodeStreamWriter | None = None
+    #: Indices an adopted partial generation holds (a stateful stream's resumed epoch).
+    kept: frozenset[int] = frozenset()
 
     @classmethod
     def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
         """The epoch, its generation opened for writing (the store's writer lock: one writer at a time); a
         stateful stream resumed adopts the partial generation the stopped run kept."""
         assert ctx.cache is not None and plan.generation is not None
+        if ctx.layout.local_ranks > 1:
+            # The node's ranks write the generation again from the start of their streams (a stateful
+            # stream's own position is not taken up there: what rank 0 kept is not adopted by ranks).
+            return cls._open_with_ranks(ctx, place, dataclasses.replace(plan, resume=None))
         # A stateful stream's writer records its producer, so that a stopped run's partial generation is kept
         # for the run that resumes it (and adopted by that one).
         resume = stateful(ctx.producer.dataset)
@@ -146,30 +157,62 @@ class StreamGenerateEpoch(StreamEpoch):
             log.info("the partial generation of epoch %d lacks the samples before the resume point: the stream "
                      "is iterated again from its start", plan.epoch)
             plan = dataclasses.replace(plan, resume=None)
-        return cls(ctx, place, plan)
+        epoch = cls(ctx, place, plan)
+        # The samples written after the state was taken (a run that went on, then stopped) stay as they are.
+        epoch.kept = frozenset(writer.present().tolist()) if writer.adopted else frozenset()
+        return epoch
+
+    @classmethod
+    def _open_with_ranks(cls, ctx: EpochContext, place: ComputePlace,
+                         plan: StreamGeneratePlan) -> StreamGenerateEpoch:
+        """The epoch of one of the node's ranks: local rank 0 opens the generation (and holds the writer
+        lock), every rank writes a shard of it."""
+        assert ctx.cache is not None and plan.generation is not None
+        store, layout = ctx.cache.store, ctx.layout
+        node = NodeStream(store.path, plan.generation, plan.epoch, layout.local_ranks, layout.local_rank)
+        try:
+            if node.rank == 0:
+                ctx.res.stream_writer = writer = store.writer(plan.generation, None)
+                node.publish_ticket(writer.token)
+                spec = writer.shard_spec()
+            else:
+                spec = node.ticket(store)
+            epoch = cls(ctx, place, plan)
+            epoch.node = NodeStreamWriter(node, spec, store)
+        except BaseException as exc:
+            node.fail(exc)
+            node.close()
+            raise
+        return epoch
+
+    def _put(self, k: int, sample: Sample) -> int:
+        """Write the `k`-th sample to arrive (the one writer's: its index is `k`), unless an adopted partial
+        generation holds it."""
+        writer = self.ctx.res.stream_writer
+        assert writer is not None
+        if k not in self.kept:
+            writer.put(k, sample)
+        return k
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
-        ctx, plan = self.ctx, self.plan
-        writer = ctx.res.stream_writer
-        assert writer is not None and ctx.cache is not None
+        ctx, plan, node = self.ctx, self.plan, self.node
         s = ctx.settings
+        put = node.put if node is not None else self._put
         buffer = ShuffleBuffer(plan.buffer, np.random.default_rng([plan.seed, plan.epoch])) if plan.buffer else None
         pending: list[tuple[int, Sample]] = []
         streams, finished = ctx.streams(), False
-        # A stateful stream resumed goes on after the samples the adopted partial generation holds; the
-        # samples written after its state was taken (a run that went on, then stopped) are kept as they are.
-        index, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
-        kept = set(writer.present().tolist()) if writer.adopted else set()
+        # A stateful stream resumed goes on after the samples the adopted partial generation holds.
+        written, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
         try:
             for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume):
                 arrived = []
                 for sample in samples:
-                    if plan.limit is not None and index >= plan.limit:
+                    if plan.limit is not None and written >= plan.limit:
                         break
-                    if index not in kept:
-                        writer.put(index, sample)
-                    arrived.append((index, sample))
-                    index += 1
+                    arrived.append((put(written, sample), sample))
+                    written += 1
+                if node is not None:
+                    node.check()  # another rank failed: stop now, not at the end of this rank's stream
                 stats.computed += len(arrived)
                 stats.written += len(arrived)
                 if buffer is None:
@@ -183,7 +226,7 @@ class StreamGenerateEpoch(StreamEpoch):
                         # Through a shuffle buffer, what was taken from the stream is more than was served.
                         self._mark(streams.at if buffer is None else None, served)
                         yield self._serve(batch, stats)
-                if plan.limit is not None and index >= plan.limit:
+                if plan.limit is not None and written >= plan.limit:
                     break
             if buffer is not None:
                 pending.extend(buffer.drain())
@@ -192,16 +235,45 @@ class StreamGenerateEpoch(StreamEpoch):
                 served += 1
                 if served > plan.skip:
                     yield self._serve(batch, stats)
-            self._commit(index, stats)
-            finished = True
-        except BudgetExceededError:
-            ctx.res.stream_writer = None
-            writer.abort()
+            finished = self._end(written, stats)
+        except BaseException as exc:
+            if node is not None:
+                node.fail(exc)  # first: the other ranks stop at their next look
+            if isinstance(exc, BudgetExceededError) and ctx.res.stream_writer is not None:
+                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+                writer.abort()
             raise
         finally:
+            if node is not None:
+                node.close()
             if not finished and ctx.res.stream_writer is not None:
-                ctx.res.stream_writer = None
+                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
                 writer.keep()
+
+    def _end(self, count: int, stats: EpochStats) -> bool:
+        """The end of this rank's stream, after `count` samples: the generation committed (by local rank 0
+        where the node's ranks write it together, the others waiting for it); ``False`` when another rank
+        broke off its epoch (what was written is kept, as a broken-off epoch keeps it)."""
+        node, ctx = self.node, self.ctx
+        if node is None:
+            self._commit(count, stats)
+            return True
+        try:
+            total = node.end(count)
+        except Abandoned as exc:
+            log.info("%s; the next epoch writes it again", exc)
+            return False
+        if node.node.rank == 0:
+            self._commit(total, stats)
+            node.committed(self.plan.generation)
+            return True
+        if not total:
+            raise ValueError("the streams of the node's ranks yielded no sample: there is nothing to cache")
+        node.await_commit()
+        assert ctx.cache is not None and self.plan.generation is not None
+        ctx.cache.mine.add(self.plan.generation)
+        ctx.reads.drop_reader()
+        return True
 
     def _commit(self, count: int, stats: EpochStats) -> None:
         """The end of the stream: the generation holds `count` samples."""

@@ -29,7 +29,8 @@ from ..conftest import leftovers, my_segments
 from ..datasets import ArangeDataset, HangDataset, KillSelfDataset
 from ..ray_datasets import NodeRecordingDataset, read_nodes
 
-pytestmark = pytest.mark.timeout(120)
+# One pytest process runs them all under pytest-xdist (make test): the module's cluster starts once.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("ray")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 #: Ray stays on this machine: no usage reports, and "127.0.0.1" is not rewritten to the machine's

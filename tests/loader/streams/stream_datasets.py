@@ -137,3 +137,20 @@ class Resumable(IterableDataset):
 def yielded(log: str) -> list[int]:
     """The samples the :class:`Resumable` streams logging to `log` yielded, in any process."""
     return [] if not os.path.exists(log) else [int(v) for v in Path(log).read_text().split()]
+
+
+class DyingOnce(Counting):
+    """:class:`Counting` whose worker 1 kills itself (SIGKILL) after `after` samples, once: the first to
+    get there leaves `marker` behind."""
+
+    def __init__(self, n: int, after: int, marker: str) -> None:
+        super().__init__(n)
+        self.after, self.marker = after, marker
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        for k, sample in enumerate(super().__iter__()):
+            if info is not None and info.id == 1 and k == self.after and not os.path.exists(self.marker):
+                Path(self.marker).touch()
+                os.kill(os.getpid(), 9)
+            yield sample

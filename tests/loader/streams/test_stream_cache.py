@@ -119,7 +119,8 @@ def test_read_transform_on_every_epoch(tmp_path) -> None:
 
 
 def test_several_consumers(tmp_path) -> None:
-    """Without a cache each consumer (rank) iterates its own stream; a cache shared by them is refused."""
+    """Without a cache each consumer (rank) iterates its own stream; a cache shared by consumers given by hand
+    (not torchrun's ranks: test_stream_ranks.py) is refused."""
     with pytest.raises(ValueError, match="several consumers"):
         CachedLoader(Counting(8), nb_consumer=2, consumer_index=0, cache_setting={"prefix": str(tmp_path)})
     for rank in range(2):

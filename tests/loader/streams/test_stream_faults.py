@@ -17,7 +17,7 @@ from loader import CachedLoader
 from loader.errors import WorkerError
 
 from ...fullfs import mounted_tmpfs
-from .stream_datasets import Counting, Dying
+from .stream_datasets import Counting, Dying, DyingOnce
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,6 +41,16 @@ def test_a_worker_killed_mid_stream_commits_nothing_and_the_next_epoch_writes_it
         assert loader.store is not None and loader.store.latest() is None  # no half generation committed
     with CachedLoader(Counting(60), batch_size=4, num_workers=2, cache_setting={"prefix": str(tmp_path / "b")}) as ok:
         assert sorted(served(ok)) == list(range(60))
+
+
+def test_the_epoch_after_a_dead_stream_worker_starts_new_workers(tmp_path) -> None:
+    # As torch's next iter(): the copies cannot be taken up where one died, new ones iterate the stream.
+    with CachedLoader(DyingOnce(60, after=5, marker=str(tmp_path / "died")), batch_size=4, num_workers=2,
+                      timeout=60, cache_setting={"prefix": str(tmp_path / "cache")}) as loader:
+        with pytest.raises(WorkerError, match="exited unexpectedly"):
+            list(loader)
+        assert sorted(served(loader)) == list(range(60))
+        assert loader.store is not None and loader.store.latest() is not None  # written and committed
 
 
 def test_the_training_process_killed_mid_stream(tmp_path) -> None:

@@ -107,3 +107,14 @@ def test_a_stateful_stream_behind_a_shuffle_buffer_is_iterated_again(tmp_path) -
         second.load_state_dict(state)
         served += [labels(b) for b in second]
     assert sorted(v for b in served for v in b) == list(range(20))
+
+
+def test_a_damaged_stream_position_is_refused_naming_it(tmp_path) -> None:
+    with CachedLoader(Resumable(12, str(tmp_path / "log")), batch_size=4, num_workers=0, shuffle=False) as first:
+        it = iter(first)
+        next(it)
+        state = first.state_dict()
+    for damaged in ("garbage", {**state["stream"], "states": []}, {**state["stream"], "next": 5}):
+        with CachedLoader(Resumable(12, str(tmp_path / "log")), batch_size=4, num_workers=0, shuffle=False) as again:
+            with pytest.raises(ValueError, match=r"state\['stream'\]"):
+                again.load_state_dict({**state, "stream": damaged})

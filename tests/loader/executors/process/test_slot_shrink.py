@@ -15,10 +15,10 @@ import loader.executors.process.shm as shm
 from loader.executors.process.segments import WorkerSegments, write_batch
 from loader.executors.process.slots import SlotPool
 from loader import CachedLoader
-from loader.errors import WorkerTimeoutError
+from loader.errors import WorkerError, WorkerTimeoutError
 
 from ...conftest import my_segments
-from ...datasets import ArangeDataset, HangDataset, SizeFromFileDataset
+from ...datasets import ArangeDataset, HangDataset, KillSelfDataset, SizeFromFileDataset
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -252,3 +252,18 @@ def test_slots_retire_when_a_shallow_epoch_ends_not_at_the_next_start(no_leaks, 
         assert loader._res.executor.flush_shards() == []
         for pid in workers:
             assert set(slot_files(pid, pool.prefix)) <= set(here), f"worker {pid} keeps retired slots open"
+
+
+def test_slots_lent_to_a_worker_that_died_past_max_worker_restarts_are_retired(no_leaks):
+    """An epoch ended by a worker death past ``max_worker_restarts`` stops the other workers too: the
+    next epoch starts new ones and retires the slots of the dead one's tasks, which never answer
+    (they stayed lent for the loader's lifetime, a few more every failing epoch)."""
+    with CachedLoader(KillSelfDataset, {"kill_at": 5, "n": 40}, batch_size=4, nb_worker=2, shuffle=False,
+                      max_worker_restarts=1, timeout=60) as loader:
+        held = []
+        for _ in range(4):
+            with pytest.raises(WorkerError, match="more than max_worker_restarts=1"):
+                for _ in loader:
+                    pass
+            held.append(len(my_segments()))
+        assert held[-1] <= held[0], f"slots held after each failing epoch: {held}"
