@@ -14,11 +14,19 @@ written for it counts on that (``docs/ARCHITECTURE.md``, "Streams"):
   filters are set to ``(N * W, w * W + r)``, as torch's
   ``_sharding_worker_init_fn`` sets them, before ``worker_init_fn`` runs.
 
+What driving a datapipe changes in it (its seeds, its random generators'
+states, a shuffler's buffer, the default sharding, torch's per-iterator
+bookkeeping) is not what it is: :func:`identity_state` leaves it out of the
+cache's fingerprint, so that the same datapipe maps to the same store in every
+epoch and every run.
+
 torch is imported only for a datapipe, which cannot exist without it.
 """
 
 from __future__ import annotations
 
+import inspect
+import random
 import sys
 from typing import Any
 
@@ -76,3 +84,62 @@ def shard(dataset: Any, num_workers: int, worker_id: int, world: tuple[int, int]
 
     size, rank = world
     apply_sharding(dataset, num_workers * size, worker_id * size + rank)
+
+
+#: What torch's ``IterDataPipe`` keeps of its current iterator (class-level defaults; an instance gets
+#: its own once iterated): the same pipe before and after an epoch in the training process.
+_ITERATION = frozenset({"_valid_iterator_id", "_number_of_samples_yielded", "_snapshot_state",
+                        "_fast_forward_iterator"})
+#: What seeding and iterating torch's shufflers make of them besides their seed and generator: the
+#: samples pending in the buffer (``iter.Shuffler``), the indices still to yield (``map.Shuffler``).
+_PENDING = frozenset({"_buffer", "_shuffled_indices"})
+
+
+def _is_generator(value: object) -> bool:
+    """Whether `value` is a random generator: its state is where the draws are, not what the pipe is
+    (a fresh ``random.Random()`` is seeded by the OS, another state in every run)."""
+    if isinstance(value, (random.Random, np.random.Generator, np.random.RandomState)):
+        return True
+    import torch
+
+    return isinstance(value, torch.Generator)
+
+
+def identity_state(pipe: Any) -> dict[str, Any]:
+    """The attributes of datapipe `pipe` that say what it yields, for its fingerprint.
+
+    Left out is what torch's ``DataLoader`` (and this loader, driving a datapipe as it does) changes
+    by seeding, sharding and iterating it: the iterator bookkeeping of every ``IterDataPipe``; a
+    random pipe's (one with a ``set_seed`` method, which ``apply_random_seed`` seeds) ``_seed``
+    (where torch's pipes keep the seed for their next ``reset()``) and random generators; torch's
+    shufflers' pending samples; a sharding filter's default group (each worker's share, set on
+    each copy: what the workers write together is the whole stream), with the instance count and
+    id derived from it. A shuffler's on/off (``shuffle=``), its buffer size, and a sharding group
+    the user set stay.
+
+    Parameters
+    ----------
+    pipe
+        An ``IterDataPipe`` (see :func:`is_datapipe`).
+
+    Returns
+    -------
+    dict
+        A copy of ``vars(pipe)`` without those attributes (the pipe itself is not changed).
+    """
+    from torch.utils.data.datapipes.iter import Shuffler
+    from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
+    from torch.utils.data.datapipes.map.combinatorics import ShufflerIterDataPipe as MapShuffler
+
+    state = {k: v for k, v in vars(pipe).items() if k not in _ITERATION}
+    if inspect.ismethod(getattr(pipe, "set_seed", None)):
+        state = {k: v for k, v in state.items() if k != "_seed" and not _is_generator(v)}
+    if isinstance(pipe, (Shuffler, MapShuffler)):
+        state = {k: v for k, v in state.items() if k not in _PENDING}
+    if isinstance(pipe, ShardingFilterIterDataPipe):
+        state.pop("num_of_instances", None)
+        state.pop("instance_id", None)
+        groups = state.get("groups")
+        if isinstance(groups, dict):
+            state["groups"] = {k: v for k, v in groups.items() if k != SHARDING_PRIORITIES.DEFAULT}
+    return state

@@ -36,6 +36,7 @@ import numpy as np
 from cachestore import codec
 from cachestore.errors import FingerprintError
 
+from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
 from . import reach, shared_state
 
@@ -222,6 +223,11 @@ class _ValueHasher:
                 self.feed(getattr(obj, f.name), f"{where}.{f.name}", depth + 1)
         elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
             self._function(obj, where, depth)
+        elif is_datapipe(obj):
+            # What seeding, sharding and iterating it change is not its identity (loader.datapipes).
+            self.tag("datapipe")
+            self.feed(kind, f"{where} class", depth + 1)
+            self.feed(identity_state(obj), where, depth + 1, attributes=True)
         else:
             self._reduced(obj, where, depth)
 
@@ -379,7 +385,7 @@ def state_hash(instance: object) -> str:
         Naming the attribute that cannot be hashed (``dataset.transform.lock``).
     """
     hasher = _ValueHasher()
-    state = getattr(instance, "__dict__", None)
+    state = identity_state(instance) if is_datapipe(instance) else getattr(instance, "__dict__", None)
     hasher.tag("instance", class_path(type(instance)))
     with _deep_code_refused("the dataset's state"):
         if isinstance(state, dict) and not dataclasses.is_dataclass(instance):
