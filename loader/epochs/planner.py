@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -155,19 +156,16 @@ def _keys_plan(epoch: int, batches: list[np.ndarray], indices: np.ndarray, store
     """The epoch of a sampler that yields lists of indices with ``batch_size=None``: each list goes to
     ``dataset[...]`` whole (``EpochPlan.keys``), computed every epoch.
 
-    Raises
-    ------
-    ValueError
-        With a cache or rotation (`stores`): what ``dataset[list]`` returns is one object for several
-        indices, not a sample per index, so it cannot fill a generation that holds each index once;
-        kept by the list itself, it would be found again only if the sampler drew the same list, which
-        a shuffling sampler never does.
+    With a cache or rotation (`stores`) too, said once (a warning): what ``dataset[list]`` returns is one
+    object for several indices, not a sample per index, so it cannot fill a generation that holds each
+    index once; kept by the list itself, it would be found again only if the sampler drew the same list,
+    which a shuffling sampler never does. Served as torch serves it, the run goes on uncached.
     """
     if stores:
-        raise ValueError("a sampler that yields lists of indices with batch_size=None hands each list to "
-                         "dataset[...] whole: its result is not one sample per index, which a cache or a rotation "
-                         "window stores. Drop cache_setting / rotation_setting, or let the sampler yield indices "
-                         "(a batch_sampler yields the lists, and collate_fn sees each batch whole)")
+        warnings.warn("a sampler that yields lists of indices with batch_size=None hands each list to dataset[...] "
+                      "whole: its result is not one sample per index, which a cache or a rotation window stores, so "
+                      "every epoch computes it (nothing is cached). To cache, let the sampler yield indices "
+                      "(a batch_sampler yields the lists, and collate_fn sees each batch whole)", stacklevel=2)
     return EpochPlan(epoch, batches, indices, keys=True)
 
 
