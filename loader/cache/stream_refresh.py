@@ -27,9 +27,12 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Protocol
+
+import numpy as np
 
 from cachestore import GenerationInfo, GenerationWriter
+
+from ..executors.process.streams import StreamWorkers
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +43,6 @@ _numbers = itertools.count(BACKGROUND_BASE)
 
 #: Seconds a stopped refresh gets to end at its next batch before the workers are stopped under it.
 STOP_GRACE = 1.0
-
-
-class Streams(Protocol):
-    """The stream's workers, as :class:`~loader.executors.process.streams.StreamWorkers` serve them."""
-
-    def items(self, epoch: int, collate: bool, resume: Any = None) -> Any: ...
-
-    def close(self) -> None: ...
 
 
 class StreamRefresh:
@@ -69,12 +64,17 @@ class StreamRefresh:
         epochs of that generation still to come read with its length.
     extra
         What the commit records with the generation.
+    seed
+        The run's: the workers' generators are seeded from ``(seed, generation)`` for the iteration, so
+        that each generation draws its own random augmentations (workers started anew, as a loader whose
+        dataset length changed starts them, would otherwise draw the last generation's again).
     """
 
-    def __init__(self, generation: int, writer: GenerationWriter, streams: Streams, limit: int | None,
-                 expected: int, extra: dict[str, object]) -> None:
+    def __init__(self, generation: int, writer: GenerationWriter, streams: StreamWorkers, limit: int | None,
+                 expected: int, extra: dict[str, object], seed: int) -> None:
         self.generation, self.writer, self.streams = generation, writer, streams
         self.limit, self.expected, self.extra = limit, expected, extra
+        self.reseed = int(np.random.SeedSequence([seed % 2**32, generation, 0x5352]).generate_state(1)[0])
         self.epoch = next(_numbers)
         self.info: GenerationInfo | None = None  # the committed generation
         self.failed: str | None = None  # why it did not commit
@@ -106,7 +106,7 @@ class StreamRefresh:
     def _write(self) -> int:
         """Put the stream's samples in arrival order; how many were put (fewer when stopped)."""
         written = 0
-        for _worker, _count, samples in self.streams.items(self.epoch, collate=False):
+        for _worker, _count, samples in self.streams.items(self.epoch, collate=False, reseed=self.reseed):
             for sample in samples:
                 if self.limit is not None and written >= self.limit:
                     break

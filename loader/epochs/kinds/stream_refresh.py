@@ -16,6 +16,7 @@ import logging
 from cachestore.errors import StoreLockedError
 
 from ...cache.stream_refresh import StreamRefresh
+from ...executors.process.streams import StreamWorkers
 from ..context import EpochContext
 from ..plan import EpochStats, ReadPlan
 from ..reads.base import ReadPath
@@ -41,7 +42,7 @@ class StreamRefreshEpoch(ReadEpoch):
         if ctx.res.stream_refresh is None:
             ctx.res.stream_refresh = start_stream_refresh(ctx, plan.generation, plan.epoch)
         if ctx.res.stream_refresh is not None:
-            stats.extra["stream_refresh"] = ctx.res.stream_refresh.generation
+            stats.extra["stream_refresh_of"] = ctx.res.stream_refresh.generation  # the generation it writes
         return path
 
 
@@ -54,6 +55,7 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
     if target is None or info is None:
         return None
     streams = ctx.streams()  # started here, in this thread, before the refresh's thread uses them
+    assert isinstance(streams, StreamWorkers)  # applies(): nb_worker > 0
     try:
         writer = cache.store.writer(target, None)
     except StoreLockedError as exc:
@@ -64,7 +66,8 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
                                 "background": True}
     log.info("epoch %d reads generation %d while the stream workers write generation %d in the background",
              epoch, generation, target)
-    return StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, extra)
+    return StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, extra,
+                         ctx.state.seed)
 
 
 def settle_stream_refresh(ctx: EpochContext, epoch: int) -> dict[str, object]:
