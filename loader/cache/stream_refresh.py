@@ -78,6 +78,7 @@ class StreamRefresh:
         self.epoch = next(_numbers)
         self.info: GenerationInfo | None = None  # the committed generation
         self.failed: str | None = None  # why it did not commit
+        self.cpu_seconds = 0.0  # the thread's own CPU time: what it took of the training process's GIL, at most
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"cachestore-stream-refresh-{generation}",
                                        daemon=True)
@@ -102,6 +103,7 @@ class StreamRefresh:
         finally:
             if not committed:
                 self._abort()
+            self.cpu_seconds = time.thread_time()
 
     def _write(self) -> int:
         """Put the stream's samples in arrival order; how many were put (fewer when stopped)."""

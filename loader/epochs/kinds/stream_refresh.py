@@ -90,4 +90,5 @@ def settle_stream_refresh(ctx: EpochContext, epoch: int) -> dict[str, object]:
     log.info("committed generation %d of a stream in the background (%d samples, %d bytes%s); pruned %d old "
              "item(s)", refresh.info.id, refresh.info.num_samples, refresh.info.nbytes,
              f", epoch {epoch} waited {waited:.2f} s for it" if waited > 0.01 else "", len(removed))
-    return {"stream_refresh": "waited" if waited > 0.01 else "ready", "stream_refresh_wait": round(waited, 3)}
+    return {"stream_refresh": "waited" if waited > 0.01 else "ready", "stream_refresh_wait": round(waited, 3),
+            "stream_refresh_cpu": round(refresh.cpu_seconds, 3)}
