@@ -109,7 +109,7 @@ def test_a_refresh_takes_the_first_stream_samples(tmp_path) -> None:
 
 
 @long
-def test_no_background_refresh_without_workers(tmp_path, caplog) -> None:
+def test_no_background_refresh_without_workers(tmp_path) -> None:
     with pytest.raises(ValueError, match="no worker to iterate the stream"):
         CachedLoader(Counting(8), batch_size=4, num_workers=0,
                      cache_setting={"prefix": str(tmp_path), "update_frequency": 2, "background_refresh": True})
