@@ -76,6 +76,7 @@ class Resources:
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
         self.streams: Any = None  # a stream's workers (loader.executors.process.streams)
         self.stream_writer: Any = None  # the generation a stream's epoch writes: kept as a partial one
+        self.stream_refresh: Any = None  # a stream's next generation written in the background: aborted
 
     def keep_builds(self) -> None:
         """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
@@ -128,6 +129,8 @@ class Resources:
                 first = first or exc
 
         step("executor", lambda executor: executor.shutdown())
+        # The refresh thread iterates the stream through its workers: stopped before them.
+        step("stream_refresh", lambda refresh: refresh.stop())
         step("streams", lambda streams: streams.close())
         step("stream_writer", lambda writer: writer.keep())
         try:

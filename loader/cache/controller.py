@@ -366,10 +366,16 @@ class CacheController:
         return info
 
     # background refresh -----------------------------------------------------
-    def decide_refresh(self) -> None:
+    def decide_refresh(self, stream_ranks: bool = False) -> None:
         """Stop background refreshes for good where the settings turned them off (decided once, at
-        construction: :func:`loader.cache.refresh.decide_refresh`)."""
+        construction: :func:`loader.cache.refresh.decide_refresh`); `stream_ranks`: the node's ranks
+        write a stream's generations together."""
         if self.settings.background_refresh is False:
+            self.stop_refresh()
+        elif stream_ranks:
+            # Their rendezvous is per epoch (loader.cache.stream_ranks): no rank writes the next one alone.
+            log.info("background refresh is off: the node's ranks write each generation of their streams "
+                     "together, during its own epoch")
             self.stop_refresh()
         elif self.remote is not None and self.remote.parts:
             # Known only once the remote answered: the nodes compute each generation in parts,

@@ -76,12 +76,11 @@ def _refresh_impossible(cache: CacheSettings, nb_worker: int, stream: bool) -> s
     dataset is an iterable one."""
     if not cache.rewrites:
         return "update_frequency is math.inf, so no generation is ever refreshed"
-    if stream:
-        return "a stream is iterated again, in order, in the epoch that writes its next generation"
     if not get_backend(cache.backend).persistent:
         return f"the {cache.backend!r} backend lives in this process, where no idle worker can write it"
     if nb_worker == 0:
-        return "nb_worker=0 leaves no worker to compute it"
+        # A stream's refresh is iterated by its own workers, which read epochs leave idle.
+        return "nb_worker=0 leaves no worker to " + ("iterate the stream" if stream else "compute it")
     return None
 
 

@@ -19,6 +19,7 @@ from ..cache.build import CacheResources, GenerationBuild
 from ..cache.controller import CacheController
 from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
+from ..cache.stream_refresh import StreamRefresh
 from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
@@ -46,6 +47,7 @@ class EpochResources(CacheResources, ThreadsResource, Protocol):
     remote: RemoteTier | None
     streams: StreamWorkers | InlineStream | None  # a stream's workers, or its iterator in this process
     stream_writer: GenerationWriter | None  # the generation a stream's epoch writes
+    stream_refresh: StreamRefresh | None  # a stream's next generation, written in the background
 
 
 @dataclass
@@ -114,6 +116,9 @@ class EpochContext:
         new ones, as torch's next ``iter()`` does (a stream's copies cannot be taken up where one died), and
         the slots lent to tasks that will never answer are retired then (``ExecutorHost.shrink_slots``)."""
         self.kill_executor()
+        refresh, self.res.stream_refresh = self.res.stream_refresh, None
+        if refresh is not None:
+            refresh.stop()  # before its workers go: it iterates the stream through them
         streams, self.res.streams = self.res.streams, None
         if streams is not None:
             streams.close()

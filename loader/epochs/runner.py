@@ -31,6 +31,7 @@ from ..settings import LoaderSettings, RotationSettings
 from .context import EpochContext, EpochResources, RunState
 from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
+from .kinds.stream_refresh import settle_stream_refresh
 from .places import compute_place
 from .plan import EpochPlan, EpochStats
 from .planner import plan_cluster_epoch, plan_epoch, stream_plan
@@ -49,7 +50,7 @@ class EpochRunner:
         if settings.cache is not None:
             cache = CacheController.open(settings.cache, layout, settings.dataset, settings.batch_size)
             res.store, res.remote = cache.store, cache.remote
-            cache.decide_refresh()
+            cache.decide_refresh(stream_ranks=settings.dataset.stream and layout.local_ranks > 1)
         self.ctx = EpochContext(settings, layout, producer, res, cache)
         self.place = compute_place(self.ctx)
         self.mover = mover
@@ -117,9 +118,10 @@ class EpochRunner:
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             ctx.host.shrink_slots()
         self._slots_sized = False
+        waited = settle_stream_refresh(ctx, epoch)  # a stream's next generation, written in the background
         kind = self.choose(epoch, skip)
         plan = kind.plan
-        stats = EpochStats(epoch, plan.mode, plan.generation, extra=dict(plan.notes))
+        stats = EpochStats(epoch, plan.mode, plan.generation, extra={**plan.notes, **waited})
         stats.wait_seconds = time.perf_counter() - start  # finishing a background refresh, if any
         self.stats.append(stats)
         if ctx.res.executor is not None:

@@ -6,7 +6,7 @@ kind          what the epoch does                                    module
 compute       samples from the dataset, nothing written              :mod:`.compute`
 generate      every sample computed, written, served; committed      :mod:`.generate`
 read          served from a committed generation                     :mod:`.read`
-refresh       read, while idle workers compute the next generation   :mod:`.refresh`
+refresh       read, while idle workers compute the next generation   :mod:`.refresh`, :mod:`.stream_refresh`
 rotate        served ``R`` times each through a bounded window       :mod:`.rotate`
 stream        a stream iterated, served as it comes (and written)    :mod:`.stream`
 ============  =====================================================  ========================
@@ -35,9 +35,10 @@ from .read import ReadEpoch
 from .refresh import RefreshEpoch
 from .rotate import RotateEpoch
 from .stream import StreamEpoch, StreamGenerateEpoch
+from .stream_refresh import StreamRefreshEpoch
 
 __all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEpoch", "RotateEpoch", "StreamEpoch",
-           "StreamGenerateEpoch", "kind_of"]
+           "StreamGenerateEpoch", "StreamRefreshEpoch", "kind_of"]
 
 
 def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Callable[[], EpochPlan]) -> EpochKind:
@@ -64,6 +65,8 @@ def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Call
             return GenerateEpoch(ctx, place, plan, None)
     if isinstance(plan, RotatePlan):
         return RotateEpoch(ctx, place, plan)
+    if isinstance(plan, ReadPlan) and StreamRefreshEpoch.applies(ctx, plan):
+        return StreamRefreshEpoch(ctx, place, plan)
     if isinstance(plan, ReadPlan):
         return (RefreshEpoch if RefreshEpoch.applies(ctx, place, plan) else ReadEpoch)(ctx, place, plan)
     return ComputeEpoch(ctx, place, plan)

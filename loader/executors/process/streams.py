@@ -116,12 +116,14 @@ class StreamAt:
 class Begin:
     """Start epoch `epoch`: a new iterator of the worker's copy (after loading `state` into the copy, when
     given); batches are collated when `collate`; a datapipe's random pipes are seeded from `seed` first
-    (the same in every worker)."""
+    (the same in every worker); the worker's global generators from ``(reseed, worker_id)`` when given
+    (a background refresh: each generation draws its own, however often the workers were started)."""
 
     epoch: int
     collate: bool
     seed: int | None = None
     state: Any = None
+    reseed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                 epoch, iterator, collated, state = msg.epoch, None, msg.collate, msg.state
                 if msg.seed is not None:
                     seed_pipes(dataset, msg.seed)
+                if msg.reseed is not None:
+                    seed_worker(msg.reseed, config.worker_id)
                 continue
             if not isinstance(msg, Next) or msg.epoch != epoch:
                 continue
@@ -302,18 +306,18 @@ class StreamWorkers:
             self.close()
             raise
 
-    def items(self, epoch: int, collate: bool,
-              resume: StreamAt | None = None) -> Generator[tuple[int, int, Any], None, None]:
+    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
+              reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out; from
-        position `resume` on, when given (a stateful stream's)."""
+        position `resume` on, when given (a stateful stream's); `reseed`: see :class:`Begin`."""
         n = len(self.conns)
         states = list(resume.states) if resume is not None else [None] * n
         ended = list(resume.ended) if resume is not None else [False] * n
         arrived = resume.arrived if resume is not None else 0
         seed = self.pipe_seed(epoch) if self.pipe_seed is not None else None
         for worker in range(n):
-            self._send(worker, Begin(epoch, collate, seed, states[worker]), epoch)
+            self._send(worker, Begin(epoch, collate, seed, states[worker], reseed), epoch)
             for _ in range(self.prefetch if not ended[worker] else 0):
                 self._send(worker, Next(epoch), epoch)
         active = [w for w in range(n) if not ended[w]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -153,4 +154,50 @@ class DyingOnce(Counting):
             if info is not None and info.id == 1 and k == self.after and not os.path.exists(self.marker):
                 Path(self.marker).touch()
                 os.kill(os.getpid(), 9)
+            yield sample
+
+
+class Augmented(Counting):
+    """:class:`Counting` whose samples carry a random draw of the worker's generator (``"noise"``): each
+    iteration of the stream, so each generation written from it, draws anew."""
+
+    def __iter__(self) -> Iterator[dict]:
+        for sample in super().__iter__():
+            sample["noise"] = float(np.random.random())
+            yield sample
+
+
+class StallsAfterFirst(Counting):
+    """:class:`Counting` whose iterations after each worker's first (the ones `log` counts beyond
+    `workers` lines) yield two samples, then never end: a background refresh that a close must stop."""
+
+    def __init__(self, n: int, log: str, workers: int) -> None:
+        super().__init__(n, log)
+        self.workers = workers
+
+    def __iter__(self) -> Iterator[dict]:
+        first = iterations(self.log) < self.workers
+        for k, sample in enumerate(super().__iter__()):
+            if not first and k == 2:
+                threading.Event().wait()  # never set: only the worker's end ends it
+            yield sample
+
+
+class FailsOnceArmed(Counting):
+    """:class:`Counting` that raises once, in the first iteration to reach its second sample after the file
+    `armed` was made (the worker that makes `armed` + ".fired" first raises; no other ever does)."""
+
+    def __init__(self, n: int, log: str, armed: str) -> None:
+        super().__init__(n, log)
+        self.armed = armed
+
+    def __iter__(self) -> Iterator[dict]:
+        for k, sample in enumerate(super().__iter__()):
+            if k == 1 and os.path.exists(self.armed):
+                try:
+                    os.close(os.open(self.armed + ".fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
+                    raise RuntimeError("the armed iteration fails")
             yield sample

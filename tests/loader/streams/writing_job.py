@@ -18,7 +18,8 @@ from .stream_datasets import Counting
 def main() -> None:
     prefix, log = sys.argv[1], sys.argv[2]
     k = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    cache = {"prefix": prefix, "update_frequency": k or math.inf}
+    # Its epoch K writes the second generation (not a background refresh during the epochs before).
+    cache = {"prefix": prefix, "update_frequency": k or math.inf, "background_refresh": False}
     with CachedLoader(Counting(50, log), batch_size=5, num_workers=1, cache_setting=cache) as loader:
         for epoch in range(k + 1):
             for b, _batch in enumerate(loader):
