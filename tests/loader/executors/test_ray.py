@@ -30,7 +30,7 @@ from ..datasets import ArangeDataset, HangDataset, KillSelfDataset
 from ..ray_datasets import NodeRecordingDataset, read_nodes
 
 # One pytest process runs them all under pytest-xdist (make test): the module's cluster starts once.
-pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 #: Ray stays on this machine: no usage reports, and "127.0.0.1" is not rewritten to the machine's
@@ -65,7 +65,8 @@ def cluster():
 
 def ray_options(cluster, **extra) -> dict:
     options = {"address": cluster.address, "num_workers": 2,
-               "actor_options": {"num_cpus": 1, "resources": {"producer": 1}}, "start_timeout": 60}
+               # Generous: on a loaded machine the actors of the test before may take a while to go.
+               "actor_options": {"num_cpus": 1, "resources": {"producer": 1}}, "start_timeout": 180}
     options.update(extra)
     return options
 
