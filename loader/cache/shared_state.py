@@ -1,7 +1,8 @@
 """The identity of a dataset's process-shared state, for the fingerprint.
 
 A dataset may hold multiprocessing's synchronisation primitives (``Lock``, ``RLock``,
-``Semaphore``, ``BoundedSemaphore``, ``Condition``, ``Event``, ``Barrier``) or shared memory
+``Semaphore``, ``BoundedSemaphore``, ``Condition``, ``Event``, ``Barrier``), its queues
+(``Queue``, ``JoinableQueue``, ``SimpleQueue``: what passes through them is messages) or shared memory
 (``Value``, ``Array``, ``RawValue``, ``RawArray``): its workers use them to coordinate (a
 counter, a barrier, a flag), as torch's own tests do. They refuse pickling outside a process
 start, so hashing them "by what pickle saves" fails, yet they are no content of the samples.
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing.heap
+import multiprocessing.queues as queues
 import multiprocessing.sharedctypes as sharedctypes
 import multiprocessing.synchronize as synchronize
 
 #: The primitives hashed by their class alone.
-_PRIMITIVES = (synchronize.SemLock, synchronize.Condition, synchronize.Event, synchronize.Barrier)
+_PRIMITIVES = (synchronize.SemLock, synchronize.Condition, synchronize.Event, synchronize.Barrier, queues.Queue,
+               queues.SimpleQueue)
 
 
 def identity(obj: object) -> tuple[str, ...] | None:

@@ -289,7 +289,8 @@ def _shared_state() -> list:
     import multiprocessing as mp
 
     return [mp.Value("i", 0), mp.Value("i", 0, lock=False), mp.Array("d", 3), mp.RawArray("i", 2), mp.Lock(),
-            mp.RLock(), mp.Semaphore(2), mp.BoundedSemaphore(), mp.Event(), mp.Condition(), mp.Barrier(2)]
+            mp.RLock(), mp.Semaphore(2), mp.BoundedSemaphore(), mp.Event(), mp.Condition(), mp.Barrier(2),
+            mp.Queue(), mp.JoinableQueue(), mp.SimpleQueue()]
 
 
 def test_multiprocessing_shared_state_is_fingerprinted_by_what_it_is_not_by_its_value():
