@@ -8,9 +8,8 @@ from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
-                     FingerprintMismatchError, FingerprintWarning, GenerationCommitted, GenerationNotFoundError,
-                     MalformedFileError, NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError,
-                     UnsupportedSampleError)
+                     FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
+                     NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError)
 from .reader import Reader
 from .spec import StoreSpec
 from .pruning import Removed
@@ -22,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
-    "FingerprintMismatchError", "FingerprintWarning", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
+    "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
     "GenerationWriter", "MalformedFileError", "NotAStoreError", "PickleRefusedError", "Put", "PutResult", "Reader",
     "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
     "UnsupportedSampleError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",

@@ -64,15 +64,6 @@ class FingerprintError(CacheStoreError, TypeError):
     """Dataset parameters that cannot be fingerprinted by value (an explicit fingerprint is needed)."""
 
 
-class FingerprintWarning(UserWarning):
-    """Part of a dataset has no value to hash (an open file, a thread's lock, a live connection) and
-    is fingerprinted by what it is; a change inside it does not invalidate a cache.
-
-    ``warnings.simplefilter("error", FingerprintWarning)`` (or ``-W error::cachestore.FingerprintWarning``)
-    makes it a :class:`FingerprintError` instead.
-    """
-
-
 class FingerprintMismatchError(CacheStoreError, ValueError):
     """The store was produced by something else than what opens it now."""
 

@@ -11,15 +11,10 @@ default repr show only their class, so a changed table or a changed
 transform object used to give the same fingerprint and the old samples were
 served. multiprocessing's locks, events and shared values are the workers'
 means to coordinate, not data: they are hashed by what they are
-(:mod:`loader.cache.shared_state`), never by their current value. What has no
-value to hash (an open file, a thread's lock, a live connection: what pickle
-refuses) is hashed by what it is, its class (and a file's name), and said in one
-:class:`~cachestore.errors.FingerprintWarning` naming where it is, since a change
-inside it goes unseen: a dataset that keeps such a thing beside its data (a
-handle, a test case, a logger) still caches, and one whose data lives behind it
-is told to give an explicit identity (``fingerprint=`` below, the loader's
-``cache_setting["fingerprint"]``). The warning filter ``error`` makes it a
-:class:`~cachestore.errors.FingerprintError`.
+(:mod:`loader.cache.shared_state`), never by their current value. What cannot
+be hashed by value (an open file, a thread's lock, a generator) is an error
+asking for an explicit identity (``fingerprint=`` below, the loader's
+``cache_setting["fingerprint"]``).
 """
 
 from __future__ import annotations
@@ -30,20 +25,16 @@ import dataclasses
 import enum
 import hashlib
 import inspect
-import io
 import json
-import os
 import re
 import sys
 import types
-import warnings
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from cachestore import codec
-from cachestore.errors import FingerprintError, FingerprintWarning
+from cachestore.errors import FingerprintError
 
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
@@ -297,9 +288,10 @@ class _ValueHasher:
         reducer = copyreg.dispatch_table.get(kind)
         try:
             reduced = reducer(obj) if reducer is not None else obj.__reduce_ex__(4)
-        except Exception:  # objects refuse pickling with many exception types
-            self._opaque(obj, where)
-            return
+        except Exception as exc:  # objects refuse pickling with many exception types
+            raise FingerprintError(
+                f"cannot fingerprint the dataset by value: {where} is a {class_path(kind)}, "
+                f"which has no stable serialisation ({type(exc).__name__}: {exc}); {_HINT}") from exc
         self.tag("object", class_path(kind))
         if isinstance(reduced, str):  # a module-level singleton, pickled by name
             self.tag("global", reduced)
@@ -312,48 +304,6 @@ class _ValueHasher:
         self.feed(list(listitems) if listitems is not None else None, f"{where} items", depth + 1)
         self.feed(dict(dictitems) if dictitems is not None else None, f"{where} items", depth + 1)
 
-    def _opaque(self, obj: Any, where: str) -> None:
-        """What pickle refuses: by its class, a file by its name too (its descriptor number is no
-        identity: it differs from run to run)."""
-        kind = type(obj)
-        name = getattr(obj, "name", None) if isinstance(obj, io.IOBase) else None
-        name = name if isinstance(name, str) else ""
-        self.tag("opaque", class_path(kind), name)
-        self.walk.opaque.append(f"{where} (a {class_path(kind)}{f' on {name!r}' if name else ''})")
-
-
-#: How many of the places with no value to hash a FingerprintWarning names.
-_OPAQUE_SHOWN = 3
-
-
-#: The packages whose frames a warning skips, to point at the line of the caller's code.
-_OURS = (str(Path(codec.__file__).resolve().parent) + os.sep, str(Path(__file__).resolve().parents[1]) + os.sep)
-
-
-def _callers_level() -> int:
-    """The `stacklevel` of the first frame outside cachestore and the loader (``warnings.warn``
-    counts from its caller)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OURS):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _say_opaque(walk: reach.Walk, what: str) -> None:
-    """One FingerprintWarning for what the walk hashed by its class alone; a FingerprintError where
-    the warning filter says ``error``."""
-    if not walk.opaque:
-        return
-    shown = "; ".join(walk.opaque[:_OPAQUE_SHOWN])
-    more = f" and {len(walk.opaque) - _OPAQUE_SHOWN} more" if len(walk.opaque) > _OPAQUE_SHOWN else ""
-    message = (f"{what} objects with no value to hash (pickle refuses them), fingerprinted by their class "
-               f"alone: {shown}{more}. A change inside them does not invalidate the cache: where the samples "
-               f"depend on them, {_HINT}")
-    try:
-        warnings.warn(message, FingerprintWarning, stacklevel=_callers_level())
-    except FingerprintWarning:  # warnings made errors: the strict fingerprint
-        raise FingerprintError(message) from None
-
 
 def params_hash(params: Any) -> str:
     """sha256 (16 hex digits) of `params` by value.
@@ -361,20 +311,13 @@ def params_hash(params: Any) -> str:
     Raises
     ------
     FingerprintError
-        Some part of `params` nests too deep to follow, or has no value to hash
-        (``params['loader'].file``) while FingerprintWarning is an error; the
-        message names it and asks for an explicit fingerprint.
-
-    Warns
-    -----
-    FingerprintWarning
-        Naming the parts hashed by their class alone.
+        Some part of `params` cannot be hashed by value; the message names it
+        (``params['loader'].file``) and asks for an explicit fingerprint.
     """
     hasher = _ValueHasher()
     with _deep_code_refused("the dataset parameters"):
         hasher.feed(params, "params")
         reach.finish(hasher)
-    _say_opaque(hasher.walk, "the dataset parameters hold")
     return hasher.h.hexdigest()[:16]
 
 
@@ -410,9 +353,8 @@ def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[in
     Raises
     ------
     FingerprintError
-        Part of the dataset cannot be hashed (the message names it, e.g.
-        ``dataset.transform.transforms[2].fn``) and no `fingerprint` was given:
-        see :func:`state_hash`.
+        Part of the dataset cannot be hashed by value (the message names it, e.g.
+        ``dataset.transform.transforms[2].fn``) and no `fingerprint` was given.
     """
     if dataset.stream:
         length = STREAM_LENGTH  # a stream's generations hold what it yielded, whatever the loader knew of it
@@ -440,13 +382,7 @@ def state_hash(instance: object) -> str:
     Raises
     ------
     FingerprintError
-        Naming the attribute that nests too deep to follow, or that has no value
-        to hash (``dataset.transform.lock``) while FingerprintWarning is an error.
-
-    Warns
-    -----
-    FingerprintWarning
-        Naming the attributes hashed by their class alone.
+        Naming the attribute that cannot be hashed (``dataset.transform.lock``).
     """
     hasher = _ValueHasher()
     state = identity_state(instance) if is_datapipe(instance) else getattr(instance, "__dict__", None)
@@ -457,7 +393,6 @@ def state_hash(instance: object) -> str:
         else:
             hasher.feed(instance, "dataset")
         reach.finish(hasher)
-    _say_opaque(hasher.walk, "the dataset holds")
     return hasher.h.hexdigest()[:16]
 
 

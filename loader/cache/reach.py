@@ -117,9 +117,6 @@ class Walk:
     #: Digests of values already hashed whole (id -> (value, digest); the value kept so its id stays
     #: its own): see ``_ValueHasher.digest_of``.
     digests: dict[int, tuple[Any, bytes]] = field(default_factory=dict)
-    #: Where the walk met a value with no value to hash (an open file, a thread's lock), in words:
-    #: hashed by what it is, and said in a FingerprintWarning (``loader.cache.fingerprint``).
-    opaque: list[str] = field(default_factory=list)
 
 
 class Hasher(Protocol):
@@ -240,14 +237,11 @@ def _named(hasher: Hasher, value: Any, names: set[str], where: str) -> None:
         _reference(hasher, value, "function", f"{value.__module__}.{value.__qualname__}")
     else:
         sub = hasher.sub()
-        said = len(hasher.walk.opaque)
         try:
             sub.feed(value, where, 0)
         except FingerprintError:
             hasher.tag("unhashable", type(value).__module__, type(value).__qualname__)
             return
-        finally:
-            del hasher.walk.opaque[said:]  # code's own machinery (a module's lock), not the data: unsaid
         hasher.tag("value", sub.h.digest())
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore import FingerprintError, FingerprintWarning
+from cachestore import FingerprintError
 from loader.cache.fingerprint import _source_hash, dataset_fingerprint, params_hash
 from loader.cache.reach import installed_version
 from loader.dataset import DatasetSource
@@ -280,8 +280,8 @@ def test_an_unhashable_global_counts_by_its_type_and_does_not_refuse_the_dataset
                 return x
     """)
     assert params_hash({"f": module.guarded}) == params_hash({"f": module.guarded})
-    # In the dataset's own state, a lock is said (FingerprintWarning): its data may live behind it.
-    with pytest.warns(FingerprintWarning, match="lock"):
+    # In the dataset's own state, a lock still asks for an explicit fingerprint (it is the data).
+    with pytest.raises(FingerprintError, match="lock"):
         params_hash({"lock": threading.Lock()})
 
 

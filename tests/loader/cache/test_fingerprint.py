@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cachestore import CacheStoreError, FingerprintError, FingerprintMismatchError, FingerprintWarning
+from cachestore import CacheStoreError, FingerprintError, FingerprintMismatchError
 from loader.dataset import DatasetSource
 from loader.cache.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
 
@@ -92,39 +92,15 @@ def test_cycles_are_hashed_not_followed_forever():
 @pytest.mark.parametrize("bad, name", [
     (threading.Lock(), "lock"),
     ((i for i in range(3)), "generator"),
-    (Transform(1.0, table=open(__file__)), "TextIOWrapper on '.*test_fingerprint.py'"),
+    (Transform(1.0, table=open(__file__)), "TextIOWrapper"),
 ])
-def test_what_has_no_value_to_hash_counts_by_its_class_and_is_said(bad, name):
-    with pytest.warns(FingerprintWarning, match=r"params\['obj'\].*" + name) as said:
-        first = fp({"obj": bad})
-    assert len(said) == 1 and "cache_setting={'fingerprint'" in str(said[0].message)
-    with pytest.warns(FingerprintWarning):
-        assert fp({"obj": bad}) == first
-    with pytest.warns(FingerprintWarning):
-        assert fp({"obj": 1}) != first != fp({"obj": [bad]})
-    if isinstance(bad, Transform):
-        bad.table.close()
-
-
-def test_warnings_made_errors_make_a_strict_fingerprint():
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FingerprintWarning)
-        with pytest.raises(FingerprintError, match=r"params\['obj'\].*lock") as info:
-            fp({"obj": threading.Lock()})
+def test_what_cannot_be_hashed_by_value_asks_for_an_explicit_fingerprint(bad, name):
+    with pytest.raises(FingerprintError, match=r"params\['obj'\].*" + name) as info:
+        fp({"obj": bad})
     assert "cache_setting={'fingerprint'" in str(info.value)
     assert isinstance(info.value, (CacheStoreError, TypeError))
-
-
-def test_a_file_counts_by_its_name_and_a_lock_by_its_class(tmp_path):
-    paths = [tmp_path / "a.bin", tmp_path / "b.bin"]
-    for path in paths:
-        path.write_bytes(b"x")
-    with open(paths[0], "rb") as a, open(paths[0], "rb") as same, open(paths[1], "rb") as b, \
-            pytest.warns(FingerprintWarning):
-        assert fp({"f": a}) == fp({"f": same}) != fp({"f": b})
-        assert fp({"f": threading.Lock()}) == fp({"f": threading.Lock()}) != fp({"f": threading.RLock()})
+    if isinstance(bad, Transform):
+        bad.table.close()
 
 
 def test_an_explicit_fingerprint_replaces_the_computed_identity():
@@ -219,16 +195,15 @@ def test_an_instance_is_fingerprinted_by_its_state():
         assert describe_mismatch(first, theirs) == "the dataset's state (its attributes, or what its functions use) changed"
 
 
-def test_an_attribute_with_no_value_to_hash_is_named():
+def test_an_attribute_that_cannot_be_hashed_is_named():
     from ..datasets import Compose, Scale
 
     lock = threading.Lock()
     source = _instance(np.zeros(3), Compose([Scale(1.0), abs, functools.partial(lambda x, l: x, l=lock)]))
-    with pytest.warns(FingerprintWarning) as said:
+    with pytest.raises(FingerprintError) as info:
         dataset_fingerprint(source, 3, (0, 1))
-    message = str(said[0].message)
+    message = str(info.value)
     assert "dataset.transform.transforms[2]" in message and "cache_setting={'fingerprint'" in message
-    assert said[0].filename == __file__, "the warning points at the caller's line, not the loader's"
 
 
 def test_a_changed_instance_is_refused_by_its_cache(tmp_path):
@@ -250,30 +225,6 @@ def test_a_changed_instance_is_refused_by_its_cache(tmp_path):
                       cache_setting=setting) as loader:
         with pytest.raises(FingerprintMismatchError, match="state"):
             iter(loader)  # fingerprinted at the first iter(), with the dataset as it is then
-
-
-def test_a_dataset_holding_an_open_file_is_cached_and_said_once(tmp_path):
-    from loader import CachedLoader
-
-    from ..datasets import TableDataset
-
-    table = np.arange(40, dtype=np.float32).reshape(20, 2)
-    setting = {"prefix": str(tmp_path / "c")}
-    for mode in ("generate", "read"):
-        dataset = TableDataset(table, None)
-        with open(tmp_path / "log.txt", "a") as dataset.log, \
-                CachedLoader(dataset, batch_size=5, nb_worker=0, cache_setting=setting) as loader:
-            with pytest.warns(FingerprintWarning, match=r"dataset\.log \(a _io.TextIOWrapper on .*log.txt") as said:
-                for _ in range(2):
-                    assert sum(len(b) for b in loader) == 20
-            assert len([w for w in said if w.category is FingerprintWarning]) == 1, "once per loader"
-            assert said[0].filename == __file__
-            assert loader.epoch_stats[0].mode == mode  # the second run's instance is the same dataset
-    dataset = TableDataset(table, None)
-    with open(tmp_path / "other.txt", "a") as dataset.log, \
-            CachedLoader(dataset, batch_size=5, nb_worker=0, cache_setting=setting) as loader, \
-            pytest.warns(FingerprintWarning), pytest.raises(FingerprintMismatchError, match="state"):
-        iter(loader)  # a handle on another file: another dataset
 
 
 def test_dataset_params_with_an_instance_is_a_type_error():
@@ -308,9 +259,9 @@ def test_multiprocessing_shared_state_is_fingerprinted_by_what_it_is_not_by_its_
     assert params_hash({"lock": mp.get_context("spawn").Lock()}) == params_hash({"lock": mp.Lock()})
 
 
-def test_a_threads_lock_counts_by_its_class_and_is_said():
-    # No process shares it: unlike multiprocessing's, a dataset holding one is told (its data may be behind it).
-    with pytest.warns(FingerprintWarning, match="lock"):
+def test_a_threads_lock_still_asks_for_an_explicit_fingerprint():
+    # No process shares it: a dataset that holds one keeps what pickle cannot send, as before.
+    with pytest.raises(FingerprintError, match="lock"):
         params_hash({"lock": threading.Lock()})
 
 
@@ -340,19 +291,15 @@ def test_a_graph_of_shared_values_is_hashed_once_per_value(up):
 
 
 @pytest.mark.timeout(20)
-def test_a_dataset_holding_the_test_session_is_fingerprinted_and_said(request):
+def test_a_dataset_holding_the_test_session_is_refused_at_once_naming_the_attribute(request):
     # torch's test_splits_indexing_type: the dataset keeps the running test (here pytest's request),
-    # which reaches the whole session: its shared parts made the walk endless; its streams and locks
-    # have no value to hash. It is hashed once per shared part, those by their class, and said.
+    # which reaches the whole session: its shared parts made the walk endless; now it ends at the
+    # first attribute that is no data (an open stream, a thread's lock).
     source = _instance(np.zeros(3), None)
     source.instance.test_object = request
-    with pytest.warns(FingerprintWarning, match=r"dataset\.test_object\.") as said:
-        first = dataset_fingerprint(source, 3, (0, 1))
-    assert len(said) == 1 and "more" in str(said[0].message), "one warning, a few places named"
-    source = _instance(np.zeros(3), None)
-    source.instance.test_object = request
-    with pytest.warns(FingerprintWarning):
-        assert dataset_fingerprint(source, 3, (0, 1)) == first
+    with pytest.raises(FingerprintError, match=r"dataset\.test_object\.") as info:
+        dataset_fingerprint(source, 3, (0, 1))
+    assert "cache_setting={'fingerprint'" in str(info.value)
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
