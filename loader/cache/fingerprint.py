@@ -11,7 +11,10 @@ default repr show only their class, so a changed table or a changed
 transform object used to give the same fingerprint and the old samples were
 served. multiprocessing's locks, events and shared values are the workers'
 means to coordinate, not data: they are hashed by what they are
-(:mod:`loader.cache.shared_state`), never by their current value. What cannot
+(:mod:`loader.cache.shared_state`), never by their current value; a running
+``unittest.TestCase`` (a dataset that asserts through the test that made it, as
+torch's own tests do) is the test harness, not data: by its class and test name.
+What cannot
 be hashed by value (an open file, a thread's lock, a generator) is an error
 asking for an explicit identity (``fingerprint=`` below, the loader's
 ``cache_setting["fingerprint"]``).
@@ -284,6 +287,10 @@ class _ValueHasher:
         if shared is not None:  # coordination between workers, not content: by what it is, not its value
             self.tag("shared state", *shared)
             return
+        test = _test_case(obj)
+        if test is not None:
+            self.tag("test case", *test)
+            return
         # As pickle does: a reducer registered with copyreg (re.Pattern, numpy's ufuncs) comes first.
         reducer = copyreg.dispatch_table.get(kind)
         try:
@@ -303,6 +310,16 @@ class _ValueHasher:
         self.feed(state, where, depth + 1, attributes=True)
         self.feed(list(listitems) if listitems is not None else None, f"{where} items", depth + 1)
         self.feed(dict(dictitems) if dictitems is not None else None, f"{where} items", depth + 1)
+
+
+def _test_case(obj: Any) -> tuple[str, str] | None:
+    """A running ``unittest.TestCase``'s identity: its class and test. Its state is the test runner's
+    (the outcome so far, the runner's streams and locks, which pickle refuses) and changes as the test
+    runs; what a dataset does with it (assertions in ``__getitem__``) is code, hashed as the dataset's."""
+    unittest = sys.modules.get("unittest")  # no test case exists where unittest was never imported
+    if unittest is None or not isinstance(obj, unittest.TestCase):
+        return None
+    return class_path(type(obj)), str(obj.id())  # the test's dotted name
 
 
 def params_hash(params: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import unittest
 from pathlib import Path
 
 import numpy as np
@@ -300,6 +301,50 @@ def test_a_dataset_holding_the_test_session_is_refused_at_once_naming_the_attrib
     with pytest.raises(FingerprintError, match=r"dataset\.test_object\.") as info:
         dataset_fingerprint(source, 3, (0, 1))
     assert "cache_setting={'fingerprint'" in str(info.value)
+
+
+class CheckingDataset:
+    """A dataset that asserts through the test that made it (torch's test_splits_indexing_type)."""
+
+    def __init__(self, test: unittest.TestCase, data: list) -> None:
+        self.test_object = test
+        self.data = data
+
+    def __getitem__(self, key: int) -> int:
+        self.test_object.assertEqual(type(key), int)
+        return self.data[key]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class TestADatasetHoldingItsRunningTestCase(unittest.TestCase):
+    """Run by pytest as a unittest case: its state reaches pytest's session (streams, locks)."""
+
+    def test_it_is_fingerprinted_by_its_class_and_test_name(self):
+        def of(test: unittest.TestCase, data: list) -> dict:
+            return dataset_fingerprint(DatasetSource.of(CheckingDataset(test, data), None), 3, (0, 1))
+
+        first = of(self, [1, 2, 3])
+        self.assertEqual(of(self, [1, 2, 3]), first)
+        self.assertNotEqual(of(self, [1, 2, 4]), first)  # the data still counts
+        self.assertNotEqual(of(TestADatasetHoldingItsRunningTestCase("test_it_is_cached_and_read_back"), [1, 2, 3]),
+                            first)
+
+    def test_it_is_cached_and_read_back(self):
+        import tempfile
+
+        from torch.utils.data import random_split
+
+        from loader import CachedLoader
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in ("generate", "read"):
+                dataset = random_split(CheckingDataset(self, [1, 2, 3, 4, 5]), [5], torch.Generator().manual_seed(0))[0]
+                with CachedLoader(dataset, batch_size=2, num_workers=0,
+                                  cache_setting={"prefix": f"{tmp}/c"}) as loader:
+                    self.assertEqual(sorted(int(x) for b in loader for x in b), [1, 2, 3, 4, 5])
+                    self.assertEqual(loader.epoch_stats[0].mode, mode)
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
