@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["loadavg_end"] = list(os.getloadavg())
     from .report import write_reports
 
-    stem = meta["date"] + ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+    # A partial run is named by its scenarios: two on one day must not overwrite each other's report.
+    stem = meta["date"] + ("-quick" if args.quick else "") + ("-" + "-".join(args.only) if args.only else "")
     paths = write_reports(results, args.out, stem)
     print(paths["md"].read_text())
     _log("wrote " + ", ".join(str(p) for p in paths.values()))

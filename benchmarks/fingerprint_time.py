@@ -1,6 +1,6 @@
-"""What fingerprinting a dataset costs at construction (``loader/cache/fingerprint.py``, ``reach.py``).
+"""What fingerprinting a dataset costs at the first ``iter()`` (``loader/cache/fingerprint.py``, ``reach.py``).
 
-A loader with a cache fingerprints its dataset once, when it is built: by value over the instance's
+A loader with a cache fingerprints its dataset once, at its first ``iter()``: by value over the instance's
 attributes, and with what the code of its functions and class reaches (module-level values, helper
 functions, classes). Cases, each the best of `repeats` runs in milliseconds:
 

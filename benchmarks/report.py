@@ -222,12 +222,12 @@ def _setup_section(st: dict) -> list[str]:
             f"batch {st['batch_size']}", "",
             f"Seconds, median ± half-range of {_runs(st['repeats'])} of each (alternating, fresh loaders and "
             f"cache directories). *gap*: {st['gap_s']:g} s of CPU in the training process's main thread "
-            "(building a model) between construction and the loop; our workers start at construction, torch's "
-            "at `iter()`, so only torch's first epoch includes its workers' start. *no gap*: the loop starts "
+            "(building a model) between construction and the loop; both loaders start their workers at "
+            "`iter()`, so both first epochs include their workers' start. *no gap*: the loop starts "
             "right after construction. Ours: a cache with default settings, so the first epoch generates "
             "(computes and writes the store); torch: `DataLoader(shuffle=True)`, workers not persistent. *CPU*: "
             "user + system seconds, steadier than wall times when neighbours load the machine; the workers' "
-            "includes their start (both fork: ours with start_method='auto', at construction).", "",
+            "includes their start (both fork: ours with start_method='auto').", "",
             md_table(["case", "measure", "CachedLoader", "torch DataLoader", "ours / torch"], [
                 ["gap", "first epoch, loop start to end", pm(gap["ours_first_epoch_s"]),
                  pm(gap["torch_first_epoch_s"]), f"{gap['ratio']['median']:.2f}x"],

@@ -1,26 +1,23 @@
 """Set-up time: the first epoch when the training script does something between building the loader and the loop.
 
 A training script builds its loader, then its model (seconds of CPU: layers,
-weights, a compile), then loops. CachedLoader starts its workers at
-construction (forked, with the default ``start_method="auto"``, while nothing
-unsafe runs in the training process; else spawned from a background thread, a
-fresh interpreter with its imports, so that start overlaps the model
-building); torch's ``DataLoader`` starts its workers (fork) at ``iter()``, so
-its first epoch includes that start. Two cases (docs/ARCHITECTURE.md):
+weights, a compile), then loops. Both loaders start their workers at the first
+``iter()``, as torch's ``DataLoader`` does (CachedLoader forks them with the
+default ``start_method="auto"`` where nothing unsafe runs in the training
+process, else spawns them: a fresh interpreter with its imports), so each
+first epoch includes that start. Two cases (docs/ARCHITECTURE.md):
 
 * **gap**: construct the loader, spend `gap` seconds of CPU in the training
   process's main thread (:func:`~benchmarks.datasets.burn_cpu`: building a
-  model uses CPU and holds the GIL, so a spawner thread has to get its turn,
-  unlike a sleep), then time the first epoch from the start of the loop to its
-  end. Target: ours <= 1.05x torch. Starting the workers takes CPU too, and
-  on a small machine some of it is taken from the model building: the wall
+  model uses CPU and holds the GIL, unlike a sleep), then time the first epoch
+  from the start of the loop to its end. Target: ours <= 1.05x torch. The wall
   time from construction to the end of the first epoch (set-up included) is
-  reported beside, so that cost is not hidden by where the clock starts, and
+  reported beside, so that no cost is hidden by where the clock starts, and
   so are the CPU seconds the workers used from their start to their exit
   (steadier than wall times when neighbours load the machine).
 * **no gap**: the loop starts right after construction; seconds from the
   start of construction to the first batch (target for ours: <= 1 s), and the
-  constructor's own wall time (small: it does not wait for the workers).
+  constructor's own wall time (small: it starts nothing).
 
 CachedLoader with default settings (a cache in a temporary directory, so the
 first epoch is a generate epoch that also writes the store) against
