@@ -14,9 +14,8 @@ means to coordinate, not data: they are hashed by what they are
 (:mod:`loader.cache.shared_state`), never by their current value; a running
 ``unittest.TestCase`` (a dataset that asserts through the test that made it, as
 torch's own tests do) is the test harness, not data: by its class and test name.
-What cannot
-be hashed by value (an open file, a thread's lock, a generator) is an error
-asking for an explicit identity (``fingerprint=`` below, the loader's
+What cannot be hashed by value (an open file, a thread's lock, a generator) is
+an error asking for an explicit identity (``fingerprint=`` below, the loader's
 ``cache_setting["fingerprint"]``).
 """
 
