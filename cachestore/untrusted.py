@@ -215,6 +215,22 @@ def parse_manifest(obj: object, path: str, generation: int) -> dict[str, Any]:
     return obj
 
 
+def parse_shard_stats(obj: object, path: str) -> dict[str, Any]:
+    """A shard writer's running totals in a staging area (LMDB's ``stats-<shard>.json``, `obj` as
+    parsed): ``raw_bytes``, ``stored_bytes``, ``count`` and ``layout`` (``None``, ``"mixed"``, or
+    ``[record bytes, structure]``, whose structure the commit parses before it trusts it)."""
+    if not isinstance(obj, dict):
+        raise MalformedFileError(f"{path} holds a {type(obj).__name__}, not a shard's totals (a JSON object)")
+    for key in ("raw_bytes", "stored_bytes"):
+        _int(obj.get(key), path, key)
+    _int(obj.get("count", 0), path, "count", 0, MAX_SAMPLES)
+    layout = obj.get("layout")
+    if not (layout is None or isinstance(layout, str)
+            or (isinstance(layout, list) and len(layout) == 2 and type(layout[0]) is int)):
+        raise MalformedFileError(f"{path}: 'layout' is {_show(layout)}, not a record layout")
+    return obj
+
+
 def parse_shard_ids(obj: object, path: str) -> list[str]:
     """``shards.json``: the list of a generation's shard names, each a file name of the store."""
     if not isinstance(obj, list):

@@ -37,6 +37,7 @@ from ..codec import Leaf, Sample, TreeDef
 from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
 from ..safefs import fsync_dir, write_json_atomic
+from ..untrusted import parse_shard_stats, read_document
 from . import lmdb_columns
 from .base import ShardWriter, StagingToken
 from .reading import GenerationData, StagingData
@@ -261,7 +262,7 @@ class LmdbBackend(DirectoryBackend):
         keys = np.zeros(0, dtype=np.int64)
         layouts = []
         for stats_file in staging.glob("stats-*.json"):
-            stats = safefs.read_json(stats_file)
+            stats = parse_shard_stats(read_document(stats_file), str(stats_file))
             raw += stats["raw_bytes"]
             stored += stats["stored_bytes"]
             if stats.get("count"):

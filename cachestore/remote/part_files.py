@@ -19,7 +19,7 @@ from .. import codec, safefs
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, read_rows
 from ..checksums import row_checksums
 from ..errors import CacheStoreError
-from ..untrusted import parse_treedef
+from ..untrusted import parse_treedef, read_document
 from .packing import Source
 
 
@@ -42,7 +42,7 @@ def part_sources(staging: Path, start: int, stop: int) -> list[Source]:
     chosen: list[Any] = [None] * n
     shard_of: list[str] = [""] * n
     schema_path = staging / SCHEMA
-    specs = codec.leaf_specs(parse_treedef(safefs.read_json(schema_path), str(schema_path))) if schema_path.exists() else []
+    specs = codec.leaf_specs(parse_treedef(read_document(schema_path), str(schema_path))) if schema_path.exists() else []
     widths = codec.row_bytes(specs)
     slot_sums = _column_sums(staging, start, stop, widths, found)
     for rows, shard in found:

@@ -24,7 +24,7 @@ from ..checksums import checksum
 from ..codec import TreeDef
 from ..errors import CorruptSampleError
 from ..records import decode_record
-from ..untrusted import parse_treedef
+from ..untrusted import parse_treedef, read_document
 from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
@@ -61,7 +61,10 @@ def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str) -> None:
     n = len(rows)
     if not np.array_equal(rows["index"], np.arange(n)):
         raise CorruptSampleError(f"{where}: its index does not list samples 0..{n - 1} in order")
-    shards = safefs.read_json(gen_dir / "shards.json")
+    try:
+        shards = read_document(gen_dir / "shards.json")
+    except (OSError, ValueError) as exc:
+        raise CorruptSampleError(f"{where}: its shards.json is unreadable ({exc})") from None
     if not isinstance(shards, list) or not all(isinstance(s, str) and "/" not in s and not s.startswith(".")
                                                for s in shards):
         raise CorruptSampleError(f"{where}: shards.json is not a list of shard names")
@@ -88,7 +91,7 @@ def _load_index(path: Path, where: str) -> Any:
 
 def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, where: str) -> None:
     try:
-        schema = parse_treedef(safefs.read_json(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
+        schema = parse_treedef(read_document(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
     except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise CorruptSampleError(f"{where}: its schema is unreadable ({exc})") from None
     check_treedef(schema, allow_pickle, where)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,6 +128,46 @@ def test_a_malformed_store_meta_is_refused(meta):
         untrusted.parse_store_meta(meta, "store.json")
 
 
+def test_a_shards_totals_the_store_writes_pass():
+    for layout in (None, "mixed", [48, ["i"]]):
+        stats = {"raw_bytes": 5, "stored_bytes": 4, "count": 2, "layout": layout}
+        assert untrusted.parse_shard_stats(stats, "s") == stats
+
+
+@pytest.mark.parametrize("stats", [[], "x", {"stored_bytes": 1}, {"raw_bytes": "1", "stored_bytes": 1},
+                                   {"raw_bytes": 1, "stored_bytes": -1}, {"raw_bytes": 1, "stored_bytes": 1, "count": 1.0},
+                                   {"raw_bytes": 1, "stored_bytes": 1, "layout": [1]},
+                                   {"raw_bytes": 1, "stored_bytes": 1, "layout": ["1", []]},
+                                   {"raw_bytes": 1, "stored_bytes": 1, "layout": 7}], ids=str)
+def test_a_malformed_shards_totals_are_refused(stats):
+    with pytest.raises(MalformedFileError, match="^s"):
+        untrusted.parse_shard_stats(stats, "s")
+
+
+@pytest.mark.parametrize("planted", [b"[1, 2]", b'{"raw_bytes": 1}', b" " * (untrusted.DOCUMENT_BYTES + 1)],
+                         ids=["a list", "a missing field", "too large"])
+def test_an_lmdb_commit_refuses_a_tampered_shard_total_with_the_stores_error(tmp_path, planted, monkeypatch):
+    # A staging area another process left (and anyone could edit): its totals are read at the commit.
+    from cachestore import open_store
+    from cachestore.backends.lmdb_backend import LmdbBackend
+
+    finalize = LmdbBackend._finalize
+
+    def tampered(self, staging, num_samples):
+        (stats,) = Path(staging).glob("stats-*.json")
+        stats.write_bytes(planted)
+        return finalize(self, staging, num_samples)
+
+    monkeypatch.setattr(LmdbBackend, "_finalize", tampered)
+    store = open_store(tmp_path / "s", "lmdb")
+    writer = store.writer(0, 2)
+    for i in range(2):
+        writer.put(i, fixed_sample(i, 3))
+    with pytest.raises(MalformedFileError, match="stats-"):
+        writer.commit()
+    assert [g.id for g in store.generations() if g.committed] == []
+
+
 def _rows(n: int = 4) -> np.ndarray:
     rows = np.zeros(n, dtype=INDEX_DTYPE)
     rows["index"] = np.arange(n)
@@ -160,3 +201,20 @@ def test_a_tensor_leaf_holds_numbers_only(dtype):
     with pytest.raises(MalformedFileError, match="no tensor has"):
         untrusted.parse_treedef(["t", dtype, [2]], "here")
     assert untrusted.parse_treedef(["a", dtype, [2]], "here") == ("a", dtype, (2,))
+
+
+@pytest.mark.parametrize("planted", [b'["' + b"a" * (16 << 20) + b'"]', b'{"a": 1}', b"[1, 2"],
+                         ids=["too large", "an object", "not JSON"])
+def test_a_fetched_generation_whose_shard_list_is_malformed_is_refused(tmp_path, planted):
+    from cachestore import CorruptSampleError, open_store
+    from cachestore.remote.verify import verify_memmap_dir
+
+    store = open_store(tmp_path / "s", "memmap")
+    with store.writer(0, 3) as writer:
+        for i in range(3):
+            writer.put(i, variable_sample(i, 4))
+    (gen_dir,) = (tmp_path / "s").glob("gen-*")
+    verify_memmap_dir(gen_dir, False, "g")  # as committed: it passes
+    (gen_dir / "shards.json").write_bytes(planted)
+    with pytest.raises(CorruptSampleError, match="^g: (its )?shards.json"):
+        verify_memmap_dir(gen_dir, False, "g")
