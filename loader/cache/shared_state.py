@@ -2,10 +2,12 @@
 
 A dataset may hold multiprocessing's synchronisation primitives (``Lock``, ``RLock``,
 ``Semaphore``, ``BoundedSemaphore``, ``Condition``, ``Event``, ``Barrier``), its queues
-(``Queue``, ``JoinableQueue``, ``SimpleQueue``: what passes through them is messages) or shared memory
-(``Value``, ``Array``, ``RawValue``, ``RawArray``): its workers use them to coordinate (a
-counter, a barrier, a flag), as torch's own tests do. They refuse pickling outside a process
-start, so hashing them "by what pickle saves" fails, yet they are no content of the samples.
+(``Queue``, ``JoinableQueue``, ``SimpleQueue``: what passes through them is messages), shared
+memory (``Value``, ``Array``, ``RawValue``, ``RawArray``) or a manager's proxies
+(``Manager().dict()``): its workers use them to coordinate (a counter, a barrier, a flag), as
+torch's own tests do. They refuse pickling outside a process start (a proxy pickles as the
+manager's socket and the object's address, new in every run), so hashing them "by what pickle
+saves" fails, yet they are no content of the samples.
 
 They are hashed by what they *are*, never by what they hold at the moment:
 
@@ -14,6 +16,7 @@ They are hashed by what they *are*, never by what they hold at the moment:
   on every platform);
 - shared memory by its class, its ctypes element type and its length: a counter of C ints
   and a table of doubles differ as a dtype and a shape do;
+- a manager's proxy by its class and the type of the object it stands for (``dict``, ``list``);
 - never the current value: workers write it while the loader runs, so hashing it would make
   the identity depend on how far an earlier epoch or loader got (a counter after the first
   epoch), and every run would store the same data under a new fingerprint. A dataset whose
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing.heap
+import multiprocessing.managers as managers
 import multiprocessing.queues as queues
 import multiprocessing.sharedctypes as sharedctypes
 import multiprocessing.synchronize as synchronize
@@ -53,6 +57,8 @@ def identity(obj: object) -> tuple[str, ...] | None:
     if isinstance(obj, sharedctypes.SynchronizedBase):
         raw = obj.get_obj()  # the ctypes object; reading its type takes no lock and no value
         return ("shared", _path(kind), *_ctype(raw))
+    if isinstance(obj, managers.BaseProxy):  # its token's typeid: what it stands for, read without a round trip
+        return ("proxy", _path(kind), str(getattr(obj, "_token").typeid))
     if isinstance(obj, (ctypes.Array, ctypes._SimpleCData)) and \
             isinstance(getattr(obj, "_wrapper", None), multiprocessing.heap.BufferWrapper):
         return ("shared", "raw", *_ctype(obj))  # RawValue / RawArray: a ctypes object in shared memory

@@ -260,6 +260,19 @@ def test_multiprocessing_shared_state_is_fingerprinted_by_what_it_is_not_by_its_
     assert params_hash({"lock": mp.get_context("spawn").Lock()}) == params_hash({"lock": mp.Lock()})
 
 
+@pytest.mark.timeout(60)
+def test_a_managers_proxies_count_by_what_they_stand_for_not_their_address():
+    import multiprocessing as mp
+
+    with mp.Manager() as first, mp.Manager() as second:
+        a, b = first.dict(), second.dict()
+        before = params_hash({"shared": a})
+        a["seen"] = 3  # what workers do while the loader runs
+        assert params_hash({"shared": a}) == before == params_hash({"shared": b}), "another manager, another run"
+        assert params_hash({"shared": first.list()}) != before
+        assert params_hash({"shared": first.Value("i", 0)}) != before
+
+
 def test_a_threads_lock_still_asks_for_an_explicit_fingerprint():
     # No process shares it: a dataset that holds one keeps what pickle cannot send, as before.
     with pytest.raises(FingerprintError, match="lock"):
