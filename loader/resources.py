@@ -13,6 +13,7 @@ and never imports this module. It names their types only: it imports none of the
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -64,6 +65,9 @@ class Resources:
     """Everything that must be released: the shutdown path shared by close(), GC and exit."""
 
     def __init__(self) -> None:
+        #: The process these belong to: a worker forked while the loader lives holds a copy of them,
+        #: which must never stop this process's workers or keep its generations.
+        self.owner = os.getpid()
         self.executor: Executor | None = None
         self.slots: SlotPool | None = None
         self.build: GenerationBuild | None = None  # the generation the current epoch writes
@@ -107,7 +111,10 @@ class Resources:
             build.keep()
 
     def release(self) -> None:
-        """Release everything (see the shutdown note in :mod:`loader.executors.process.pool`)."""
+        """Release everything (see the shutdown note in :mod:`loader.executors.process.pool`); nothing
+        in a forked child, whose garbage collection may meet its copy of a loader."""
+        if os.getpid() != self.owner:
+            return
         with interrupts_deferred():
             self._release()
 

@@ -7,9 +7,16 @@ torch's ``DataLoader`` forks its workers: a forked worker imports nothing
 training process's pages. A spawned worker imported them all again, about
 0.3 s of CPU each without torch and 1.5 s more with it, on the first epoch's
 clock. Every other start - a pool's first workers when threads run in the
-training process, CUDA is initialised or another loader's slots are mapped
-here, a dead worker's replacement, the workers of an epoch after a kill - is a
+training process or CUDA is initialised, a dead worker's replacement - is a
 spawn: a fresh interpreter that inherits nothing of the training process.
+
+Another loader's slots mapped here do not prevent a fork (a training script
+iterates a validation loader while its training loader lives, and torch's
+forks there too; a spawn would run a script without an ``if __name__ ==
+"__main__":`` guard again): the forked workers keep those slots' pages while
+they live, as torch's keep the training process's shared tensors. The copy of
+a loader a forked worker holds never releases anything
+(:meth:`loader.resources.Resources.release` acts in its own process only).
 
 ``"fork"``, ``"spawn"`` and ``"forkserver"`` (or their ``multiprocessing``
 contexts) are honoured as given. A forkserver imports this package's worker,
@@ -33,7 +40,6 @@ import threading
 import types
 from typing import Iterator
 
-from .shm import is_segment_path
 
 #: Modules the forkserver imports once, before it forks workers (with the dataset's and ``__main__``).
 WORKER_MODULE = "loader.executors.process.worker"
@@ -44,10 +50,9 @@ def fork_is_safe() -> tuple[bool, str]:
 
     Unsafe: a thread other than this (main) one, whose locks a child would
     inherit held; CUDA initialised (a forked child cannot use it); Ray
-    initialised (its native threads hold locks too); a slot of a
-    loader mapped here (forked workers would keep its pages alive as long as
-    they live); a system other than Linux. The store's locks are released
-    with ``LOCK_UN``, so a descriptor a worker inherited never keeps one held.
+    initialised (its native threads hold locks too); a system other than
+    Linux. The store's locks are released with ``LOCK_UN``, so a descriptor a
+    worker inherited never keeps one held.
     """
     if not sys.platform.startswith("linux"):
         return False, "not Linux"
@@ -59,12 +64,6 @@ def fork_is_safe() -> tuple[bool, str]:
     ray = sys.modules.get("ray")
     if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         return False, "Ray is initialised in the training process (its threads)"
-    try:
-        with open("/proc/self/maps") as maps:
-            if any(is_segment_path(line.split(maxsplit=5)[-1].strip()) for line in maps if "/" in line):
-                return False, "another loader's shared-memory slots are mapped in the training process"
-    except OSError:
-        return False, "/proc/self/maps cannot be read"
     return True, ""
 
 

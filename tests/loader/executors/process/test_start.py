@@ -39,11 +39,46 @@ def test_the_default_forks_the_first_workers_while_nothing_unsafe_runs(no_leaks)
         pids = loader.worker_pids()
         assert len(pids) == 2 and not any(spawned(pid) for pid in pids)
         assert all(psutil.Process(pid).ppid() == os.getpid() for pid in pids)
-        # Slots are mapped now: a fork would keep them alive, so a replacement is spawned.
-        assert fork_is_safe()[0] is False
-        os.kill(pids[0], signal.SIGKILL)
+        os.kill(pids[0], signal.SIGKILL)  # a replacement is spawned: it starts from the gather loop
         assert served(loader) == list(range(40))
         assert spawned(next(pid for pid in loader.worker_pids() if pid != pids[1]))
+
+
+def test_a_second_loaders_workers_fork_while_the_first_ones_slots_are_mapped(no_leaks):
+    # A training loader and a validation loader, both alive: torch forks both loaders' workers.
+    with CachedLoader(ArangeDataset, {"n": 40}, batch_size=4, nb_worker=2) as train, \
+            CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=2) as val:
+        for _ in range(2):
+            assert served(train) == list(range(40))
+            assert served(val) == list(range(12))
+            pids = train.worker_pids() + val.worker_pids()
+            assert len(pids) == 4 and not any(spawned(pid) for pid in pids)
+    assert fork_is_safe() == (True, "")
+
+
+def _release_in_a_fork(res, conn) -> None:
+    res.release()
+    conn.send(res.executor is not None)
+
+
+def test_a_forked_childs_copy_of_a_loaders_resources_releases_nothing(tmp_path):
+    from loader.resources import Resources
+
+    class Executor:
+        def shutdown(self) -> None:
+            (tmp_path / f"shut-down-by-{os.getpid()}").touch()
+
+    res = Resources()
+    res.executor = Executor()  # type: ignore[assignment]
+    ctx = mp.get_context("fork")
+    parent_end, child_end = ctx.Pipe()
+    child = ctx.Process(target=_release_in_a_fork, args=(res, child_end))
+    child.start()
+    assert parent_end.poll(60) and parent_end.recv() is True, "the child's copy kept its executor"
+    child.join(60)
+    assert list(tmp_path.iterdir()) == []
+    res.release()
+    assert [p.name for p in tmp_path.iterdir()] == [f"shut-down-by-{os.getpid()}"]
 
 
 def test_the_default_spawns_while_another_thread_runs(no_leaks):
@@ -105,3 +140,33 @@ def test_a_dataset_that_only_fails_in_workers_fails_when_they_build_it(no_leaks)
             list(loader)
         assert "while building its dataset" in "\n".join(getattr(info.value, "__notes__", []))
 
+
+
+SCRIPT = """
+import torch
+from loader import CachedLoader
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 20
+    def __getitem__(self, i):
+        return torch.tensor([float(i * i)])
+
+train = CachedLoader(Squares(), batch_size=4, num_workers=2, shuffle=True)
+val = CachedLoader(Squares(), batch_size=4, num_workers=2)
+for epoch in range(2):
+    print("train", sum(len(b) for b in train), "val", sum(len(b) for b in val), flush=True)
+"""
+
+
+def test_a_script_without_a_main_guard_runs_a_training_and_a_validation_loader(tmp_path):
+    # On Linux torch forks every worker, so its users' scripts rarely have `if __name__ == "__main__":`;
+    # a spawned worker would run this script again, and fail.
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["train 20 val 20"] * 2
