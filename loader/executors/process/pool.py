@@ -45,7 +45,7 @@ from typing import Callable, Sequence, Union
 from ...errors import WorkerError
 from .. import messages as m
 from ..base import DeathListeners, StuckWorker
-from .start import context_for, fork_is_safe, start
+from .start import context_for, forks, start
 from .worker import thread_stack, worker_main
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,10 @@ class WorkerPool(DeathListeners):
         self.closed = False
         self._flushing: set[int] = set()  # workers asked to close their shard, not done yet
         self._spawner: _Spawner | None = None
-        if use_threading or (start_method == "auto" and fork_is_safe()[0]):
-            # Threads, or forks from this (the only) thread: done in a few ms, here. A forked
-            # worker's parent-death signal follows this thread, the main one (process/worker.py).
+        if use_threading or (start_method == "auto" and forks(first=True)):
+            # Threads, or forks from this thread (the only one, or a script's that a spawn would run
+            # again): done in a few ms, here. A forked worker's parent-death signal follows this
+            # thread, the main one (process/worker.py).
             self._starting = [_done(self._start(wid, first=True)) for wid in range(nb_worker)]
         else:
             # Processes start from a thread of their own, so the constructor does not wait for them.

@@ -8,7 +8,11 @@ training process's pages. A spawned worker imported them all again, about
 0.3 s of CPU each without torch and 1.5 s more with it, on the first epoch's
 clock. Every other start - a pool's first workers when threads run in the
 training process or CUDA is initialised, a dead worker's replacement - is a
-spawn: a fresh interpreter that inherits nothing of the training process.
+spawn: a fresh interpreter that inherits nothing of the training process;
+except where a spawn would run the training script again (a script file
+without an ``if __name__ == "__main__":`` guard, which torch users on Linux
+seldom write: torch always forks): a spawned worker would fail there, or
+train, so the worker forks, as torch's would (:func:`spawn_runs_the_script`).
 
 Another loader's slots mapped here do not prevent a fork (a training script
 iterates a validation loader while its training loader lives, and torch's
@@ -30,6 +34,7 @@ are local.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import multiprocessing as mp
 import multiprocessing.context
@@ -67,6 +72,34 @@ def fork_is_safe() -> tuple[bool, str]:
     return True, ""
 
 
+def spawn_runs_the_script() -> bool:
+    """Whether a spawned worker would run the training script's code again: the main module is a
+    file whose source never names ``"__main__"`` (no guard). ``python -c``, notebooks and
+    interactive sessions have no such file."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return False
+    return not _names_main(os.path.abspath(path))
+
+
+@functools.lru_cache(maxsize=16)
+def _names_main(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return b"__main__" in f.read()
+    except OSError:
+        return True  # unreadable: nothing says it runs again
+
+
+def forks(first: bool) -> bool:
+    """Whether ``start_method="auto"`` forks this worker: one of a pool's `first` workers while forking
+    is safe (:func:`fork_is_safe`), any worker where a spawn would run the script again
+    (:func:`spawn_runs_the_script`); else it is spawned."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return (first and fork_is_safe()[0]) or spawn_runs_the_script()
+
+
 def forkserver_context(dataset_module: str | None) -> multiprocessing.context.BaseContext:
     """The forkserver context, its server told to import once the worker, `dataset_module` and what the
     training script imported (only before it starts: a running server keeps what it imported).
@@ -95,13 +128,12 @@ def _imported_by_main() -> list[str]:
 
 
 def context_for(method: str, first: bool, dataset_module: str | None) -> multiprocessing.context.BaseContext:
-    """The context a worker starts with: `method` as given, or for ``"auto"`` fork when this is one of a
-    pool's `first` workers and forking is safe now, else spawn."""
+    """The context a worker starts with: `method` as given, or for ``"auto"`` fork or spawn (:func:`forks`)."""
     if method == "forkserver":
         return forkserver_context(dataset_module)
     if method != "auto":
         return mp.get_context(method)
-    return mp.get_context("fork" if first and fork_is_safe()[0] else "spawn")
+    return mp.get_context("fork" if forks(first) else "spawn")
 
 
 def start(proc: multiprocessing.process.BaseProcess, method: str) -> None:

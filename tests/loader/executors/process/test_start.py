@@ -159,14 +159,29 @@ for epoch in range(2):
 """
 
 
-def test_a_script_without_a_main_guard_runs_a_training_and_a_validation_loader(tmp_path):
+THREAD = """
+import threading
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # a logger's writer thread (TensorBoard, wandb)
+"""
+KILL = """
+import os, signal
+pid = train.worker_pids()[0]
+os.kill(pid, signal.SIGKILL)
+print("after a kill", sum(len(b) for b in train), all(p != pid for p in train.worker_pids()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("extra", ["", "thread"])
+def test_a_script_without_a_main_guard_runs_a_training_and_a_validation_loader(tmp_path, extra):
     # On Linux torch forks every worker, so its users' scripts rarely have `if __name__ == "__main__":`;
-    # a spawned worker would run this script again, and fail.
+    # a spawned worker would run this script again, and fail: such a script's workers fork, even
+    # beside another thread, and so does the replacement of a dead one.
     import subprocess
     import sys
 
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text((THREAD if extra else "") + SCRIPT + KILL)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:2] == ["train 20 val 20"] * 2
+    assert done.stdout.split("\n")[:3] == ["train 20 val 20"] * 2 + ["after a kill 20 True"]
