@@ -15,12 +15,11 @@ seldom write: torch always forks): a spawned worker would fail there, or
 train, so the worker forks, as torch's would (:func:`spawn_runs_the_script`).
 
 Another loader's slots mapped here do not prevent a fork (a training script
-iterates a validation loader while its training loader lives, and torch's
-forks there too; a spawn would run a script without an ``if __name__ ==
-"__main__":`` guard again): the forked workers keep those slots' pages while
-they live, as torch's keep the training process's shared tensors. The copy of
-a loader a forked worker holds never releases anything
-(:meth:`loader.resources.Resources.release` acts in its own process only).
+iterates a validation loader while its training loader lives): the forked
+workers keep those slots' pages while they live, as torch's keep the training
+process's shared tensors. The copy of a loader a forked worker holds never
+releases anything (:meth:`loader.resources.Resources.release` acts in its own
+process only).
 
 ``"fork"``, ``"spawn"`` and ``"forkserver"`` (or their ``multiprocessing``
 contexts) are honoured as given. A forkserver imports this package's worker,
