@@ -275,7 +275,8 @@ def scribble(batch: Any) -> None:
     """Write into everything `batch` holds: every array element changes, dicts and lists grow."""
     for _, arr in arrays_in(batch):
         if arr.size:
-            arr[...] = np.where(arr == 0, 1, 0).astype(arr.dtype)
+            with np.errstate(invalid="ignore"):  # a NaN is not 0, as meant (numpy warns for complex NaNs)
+                arr[...] = np.where(arr == 0, 1, 0).astype(arr.dtype)
 
     def grow(v: Any) -> None:
         if isinstance(v, dict):
