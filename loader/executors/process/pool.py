@@ -305,7 +305,8 @@ class WorkerPool(DeathListeners):
         if self.restarts > self.max_restarts:
             hint = ("Look for out-of-memory kills or crashes in native code of the dataset" if dead.ready else
                     "It died while starting: if the script creates the loader at import time, put that code "
-                    "under `if __name__ == '__main__':` (workers start with spawn and import the main module)")
+                    "under `if __name__ == '__main__':` (a worker started by spawn or a forkserver imports the main "
+                    "module)")
             raise WorkerError(f"loader worker {dead.worker_id} (pid {dead.pid}) died ({how}); "
                               f"{self.restarts} worker deaths, more than max_worker_restarts={self.max_restarts}. "
                               + hint)
