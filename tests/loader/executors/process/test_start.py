@@ -141,7 +141,6 @@ def test_a_dataset_that_only_fails_in_workers_fails_when_they_build_it(no_leaks)
         assert "while building its dataset" in "\n".join(getattr(info.value, "__notes__", []))
 
 
-
 SCRIPT = """
 import torch
 from loader import CachedLoader
@@ -157,7 +156,6 @@ val = CachedLoader(Squares(), batch_size=4, num_workers=2)
 for epoch in range(2):
     print("train", sum(len(b) for b in train), "val", sum(len(b) for b in val), flush=True)
 """
-
 
 THREAD = """
 import threading
