@@ -15,6 +15,13 @@ def labels(batch: dict) -> list[int]:
     return [int(v) for v in np.asarray(batch["i"]).ravel()]
 
 
+def stopped_after(loader: CachedLoader, batches: int) -> tuple[list[list[int]], dict]:
+    """The labels of an epoch's first `batches` batches, and the loader's state taken after the last."""
+    it = iter(loader)
+    served = [labels(next(it)) for _ in range(batches)]
+    return served, loader.state_dict()
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_in_the_generate_epoch(tmp_path, shuffle: bool, workers: int) -> None:
@@ -23,16 +30,10 @@ def test_resume_in_the_generate_epoch(tmp_path, shuffle: bool, workers: int) -> 
                   cache_setting={"prefix": str(tmp_path / "cache"), "stream_buffer": 6})
     with CachedLoader(Counting(30, log), **kwargs) as full:
         expected = [labels(b) for b in full]
-    with CachedLoader(Counting(30, log), cache_setting={"prefix": str(tmp_path / "other"), "stream_buffer": 6},
-                      **{k: v for k, v in kwargs.items() if k != "cache_setting"}) as first:
-        served = []
-        for k, batch in enumerate(first):
-            served.append(labels(batch))
-            if k == 2:
-                state = first.state_dict()
-                break
-    with CachedLoader(Counting(30, log), cache_setting={"prefix": str(tmp_path / "other"), "stream_buffer": 6},
-                      **{k: v for k, v in kwargs.items() if k != "cache_setting"}) as second:
+    other = {**kwargs, "cache_setting": {"prefix": str(tmp_path / "other"), "stream_buffer": 6}}
+    with CachedLoader(Counting(30, log), **other) as first:
+        served, state = stopped_after(first, 3)
+    with CachedLoader(Counting(30, log), **other) as second:
         second.load_state_dict(state)
         served += [labels(b) for b in second]
         assert second.epoch_stats[-1].committed
@@ -45,12 +46,7 @@ def test_resume_in_a_cached_epoch_is_exact(tmp_path) -> None:
     kwargs = dict(batch_size=4, num_workers=2, shuffle=True, seed=5, cache_setting={"prefix": str(tmp_path)})
     with CachedLoader(Counting(30, log), **kwargs) as first:
         list(first)  # the generate epoch
-        served = []
-        for k, batch in enumerate(first):
-            served.append(labels(batch))
-            if k == 3:
-                state = first.state_dict()
-                break
+        served, state = stopped_after(first, 4)
     with CachedLoader(Counting(30, log), **kwargs) as second:
         second.load_state_dict(state)
         served += [labels(b) for b in second]
@@ -73,12 +69,7 @@ def test_a_stateful_stream_resumes_from_its_own_state(tmp_path, workers: int, ca
     with build("full.log", "full") as full:
         expected = [labels(b) for b in full]
     with build("run.log", "run") as first:
-        served = []
-        for k, batch in enumerate(first):
-            served.append(labels(batch))
-            if k == 2:
-                state = first.state_dict()
-                break
+        served, state = stopped_after(first, 3)
     assert state["stream"] is not None and state["stream"]["arrived"] == 12
     before = yielded(str(tmp_path / "run.log"))
     with build("run.log", "run") as second:
@@ -99,9 +90,7 @@ def test_a_stateful_stream_behind_a_shuffle_buffer_is_iterated_again(tmp_path) -
     kwargs = dict(batch_size=4, num_workers=0, shuffle=True, seed=3,
                   cache_setting={"prefix": str(tmp_path / "c"), "stream_buffer": 6})
     with CachedLoader(Resumable(20, log), **kwargs) as first:
-        it = iter(first)
-        served = [labels(next(it)) for _ in range(2)]
-        state = first.state_dict()
+        served, state = stopped_after(first, 2)
     assert state["stream"] is None
     with CachedLoader(Resumable(20, log), **kwargs) as second:
         second.load_state_dict(state)
