@@ -110,6 +110,17 @@ class Resources:
         for build in pending:
             build.keep()
 
+    def stop_streams(self) -> None:
+        """Stop a stream's background refresh, then its workers (the refresh iterates the stream through them)."""
+        refresh, self.stream_refresh = self.stream_refresh, None
+        streams, self.streams = self.streams, None
+        try:
+            if refresh is not None:
+                refresh.stop()
+        finally:
+            if streams is not None:
+                streams.close()
+
     def release(self) -> None:
         """Release everything (see the shutdown note in :mod:`loader.executors.process.pool`); nothing
         in a forked child, whose garbage collection may meet its copy of a loader."""
@@ -136,9 +147,10 @@ class Resources:
                 first = first or exc
 
         step("executor", lambda executor: executor.shutdown())
-        # The refresh thread iterates the stream through its workers: stopped before them.
-        step("stream_refresh", lambda refresh: refresh.stop())
-        step("streams", lambda streams: streams.close())
+        try:
+            self.stop_streams()
+        except BaseException as exc:
+            first = first or exc
         step("stream_writer", lambda writer: writer.keep())
         try:
             self.keep_builds()

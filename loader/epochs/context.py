@@ -49,6 +49,9 @@ class EpochResources(CacheResources, ThreadsResource, Protocol):
     stream_writer: GenerationWriter | None  # the generation a stream's epoch writes
     stream_refresh: StreamRefresh | None  # a stream's next generation, written in the background
 
+    def stop_streams(self) -> None:
+        """Stop `stream_refresh`, then `streams`."""
+
 
 @dataclass
 class RunState:
@@ -116,12 +119,7 @@ class EpochContext:
         new ones, as torch's next ``iter()`` does (a stream's copies cannot be taken up where one died), and
         the slots lent to tasks that will never answer are retired then (``ExecutorHost.shrink_slots``)."""
         self.kill_executor()
-        refresh, self.res.stream_refresh = self.res.stream_refresh, None
-        if refresh is not None:
-            refresh.stop()  # before its workers go: it iterates the stream through them
-        streams, self.res.streams = self.res.streams, None
-        if streams is not None:
-            streams.close()
+        self.res.stop_streams()
 
     # rotation ---------------------------------------------------------------
     def open_window(self) -> None:
