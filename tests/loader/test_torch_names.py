@@ -362,6 +362,24 @@ def test_a_batch_sampler_serves_its_batches(tmp_path, workers):
             assert sorted(sum(batches, [])) == list(range(0, 24, 3))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_over_part_of_the_dataset_completes_the_cache(tmp_path, workers):
+    # A train split's sampler: the generate epoch computes the rest too, so epoch 1 reads a committed store.
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    part = list(range(0, 60, 3))
+    sampler = SubsetRandomSampler(part, generator=torch.Generator().manual_seed(0))
+    with CachedLoader(ArangeDataset(60, counter_dir=str(calls)), batch_size=4, num_workers=workers, sampler=sampler,
+                      cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}) as loader:
+        for _ in range(3):
+            assert sorted(ys(loader)) == part
+        assert [s.mode.value for s in loader.epoch_stats] == ["generate", "read", "read"]
+        assert loader.epoch_stats[0].committed
+    assert sorted(read_calls(str(calls))) == list(range(60)), "each index computed exactly once"
+    with open_store(str(tmp_path / "c")) as store:
+        assert len(store.reader()) == 60
+
+
 def test_a_sampler_index_out_of_range_is_named():
     with CachedLoader(ArangeDataset(4), batch_size=2, nb_worker=0, sampler=[0, 1, 9]) as loader:
         with pytest.raises(IndexError, match="sampler drew index 9"):

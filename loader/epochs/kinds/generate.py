@@ -8,7 +8,8 @@ and computes the rest. At the end the generation is committed, or the budget
 policy applies (:mod:`loader.cache.policy`); an epoch broken off, or failed,
 keeps what it wrote (``docs/ARCHITECTURE.md``, "Resuming"). A sampler's epoch
 has idle workers compute what it never draws (``GeneratePlan.fill``); what
-they have not computed by the end is left to the epochs that follow.
+they have not computed when its batches are served, every worker computes
+before the commit, so the epochs that follow read the generation.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
         try:
             yield from self.place.batches(plan, stats, ComputeWork(build, plan.unserved, plan.repeats), filling)
             if build is not None and filling is not None and not filling.done:
-                self._leave_fill(filling, stats)
+                self._complete_fill(filling, stats)
+            if build is not None and filling is not None and filling.failed is not None:
+                self._break_off(build)  # the store refused a chunk: what was written is kept
             elif build is not None and stats.extra.get("failed_batches"):
                 self._break_off(build)  # the failed batches' samples are missing: kept, a partial generation
             elif build is not None:
@@ -108,18 +111,19 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             if not finished and ctx.res.build is not None:
                 self._break_off(ctx.res.build)
 
-    def _leave_fill(self, filling: BackgroundRefresh, stats: EpochStats) -> None:
-        """What the sampler did not draw and idle workers have not computed yet: the epochs that follow
-        complete the generation (and commit it); the loop waits only for the chunks in flight (then
-        every sample written is accounted for, and the generation can be kept)."""
-        assert self.build is not None
-        stats.extra["fill_left"] = sum(len(chunk) for chunk in filling.todo)  # for the next epochs
+    def _complete_fill(self, filling: BackgroundRefresh, stats: EpochStats) -> None:
+        """What the sampler did not draw and idle workers have not computed yet, every worker computes
+        now: a generation holds every index, and one left partial would have each later epoch compute
+        what its sampler draws again (a split's sampler never draws the rest)."""
+        left = sum(len(chunk) for chunk in filling.todo) + sum(len(t.indices) for t in filling.inflight.values())
+        log.info("epoch %d: computing the %d samples its sampler did not draw, to commit generation %d",
+                 self.plan.epoch, left, self.plan.generation)
+        stats.extra["fill_left"] = left
         try:
-            filling.drain(self.ctx.host.ensure(), self.ctx.settings.timeout)
+            filling.finish(self.ctx.host.ensure(), self.ctx.settings.timeout)
         except BaseException:
             self.ctx.kill_executor()
             raise
-        self._break_off(self.build)
 
     def _finish(self, build: GenerationBuild, stats: EpochStats) -> None:
         """End of the epoch: commit, or give up caching as the budget policy says."""
