@@ -8,6 +8,8 @@ working in code that never heard of this package.
 
 from __future__ import annotations
 
+import errno
+
 
 class CacheStoreError(Exception):
     """Base class of every error raised by cachestore and the loader (:mod:`loader.errors`)."""
@@ -80,3 +82,13 @@ class GenerationCommitted(CacheStoreError, FileExistsError):
     """A process asked to write a generation that is committed already (the processes writing it together,
     or another writer, committed it meanwhile): read it instead (:meth:`cachestore.Store.join`,
     :meth:`cachestore.Store.writer`)."""
+
+
+#: errno values that say the process (or the system) ran out of something, not that a file is bad.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def exhausted(exc: BaseException) -> bool:
+    """Whether `exc` is a process out of descriptors or memory: raised as it is, never taken for a
+    damaged generation (which would be written again, and fail the same way)."""
+    return isinstance(exc, OSError) and exc.errno in _EXHAUSTED

@@ -56,6 +56,21 @@ class NotPicklableError(CacheStoreError, TypeError):
     """A loader was pickled (or deep-copied): it holds processes, shared memory and an open store."""
 
 
+class TooManyOpenFilesError(CacheStoreError, RuntimeError):
+    """The process ran out of file descriptors for the shared memory that carries batches (torch's
+    loader raises ``RuntimeError`` for the same; its message names ``ulimit -n`` as torch's does)."""
+
+
+def too_many_open_files(slots: int) -> TooManyOpenFilesError:
+    """The error for a descriptor refused with `slots` slots open (``EMFILE``)."""
+    return TooManyOpenFilesError(
+        f"Too many open files: no file descriptor left for another shared-memory slot ({slots} open, two "
+        "descriptors each here and in each worker, beside every other file of the process). Raise the limit "
+        "with `ulimit -n` in the shell (or resource.setrlimit(resource.RLIMIT_NOFILE, ...)). torch's "
+        "torch.multiprocessing.set_sharing_strategy('file_system') does not apply: batches past a budget of "
+        "ulimit -n / 8 slots are already copied out of shared memory, so this comes from the other files open")
+
+
 class SampleError(CacheStoreError):
     """Wraps an exception from ``dataset[index]`` (or ``read_transform``) with the index, on its way to
     the training process.
@@ -99,7 +114,7 @@ def tag_sample_index(exc: BaseException, index: int) -> None:
 
 
 __all__ = ["ClusterUnreachableError", "MissingDependencyError", "NotImportableError", "NotPicklableError",
-           "RankFailedError", "SampleError", "SettingFixedError", "WorkerError", "WorkerTimeoutError",
+           "RankFailedError", "SampleError", "SettingFixedError", "TooManyOpenFilesError", "WorkerError", "WorkerTimeoutError",
            "tag_sample_index"]
 
 

@@ -29,7 +29,7 @@ from .. import codec, records, safefs
 from ..checksums import checksum
 from ..codec import Batch, Leaf, Sample, TreeDef
 from ..collate import stack_samples
-from ..errors import CacheStoreError, CorruptSampleError
+from ..errors import CacheStoreError, CorruptSampleError, exhausted
 from ..native import native_gather
 from ..room import fits
 from . import lmdb_columns
@@ -148,6 +148,8 @@ class LmdbGeneration(GenerationData):
             except FileNotFoundError:
                 raise CorruptSampleError(f"generation {self.generation} in {self.dir} has no data file") from None
             except OSError as exc:  # a symlink (SymlinkError) among them
+                if exhausted(exc):
+                    raise
                 raise CorruptSampleError(f"data file {data} of generation {self.generation}: {exc}") from None
             st = os.fstat(fd)
             if self._fd >= 0:

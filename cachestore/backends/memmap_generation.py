@@ -27,7 +27,7 @@ from .. import codec, records
 from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
 from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
 from ..collate import stack_samples
-from ..errors import CacheStoreError, CorruptSampleError
+from ..errors import CacheStoreError, CorruptSampleError, exhausted
 from ..native import native_gather
 from ..room import fits
 from .reading import BatchLayout, GenerationData
@@ -118,7 +118,7 @@ class MemmapGeneration(GenerationData):
             self._open_files(gen_dir, manifest)
         except (OSError, ValueError) as exc:  # a malformed, missing or symlinked file among them
             self._close_fds()
-            if isinstance(exc, CorruptSampleError):
+            if isinstance(exc, CorruptSampleError) or exhausted(exc):
                 raise
             raise CorruptSampleError(f"generation {self.generation} in {gen_dir} cannot be read: {exc}") from None
         self._explicit: bool | None = None  # see reads_explicitly

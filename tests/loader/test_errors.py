@@ -7,7 +7,8 @@ import pytest
 import loader.errors
 from cachestore import CacheStoreError
 from loader.errors import (ClusterUnreachableError, MissingDependencyError, NotImportableError, NotPicklableError,
-                           RankFailedError, SampleError, SettingFixedError, WorkerError, WorkerTimeoutError)
+                           RankFailedError, SampleError, SettingFixedError, TooManyOpenFilesError, WorkerError,
+                           WorkerTimeoutError)
 
 HIERARCHY = {
     WorkerError: RuntimeError,
@@ -19,6 +20,7 @@ HIERARCHY = {
     SettingFixedError: (ValueError, AttributeError),  # torch's, and Python's for a read-only attribute
     SampleError: Exception,  # internal: the dataset's own exception is what reaches the user
     RankFailedError: RuntimeError,
+    TooManyOpenFilesError: RuntimeError,  # torch's loader raises RuntimeError naming `ulimit -n`
 }
 
 

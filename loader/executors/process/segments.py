@@ -6,6 +6,7 @@ and :mod:`loader.executors.process.slots`.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from typing import Iterable
@@ -15,6 +16,7 @@ import numpy as np
 from cachestore import Reader, codec
 
 from ...dataset import Batch
+from ...errors import too_many_open_files
 from ...leaves import leaf_views, plan_layout
 from ..messages import SlotBatch
 from .shm import allocate, close_quietly, path_of, slot_size_for
@@ -39,7 +41,12 @@ class WorkerSegments:
                 self._drop(slot)
             # Kept open: a memfd slot can only be reached through the owner's /proc entry, and
             # growing the slot needs a descriptor anyway.
-            fd = os.open(path_of(name), os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fd = os.open(path_of(name), os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno == errno.EMFILE:
+                    raise too_many_open_files(len(self._maps)) from exc
+                raise
         try:
             m = mmap.mmap(fd, os.fstat(fd).st_size)
         except BaseException:

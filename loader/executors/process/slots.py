@@ -34,6 +34,16 @@ task (:meth:`WorkerSegments.forget`). Slot ids and labels are never reused, so
 a name identifies one slot for the loader's lifetime. Slots lent to tasks of
 an executor that was killed are retired at the next epoch
 (:meth:`SlotPool.drop_orphans`): their results will never come.
+
+Open files: a slot holds descriptors
+------------------------------------
+Each slot costs two descriptors here (the memfd, and the one its mapping keeps)
+and two in every worker that wrote into it. A loop that keeps every batch alive
+would lend a new slot per batch until the process's ``ulimit -n`` runs out (torch's
+loader dies of it). Past :func:`slot_budget` slots, a batch is copied out of its
+slot into private memory and the slot is free again at once: the loop keeps its
+batches, at the cost of one copy each. A descriptor refused anyway (other files
+the process holds) is :class:`~loader.errors.TooManyOpenFilesError`.
 """
 
 from __future__ import annotations
@@ -42,7 +52,9 @@ import collections
 import ctypes
 import glob
 import mmap
+import errno
 import os
+import resource
 import secrets
 import threading
 import weakref
@@ -51,10 +63,20 @@ from typing import Iterable
 from cachestore import codec
 
 from ...dataset import Batch
-from ...leaves import leaf_views
+from ...errors import too_many_open_files
+from ...leaves import Buffer, leaf_views
 from .. import messages as m
 from . import shm
 from .shm import MIN_SLOT, allocate, close_quietly, shm_dir, slot_size_for, unlink_segment
+
+
+def slot_budget() -> int:
+    """Slots past which batches are copied out (module docstring, "Open files"): an eighth of the
+    descriptors ``ulimit -n`` allows, as each slot takes two here and two in a worker."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(2, soft // 8)
 
 
 class SlotPool:
@@ -90,6 +112,7 @@ class SlotPool:
         self.floor = initial_slots
         self._peak = 0  # most slots lent at once since the last shrink()
         self._largest = 0  # largest batch (bytes) carried since the last shrink()
+        self.budget = slot_budget()
         for _ in range(initial_slots):
             self._new_slot()
 
@@ -101,12 +124,17 @@ class SlotPool:
         slot, self._next_id = self._next_id, self._next_id + 1
         label = f"{self.prefix}-{slot}"
         size = self.size_hint
-        if self.memfd:
-            fd = os.memfd_create(label, os.MFD_CLOEXEC)
-            name = f"/proc/{os.getpid()}/fd/{fd}#{label}"  # the label makes a reused fd number a new name
-        else:
-            fd = os.open(os.path.join(shm_dir(), label), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            name = label
+        try:
+            if self.memfd:
+                fd = os.memfd_create(label, os.MFD_CLOEXEC)
+                name = f"/proc/{os.getpid()}/fd/{fd}#{label}"  # the label makes a reused fd number a new name
+            else:
+                fd = os.open(os.path.join(shm_dir(), label), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                name = label
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise too_many_open_files(len(self._names)) from exc
+            raise
         try:
             allocate(fd, size)
             m = mmap.mmap(fd, size)
@@ -179,11 +207,16 @@ class SlotPool:
         close_quietly(old)
 
     def view(self, slot: int, meta: m.SlotBatch) -> Batch:
-        """The batch in `slot` as arrays over shared memory; the slot is lent until they die."""
+        """The batch in `slot` as arrays over shared memory; the slot is lent until they die. Past
+        :attr:`budget` slots, a copy, and the slot is free at once (module docstring, "Open files")."""
         self.adopt(slot, meta.name, meta.size)
         self._largest = max(self._largest, meta.total)
-        owner = (ctypes.c_char * max(meta.total, 1)).from_buffer(self._maps[slot])
-        weakref.finalize(owner, self.release, slot)
+        if len(self._names) > self.budget:
+            owner: Buffer = bytearray(memoryview(self._maps[slot])[:max(meta.total, 1)])
+            self.release(slot)
+        else:
+            owner = (ctypes.c_char * max(meta.total, 1)).from_buffer(self._maps[slot])
+            weakref.finalize(owner, self.release, slot)
         leaves = leaf_views(owner, meta.specs, meta.offsets)
         if meta.stacked:
             return codec.unflatten_batch(meta.treedef, leaves)

@@ -129,3 +129,48 @@ def test_a_slot_grown_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
             proc.join(30)
         assert proc.exitcode == 0
         assert not [p for p in os.listdir(mount) if p.startswith("cachestore-")]
+
+
+_KEEP_EVERY_BATCH = """
+import resource, sys
+import numpy as np
+from loader import CachedLoader
+
+class Rows:
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        return np.full(4, i, dtype=np.float32)
+
+if __name__ == "__main__":
+    cache = {"prefix": sys.argv[1]} if sys.argv[1] != "-" else None
+    if sys.argv[2] == "limit":
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+    kept = []
+    with CachedLoader(Rows(), batch_size=2, num_workers=1, start_method="fork", cache_setting=cache) as loader:
+        for _ in range(2):
+            kept += list(loader)
+    served = sorted(int(v) for batch in kept for v in batch[:, 0])
+    assert served == sorted(list(range(400)) * 2), served[:10]
+    print("served", len(kept))
+"""
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_batches_kept_alive_under_a_small_descriptor_limit_are_served(tmp_path, cached):
+    # ulimit -n 100 and every batch kept: past the slot budget, batches are copied out of their slots
+    # (each slot holds descriptors), so the epochs complete where a slot per batch ran out of them.
+    import subprocess
+    import sys
+
+    script = tmp_path / "keep.py"
+    script.write_text(_KEEP_EVERY_BATCH)
+    prefix = str(tmp_path / "c") if cached else "-"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if cached:  # written without the limit, read with it
+        subprocess.run([sys.executable, str(script), prefix, "nolimit"], check=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, str(script), prefix, "limit"], env=env, timeout=120,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "served 400" in out.stdout
