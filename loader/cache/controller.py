@@ -28,7 +28,8 @@ from ..distributed import ConsumerLayout
 from ..executors.base import Executor
 from ..settings import BudgetPolicy, CacheSettings, EpochMode, MismatchPolicy
 from .build import GenerationBuild, workers_can_write
-from .fingerprint import class_path, dataset_fingerprint, describe_mismatch, describe_params
+from .fingerprint import class_path, dataset_fingerprint
+from .mismatch import describe_mismatch, describe_params
 from .read_order import ReadChoice, block_size, generation_order
 
 if TYPE_CHECKING:

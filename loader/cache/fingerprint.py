@@ -27,8 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import inspect
-import json
-import re
+import pathlib
 import sys
 import types
 from typing import Any, Iterator
@@ -40,21 +39,15 @@ from cachestore.errors import FingerprintError
 
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
-from . import reach, shared_state
+from . import buffers, files, pipelines, reach, shared_state
 
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
 MAX_DEPTH = 200
 _HINT = ("give the cache an explicit identity instead: cache_setting={'fingerprint': "
          "'<a string you change whenever the data changes>'}")
 
 
-def _stable_json(obj: Any) -> str:
-    # repr() of arbitrary objects embeds their address, which changes every run.
-    return json.dumps(obj, sort_keys=True, default=lambda o: _ADDRESS.sub("", repr(o)))
-
-
-def _source_hash(cls: type) -> str:
+def _source_hash(cls: type, paths: list[str] | None = None) -> str:
     """Hash of the code that defines `cls`: its module's source (else the class's own source: a
     class typed into ``python -``, an interactive session or a notebook cell has none), and what its
     methods reach (:mod:`loader.cache.reach`: the functions, classes and module-level values they
@@ -73,6 +66,8 @@ def _source_hash(cls: type) -> str:
     with _deep_code_refused(f"the code of {class_path(cls)}"):
         reach.feed_class(hasher, cls)
         reach.finish(hasher)
+    if paths is not None:  # module-level values name data files too (``LABELS = "labels.csv"``)
+        paths += hasher.walk.paths
     return hasher.h.hexdigest()[:16]
 
 
@@ -100,6 +95,18 @@ def _const_repr(const: object) -> str:
 
 #: Values hashed where they stand, never remembered by id (cheap, and ids of ints are reused).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
+#: Items ``_ValueHasher._items`` writes itself, with the type tags :meth:`_ValueHasher.tag` writes.
+_FLAT: frozenset[type] = frozenset({str, int, bool, type(None)})
+_TAGS = {kind: len(kind.__name__).to_bytes(8, "little") + kind.__name__.encode() for kind in _FLAT}
+_TUPLE_TAG = (5).to_bytes(8, "little") + b"tuple"
+
+
+def _flat(item: Any, kind: type, chunks: list[bytes], paths: list[str]) -> None:
+    """Append what ``tag(kind.__name__, item)`` hashes for a plain scalar; a string may name a file."""
+    data = item.encode("utf-8", "surrogatepass") if kind is str else str(item).encode()
+    chunks += (_TAGS[kind], len(data).to_bytes(8, "little"), data)
+    if kind is str:
+        paths.append(item)
 
 
 def class_path(cls: type) -> str:
@@ -167,7 +174,10 @@ class _ValueHasher:
             raise FingerprintError(f"cannot fingerprint the dataset: {where} is nested more than "
                                    f"{MAX_DEPTH} levels deep; {_HINT}")
         kind = type(obj)
-        if obj is None or kind in (bool, int, str):
+        if kind is str:
+            self.tag("str", obj)
+            self.walk.paths.append(obj)  # it may name a data file (loader.cache.files)
+        elif obj is None or kind in (bool, int):
             self.tag(kind.__name__, obj)
         elif kind is float:
             self.tag("float", obj.hex())
@@ -176,7 +186,7 @@ class _ValueHasher:
         elif kind in (bytes, bytearray):
             self.tag(kind.__name__, bytes(obj))
         elif isinstance(obj, (np.ndarray, np.generic)):
-            self._array(obj, where, depth)
+            buffers.feed_array(self, obj, where, depth)
         elif isinstance(obj, np.dtype):
             self.tag("dtype", np.lib.format.dtype_to_descr(obj))
         elif isinstance(obj, enum.Enum):
@@ -188,7 +198,10 @@ class _ValueHasher:
         elif isinstance(obj, np.ufunc):  # pickled by name (through copyreg)
             self.tag("ufunc", obj.__name__, reach.installed_version(np.__name__))
         elif codec.is_tensor(obj):
-            self._tensor(obj, where)
+            buffers.feed_tensor(self, obj, where, _HINT)
+        elif isinstance(obj, pathlib.PurePath):  # by its path: its pickle splits it into parts
+            self.tag("path", class_path(kind), str(obj))
+            self.walk.paths.append(str(obj))
         elif id(obj) in self._active:
             self.tag("cycle", depth - self._active[id(obj)])  # how far up: the same for equal values
         else:
@@ -202,8 +215,7 @@ class _ValueHasher:
         kind = type(obj)
         if kind in (list, tuple):
             self.tag(kind.__name__, len(obj))
-            for i, item in enumerate(obj):
-                self.feed(item, f"{where}[{i}]", depth + 1)
+            self._items(obj, where, depth)
         elif isinstance(obj, dict):
             self.tag("dict", class_path(kind), len(obj))
 
@@ -225,6 +237,11 @@ class _ValueHasher:
                 self.feed(getattr(obj, f.name), f"{where}.{f.name}", depth + 1)
         elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
             self._function(obj, where, depth)
+        elif pipelines.is_webdataset(obj) and (state := pipelines.identity_state(obj)) is not None:
+            # Its shufflers' seeds are drawn anew each time it is built (loader.cache.pipelines).
+            self.tag("webdataset")
+            self.feed(kind, f"{where} class", depth + 1)
+            self.feed(state, where, depth + 1, attributes=True)
         elif is_datapipe(obj):
             # What seeding, sharding and iterating it change is not its identity (loader.datapipes).
             self.tag("datapipe")
@@ -233,36 +250,26 @@ class _ValueHasher:
         else:
             self._reduced(obj, where, depth)
 
-    def _array(self, obj: Any, where: str, depth: int) -> None:
-        arr = np.asarray(obj)
-        self.tag("ndarray" if isinstance(obj, np.ndarray) else "npscalar",
-                 np.lib.format.dtype_to_descr(arr.dtype), arr.shape)
-        if arr.dtype.hasobject:
-            for i, item in enumerate(arr.ravel().tolist()):
-                self.feed(item, f"{where}.flat[{i}]", depth + 1)
-        else:
-            self.h.update(np.ascontiguousarray(arr).view(np.uint8).data)
-
-    def _tensor(self, obj: Any, where: str) -> None:
-        import torch  # already imported: codec.is_tensor found it in sys.modules
-
-        t = obj.detach()
-        if t.is_nested:  # no flat buffer of its own (sizes() is refused): its components, in order
-            parts = t.unbind()
-            self.tag("nested tensor", str(t.layout), str(t.dtype), len(parts))
-            for i, part in enumerate(parts):
-                self._tensor(part, f"{where}[{i}]")
-            return
-        if t.layout != torch.strided:
-            t = t.to_dense()
-        t = t.cpu().contiguous()
-        self.tag("tensor", str(t.dtype), tuple(t.shape))
-        try:
-            raw = t.reshape(-1).view(torch.uint8).numpy()
-        except (RuntimeError, TypeError) as exc:
-            raise FingerprintError(f"cannot fingerprint the dataset parameters: {where} is a tensor of "
-                                   f"{t.dtype} whose bytes cannot be read ({exc}); {_HINT}") from exc
-        self.h.update(memoryview(raw).cast("B"))
+    def _items(self, items: list | tuple, where: str, depth: int) -> None:
+        """The items of a list or tuple, as :meth:`feed` would hash each one. Plain scalars, and
+        tuples of them (a sample list of paths and labels: a million of them), are written in few
+        updates, the same bytes the per-item path writes; anything else goes through :meth:`feed`."""
+        chunks: list[bytes] = []
+        paths = self.walk.paths
+        for i, item in enumerate(items):
+            kind = type(item)
+            if kind in _FLAT:
+                _flat(item, kind, chunks, paths)
+            elif kind is tuple and len(item) <= 8 and all(type(x) in _FLAT for x in item):
+                digits = str(len(item)).encode()  # tag("tuple", n)
+                chunks += (_TUPLE_TAG, len(digits).to_bytes(8, "little"), digits)
+                for x in item:
+                    _flat(x, type(x), chunks, paths)
+            else:
+                self.h.update(b"".join(chunks))
+                chunks = []
+                self.feed(item, f"{where}[{i}]", depth + 1)
+        self.h.update(b"".join(chunks))
 
     def _function(self, obj: Any, where: str, depth: int) -> None:
         if isinstance(obj, types.MethodType):
@@ -321,8 +328,9 @@ def _test_case(obj: Any) -> tuple[str, str] | None:
     return class_path(type(obj)), str(obj.id())  # the test's dotted name
 
 
-def params_hash(params: Any) -> str:
-    """sha256 (16 hex digits) of `params` by value.
+def params_hash(params: Any, paths: list[str] | None = None) -> str:
+    """sha256 (16 hex digits) of `params` by value; the strings that may name data files are added
+    to `paths`, when given (:mod:`loader.cache.files`).
 
     Raises
     ------
@@ -334,6 +342,8 @@ def params_hash(params: Any) -> str:
     with _deep_code_refused("the dataset parameters"):
         hasher.feed(params, "params")
         reach.finish(hasher)
+    if paths is not None:
+        paths += hasher.walk.paths
     return hasher.h.hexdigest()[:16]
 
 
@@ -349,8 +359,9 @@ def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[in
 
     Covers the dataset's class, its keyword arguments by value (the class
     form) or its state by value (an instance: its attributes, recursively),
-    its length, its class's source, and the consumer partition this loader
-    serves.
+    its length, its class's source, the consumer partition this loader
+    serves, and the data files it names by path, size and modification time
+    (:mod:`loader.cache.files`).
 
     Parameters
     ----------
@@ -380,20 +391,33 @@ def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[in
         return {"fingerprint": fingerprint, "length": int(length), "partition": list(partition)}
     identity = dataset.memo.get("identity")
     if not isinstance(identity, dict):  # once per loader: hashing a large instance takes a while
-        identity = {"dataset": class_path(dataset.dataset_class)}
-        if dataset.instance is not None:
-            identity["state_sha256"] = state_hash(dataset.instance)
-        else:
-            identity["params_sha256"] = params_hash(dataset.params)
-        identity["source_sha256"] = _source_hash(dataset.dataset_class)
-        dataset.memo["identity"] = identity
-    return {"dataset": identity["dataset"], **{k: v for k, v in identity.items() if k.endswith("sha256")
-                                               and k != "source_sha256"},
-            "length": int(length), "source_sha256": identity["source_sha256"], "partition": list(partition)}
+        identity = dataset.memo["identity"] = _identity(dataset)
+    fp = {"dataset": identity["dataset"], **{k: v for k, v in identity.items() if k.endswith("sha256")
+                                             and k not in ("source_sha256", "files_sha256")},
+          "length": int(length), "source_sha256": identity["source_sha256"], "partition": list(partition)}
+    if "files" in identity:  # the data files it names, by path, size and modification time
+        fp["files"], fp["files_sha256"] = identity["files"], identity["files_sha256"]
+    return fp
 
 
-def state_hash(instance: object) -> str:
-    """sha256 (16 hex digits) of a dataset instance's state by value (its attributes, recursively).
+def _identity(dataset: DatasetSource) -> dict[str, Any]:
+    """What the fingerprint says of the dataset itself: class, state or parameters, code, data files."""
+    identity: dict[str, Any] = {"dataset": class_path(dataset.dataset_class)}
+    paths: list[str] = []
+    if dataset.instance is not None:
+        identity["state_sha256"] = state_hash(dataset.instance, paths)
+    else:
+        identity["params_sha256"] = params_hash(dataset.params, paths)
+    identity["source_sha256"] = _source_hash(dataset.dataset_class, paths)
+    named = files.files_identity(paths)
+    if named is not None:
+        identity["files"], identity["files_sha256"] = named
+    return identity
+
+
+def state_hash(instance: object, paths: list[str] | None = None) -> str:
+    """sha256 (16 hex digits) of a dataset instance's state by value (its attributes, recursively);
+    the strings that may name data files are added to `paths`, when given (:mod:`loader.cache.files`).
 
     Raises
     ------
@@ -401,7 +425,13 @@ def state_hash(instance: object) -> str:
         Naming the attribute that cannot be hashed (``dataset.transform.lock``).
     """
     hasher = _ValueHasher()
-    state = identity_state(instance) if is_datapipe(instance) else getattr(instance, "__dict__", None)
+    state: dict[str, Any] | None
+    if is_datapipe(instance):
+        state = identity_state(instance)
+    elif pipelines.is_webdataset(instance):
+        state = pipelines.identity_state(instance)
+    else:
+        state = getattr(instance, "__dict__", None)
     hasher.tag("instance", class_path(type(instance)))
     with _deep_code_refused("the dataset's state"):
         if isinstance(state, dict) and not dataclasses.is_dataclass(instance):
@@ -409,49 +439,6 @@ def state_hash(instance: object) -> str:
         else:
             hasher.feed(instance, "dataset")
         reach.finish(hasher)
+    if paths is not None:
+        paths += hasher.walk.paths
     return hasher.h.hexdigest()[:16]
-
-
-#: What each fingerprint key means, for messages; values worth showing are shown.
-_PARTS = {
-    "fingerprint": ("the explicit fingerprint (cache_setting['fingerprint'])", True),
-    "dataset": ("the dataset class", True),
-    "params_sha256": ("the dataset parameters", False),
-    "state_sha256": ("the dataset's state (its attributes, or what its functions use)", False),
-    "length": ("the length", True),
-    "source_sha256": ("the dataset's code (its class's source, or what its methods use)", False),
-    "partition": ("the partition [consumer_index, nb_consumer]", True),
-}
-
-
-def describe_mismatch(stored: dict | None, requested: dict | None) -> str:
-    """Which parts of two fingerprints differ, in words, for an error message.
-
-    Examples
-    --------
-    >>> describe_mismatch({"dataset": "a.A", "length": 10}, {"dataset": "a.A", "length": 12})
-    'the length changed (stored 10, now 12)'
-    """
-    if not isinstance(stored, dict) or not isinstance(requested, dict):
-        return "the store records no fingerprint to compare" if not isinstance(stored, dict) else "no fingerprint given"
-    changes = []
-    explicit = ("fingerprint" in stored, "fingerprint" in requested)
-    if explicit[0] != explicit[1]:
-        changes.append("the store was written with an explicit cache_setting['fingerprint'] and this run has none"
-                       if explicit[0] else "this run gives an explicit cache_setting['fingerprint'], "
-                                           "the store was written without one")
-    keys = [k for k in _PARTS if k in stored or k in requested]
-    keys += sorted(k for k in set(stored) | set(requested) if k not in _PARTS)
-    for key in keys:
-        if explicit[0] != explicit[1] and key in ("fingerprint", "dataset", "params_sha256", "source_sha256"):
-            continue  # one side has no such part: already said above
-        if stored.get(key) != requested.get(key):
-            label, show = _PARTS.get(key, (f"{key!r}", True))
-            detail = f" (stored {stored.get(key)!r}, now {requested.get(key)!r})" if show else ""
-            changes.append(f"{label} changed{detail}")
-    return "; ".join(changes) if changes else "nothing differs"
-
-
-def describe_params(params: dict) -> Any:
-    """JSON-safe description of the dataset's keyword arguments (for ``cachestore inspect``)."""
-    return json.loads(_stable_json(params))

@@ -117,6 +117,8 @@ class Walk:
     #: Digests of values already hashed whole (id -> (value, digest); the value kept so its id stays
     #: its own): see ``_ValueHasher.digest_of``.
     digests: dict[int, tuple[Any, bytes]] = field(default_factory=dict)
+    #: Strings met that may name data files (:mod:`loader.cache.files`), statted once the walk is done.
+    paths: list[str] = field(default_factory=list)
 
 
 class Hasher(Protocol):

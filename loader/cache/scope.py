@@ -32,7 +32,8 @@ from ..distributed import ConsumerLayout, gather_across_ranks
 from ..remote_setting import node_of
 from ..executors.host import executor_class
 from ..settings import CacheSettings, LoaderSettings
-from .fingerprint import dataset_fingerprint, describe_mismatch, describe_params
+from .fingerprint import dataset_fingerprint
+from .mismatch import describe_mismatch, describe_params
 
 log = logging.getLogger(__name__)
 

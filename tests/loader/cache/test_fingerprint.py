@@ -14,7 +14,8 @@ import torch
 
 from cachestore import CacheStoreError, FingerprintError, FingerprintMismatchError
 from loader.dataset import DatasetSource
-from loader.cache.fingerprint import dataset_fingerprint, describe_mismatch, params_hash
+from loader.cache.fingerprint import dataset_fingerprint, params_hash
+from loader.cache.mismatch import describe_mismatch
 
 from ..datasets import ArangeDataset
 
