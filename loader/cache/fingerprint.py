@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import inspect
+import os
 import pathlib
 import sys
 import types
@@ -297,6 +298,9 @@ class _ValueHasher:
         if test is not None:
             self.tag("test case", *test)
             return
+        if isinstance(obj, os.PathLike):  # a path object of its own kind: hashed below, its file statted
+            with contextlib.suppress(Exception):
+                self.walk.paths.append(os.fsdecode(os.fspath(obj)))
         # As pickle does: a reducer registered with copyreg (re.Pattern, numpy's ufuncs) comes first.
         reducer = copyreg.dispatch_table.get(kind)
         try:

@@ -129,6 +129,15 @@ def test_only_regular_files_count_and_urls_are_unwrapped(tmp_path, monkeypatch):
     count, digest = _files_part([str(data), "a.bin", f"file://{data}", Path(data)])
     assert count == 2  # the absolute path (three ways) and the relative one
     assert _files_part([Path(data)])[0] == 1
+
+    class Located:  # an os.PathLike of the user's own
+        def __init__(self, where: str) -> None:
+            self.backwards = where[::-1]  # names no file itself
+
+        def __fspath__(self) -> str:
+            return self.backwards[::-1]
+
+    assert _files_part({"file": Located(str(data))})[0] == 1
     os.utime(data, ns=(1, 1))
     assert _files_part([str(data), "a.bin", f"file://{data}"]) == (2, _files_part([str(data), "a.bin"])[1])
     assert _files_part([str(data), "a.bin"])[1] != digest
