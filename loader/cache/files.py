@@ -64,7 +64,10 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
         :func:`candidate`); relative ones are taken from the working directory, as the dataset would
         open them.
     """
-    unique = {c for c in map(candidate, set(paths)) if c is not None}
+    strings = set(paths)
+    # Most paths are plain ones: kept as they are without a call each (candidate() says the same of them).
+    unique = {t for t in strings if ":" not in t and "\n" not in t and "\0" not in t and 0 < len(t) <= _PATH_MAX}
+    unique.update(c for c in map(candidate, (t for t in strings if ":" in t)) if c is not None)
     if len(unique) > MAX_FILES:
         ordered = sorted(unique)
         log.info("fingerprint: the dataset names %d distinct paths; the first %d (in sorted order) count by "

@@ -261,7 +261,8 @@ class _ValueHasher:
             kind = type(item)
             if kind in _FLAT:
                 _flat(item, kind, chunks, paths)
-            elif kind is tuple and len(item) <= 8 and all(type(x) in _FLAT for x in item):
+            elif kind is tuple and (len(item) == 2 and type(item[0]) in _FLAT and type(item[1]) in _FLAT
+                                    or 0 < len(item) <= 8 and all(type(x) in _FLAT for x in item)):
                 digits = str(len(item)).encode()  # tag("tuple", n)
                 chunks += (_TUPLE_TAG, len(digits).to_bytes(8, "little"), digits)
                 for x in item:
