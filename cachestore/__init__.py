@@ -9,7 +9,8 @@ from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
 from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
                      FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
-                     NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError)
+                     NotAStoreError, NotRegularFileError, PickleRefusedError, StoreLockedError, SymlinkError,
+                     UnsupportedSampleError, UntrustedOwnerError)
 from .reader import Reader
 from .spec import StoreSpec
 from .pruning import Removed
@@ -22,8 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
     "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
-    "GenerationWriter", "MalformedFileError", "NotAStoreError", "PickleRefusedError", "Put", "PutResult", "Reader",
+    "GenerationWriter", "MalformedFileError", "NotAStoreError", "NotRegularFileError", "PickleRefusedError", "Put", "PutResult", "Reader",
     "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
-    "UnsupportedSampleError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",
+    "UnsupportedSampleError", "UntrustedOwnerError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",
 ]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .disk import is_out_of_space, out_of_space
-from .errors import CacheStoreError, SymlinkError
+from .errors import CacheStoreError, NotRegularFileError, SymlinkError
 
 #: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
 TEMP_NAME = re.compile(r"\A\..+\.([0-9]{1,18})\.[0-9a-f]+\.tmp\Z", re.ASCII)
@@ -48,13 +48,38 @@ def is_link_error(exc: OSError) -> bool:
 
 
 def open_nofollow(path: str | os.PathLike[str], flags: int, mode: int = 0o644, what: str = "") -> int:
-    """``os.open`` with ``O_NOFOLLOW``; a symlink at `path` raises :class:`SymlinkError`."""
+    """``os.open`` with ``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``: the fd of a regular file (a
+    directory where `flags` hold ``O_DIRECTORY``).
+
+    A symlink at `path` raises :class:`SymlinkError`; anything else that is not a regular file (a
+    FIFO, a socket, a device someone put in the store's place) raises :class:`NotRegularFileError`
+    naming it. ``O_NONBLOCK`` is why a FIFO never hangs the opening (a FIFO's ``open`` waits for
+    its other end); on a regular file or a directory it changes nothing.
+    """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
         if is_link_error(exc) and os.path.islink(path):
             raise symlink_error(path, what) from None
+        if exc.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise not_regular_error(path, what) from None
         raise
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISDIR(st.st_mode) if flags & os.O_DIRECTORY else stat.S_ISREG(st.st_mode)):
+            raise not_regular_error(path, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def not_regular_error(path: str | os.PathLike[str], what: str = "") -> NotRegularFileError:
+    """The error for a store-owned `path` found to be a FIFO, a socket or a device."""
+    what = f" ({what})" if what else ""
+    return NotRegularFileError(errno.EINVAL, f"{path}{what} is not a regular file (a FIFO, a socket or a "
+                                             "device put in the store's place); cachestore never opens one. "
+                                             "Remove it, or use another path for the store")
 
 
 def create_new(path: str | os.PathLike[str], flags: int = os.O_WRONLY, mode: int = 0o644) -> int:

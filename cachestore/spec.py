@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .backends import backend_origin, get_backend
 from .backends.base import Backend
+from .trust import OWN, Trust
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class StoreSpec:
         (:func:`~cachestore.backends.backend_origin`): a process that has not registered it (a
         spawned worker) registers it from there. Taken from the process that made the spec,
         never from a store's files.
+    trust
+        Whose generations and staging areas besides this user's are read (:mod:`cachestore.trust`).
     """
 
     path: str
@@ -40,12 +43,13 @@ class StoreSpec:
     allow_pickle: bool = False
     verify: bool = True
     origin: str | None = None
+    trust: Trust = OWN
 
     @classmethod
     def of(cls, path: str, backend: str, compression: str | None = None, allow_pickle: bool = False,
-           verify: bool = True) -> StoreSpec:
+           verify: bool = True, trust: Trust = OWN) -> StoreSpec:
         """The spec of a store of `backend`, with the backend's origin where it was plugged in."""
-        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend))
+        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend), trust)
 
     @property
     def persistent(self) -> bool:
@@ -54,5 +58,7 @@ class StoreSpec:
 
     def open_backend(self) -> Backend:
         """A fresh backend object for this store, in this process."""
-        return get_backend(self.backend, self.origin)(self.path, compression=self.compression,
-                                                      allow_pickle=self.allow_pickle, verify=self.verify)
+        backend = get_backend(self.backend, self.origin)(self.path, compression=self.compression,
+                                                         allow_pickle=self.allow_pickle, verify=self.verify)
+        backend.trust = self.trust  # not a constructor argument: backends plugged in keep their signature
+        return backend

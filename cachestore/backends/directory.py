@@ -115,8 +115,8 @@ class DirectoryBackend(Backend):
     def read_meta(self) -> StoreMeta | None:
         path = self.path / META_NAME
         try:
-            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES),
-                                              str(path))
+            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES,
+                                                                      self.trust), str(path))
         except FileNotFoundError:
             return None
         except MalformedFileError as exc:
@@ -169,7 +169,7 @@ class DirectoryBackend(Backend):
         if generation is None:
             return None
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust)
             st = gen_dir.lstat()
         except FileNotFoundError:
             return None
@@ -283,7 +283,7 @@ class DirectoryBackend(Backend):
         if os.path.lexists(final):
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
         safefs.require_real_dir(staging, "staging area")
-        _, damage = check_generation(staging, token.generation, self._check_files)
+        _, damage = check_generation(staging, token.generation, self._check_files, self.trust)
         if damage is not None:
             raise self._damaged(token.generation, damage)
         fsync_dir(staging)
@@ -324,9 +324,9 @@ class DirectoryBackend(Backend):
             return None  # committed (or damaged): begin() decides
         wanted = {**record, "generation": generation}
         found = [entry for entry, parsed in self._staging_entries() if parsed[0] == generation
-                 and safefs.is_real_dir(entry) and matches(staging_record(entry), wanted)]
+                 and safefs.is_real_dir(entry) and matches(staging_record(entry, self.trust), wanted)]
         found += [entry for entry in self._shared_areas(generation)
-                  if matches({k: v for k, v in (staging_record(entry) or {}).items() if k != "shared"}, wanted)]
+                  if matches({k: v for k, v in (staging_record(entry, self.trust) or {}).items() if k != "shared"}, wanted)]
         if not found:
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
@@ -383,7 +383,7 @@ class DirectoryBackend(Backend):
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust)
         except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from .. import safefs
 from ..errors import CacheStoreError
+from ..trust import Trust
 from ..untrusted import decimal, read_document
 from .base import ProducerRecord
 
@@ -51,10 +52,14 @@ def parse_staging(name: str) -> tuple[int, int] | None:
     return None if generation is None or pid is None else (generation, pid)
 
 
-def staging_record(staging: Path) -> ProducerRecord | None:
-    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
+def staging_record(staging: Path, trust: Trust | None = None) -> ProducerRecord | None:
+    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable,
+    or (given `trust`) when another user than those it trusts owns the area or its record: such an
+    area is nobody's to adopt or join (see :mod:`cachestore.trust`)."""
     try:
-        record = read_document(staging / STAGING_META, "a staging record", 1 << 20)
+        if trust is not None and trust.why_not(staging, staging.lstat(), "the staging area") is not None:
+            return None
+        record = read_document(staging / STAGING_META, "a staging record", 1 << 20, trust)
     except (OSError, ValueError):  # MalformedFileError among them: too large, too deep, not JSON
         return None
     return record if isinstance(record, dict) else None
