@@ -74,6 +74,31 @@ def open_nofollow(path: str | os.PathLike[str], flags: int, mode: int = 0o644, w
     return fd
 
 
+def open_at(dir_fd: int, name: str, flags: int, where: str | os.PathLike[str], what: str = "",
+            mode: int = 0o600) -> int:
+    """:func:`open_nofollow` of `name` in the directory open at `dir_fd` (`where`, for messages).
+
+    Through the directory's fd, not its path: a directory renamed aside and replaced by another
+    (someone else's, in a prefix others can write) is still the one the fd was opened on.
+    """
+    path = os.path.join(where, name)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if is_link_error(exc):
+            raise symlink_error(path, what) from None
+        if exc.errno == errno.ENXIO:
+            raise not_regular_error(path, what) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise not_regular_error(path, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def not_regular_error(path: str | os.PathLike[str], what: str = "") -> NotRegularFileError:
     """The error for a store-owned `path` found to be a FIFO, a socket or a device."""
     what = f" ({what})" if what else ""

@@ -287,7 +287,9 @@ class RotationSettings:
     (times each generated sample is served); ``size`` S >= 1 samples in the
     window (required for disk; for memory the default is
     ``max(1024, 4 * batch_size)``, at most N); ``prefix`` the directory of
-    the disk window (required for disk).
+    the disk window (required for disk); ``allow_pickle`` lets a disk window
+    keep samples of types the codec stores only with pickle (``False``: reading a slot
+    back never runs code, whoever wrote the file).
 
     Examples
     --------
@@ -300,11 +302,14 @@ class RotationSettings:
     size: int | None = None
     prefix: str | None = None
     stream_samples: int | None = None  # a stream's samples per epoch (default: its len())
+    allow_pickle: bool = False  # a disk window's slots may hold pickles (read back: runs their code)
 
     def __post_init__(self) -> None:
         n = self.stream_samples
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"rotation_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
+        if self.allow_pickle not in (True, False):
+            raise ValueError(f"rotation_setting['allow_pickle'] must be True or False, got {self.allow_pickle!r}")
         if self.medium not in ("memory", "disk"):
             raise ValueError(f"rotation_setting['medium'] must be 'memory' or 'disk', got {self.medium!r}")
         check_int("rotation_setting['rotation']", self.rotation, 2)
