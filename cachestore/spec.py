@@ -35,6 +35,8 @@ class StoreSpec:
         never from a store's files.
     trust
         Whose generations and staging areas besides this user's are read (:mod:`cachestore.trust`).
+    max_sample_bytes
+        The most bytes one sample may take when read back (decompressed, or by its schema).
     """
 
     path: str
@@ -44,12 +46,14 @@ class StoreSpec:
     verify: bool = True
     origin: str | None = None
     trust: Trust = OWN
+    max_sample_bytes: int | None = None
 
     @classmethod
     def of(cls, path: str, backend: str, compression: str | None = None, allow_pickle: bool = False,
-           verify: bool = True, trust: Trust = OWN) -> StoreSpec:
+           verify: bool = True, trust: Trust = OWN, max_sample_bytes: int | None = None) -> StoreSpec:
         """The spec of a store of `backend`, with the backend's origin where it was plugged in."""
-        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend), trust)
+        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend), trust,
+                   max_sample_bytes)
 
     @property
     def persistent(self) -> bool:
@@ -60,5 +64,6 @@ class StoreSpec:
         """A fresh backend object for this store, in this process."""
         backend = get_backend(self.backend, self.origin)(self.path, compression=self.compression,
                                                          allow_pickle=self.allow_pickle, verify=self.verify)
-        backend.trust = self.trust  # not a constructor argument: backends plugged in keep their signature
+        # Not constructor arguments: backends plugged in keep their signature.
+        backend.trust, backend.max_sample_bytes = self.trust, self.max_sample_bytes
         return backend

@@ -21,7 +21,7 @@ from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchErr
 from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
 from .pruning import Removed, prune_store
 from .reader import Reader
-from .room import memory_room
+from .room import memory_room, sample_limit
 from .shared import SharedWriter
 from .spec import StoreSpec
 from .trust import Trust, warn_if_shared
@@ -56,7 +56,7 @@ class Store:
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                  fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
                  verify: bool = True, trusted_uids: Iterable[int] | None = None,
-                 trusted_gids: Iterable[int] | None = None) -> None:
+                 trusted_gids: Iterable[int] | None = None, max_sample_bytes: int | str | None = None) -> None:
         # "~/cache" means the home directory, as for every tool that takes a path.
         self.path = os.path.expanduser(os.fspath(path))
         # An in-RAM store only borrows the path as a name: files there are none of its business.
@@ -73,8 +73,13 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
+        limit = parse_size(max_sample_bytes)
+        if limit is None:
+            limit = sample_limit(self.disk_budget)
+        elif limit < 1:
+            raise ValueError(f"max_sample_bytes must be a size >= 1, got {max_sample_bytes!r}")
         self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify,
-                                 Trust.of(trusted_uids, trusted_gids))
+                                 Trust.of(trusted_uids, trusted_gids), limit)
         try:
             self.backend: Backend = self.spec.open_backend()
         except ValueError as exc:  # an unknown name
@@ -381,7 +386,7 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
                disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
                verify: bool = True, trusted_uids: Iterable[int] | None = None,
-               trusted_gids: Iterable[int] | None = None) -> Store:
+               trusted_gids: Iterable[int] | None = None, max_sample_bytes: int | str | None = None) -> Store:
     """Open (or create) the store at `path`.
 
     Parameters
@@ -416,6 +421,10 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         Users (and groups) besides this process's own user whose generations and staging areas
         are read, adopted and joined; another user's are damage, replaced by this process's own
         (see the README's "Security").
+    max_sample_bytes
+        Bytes (or ``"64MB"``) one sample may take when read back: a record decompressing to more, or
+        a generation whose schema says more, is damage. Default: a quarter of this process's memory
+        room, at most `disk_budget`.
 
     Returns
     -------
@@ -431,4 +440,4 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
                                   allow_pickle=allow_pickle, verify=verify))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
                  readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify,
-                 trusted_uids=trusted_uids, trusted_gids=trusted_gids)
+                 trusted_uids=trusted_uids, trusted_gids=trusted_gids, max_sample_bytes=max_sample_bytes)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
 from cachestore.disk import parse_size
+from cachestore.trust import Trust
 
 from .dataset import BatchFn, CollateFn, DatasetSource, ReadTransform
 
@@ -175,7 +176,8 @@ class CacheSettings:
     ``shuffle(1000)``: a few batches mixed for as little memory as a thousand
     samples take; later epochs are global permutations of the cache, and 0
     serves the generate epoch in arrival order); ``stream_samples`` the first N
-    samples of the stream make the generation (required for an endless stream).
+    samples of the stream make the generation (required for an endless stream). ``trusted_uids``,
+    ``trusted_gids``, ``max_sample_bytes``: :func:`cachestore.open_store`'s (README, "Security").
 
     Examples
     --------
@@ -206,8 +208,18 @@ class CacheSettings:
     node_rank: int | None = None
     stream_buffer: int = 1000
     stream_samples: int | None = None
+    trusted_uids: tuple[int, ...] = ()  # other users (and groups) whose generations are served (cachestore.trust)
+    trusted_gids: tuple[int, ...] = ()
+    max_sample_bytes: int | str | None = None
 
     def __post_init__(self) -> None:
+        try:
+            trust = Trust.of(self.trusted_uids, self.trusted_gids)
+            _set(self, "max_sample_bytes", parse_size(self.max_sample_bytes))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cache_setting: {exc}") from None
+        _set(self, "trusted_uids", tuple(sorted(trust.uids)))
+        _set(self, "trusted_gids", tuple(sorted(trust.gids)))
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
                                                 "e.g. 'cache/train'"))
         k = self.update_frequency

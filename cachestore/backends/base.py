@@ -269,6 +269,8 @@ class Backend(ABC):
         self.verify = verify
         #: Whose generations and staging areas are read besides this user's (set by the spec that opens it).
         self.trust: Trust = OWN
+        #: The most bytes one sample may take (``max_sample_bytes``; set by the spec that opens it).
+        self.max_sample_bytes: int | None = None
 
     # metadata -----------------------------------------------------------
     @abstractmethod

@@ -169,7 +169,8 @@ class DirectoryBackend(Backend):
         if generation is None:
             return None
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust,
+                                                self.max_sample_bytes)
             st = gen_dir.lstat()
         except FileNotFoundError:
             return None
@@ -383,7 +384,8 @@ class DirectoryBackend(Backend):
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust,
+                                                self.max_sample_bytes)
         except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
@@ -391,7 +393,9 @@ class DirectoryBackend(Backend):
         if damage is not None:
             raise self._damaged(generation, damage)
         try:
-            return self._open(gen_dir, manifest)
+            data = self._open(gen_dir, manifest)
+            data.max_sample_bytes = self.max_sample_bytes
+            return data
         except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
             raise self._damaged(generation, str(exc)) from exc
 

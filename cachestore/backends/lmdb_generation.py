@@ -242,7 +242,7 @@ class LmdbGeneration(GenerationData):
         if (self.verify if verify is None else verify) and checksum([record]) != SUM.unpack_from(view)[0]:
             raise self.corrupt(i, "checksum mismatch")
         try:
-            return records.decode_record(record, copy=copy, raw=self._raw_bytes or None)
+            return records.decode_record(record, copy=copy, raw=self._raw_bytes or None, limit=self.max_sample_bytes)
         except CorruptSampleError as exc:
             raise self.corrupt(i, str(exc)) from exc
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeAlias
 
 import xxhash
 
-from .. import safefs, untrusted
+from .. import codec, safefs, untrusted
 from ..errors import MalformedFileError
 from ..trust import OWN, Trust
 
@@ -28,7 +28,7 @@ Manifest: TypeAlias = dict[str, Any]
 
 
 def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path, Manifest], str | None],
-                     trust: Trust = OWN) -> tuple[Manifest, str | None]:
+                     trust: Trust = OWN, max_sample_bytes: int | None = None) -> tuple[Manifest, str | None]:
     """``(manifest, why it is damaged or None)`` from cheap checks: owners (`trust`), names,
     manifest, file sizes, then the backend's own `check_files`, then the manifest's checksum.
 
@@ -67,6 +67,11 @@ def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path
     except MalformedFileError as exc:
         partial = manifest if isinstance(manifest, dict) else {}
         return partial, f"{path} is invalid: {exc}"
+    if max_sample_bytes is not None and "schema" in manifest:
+        one = sum(codec.row_bytes(codec.leaf_specs(untrusted.parse_treedef(manifest["schema"], str(path)))))
+        if one > max_sample_bytes:
+            return manifest, (f"{path}: a sample of its schema takes {one} bytes, more than the store's "
+                              f"max_sample_bytes ({max_sample_bytes}): pass a larger one to read it")
     files = manifest.get("files", {})  # recorded at commit (checked names and sizes); older stores have none
     for name, expected in sorted(files.items()):
         st = safefs.lstat_or_none(gen_dir / name)
