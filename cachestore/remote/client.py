@@ -151,7 +151,10 @@ class Client:
         if info.size > limit:
             raise RemoteManifestError(f"{self._where(key)}: {info.size} bytes, more than a document of the remote "
                                       f"may hold ({limit}); the remote is damaged or was written by something else")
-        return bytes(self.get_ranges(key, [0], [info.size])[0]) if info.size else b""
+        if not info.size:
+            return b""
+        found = self._call("reading", key, lambda: self._ob.get_ranges(self._store, key, starts=[0], ends=[info.size]))
+        return bytes(found[0])
 
     def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[memoryview]:
         """Byte ranges ``[starts[j], ends[j])`` of object `key`; nearby ranges travel in one request."""
