@@ -7,7 +7,7 @@ back by index or as vectorised batches, and shared between processes by path.
 from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
-from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+from .errors import (BatchStackError, BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
                      FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
                      NotAStoreError, NotRegularFileError, PickleRefusedError, StoreLockedError, SymlinkError,
                      UnsupportedSampleError, UntrustedOwnerError)
@@ -21,7 +21,7 @@ from .writer import GenerationWriter, ShardSpec, Writer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
+    "Backend", "BatchStackError", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
     "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
     "GenerationWriter", "MalformedFileError", "NotAStoreError", "NotRegularFileError", "PickleRefusedError", "Put", "PutResult", "Reader",
     "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",

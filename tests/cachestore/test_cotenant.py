@@ -219,3 +219,26 @@ def test_trusted_ids_are_numbers():
         open_store("never-made", "memory", trusted_uids="alice")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="trusted_gids"):
         open_store("never-made", "memory", trusted_gids=[-1])
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_records_that_cannot_share_a_batch_are_an_error_naming_the_generation(store_path, backend):
+    from collections import namedtuple
+
+    import numpy as np
+
+    from cachestore import BatchStackError
+
+    first, second = namedtuple("P", "a b"), namedtuple("P", "a c")  # one name, other fields: as crafted
+    store = open_store(store_path, backend)
+    writer = store.writer(0, 3)
+    writer.put(0, {"x": first(np.zeros(3), 1)})
+    writer.put(1, {"x": second(np.zeros(3), 2)})
+    writer.put(2, {"x": (1, 2, 3)})
+    writer.commit()
+    reader = store.reader(0)
+    for pair in ([0, 2], [1, 2]):
+        with pytest.raises(BatchStackError, match="samples of generation 0 in .* cannot be stacked"):
+            reader.get_batch(pair)
+    assert reader[1]["x"].c == 2  # each still reads alone
+    store.close()
