@@ -91,6 +91,33 @@ def test_a_loader_rotating_on_disk_takes_allow_pickle_from_its_setting(tmp_path)
         assert sorted(y for b in loader for y in b["y"].tolist()) == sorted(list(range(8)) * 2)
 
 
+# ----------------------------------------------------------------------------- a swapped generation
+
+
+def _copy_generation_as_own(prefix: Path) -> None:
+    """The co-tenant puts a copy of the job's generation, now its own, in place of the job's."""
+    shutil.copytree(prefix / "gen-000000", prefix / ".copy")
+    os.rename(prefix / "gen-000000", prefix / f".aside-{os.getpid()}")
+    os.rename(prefix / ".copy", prefix / "gen-000000")
+
+
+def _epoch(prefix: Path, **cache: object) -> tuple[str, list[int]]:
+    with CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=0,
+                      cache_setting={"prefix": str(prefix), **cache}) as loader:
+        ys = sorted(y for b in loader for y in b["y"].tolist())
+        return str(loader.epoch_stats[0].mode), ys
+
+
+def test_a_generation_another_user_put_in_place_is_computed_again_not_served(shared_prefix):
+    assert _epoch(shared_prefix) == ("generate", list(range(12)))
+    as_cotenant(_copy_generation_as_own, shared_prefix)
+    assert (shared_prefix / "gen-000000").stat().st_uid == OTHER
+    assert _epoch(shared_prefix) == ("generate", list(range(12))), "another user's generation was served"
+    assert (shared_prefix / "gen-000000").stat().st_uid == os.geteuid()
+    as_cotenant(_copy_generation_as_own, shared_prefix)
+    assert _epoch(shared_prefix, trusted_uids=[OTHER]) == ("read", list(range(12)))
+
+
 # ----------------------------------------------------------------------------- a forged state
 
 
