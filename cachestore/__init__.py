@@ -23,8 +23,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BatchStackError", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
     "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
-    "GenerationWriter", "MalformedFileError", "NotAStoreError", "NotRegularFileError", "PickleRefusedError", "Put", "PutResult", "Reader",
-    "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
-    "UnsupportedSampleError", "UntrustedOwnerError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",
+    "GenerationWriter", "MalformedFileError", "NotAStoreError", "NotRegularFileError", "PickleRefusedError", "Put",
+    "PutResult", "Reader", "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec",
+    "SymlinkError", "UnsupportedSampleError", "UntrustedOwnerError", "Writer", "available_backends", "open_store",
+    "register_backend", "stack_samples",
 ]
 

@@ -194,7 +194,8 @@ class SharedWriter:
         samples): wait for a live committer; remove what a dead one left (the next try makes a new area)."""
         if not _commit_lock(fd, wait=False):
             _commit_lock(fd, wait=True)  # a live committer: when it is done, the area is gone
-        elif os.path.lexists(self.path) and ((found := staging_record(self.path, self.backend.trust)) is None or found.get("committing")):
+        elif os.path.lexists(self.path) and ((found := staging_record(self.path, self.backend.trust)) is None
+                                             or found.get("committing")):
             remove_paths([str(self.path)])
         _commit_unlock(fd)
 

@@ -75,8 +75,8 @@ from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, Staging
 from .debris import find_debris
 from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
-from .staging import (STAGING_META, has_members, mark_committing, matches, members_path, parse_shared,
-                      parse_staging, staging_dirname, staging_record)
+from .staging import (STAGING_META, has_members, idle_shared_areas, mark_committing, matches, members_path,
+                      parse_shared, parse_staging, staging_dirname, staging_record, unshared_record)
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +326,9 @@ class DirectoryBackend(Backend):
         wanted = {**record, "generation": generation}
         found = [entry for entry, parsed in self._staging_entries() if parsed[0] == generation
                  and safefs.is_real_dir(entry) and matches(staging_record(entry, self.trust), wanted)]
-        found += [entry for entry in self._shared_areas(generation)
-                  if matches({k: v for k, v in (staging_record(entry, self.trust) or {}).items() if k != "shared"}, wanted)]
+        # (Shared areas nobody writes now: the caller holds the writer lock exclusively.)
+        found += [entry for entry in idle_shared_areas(self.path, generation)
+                  if matches(unshared_record(entry, self.trust), wanted)]
         if not found:
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
@@ -353,14 +354,6 @@ class DirectoryBackend(Backend):
                  kept, num_samples if num_samples is not None else "a stream's")
         return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",
                             self.allow_pickle)
-
-    def _shared_areas(self, generation: int) -> list[Path]:
-        """Shared staging areas of `generation` nobody writes now (the caller holds the writer lock
-        exclusively: no process can be a member)."""
-        if not self.path.is_dir():
-            return []
-        return [entry for entry in sorted(self.path.iterdir()) if parse_shared(entry.name) == generation
-                and safefs.is_real_dir(entry) and not has_members(entry)]
 
     def _unshare(self, area: Path, num_samples: int) -> None:
         """Make a shared area an ordinary staging area: only the copies its done map names stay."""

@@ -65,6 +65,20 @@ def staging_record(staging: Path, trust: Trust | None = None) -> ProducerRecord 
     return record if isinstance(record, dict) else None
 
 
+def unshared_record(area: Path, trust: Trust | None) -> ProducerRecord:
+    """A shared area's producer record (see :func:`staging_record`) less its ``shared`` mark: what an
+    ordinary staging area of the same producer records."""
+    return {k: v for k, v in (staging_record(area, trust) or {}).items() if k != "shared"}
+
+
+def idle_shared_areas(root: Path, generation: int) -> list[Path]:
+    """Shared staging areas of `generation` in the store `root` that nobody is a member of now."""
+    if not root.is_dir():
+        return []
+    return [entry for entry in sorted(root.iterdir()) if parse_shared(entry.name) == generation
+            and safefs.is_real_dir(entry) and not has_members(entry)]
+
+
 def mark_committing(staging: Path) -> None:
     """Make a staging area unadoptable before its commit changes it.
 

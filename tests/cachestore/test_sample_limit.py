@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,11 @@ from cachestore import CorruptSampleError, open_store
 from cachestore.room import memory_room
 
 from .helpers import reseal, variable_sample, write_generation
-from .test_tampered import BOMB_BYTES, N, _bomb, _gen, _plant_lmdb, _plant_memmap
+from .test_tampered import BOMB_BYTES, N, bomb, plant_lmdb, plant_memmap
+
+
+def _gen(store_path: str) -> Path:
+    return Path(store_path) / "gen-000000"
 
 
 def _resign_raw(store_path: str, backend: str, index: int) -> None:
@@ -35,7 +40,7 @@ def test_a_forged_raw_size_decompresses_no_further_than_max_sample_bytes(store_p
     store = open_store(store_path, backend, compression="zstd")
     write_generation(store, 0, N, variable_sample)
     store.close()
-    (_plant_memmap if backend == "memmap" else _plant_lmdb)(store_path, 3, _bomb(True, raw=BOMB_BYTES))
+    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, bomb(True, raw=BOMB_BYTES))
     _resign_raw(store_path, backend, 3)
     store = open_store(store_path, compression="zstd", max_sample_bytes="1MiB")
     reader = store.reader(0)

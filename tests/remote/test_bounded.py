@@ -19,7 +19,7 @@ from cachestore.remote import base as remote_base
 from cachestore.remote.errors import RemoteCorruptError
 
 from .conftest import make_store, options
-from .test_remote import _forge
+from .test_remote import forge
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +54,7 @@ def test_chunks_repeating_an_object_are_refused_before_anything_is_written(tmp_p
         entry["chunks"] = [one] * 300
         entry["size"] = one[2] * 300
 
-    _forge(remote, 0, repeat)
+    forge(remote, 0, repeat)
     other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
     with pytest.raises(RemoteManifestError, match="a publish never repeats"):
         open_remote(remote_url, options(weed), local=other).fetch(other)
@@ -68,7 +68,7 @@ def test_inspect_verify_refuses_what_pull_refuses(tmp_path, s3_env, remote_url, 
     remote = open_remote(remote_url, local=local)
     remote.publish(local, background=False).wait()
     assert main(["inspect", remote_url, "--verify"]) == 0
-    _forge(remote, 0, lambda doc: doc["sets"][0]["files"][0]["chunks"][0].__setitem__(3, "0" * 16))
+    forge(remote, 0, lambda doc: doc["sets"][0]["files"][0]["chunks"][0].__setitem__(3, "0" * 16))
     capsys.readouterr()
     other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
     with pytest.raises(RemoteCorruptError, match="checksum"):
