@@ -55,11 +55,14 @@ def test_a_generation_swapped_in_by_another_user_is_never_served(shared_prefix, 
     store.close()
 
 
-def test_another_users_generation_is_served_where_the_user_named_them(shared_prefix):
+def test_another_users_generation_is_served_where_the_user_named_them(shared_prefix, capsys):
     store = open_store(shared_prefix, "memmap")
     write_generation(store, 0, N)
     as_cotenant(_swap_in_own_generation, shared_prefix, "memmap")
     store.close()
+    assert main(["inspect", str(shared_prefix), "--verify", "--trusted-uid", str(OTHER)]) == 0
+    assert main(["prune", str(shared_prefix), "--dry-run", "--trusted-uid", str(OTHER)]) == 0
+    assert "gen-000000" not in capsys.readouterr().out.split("would remove")[-1]
     trusting = open_store(shared_prefix, "memmap", trusted_uids=[OTHER])
     check_generation(trusting.reader(0), 0, N, _other_values)
     trusting.close()
