@@ -60,6 +60,41 @@ def test_a_window_swapped_by_a_cotenant_is_never_read(shared_prefix):
     assert (shared_prefix / window.path.name / "slot-0.rec").exists(), "the co-tenant's files are not the job's"
 
 
+def _plant_dead_window(prefix: Path, marker: str) -> None:
+    """A window of a dead process of the co-tenant's, at the position a resumed run asks for."""
+    window = prefix / "rotation-999999999-abcd"
+    window.mkdir()
+    (window / "position.json").write_text(json.dumps({"epoch": 0, "applied": 1, "clean": True, "slots": 2}))
+    (window / "slot-0.rec").write_bytes(
+        records.encode_record(*codec.flatten(planted_sample(marker, 0), allow_pickle=True)))
+
+
+def test_a_cotenants_window_is_never_adopted(shared_prefix):
+    marker = str(shared_prefix / "code-ran")
+    as_cotenant(_plant_dead_window, shared_prefix, marker)
+    window = DiskWindow(str(shared_prefix), slots=2, allow_pickle=True)
+    try:
+        assert not window.adopt(str(shared_prefix / "rotation-999999999-abcd"), 0, 1)
+        assert window.held() == 0
+        with pytest.raises(FileNotFoundError):
+            window.get(0)
+    finally:
+        window.close()
+    assert not os.path.exists(marker)
+
+
+def test_a_fifo_slot_is_never_read(shared_prefix):
+    window = DiskWindow(str(shared_prefix), slots=1)
+    try:
+        window.put(0, {"y": 0})
+        os.unlink(window.path / "slot-0.rec")
+        os.mkfifo(window.path / "slot-0.rec")
+        with pytest.raises(NotRegularFileError, match="slot-0.rec"):
+            window.get(0)
+    finally:
+        window.close()
+
+
 def test_a_window_never_unpickles_without_allow_pickle(tmp_path):
     window = DiskWindow(str(tmp_path / "p"), slots=1)
     try:
