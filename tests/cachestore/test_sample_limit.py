@@ -95,3 +95,26 @@ def test_the_default_bound_is_a_quarter_of_the_memory_room_at_most_the_budget(st
         assert store.spec.max_sample_bytes == 4096
     with pytest.raises(ValueError, match="max_sample_bytes"):
         open_store(store_path, "memmap", max_sample_bytes=0)
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_verifying_a_pulled_generation_decompresses_no_further_than_max_sample_bytes(store_path, backend):
+    """What ``cachestore pull`` runs on a downloaded generation before it becomes a local one."""
+    from cachestore.remote.verify import verify_generation
+
+    store = open_store(store_path, backend, compression="zstd")
+    write_generation(store, 0, N, variable_sample)
+    store.close()
+    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, bomb(True, raw=BOMB_BYTES))
+    _resign_raw(store_path, backend, 3)
+    store = open_store(store_path, compression="zstd", max_sample_bytes="1MiB")
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptSampleError, match="sample 3"):
+            verify_generation(store.backend, _gen(store_path), 0, N, False, "the pulled generation")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # (verification reads in blocks of 16 MiB; the bomb would take BOMB_BYTES)
+    assert peak < 64 << 20, f"{peak} bytes allocated verifying with max_sample_bytes of 1 MiB"
+    store.close()

@@ -263,3 +263,11 @@ def test_rank_files_that_are_fifos_links_or_forged_are_errors_naming_them(rendez
     (rendezvous / "rank-1.json").write_text(json.dumps({"fingerprint": "f"}))
     with pytest.raises(MalformedFileError, match="rank-1.json"):
         gather()
+
+
+@pytest.mark.parametrize("key,value", [("trusted_uids", "alice"), ("trusted_gids", [-1]),
+                                       ("max_sample_bytes", "lots")])
+def test_the_cache_settings_of_trust_are_checked(tmp_path, key, value):
+    with pytest.raises(ValueError, match=key if key != "max_sample_bytes" else "size"):
+        CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0,
+                     cache_setting={"prefix": str(tmp_path), key: value})
