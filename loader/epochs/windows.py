@@ -262,8 +262,10 @@ class DiskWindow:
         fd = safefs.open_at(self._dir_fd, self._name(slot), os.O_RDONLY, self.path, "a rotation slot")
         try:
             OWN.check_fd(fd, self._file(slot), "the rotation slot")
-            size = os.fstat(fd).st_size
-            data = os.pread(fd, size, 0)
+            chunks = []
+            while chunk := os.read(fd, 1 << 24):  # (one read stops short of 2 GiB)
+                chunks.append(chunk)
+            data = b"".join(chunks)
         finally:
             os.close(fd)
         treedef, leaves = records.decode_record(data, copy=True)
