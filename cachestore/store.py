@@ -379,7 +379,8 @@ class Store:
 
 def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:
     return Store(spec.path, spec.backend, compression=spec.compression, disk_budget=disk_budget,
-                 allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify)
+                 allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify, trusted_uids=spec.trust.uids,
+                 trusted_gids=spec.trust.gids, max_sample_bytes=spec.max_sample_bytes)
 
 
 def open_store(path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,12 @@ def test_another_users_generation_is_served_where_the_user_named_them(shared_pre
     assert main(["inspect", str(shared_prefix), "--verify", "--trusted-uid", str(OTHER)]) == 0
     assert main(["prune", str(shared_prefix), "--dry-run", "--trusted-uid", str(OTHER)]) == 0
     assert "gen-000000" not in capsys.readouterr().out.split("would remove")[-1]
-    trusting = open_store(shared_prefix, "memmap", trusted_uids=[OTHER])
+    trusting = open_store(shared_prefix, "memmap", trusted_uids=[OTHER], max_sample_bytes=1 << 20)
     check_generation(trusting.reader(0), 0, N, _other_values)
+    again = pickle.loads(pickle.dumps(trusting))  # as a worker gets it
+    assert again.spec == trusting.spec
+    check_generation(pickle.loads(pickle.dumps(trusting.reader(0))), 0, N, _other_values)
+    again.close()
     trusting.close()
     by_group = open_store(shared_prefix, "memmap", trusted_gids=[OTHER])
     check_generation(by_group.reader(0), 0, N, _other_values)
