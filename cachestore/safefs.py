@@ -10,7 +10,10 @@ a link is refused (:class:`SymlinkError`) or, where the name is disposable,
 unlinked - the link itself, never its target.
 
 ``O_NOFOLLOW`` guards the last component only: the directories above are
-checked with :func:`is_real_dir` before files are made in them.
+checked with :func:`is_real_dir` before files are made in them. Every open also
+adds ``O_NONBLOCK`` and checks ``fstat``: only a regular file is opened (a FIFO
+put in a prefix others can write would block the reader forever; a device is
+nobody's store file), else :class:`NotRegularFileError` names it.
 
 Documents the store replaces (``store.json``, manifests, staging records) are
 written by :func:`write_json_atomic`: whole or not at all, never through a link.

@@ -13,7 +13,7 @@ from .trust import OWN, Trust
 class StoreSpec:
     """Where a store lives and how its records are encoded and checked.
 
-    A spec travels inside tasks, readers and shard tickets (it pickles as six
+    A spec travels inside tasks, readers and shard tickets (it pickles as a few
     plain values) and opens the backend again in whatever process it lands in.
 
     Parameters
