@@ -7,9 +7,10 @@ back by index or as vectorised batches, and shared between processes by path.
 from .backends import available_backends, register_backend
 from .backends.base import Backend, GenerationInfo
 from .collate import stack_samples
-from .errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+from .errors import (BatchStackError, BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
                      FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
-                     NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError)
+                     NotAStoreError, NotRegularFileError, PickleRefusedError, StoreLockedError, SymlinkError,
+                     UnsupportedSampleError, UntrustedOwnerError)
 from .reader import Reader
 from .spec import StoreSpec
 from .pruning import Removed
@@ -20,10 +21,11 @@ from .writer import GenerationWriter, ShardSpec, Writer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
+    "Backend", "BatchStackError", "BudgetExceededError", "CacheStoreError", "CorruptSampleError", "FingerprintError",
     "FingerprintMismatchError", "GenerationCommitted", "GenerationInfo", "GenerationNotFoundError",
-    "GenerationWriter", "MalformedFileError", "NotAStoreError", "PickleRefusedError", "Put", "PutResult", "Reader",
-    "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec", "SymlinkError",
-    "UnsupportedSampleError", "Writer", "available_backends", "open_store", "register_backend", "stack_samples",
+    "GenerationWriter", "MalformedFileError", "NotAStoreError", "NotRegularFileError", "PickleRefusedError", "Put",
+    "PutResult", "Reader", "Removed", "SampleSink", "ShardSpec", "Store", "StoreLockedError", "StoreSpec",
+    "SymlinkError", "UnsupportedSampleError", "UntrustedOwnerError", "Writer", "available_backends", "open_store",
+    "register_backend", "stack_samples",
 ]
 

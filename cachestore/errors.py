@@ -29,6 +29,20 @@ class SymlinkError(CacheStoreError, OSError):
     """A name the store owns is a symlink; the store never follows one."""
 
 
+class NotRegularFileError(CacheStoreError, OSError):
+    """A name the store owns is a FIFO, a socket or a device, never opened (a FIFO would block)."""
+
+
+class BatchStackError(CacheStoreError, ValueError):
+    """The samples a batch read asked for cannot be stacked into one batch: their structures differ
+    (written so, or crafted records); each still reads alone."""
+
+
+class UntrustedOwnerError(CacheStoreError, PermissionError):
+    """A generation, staging area, rotation window or rank file belongs to a user this job does not
+    trust: neither its own user nor one named in ``trusted_uids`` / ``trusted_gids``."""
+
+
 class StoreLockedError(CacheStoreError, BlockingIOError):
     """Another live process holds the store's writer lock."""
 

@@ -5,8 +5,8 @@ Why ``flock`` and not a pid file: the kernel releases it when the holder dies
 is no stale-pid guessing. The pid written into the file is only for messages
 (on a full disk there is none: the lock is still taken).
 
-The lock file is opened with ``O_NOFOLLOW``: a ``writer.lock`` replaced by a
-symlink (to a user's file, say) is unlinked - the link, not its target - and
+The lock file is opened with ``O_NOFOLLOW | O_NONBLOCK``: a ``writer.lock`` replaced by a
+symlink (to a user's file, say) or a FIFO is unlinked - the link, not its target - and
 made afresh, so the pid is never written through it (see :mod:`.safefs`).
 
 The lock file is unlinked on release so nothing is left behind. That opens a
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import StoreLockedError
+from .errors import NotRegularFileError, StoreLockedError, SymlinkError
 from .disk import is_out_of_space, out_of_space
-from .safefs import is_link_error, unlink_name
+from .safefs import open_nofollow, unlink_name
 from .untrusted import decimal
 
 LOCK_NAME = "writer.lock"
@@ -49,13 +49,11 @@ def lock_holder(root: str | os.PathLike[str]) -> int | None:
     path = Path(root) / LOCK_NAME
     try:
         # flock needs no write access: inspect works on a read-only store
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_nofollow(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        if is_link_error(exc):
-            return None  # a symlink is nobody's lock (a writer unlinks it); its target is not read
-        raise
+    except (SymlinkError, NotRegularFileError):
+        return None  # a symlink or a FIFO is nobody's lock (a writer unlinks it); nothing is read through it
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -113,15 +111,15 @@ class _LockFile:
         deadline = start + PROBE_GRACE
         for _ in range(1000):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except (SymlinkError, NotRegularFileError):
+                # A planted symlink or FIFO: drop the name, never write into a target nor flock a pipe.
+                unlink_name(self.path)
+                continue
             except OSError as exc:
                 if is_out_of_space(exc):
                     raise out_of_space(exc, "creating the writer lock", self.path.parent) from exc
-                if not is_link_error(exc):
-                    raise
-                if os.path.islink(self.path):  # a planted symlink: drop the link, never write into its target
-                    unlink_name(self.path)
-                continue
+                raise
             try:
                 held = self._lock(fd, deadline, start + BRIEF_GRACE) and self._same_file(fd)
                 if held:

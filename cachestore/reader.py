@@ -10,7 +10,8 @@ from .backends.batch import Indices
 from .backends.reading import BatchLayout, GenerationData
 from .checksums import check_contiguous
 from .codec import Batch, Leaf, Sample
-from .errors import CorruptSampleError
+from .collate import stack_samples
+from .errors import BatchStackError, CacheStoreError, CorruptSampleError
 from .spec import StoreSpec
 
 
@@ -87,7 +88,14 @@ class Reader:
         """
         if out is not None:
             check_contiguous(out)
-        return self.data.read_batch(indices, out=out)
+        try:
+            return self.data.read_batch(indices, out=out)
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as exc:
+            if isinstance(exc, CacheStoreError) or not _raised_stacking(exc):
+                raise
+            raise BatchStackError(f"samples of generation {self.generation} in {self.data.where} cannot be stacked "
+                                  f"into one batch ({type(exc).__name__}: {str(exc)[:200]}): their structures "
+                                  "differ; each reads alone (reader[i])") from None
 
     def batch_layout(self) -> BatchLayout | None:
         """``(treedef, [(dtype, shape) per leaf])`` for fixed-layout generations, else ``None``."""
@@ -139,3 +147,14 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader({self.spec.path!r}, generation={self.generation})"
+
+
+def _raised_stacking(exc: BaseException) -> bool:
+    """Whether `exc` came out of stacking samples (their structures differ: written so, or crafted records),
+    not out of reading them."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is stack_samples.__code__:
+            return True
+        tb = tb.tb_next
+    return False

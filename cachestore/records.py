@@ -165,7 +165,8 @@ def _decompress(body: memoryview, bound: int | None) -> memoryview:
     try:
         declared = zstandard.frame_content_size(body)
         if bound is not None and declared > bound:
-            raise CorruptSampleError(f"record decompresses to {declared} bytes, its index says at most {bound}")
+            raise CorruptSampleError(f"record decompresses to {declared} bytes, its index (or the store's "
+                                     f"max_sample_bytes) says at most {bound}")
         if declared < 0 and bound is None:
             raise CorruptSampleError("record's compressed frame does not say its size")
         return memoryview(_zstd()[1].decompress(body, max_output_size=bound or 0))
@@ -173,13 +174,15 @@ def _decompress(body: memoryview, bound: int | None) -> memoryview:
         raise CorruptSampleError(f"record does not decompress: {exc}") from None
 
 
-def decode_record(buf: Bytes, copy: bool = True, raw: int | None = None) -> tuple[TreeDef, list[Leaf]]:
+def decode_record(buf: Bytes, copy: bool = True, raw: int | None = None,
+                  limit: int | None = None) -> tuple[TreeDef, list[Leaf]]:
     """Parse a record into ``(treedef, leaves)``.
 
     With ``copy=False`` and an uncompressed record, leaves are read-only views
     into `buf` (valid only as long as `buf` is). `raw` is the bytes of the sample's leaves as
     its index gives them, which bounds a compressed body (else the record's header does,
-    where it says; see :func:`_decompress`).
+    where it says; see :func:`_decompress`); `limit` (the store's ``max_sample_bytes``) bounds
+    it whatever they say, since whoever wrote the record wrote them too.
 
     Raises
     ------
@@ -190,7 +193,7 @@ def decode_record(buf: Bytes, copy: bool = True, raw: int | None = None) -> tupl
     flags, meta_len, header_raw = _read_header(view)
     body = view[_HEADER.size:]
     if flags & _FLAG_ZSTD:
-        known = [r for r in (raw, header_raw or None) if r is not None]
+        known = [r for r in (raw, header_raw or None, limit) if r is not None]
         body = _decompress(body, body_bound(meta_len, min(known)) if known else None)
     if meta_len > len(body):
         raise CorruptSampleError("record is truncated")

@@ -106,3 +106,15 @@ def _stat(path: Path, key: str) -> int | None:
 def fits(nbytes: int, fraction: float = 0.5) -> bool:
     """Whether `nbytes` of pages fit in `fraction` of :func:`memory_room` (the rest is the process's)."""
     return nbytes <= memory_room() * fraction
+
+
+def sample_limit(disk_bytes: int | None) -> int:
+    """The default ``max_sample_bytes`` of a store: what one sample may take when read back.
+
+    A quarter of this process's memory room (a batch holds several samples, and a reader's pages
+    the rest), and never more than the store's budget (`disk_bytes`: no sample larger was ever
+    written into it). A record or a schema claiming more is damage, refused before anything is
+    allocated (see docs/ARCHITECTURE.md, "Untrusted stores").
+    """
+    room = max(1, memory_room() // 4)
+    return room if disk_bytes is None else max(1, min(room, disk_bytes))

@@ -10,7 +10,10 @@ a link is refused (:class:`SymlinkError`) or, where the name is disposable,
 unlinked - the link itself, never its target.
 
 ``O_NOFOLLOW`` guards the last component only: the directories above are
-checked with :func:`is_real_dir` before files are made in them.
+checked with :func:`is_real_dir` before files are made in them. Every open also
+adds ``O_NONBLOCK`` and checks ``fstat``: only a regular file is opened (a FIFO
+put in a prefix others can write would block the reader forever; a device is
+nobody's store file), else :class:`NotRegularFileError` names it.
 
 Documents the store replaces (``store.json``, manifests, staging records) are
 written by :func:`write_json_atomic`: whole or not at all, never through a link.
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .disk import is_out_of_space, out_of_space
-from .errors import CacheStoreError, SymlinkError
+from .errors import CacheStoreError, NotRegularFileError, SymlinkError
 
 #: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
 TEMP_NAME = re.compile(r"\A\..+\.([0-9]{1,18})\.[0-9a-f]+\.tmp\Z", re.ASCII)
@@ -48,13 +51,63 @@ def is_link_error(exc: OSError) -> bool:
 
 
 def open_nofollow(path: str | os.PathLike[str], flags: int, mode: int = 0o644, what: str = "") -> int:
-    """``os.open`` with ``O_NOFOLLOW``; a symlink at `path` raises :class:`SymlinkError`."""
+    """``os.open`` with ``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``: the fd of a regular file (a
+    directory where `flags` hold ``O_DIRECTORY``).
+
+    A symlink at `path` raises :class:`SymlinkError`; anything else that is not a regular file (a
+    FIFO, a socket, a device someone put in the store's place) raises :class:`NotRegularFileError`
+    naming it. ``O_NONBLOCK`` is why a FIFO never hangs the opening (a FIFO's ``open`` waits for
+    its other end); on a regular file or a directory it changes nothing.
+    """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
         if is_link_error(exc) and os.path.islink(path):
             raise symlink_error(path, what) from None
+        if exc.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise not_regular_error(path, what) from None
         raise
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISDIR(st.st_mode) if flags & os.O_DIRECTORY else stat.S_ISREG(st.st_mode)):
+            raise not_regular_error(path, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_at(dir_fd: int, name: str, flags: int, where: str | os.PathLike[str], what: str = "",
+            mode: int = 0o600) -> int:
+    """:func:`open_nofollow` of `name` in the directory open at `dir_fd` (`where`, for messages).
+
+    Through the directory's fd, not its path: a directory renamed aside and replaced by another
+    (someone else's, in a prefix others can write) is still the one the fd was opened on.
+    """
+    path = os.path.join(where, name)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if is_link_error(exc):
+            raise symlink_error(path, what) from None
+        if exc.errno == errno.ENXIO:
+            raise not_regular_error(path, what) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise not_regular_error(path, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def not_regular_error(path: str | os.PathLike[str], what: str = "") -> NotRegularFileError:
+    """The error for a store-owned `path` found to be a FIFO, a socket or a device."""
+    what = f" ({what})" if what else ""
+    return NotRegularFileError(errno.EINVAL, f"{path}{what} is not a regular file (a FIFO, a socket or a "
+                                             "device put in the store's place); cachestore never opens one. "
+                                             "Remove it, or use another path for the store")
 
 
 def create_new(path: str | os.PathLike[str], flags: int = os.O_WRONLY, mode: int = 0o644) -> int:

@@ -64,7 +64,8 @@ def dead_windows(root: str | os.PathLike[str]) -> list[tuple[str, int]]:
 
 
 def new_window_dir(root: str | os.PathLike[str]) -> Path:
-    """Create and return an empty window directory owned by this process under `root`."""
+    """Create and return an empty window directory owned by this process under `root`: this user's
+    alone (mode 0700), so that no other user can put a slot into it."""
     path = Path(root) / f"{WINDOW_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-    path.mkdir()
+    path.mkdir(mode=0o700)  # the umask only takes bits away
     return path

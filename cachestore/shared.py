@@ -163,7 +163,7 @@ class SharedWriter:
                     raise FileNotFoundError
                 if not os.path.lexists(self.path):
                     _create(root, self.path.name, self.generation, self.num_samples, self.record)
-                found = staging_record(self.path)
+                found = staging_record(self.path, self.backend.trust)
                 if found is None or found.get("committing"):
                     self._drop_broken(fd)  # or wait for the live committer
                     raise FileNotFoundError
@@ -194,7 +194,8 @@ class SharedWriter:
         samples): wait for a live committer; remove what a dead one left (the next try makes a new area)."""
         if not _commit_lock(fd, wait=False):
             _commit_lock(fd, wait=True)  # a live committer: when it is done, the area is gone
-        elif os.path.lexists(self.path) and ((found := staging_record(self.path)) is None or found.get("committing")):
+        elif os.path.lexists(self.path) and ((found := staging_record(self.path, self.backend.trust)) is None
+                                             or found.get("committing")):
             remove_paths([str(self.path)])
         _commit_unlock(fd)
 
@@ -278,7 +279,7 @@ class SharedWriter:
     def _publishable(self) -> bool:
         """Whether the area (its commit lock held) is still there to publish: not committed by the member
         that held the lock before, nor left half committed by one that died."""
-        found = staging_record(self.path) if os.path.lexists(self.path) else None
+        found = staging_record(self.path, self.backend.trust) if os.path.lexists(self.path) else None
         return found is not None and not found.get("committing")
 
     def _publish(self, extra: dict[str, object]) -> GenerationInfo:

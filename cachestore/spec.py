@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from .backends import backend_origin, get_backend
 from .backends.base import Backend
+from .trust import OWN, Trust
 
 
 @dataclass(frozen=True)
 class StoreSpec:
     """Where a store lives and how its records are encoded and checked.
 
-    A spec travels inside tasks, readers and shard tickets (it pickles as six
+    A spec travels inside tasks, readers and shard tickets (it pickles as a few
     plain values) and opens the backend again in whatever process it lands in.
 
     Parameters
@@ -32,6 +33,10 @@ class StoreSpec:
         (:func:`~cachestore.backends.backend_origin`): a process that has not registered it (a
         spawned worker) registers it from there. Taken from the process that made the spec,
         never from a store's files.
+    trust
+        Whose generations and staging areas besides this user's are read (:mod:`cachestore.trust`).
+    max_sample_bytes
+        The most bytes one sample may take when read back (decompressed, or by its schema).
     """
 
     path: str
@@ -40,12 +45,15 @@ class StoreSpec:
     allow_pickle: bool = False
     verify: bool = True
     origin: str | None = None
+    trust: Trust = OWN
+    max_sample_bytes: int | None = None
 
     @classmethod
     def of(cls, path: str, backend: str, compression: str | None = None, allow_pickle: bool = False,
-           verify: bool = True) -> StoreSpec:
+           verify: bool = True, trust: Trust = OWN, max_sample_bytes: int | None = None) -> StoreSpec:
         """The spec of a store of `backend`, with the backend's origin where it was plugged in."""
-        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend))
+        return cls(path, backend, compression, allow_pickle, verify, backend_origin(backend), trust,
+                   max_sample_bytes)
 
     @property
     def persistent(self) -> bool:
@@ -54,5 +62,8 @@ class StoreSpec:
 
     def open_backend(self) -> Backend:
         """A fresh backend object for this store, in this process."""
-        return get_backend(self.backend, self.origin)(self.path, compression=self.compression,
-                                                      allow_pickle=self.allow_pickle, verify=self.verify)
+        backend = get_backend(self.backend, self.origin)(self.path, compression=self.compression,
+                                                         allow_pickle=self.allow_pickle, verify=self.verify)
+        # Not constructor arguments: backends plugged in keep their signature.
+        backend.trust, backend.max_sample_bytes = self.trust, self.max_sample_bytes
+        return backend

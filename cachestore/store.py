@@ -7,7 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, TypeAlias, cast
+from typing import Callable, Iterable, TypeAlias, cast
 
 import xxhash
 
@@ -21,9 +21,10 @@ from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchErr
 from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
 from .pruning import Removed, prune_store
 from .reader import Reader
-from .room import memory_room
+from .room import memory_room, sample_limit
 from .shared import SharedWriter
 from .spec import StoreSpec
+from .trust import Trust, warn_if_shared
 from .writer import GenerationWriter
 
 #: 2: LMDB generations of fixed-shape samples are stored by column (stores made as 1 keep writing
@@ -54,7 +55,8 @@ class Store:
     def __init__(self, path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                  fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
-                 verify: bool = True) -> None:
+                 verify: bool = True, trusted_uids: Iterable[int] | None = None,
+                 trusted_gids: Iterable[int] | None = None, max_sample_bytes: int | str | None = None) -> None:
         # "~/cache" means the home directory, as for every tool that takes a path.
         self.path = os.path.expanduser(os.fspath(path))
         # An in-RAM store only borrows the path as a name: files there are none of its business.
@@ -71,7 +73,13 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
-        self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify)
+        limit = parse_size(max_sample_bytes)
+        if limit is None:
+            limit = sample_limit(self.disk_budget)
+        elif limit < 1:
+            raise ValueError(f"max_sample_bytes must be a size >= 1, got {max_sample_bytes!r}")
+        self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify,
+                                 Trust.of(trusted_uids, trusted_gids), limit)
         try:
             self.backend: Backend = self.spec.open_backend()
         except ValueError as exc:  # an unknown name
@@ -82,6 +90,8 @@ class Store:
                                      "with register_backend?)") from None
         self.backend_name = backend
         self.compression = compression
+        if self.backend.persistent:
+            warn_if_shared(self.path)
         self._lock = WriterLock(self.path) if self.backend.persistent else None
         self._lease: WriterLease | None = None
         meta: StoreMeta | None = self.backend.read_meta()
@@ -369,13 +379,15 @@ class Store:
 
 def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:
     return Store(spec.path, spec.backend, compression=spec.compression, disk_budget=disk_budget,
-                 allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify)
+                 allow_pickle=spec.allow_pickle, readonly=readonly, verify=spec.verify, trusted_uids=spec.trust.uids,
+                 trusted_gids=spec.trust.gids, max_sample_bytes=spec.max_sample_bytes)
 
 
 def open_store(path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
-               verify: bool = True) -> Store:
+               verify: bool = True, trusted_uids: Iterable[int] | None = None,
+               trusted_gids: Iterable[int] | None = None, max_sample_bytes: int | str | None = None) -> Store:
     """Open (or create) the store at `path`.
 
     Parameters
@@ -406,6 +418,14 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         Free-form description of the producer, shown by ``cachestore inspect``.
     verify
         Check each record's checksum when it is read.
+    trusted_uids, trusted_gids
+        Users (and groups) besides this process's own user whose generations and staging areas
+        are read, adopted and joined; another user's are damage, replaced by this process's own
+        (see the README's "Security").
+    max_sample_bytes
+        Bytes (or ``"64MB"``) one sample may take when read back: a record decompressing to more, or
+        a generation whose schema says more, is damage. Default: a quarter of this process's memory
+        room, at most `disk_budget`.
 
     Returns
     -------
@@ -420,4 +440,5 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         return cast(Store, opener(path, fingerprint=fingerprint, backend=backend or "memmap",
                                   allow_pickle=allow_pickle, verify=verify))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
-                 readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify)
+                 readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify,
+                 trusted_uids=trusted_uids, trusted_gids=trusted_gids, max_sample_bytes=max_sample_bytes)

@@ -36,6 +36,7 @@ import numpy.typing as npt
 from . import named, safefs
 from .codec import BFLOAT16, TreeDef
 from .errors import MalformedFileError
+from .trust import Trust
 
 #: The bytes a document of the store may take: a manifest lists every data file, and shard lists grow
 #: with the workers; everything else is far smaller.
@@ -128,11 +129,15 @@ def parse_json(data: bytes | memoryview, where: str, limit: int = DOCUMENT_BYTES
     return obj
 
 
-def read_document(path: str | os.PathLike[str], what: str = "", limit: int = DOCUMENT_BYTES) -> Any:
-    """The JSON document in the store's file `path`: never through a symlink, its size checked
-    before it is read (see :func:`parse_json`). A missing file is ``FileNotFoundError``."""
+def read_document(path: str | os.PathLike[str], what: str = "", limit: int = DOCUMENT_BYTES,
+                  trust: Trust | None = None) -> Any:
+    """The JSON document in the store's file `path`: never through a symlink nor a FIFO, its size
+    checked before it is read (see :func:`parse_json`), its owner one `trust` trusts where given
+    (:class:`~cachestore.errors.UntrustedOwnerError`). A missing file is ``FileNotFoundError``."""
     fd = safefs.open_nofollow(path, os.O_RDONLY, what=what)
     try:
+        if trust is not None:
+            trust.check_fd(fd, path, what or "the file")
         size = os.fstat(fd).st_size
         if size > limit:
             raise MalformedFileError(f"{path} takes {size} bytes, more than the {limit} a store writes there")

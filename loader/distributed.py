@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -14,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from cachestore.safefs import write_json_atomic
+from cachestore.errors import MalformedFileError
+from cachestore.safefs import require_real_dir, write_json_atomic, write_new
+from cachestore.trust import OWN
+from cachestore.untrusted import read_document
 
 from .errors import RanksTimeoutError
 
@@ -23,6 +25,8 @@ RENDEZVOUS_TIMEOUT = 300.0
 #: Seconds between looks at the rendezvous directory (processes of one job, no event to wait on).
 RENDEZVOUS_POLL = 0.02
 _rendezvous_count = itertools.count()
+#: The bytes a rank's file may take (its dataset's fingerprint and a hash per parameter).
+RANK_FILE_BYTES = 4 << 20
 
 
 def distributed_defaults() -> tuple[int, int]:
@@ -76,6 +80,10 @@ def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any
     where = Path(prefix) / f".ranks-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     try:
         where.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    check_rendezvous(where)
+    try:
         write_json_atomic(where / f"rank-{rank}.json", {"value": value})
     except OSError:
         return None
@@ -84,21 +92,54 @@ def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any
     missing = set(range(ranks))
     while missing:
         for r in sorted(missing):
-            try:
-                everyone[r] = json.loads((where / f"rank-{r}.json").read_text())["value"]
+            doc = read_rank_file(where / f"rank-{r}.json")
+            if doc is not None:
+                everyone[r] = doc
                 missing.discard(r)
-            except (OSError, ValueError):
-                pass
         if missing and time.monotonic() > deadline:
             raise RanksTimeoutError(f"ranks {sorted(missing)} of this torchrun job did not construct their loader "
                                     f"within {RENDEZVOUS_TIMEOUT:.0f} s (the ranks compare their datasets in {where}): "
                                     "every rank constructs its loader, or initialise torch.distributed first")
         if missing:
             time.sleep(RENDEZVOUS_POLL)
-    (where / f"read-{rank}").touch()
+    write_new(where / f"read-{rank}", b"")
     if sum(1 for p in where.iterdir() if p.name.startswith("read-")) == ranks:
         shutil.rmtree(where, ignore_errors=True)
     return everyone
+
+
+def check_rendezvous(where: Path) -> None:
+    """Refuse a rendezvous directory that is not this user's own: in a prefix others can write, one
+    made (or swapped in) by another user would let them answer for a rank, or have the ranks write
+    through a symlink (see :mod:`cachestore.trust`).
+
+    Raises
+    ------
+    CacheStoreError
+        :class:`~cachestore.errors.SymlinkError` or :class:`~cachestore.errors.UntrustedOwnerError`
+        naming `where` (a co-tenant's directory is nobody's rendezvous).
+    """
+    require_real_dir(where, "the ranks' rendezvous")
+    OWN.check(where, os.lstat(where), "the ranks' rendezvous")
+
+
+def read_rank_file(path: Path) -> Any:
+    """The value a rank wrote into `path`, ``None`` while there is none (each is written whole, renamed in).
+
+    Raises
+    ------
+    CacheStoreError
+        Naming `path`: a symlink, a FIFO, another user's file, or not what a rank writes
+        (:class:`~cachestore.errors.MalformedFileError`).
+    """
+    try:
+        doc = read_document(path, "a rank's file", RANK_FILE_BYTES, OWN)
+    except FileNotFoundError:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"value"}:
+        raise MalformedFileError(f"{path} is not what a rank writes (a JSON object with one 'value'); "
+                                 "remove it and start the job again")
+    return doc["value"]
 
 
 #: How the data is split between consumers (the ``partition`` argument).

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
 from cachestore.disk import parse_size
+from cachestore.trust import Trust
 
 from .dataset import BatchFn, CollateFn, DatasetSource, ReadTransform
 
@@ -175,7 +176,8 @@ class CacheSettings:
     ``shuffle(1000)``: a few batches mixed for as little memory as a thousand
     samples take; later epochs are global permutations of the cache, and 0
     serves the generate epoch in arrival order); ``stream_samples`` the first N
-    samples of the stream make the generation (required for an endless stream).
+    samples of the stream make the generation (required for an endless stream). ``trusted_uids``,
+    ``trusted_gids``, ``max_sample_bytes``: :func:`cachestore.open_store`'s (README, "Security").
 
     Examples
     --------
@@ -206,8 +208,18 @@ class CacheSettings:
     node_rank: int | None = None
     stream_buffer: int = 1000
     stream_samples: int | None = None
+    trusted_uids: tuple[int, ...] = ()  # other users (and groups) whose generations are served (cachestore.trust)
+    trusted_gids: tuple[int, ...] = ()
+    max_sample_bytes: int | str | None = None
 
     def __post_init__(self) -> None:
+        try:
+            trust = Trust.of(self.trusted_uids, self.trusted_gids)
+            _set(self, "max_sample_bytes", parse_size(self.max_sample_bytes))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cache_setting: {exc}") from None
+        _set(self, "trusted_uids", tuple(sorted(trust.uids)))
+        _set(self, "trusted_gids", tuple(sorted(trust.gids)))
         _set(self, "prefix", _path(self.prefix, "cache_setting['prefix'] is required: the directory of the cache, "
                                                 "e.g. 'cache/train'"))
         k = self.update_frequency
@@ -287,7 +299,9 @@ class RotationSettings:
     (times each generated sample is served); ``size`` S >= 1 samples in the
     window (required for disk; for memory the default is
     ``max(1024, 4 * batch_size)``, at most N); ``prefix`` the directory of
-    the disk window (required for disk).
+    the disk window (required for disk); ``allow_pickle`` lets a disk window
+    keep samples of types the codec stores only with pickle (``False``: reading a slot
+    back never runs code, whoever wrote the file).
 
     Examples
     --------
@@ -300,11 +314,14 @@ class RotationSettings:
     size: int | None = None
     prefix: str | None = None
     stream_samples: int | None = None  # a stream's samples per epoch (default: its len())
+    allow_pickle: bool = False  # a disk window's slots may hold pickles (read back: runs their code)
 
     def __post_init__(self) -> None:
         n = self.stream_samples
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"rotation_setting['stream_samples'] must be a number of samples >= 1 or None, got {n!r}")
+        if self.allow_pickle not in (True, False):
+            raise ValueError(f"rotation_setting['allow_pickle'] must be True or False, got {self.allow_pickle!r}")
         if self.medium not in ("memory", "disk"):
             raise ValueError(f"rotation_setting['medium'] must be 'memory' or 'disk', got {self.medium!r}")
         check_int("rotation_setting['rotation']", self.rotation, 2)

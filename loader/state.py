@@ -25,6 +25,7 @@ from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
 from .executors.process.streams import StreamAt
 from .settings import LoaderSettings, RotationSettings
+from .state_bounds import check_bounds
 
 STATE_VERSION = 1
 
@@ -124,6 +125,7 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
             state.get("arguments"), dict):
         raise ValueError("not a CachedLoader state (expected the dict returned by loader.state_dict(), "
                          f"version {STATE_VERSION})")
+    check_bounds(state, settings)
     epoch, served, seed = state.get("epoch"), state.get("batches_served"), state.get("seed")
     _field(state, "epoch", _natural(epoch), "an int >= 0")
     _field(state, "seed", _natural(seed), "an int >= 0")

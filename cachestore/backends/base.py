@@ -40,6 +40,7 @@ import numpy.typing as npt
 from .. import codec
 from ..budget import Budget
 from ..codec import Leaf, Sample, TreeDef
+from ..trust import OWN, Trust
 from ..errors import BudgetExceededError, CacheStoreError
 from .reading import GenerationData, StagingData
 
@@ -266,6 +267,10 @@ class Backend(ABC):
         self.compression = compression
         self.allow_pickle = allow_pickle
         self.verify = verify
+        #: Whose generations and staging areas are read besides this user's (set by the spec that opens it).
+        self.trust: Trust = OWN
+        #: The most bytes one sample may take (``max_sample_bytes``; set by the spec that opens it).
+        self.max_sample_bytes: int | None = None
 
     # metadata -----------------------------------------------------------
     @abstractmethod

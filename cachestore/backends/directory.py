@@ -75,8 +75,8 @@ from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, Staging
 from .debris import find_debris
 from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
-from .staging import (STAGING_META, has_members, mark_committing, matches, members_path, parse_shared,
-                      parse_staging, staging_dirname, staging_record)
+from .staging import (STAGING_META, has_members, idle_shared_areas, mark_committing, matches, members_path,
+                      parse_shared, parse_staging, staging_dirname, staging_record, unshared_record)
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class DirectoryBackend(Backend):
     def read_meta(self) -> StoreMeta | None:
         path = self.path / META_NAME
         try:
-            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES),
-                                              str(path))
+            return untrusted.parse_store_meta(untrusted.read_document(path, "the store metadata", META_BYTES,
+                                                                      self.trust), str(path))
         except FileNotFoundError:
             return None
         except MalformedFileError as exc:
@@ -169,7 +169,8 @@ class DirectoryBackend(Backend):
         if generation is None:
             return None
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust,
+                                                self.max_sample_bytes)
             st = gen_dir.lstat()
         except FileNotFoundError:
             return None
@@ -283,7 +284,7 @@ class DirectoryBackend(Backend):
         if os.path.lexists(final):
             raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
         safefs.require_real_dir(staging, "staging area")
-        _, damage = check_generation(staging, token.generation, self._check_files)
+        _, damage = check_generation(staging, token.generation, self._check_files, self.trust)
         if damage is not None:
             raise self._damaged(token.generation, damage)
         fsync_dir(staging)
@@ -324,9 +325,10 @@ class DirectoryBackend(Backend):
             return None  # committed (or damaged): begin() decides
         wanted = {**record, "generation": generation}
         found = [entry for entry, parsed in self._staging_entries() if parsed[0] == generation
-                 and safefs.is_real_dir(entry) and matches(staging_record(entry), wanted)]
-        found += [entry for entry in self._shared_areas(generation)
-                  if matches({k: v for k, v in (staging_record(entry) or {}).items() if k != "shared"}, wanted)]
+                 and safefs.is_real_dir(entry) and matches(staging_record(entry, self.trust), wanted)]
+        # (Shared areas nobody writes now: the caller holds the writer lock exclusively.)
+        found += [entry for entry in idle_shared_areas(self.path, generation)
+                  if matches(unshared_record(entry, self.trust), wanted)]
         if not found:
             return None
         # The one with most written, by bytes; the others are debris the writer removes next.
@@ -353,14 +355,6 @@ class DirectoryBackend(Backend):
         return StagingToken(str(staging), generation, None, num_samples, self.compression == "zstd",
                             self.allow_pickle)
 
-    def _shared_areas(self, generation: int) -> list[Path]:
-        """Shared staging areas of `generation` nobody writes now (the caller holds the writer lock
-        exclusively: no process can be a member)."""
-        if not self.path.is_dir():
-            return []
-        return [entry for entry in sorted(self.path.iterdir()) if parse_shared(entry.name) == generation
-                and safefs.is_real_dir(entry) and not has_members(entry)]
-
     def _unshare(self, area: Path, num_samples: int) -> None:
         """Make a shared area an ordinary staging area: only the copies its done map names stay."""
         token = StagingToken(str(area), -1, None, num_samples, self.compression == "zstd", self.allow_pickle)
@@ -383,7 +377,8 @@ class DirectoryBackend(Backend):
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
-            manifest, damage = check_generation(gen_dir, generation, self._check_files)
+            manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust,
+                                                self.max_sample_bytes)
         except FileNotFoundError:
             staging = any((p := parse_staging(e.name)) and p[0] == generation
                           for e in self.path.iterdir()) if self.path.is_dir() else False
@@ -391,7 +386,9 @@ class DirectoryBackend(Backend):
         if damage is not None:
             raise self._damaged(generation, damage)
         try:
-            return self._open(gen_dir, manifest)
+            data = self._open(gen_dir, manifest)
+            data.max_sample_bytes = self.max_sample_bytes
+            return data
         except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
             raise self._damaged(generation, str(exc)) from exc
 

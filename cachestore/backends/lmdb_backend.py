@@ -42,7 +42,8 @@ from . import lmdb_columns
 from .base import ShardWriter, StagingToken
 from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
-from .lmdb_generation import ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, record_key, release_env
+from .lmdb_generation import (ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, open_env, record_key,
+                              release_env)
 from .manifest import Manifest
 from .staging import check_complete, in_range
 
@@ -103,7 +104,7 @@ def _allocate_lock_file(staging: Path, create: bool = False) -> None:
     """
     path = staging / "lock.mdb"
     try:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        fd = safefs.open_nofollow(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644, "an LMDB lock file")
     except OSError as exc:
         if is_out_of_space(exc):  # not even an inode left
             raise out_of_space(exc, "creating the LMDB lock file", staging) from exc
@@ -182,8 +183,8 @@ class LmdbShard(ShardWriter):
             _allocate_lock_file(self.dir)  # no room: BudgetExceededError, before LMDB could SIGBUS
         try:
             if self._env is None:
-                self._env = acquire_env(self._env_key, lambda: lmdb.open(
-                    str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
+                self._env = acquire_env(self._env_key, lambda: open_env(
+                    self.dir, map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
                     readahead=True, max_dbs=0, lock=True, create=False))  # never resurrect an aborted staging dir
                 self._env_pid = os.getpid()
             with self._env.begin(write=True) as txn:
@@ -280,12 +281,12 @@ class LmdbBackend(DirectoryBackend):
         try:
             if not (staging / "data.mdb").exists():
                 # An empty generation, made here alone: no lock file (LMDB writes one through a mapping).
-                env = lmdb.open(str(staging), map_size=1 << 20, writemap=False, lock=False)
+                env = open_env(staging, map_size=1 << 20, writemap=False, lock=False)
                 env.close()
             else:
                 _allocate_lock_file(staging)
                 key = ("write", str(staging))  # shared with any shard writer of this process still open
-                env = acquire_env(key, lambda: lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False,
+                env = acquire_env(key, lambda: open_env(staging, map_size=MAP_SIZE, writemap=False,
                                                           readahead=False))
                 try:
                     with env.begin() as txn:
@@ -325,7 +326,7 @@ class LmdbBackend(DirectoryBackend):
             if key in ENVS:  # a shard writer of this process still has the environment open
                 return None
         target = staging / ".columns"
-        env = lmdb.open(str(staging), map_size=MAP_SIZE, writemap=False, readonly=True, lock=False)
+        env = open_env(staging, map_size=MAP_SIZE, writemap=False, readonly=True, lock=False)
         try:
             def corrupt(i: int, why: str) -> Exception:
                 return CacheStoreError(f"generation in {staging} cannot be committed: sample {i}: {why}")
@@ -401,8 +402,8 @@ class LmdbStaging(StagingData):
             if not (self.dir / "data.mdb").exists():
                 return None
             _allocate_lock_file(self.dir)
-            self._env = acquire_env(self._key, lambda: lmdb.open(
-                str(self.dir), map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
+            self._env = acquire_env(self._key, lambda: open_env(
+                self.dir, map_size=MAP_SIZE, writemap=False, sync=False, metasync=False,
                 readahead=True, max_dbs=0, lock=True, create=False))
             self._pid = os.getpid()
         with self._env.begin() as txn:

@@ -14,12 +14,13 @@ SIGBUS itself. A file cut in the middle of a transaction is the one case left to
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias, cast
 
 import lmdb
 import numpy as np
@@ -86,6 +87,27 @@ def acquire_env(key: EnvKey, opener: Callable[[], lmdb.Environment]) -> lmdb.Env
             ENVS[key] = entry
         entry.refs += 1
         return entry.env
+
+
+def open_env(path: Path, **options: Any) -> lmdb.Environment:
+    """``lmdb.open(path, **options)`` once `path` is a real directory whose ``data.mdb`` and ``lock.mdb``,
+    where present, are regular files: LMDB opens them by name, following links, and writes its lock
+    header into ``lock.mdb`` (a symlink put there, in a prefix others can write, would have it write
+    a file outside the store); a FIFO would block it.
+
+    Raises
+    ------
+    SymlinkError, NotRegularFileError
+        Naming the file (or the directory) that is not what LMDB may open.
+    """
+    safefs.require_real_dir(path, "an LMDB environment")
+    for name in ("data.mdb", "lock.mdb"):
+        st = safefs.lstat_or_none(path / name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise safefs.symlink_error(path / name, "an LMDB file")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise safefs.not_regular_error(path / name, "an LMDB file")
+    return lmdb.open(str(path), **options)
 
 
 def release_env(key: EnvKey, pid: int) -> None:
@@ -188,7 +210,7 @@ class LmdbGeneration(GenerationData):
         try:
             # Read-ahead only while the generation fits the memory room: past it, the read-ahead of a
             # page fault (megabytes on some disks) is evicted before it is used.
-            env = lmdb.open(str(self.dir), readonly=True, lock=False, readahead=fits(os.path.getsize(data)),
+            env = open_env(self.dir, readonly=True, lock=False, readahead=fits(os.path.getsize(data)),
                             max_readers=1024, subdir=True)
         except lmdb.Error as exc:
             raise CorruptSampleError(f"{data} of generation {self.generation} cannot be opened: {exc}") from exc
@@ -222,7 +244,7 @@ class LmdbGeneration(GenerationData):
         if (self.verify if verify is None else verify) and checksum([record]) != SUM.unpack_from(view)[0]:
             raise self.corrupt(i, "checksum mismatch")
         try:
-            return records.decode_record(record, copy=copy, raw=self._raw_bytes or None)
+            return records.decode_record(record, copy=copy, raw=self._raw_bytes or None, limit=self.max_sample_bytes)
         except CorruptSampleError as exc:
             raise self.corrupt(i, str(exc)) from exc
 

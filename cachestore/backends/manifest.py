@@ -16,8 +16,9 @@ from typing import Any, Callable, TypeAlias
 
 import xxhash
 
-from .. import safefs, untrusted
+from .. import codec, safefs, untrusted
 from ..errors import MalformedFileError
+from ..trust import OWN, Trust
 
 MANIFEST_NAME = "manifest.json"
 
@@ -26,10 +27,14 @@ MANIFEST_NAME = "manifest.json"
 Manifest: TypeAlias = dict[str, Any]
 
 
-def check_generation(gen_dir: Path, generation: int,
-                     check_files: Callable[[Path, Manifest], str | None]) -> tuple[Manifest, str | None]:
-    """``(manifest, why it is damaged or None)`` from cheap checks: names, manifest, file sizes,
-    then the backend's own `check_files`, then the manifest's checksum.
+def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path, Manifest], str | None],
+                     trust: Trust = OWN, max_sample_bytes: int | None = None) -> tuple[Manifest, str | None]:
+    """``(manifest, why it is damaged or None)`` from cheap checks: owners (`trust`), names,
+    manifest, file sizes, then the backend's own `check_files`, then the manifest's checksum.
+
+    A generation another user made is damage unless `trust` names that user: in a prefix others
+    can write, one put in place of the job's own (correct checksums, other values) would
+    otherwise be served (see :mod:`cachestore.trust`); the job writes its own instead.
 
     A generation directory is only ever made by a commit (a rename of a finished
     staging area), so one without a readable manifest, or whose files do not have
@@ -45,9 +50,12 @@ def check_generation(gen_dir: Path, generation: int,
         raise FileNotFoundError(gen_dir)
     if kind != "a directory":
         return {}, f"{gen_dir} is {kind}, not a generation directory the store made"
+    foreign = trust.why_not(gen_dir, gen_dir.lstat(), "the generation directory")
+    if foreign is not None:
+        return {}, foreign
     path = gen_dir / MANIFEST_NAME
     try:
-        manifest = untrusted.read_document(path, "a generation manifest")
+        manifest = untrusted.read_document(path, "a generation manifest", trust=trust)
     except FileNotFoundError:
         if not os.path.lexists(gen_dir):
             raise
@@ -59,6 +67,11 @@ def check_generation(gen_dir: Path, generation: int,
     except MalformedFileError as exc:
         partial = manifest if isinstance(manifest, dict) else {}
         return partial, f"{path} is invalid: {exc}"
+    if max_sample_bytes is not None and "schema" in manifest:
+        one = sum(codec.row_bytes(codec.leaf_specs(untrusted.parse_treedef(manifest["schema"], str(path)))))
+        if one > max_sample_bytes:
+            return manifest, (f"{path}: a sample of its schema takes {one} bytes, more than the store's "
+                              f"max_sample_bytes ({max_sample_bytes}): pass a larger one to read it")
     files = manifest.get("files", {})  # recorded at commit (checked names and sizes); older stores have none
     for name, expected in sorted(files.items()):
         st = safefs.lstat_or_none(gen_dir / name)
@@ -67,6 +80,8 @@ def check_generation(gen_dir: Path, generation: int,
         if st is None or not stat.S_ISREG(st.st_mode):
             state = "missing" if st is None else safefs.describe_entry(gen_dir / name)
             return manifest, f"{gen_dir / name} is {state} (the manifest records a file of {expected} bytes)"
+        if (foreign := trust.why_not(gen_dir / name, st, "the file")) is not None:
+            return manifest, foreign
         if st.st_size != expected:
             how = "truncated" if st.st_size < expected else "longer than written"
             return manifest, f"{gen_dir / name} is {how}: {st.st_size} bytes, the manifest recorded {expected}"

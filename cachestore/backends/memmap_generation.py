@@ -221,7 +221,8 @@ class MemmapGeneration(GenerationData):
         row = self.rows[i]
         if row["shard"] != COLUMN:
             try:
-                return records.decode_record(self._record(i, row, verify), copy=copy, raw=int(row["raw"]))
+                return records.decode_record(self._record(i, row, verify), copy=copy, raw=int(row["raw"]),
+                                             limit=self.max_sample_bytes)
             except CorruptSampleError as exc:
                 if exc.index is not None or exc.generation is not None:
                     raise

@@ -110,13 +110,8 @@ class MemmapShard(ShardWriter):
         self._rows: list[tuple[int, int, int, int, int, int, int]] = []
 
     def _open(self, name: str, flags: int) -> int:
-        """Open `name` of this shard's staging area (never through a symlink)."""
-        try:
-            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._dir_fd)
-        except OSError as exc:
-            if safefs.is_link_error(exc) and os.path.islink(self.dir / name):
-                raise safefs.symlink_error(self.dir / name) from None
-            raise
+        """Open `name` of this shard's staging area (never through a symlink, only a regular file)."""
+        return safefs.open_at(self._dir_fd, name, flags, self.dir, mode=0o644)
 
     def _load_schema(self) -> TreeDef | None:
         """The treedef the columns of this shard's area hold, ``None`` when no shard claimed one (checked as

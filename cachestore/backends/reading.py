@@ -45,6 +45,9 @@ class GenerationData(ABC):
         #: Whether a pickled leaf is loaded: only when the reading side said so (docs/ARCHITECTURE.md,
         #: "Untrusted stores"); else reading it is :class:`PickleRefusedError`.
         self.allow_pickle = allow_pickle
+        #: The most bytes one sample may decompress to, whatever its record says (the store's
+        #: ``max_sample_bytes``, set by the backend that opened it; ``None``: its records' own bounds).
+        self.max_sample_bytes: int | None = None
 
     def __len__(self) -> int:
         return self.num_samples

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from .. import safefs
 from ..errors import CacheStoreError
+from ..trust import Trust
 from ..untrusted import decimal, read_document
 from .base import ProducerRecord
 
@@ -51,13 +52,31 @@ def parse_staging(name: str) -> tuple[int, int] | None:
     return None if generation is None or pid is None else (generation, pid)
 
 
-def staging_record(staging: Path) -> ProducerRecord | None:
-    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable."""
+def staging_record(staging: Path, trust: Trust | None = None) -> ProducerRecord | None:
+    """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable,
+    or (given `trust`) when another user than those it trusts owns the area or its record: such an
+    area is nobody's to adopt or join (see :mod:`cachestore.trust`)."""
     try:
-        record = read_document(staging / STAGING_META, "a staging record", 1 << 20)
+        if trust is not None and trust.why_not(staging, staging.lstat(), "the staging area") is not None:
+            return None
+        record = read_document(staging / STAGING_META, "a staging record", 1 << 20, trust)
     except (OSError, ValueError):  # MalformedFileError among them: too large, too deep, not JSON
         return None
     return record if isinstance(record, dict) else None
+
+
+def unshared_record(area: Path, trust: Trust | None) -> ProducerRecord:
+    """A shared area's producer record (see :func:`staging_record`) less its ``shared`` mark: what an
+    ordinary staging area of the same producer records."""
+    return {k: v for k, v in (staging_record(area, trust) or {}).items() if k != "shared"}
+
+
+def idle_shared_areas(root: Path, generation: int) -> list[Path]:
+    """Shared staging areas of `generation` in the store `root` that nobody is a member of now."""
+    if not root.is_dir():
+        return []
+    return [entry for entry in sorted(root.iterdir()) if parse_shared(entry.name) == generation
+            and safefs.is_real_dir(entry) and not has_members(entry)]
 
 
 def mark_committing(staging: Path) -> None:

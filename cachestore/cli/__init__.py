@@ -87,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     inspect.add_argument("--verify", action="store_true",
                          help="check every checksum; exit 1 naming each bad sample")
+    _trust_option(inspect)
     inspect.set_defaults(run=_inspect)
 
     prune = commands.add_parser(
@@ -102,9 +103,16 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--partial", action="store_true",
                        help="also remove partial generations of this store's dataset (kept by an interrupted "
                             "run for the next one to complete); those of another dataset always go")
+    _trust_option(prune)
     prune.set_defaults(run=_prune)
     remote.add_commands(commands)
     return parser
+
+
+def _trust_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--trusted-uid", type=_non_negative_int, action="append", dest="trusted_uids",
+                         metavar="UID", help="also read generations of this user (repeatable; see the README's "
+                                             "Security): another user's are damage otherwise")
 
 
 def _non_negative_int(text: str) -> int:
@@ -166,7 +174,7 @@ def _inspect(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int
     status, stores = EXIT_OK, []
     for root in roots:
         try:
-            stores.append(describe_store(root, verify=args.verify))
+            stores.append(describe_store(root, verify=args.verify, trusted_uids=args.trusted_uids))
         except (CacheStoreError, OSError, ValueError) as exc:
             _error(f"cannot read store {root}: {exc}")
             status = EXIT_PROBLEMS
@@ -195,7 +203,7 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
     would = "would remove" if args.dry_run else "removed"
     for n, root in enumerate(roots):
         try:
-            with open_store(root) as store:
+            with open_store(root, trusted_uids=args.trusted_uids) as store:
                 removed = store.prune(keep=args.keep, dry_run=args.dry_run, max_bytes=args.max_bytes,
                                       partial=args.partial)
                 kept = _kept(store, {r.path for r in removed})

@@ -22,9 +22,10 @@ from ..store import open_store
 Doc: TypeAlias = dict[str, Any]
 
 
-def describe_store(path: str, verify: bool = False) -> Doc:
-    """Everything ``inspect`` shows about the store at `path`, as JSON-ready data (read-only)."""
-    with open_store(path, readonly=True, verify=True) as store:
+def describe_store(path: str, verify: bool = False, trusted_uids: list[int] | None = None) -> Doc:
+    """Everything ``inspect`` shows about the store at `path`, as JSON-ready data (read-only); generations of
+    users other than this one and `trusted_uids` show as damaged."""
+    with open_store(path, readonly=True, verify=True, trusted_uids=trusted_uids) as store:
         holder = lock_holder(path) if store.backend.persistent else None
         meta = store.meta
         lock_file = Path(path) / LOCK_NAME

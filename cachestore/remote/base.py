@@ -20,7 +20,7 @@ from ..errors import CacheStoreError, GenerationNotFoundError, NotAStoreError
 from . import layout
 from .client import Client
 from .errors import ObjectNotFoundError, RemoteConfigError
-from .manifest import KIND_STORE, GenerationManifest, encode, parse_generation, parse_store
+from .manifest import KIND_STORE, MAX_DOC_BYTES, GenerationManifest, encode, parse_generation, parse_store
 from .settings import RemoteSettings
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class RemoteBase:
         if self._doc is None:
             key = layout.store_doc(self.key)
             try:
-                data = self.client.get(key)
+                data = self.client.get_document(key, MAX_DOC_BYTES)
             except ObjectNotFoundError:
                 raise NotAStoreError(f"{self.path} holds no store (no {layout.STORE_DOC}); nothing was published "
                                      "there for this dataset yet") from None
@@ -96,7 +96,7 @@ class RemoteBase:
         if found is None:
             key = layout.generation_manifest(self.key, generation)
             try:
-                data = self.client.get(key)
+                data = self.client.get_document(key, MAX_DOC_BYTES)
             except ObjectNotFoundError:
                 raise GenerationNotFoundError(f"generation {generation} is not published on {self.path} (or not "
                                               "complete yet: its manifest is written last)") from None

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
-from .errors import ExtraMissingError, ObjectNotFoundError, RemoteError
+from .errors import ExtraMissingError, ObjectNotFoundError, RemoteError, RemoteManifestError
 from .settings import RemoteSettings, redact
 from .url import check_key
 
@@ -129,6 +129,32 @@ class Client:
         """The whole object `key`."""
         check_key(key)
         return self._call("reading", key, lambda: bytes(self._ob.get(self._store, key).bytes()))
+
+    def get_document(self, key: str, limit: int) -> bytes:
+        """The whole object `key` when it takes at most `limit` bytes (a manifest, ``store.json``).
+
+        Its size is looked up first and no more than that is read: an object anyone with write
+        access made huge is refused before its bytes travel (a remote is untrusted input).
+
+        Raises
+        ------
+        ObjectNotFoundError
+            `key` is not there.
+        RemoteManifestError
+            It takes more than `limit` bytes.
+        """
+        info = self.head(key)
+        if info is None:
+            exc = ObjectNotFoundError(f"{self._where(key)} is not there")
+            exc.key = key
+            raise exc
+        if info.size > limit:
+            raise RemoteManifestError(f"{self._where(key)}: {info.size} bytes, more than a document of the remote "
+                                      f"may hold ({limit}); the remote is damaged or was written by something else")
+        if not info.size:
+            return b""
+        found = self._call("reading", key, lambda: self._ob.get_ranges(self._store, key, starts=[0], ends=[info.size]))
+        return bytes(found[0])
 
     def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[memoryview]:
         """Byte ranges ``[starts[j], ends[j])`` of object `key`; nearby ranges travel in one request."""

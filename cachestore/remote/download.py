@@ -143,3 +143,29 @@ def _pwrite(fd: int, buf: memoryview, offset: int) -> None:
     done = 0
     while done < len(buf):
         done += os.pwrite(fd, buf[done:], offset + done)
+
+
+def chunk_errors(remote: "RemoteBase", generation: int) -> list[CacheStoreError]:
+    """What a pull of `generation` would refuse, found without writing anything: objects missing or
+    of another size than the manifest says, chunks that do not match their checksums (each read once
+    more, as a pull does). ``inspect --verify`` reports these beside the records' own checksums, so
+    it never says OK of a generation a pull refuses."""
+    bad: list[CacheStoreError] = []
+    for fs in remote.manifest(generation).sets:
+        try:
+            object_sizes(remote, generation, fs)
+        except CacheStoreError as exc:
+            bad.append(exc)
+            continue
+        prefix = layout.data_prefix(remote.key, generation, fs.name)
+        for f in fs.files:
+            for obj, off, n, c in zip(f.objects.tolist(), f.offsets.tolist(), f.lengths.tolist(),
+                                      f.checksums.tolist()):
+                key = f"{prefix}/{fs.objects[obj][0]}"
+                (buf,) = remote.client.get_ranges(key, [off], [off + n])
+                if len(buf) != n or xxhash.xxh3_64_intdigest(buf) != c:
+                    try:
+                        _again(remote, key, off, n, c)
+                    except RemoteCorruptError as exc:
+                        bad.append(exc)
+    return bad

@@ -42,7 +42,8 @@ from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
 from . import layout
 from .errors import ObjectNotFoundError, RemoteManifestError
-from .manifest import GenerationManifest, PartManifest, encode, generation_doc, parse_part, part_doc
+from .manifest import (MAX_DOC_BYTES, GenerationManifest, PartManifest, encode, generation_doc, parse_part,
+                       part_doc)
 from .part_files import part_sources
 from .placing import place_part
 from .publish import PublishHandle, upload_set
@@ -185,7 +186,7 @@ def published_parts(remote: "RemoteBase", generation: int, nparts: int,
     for k in (range(nparts) if parts is None else parts):
         key = layout.part_manifest(remote.key, generation, k, nparts)
         try:
-            data = remote.client.get(key)
+            data = remote.client.get_document(key, MAX_DOC_BYTES)
         except ObjectNotFoundError:
             continue
         out[k] = parse_part(data, f"{remote.settings.url}/{key}", remote.key, generation, k, nparts)

@@ -257,7 +257,7 @@ class RemoteGeneration(GenerationData):
             if self.verify and xxhash.xxh3_64_intdigest(rec) != int(row["checksum"]):
                 raise self.corrupt(i, "checksum mismatch")
             try:
-                treedef, leaves = decode_record(rec, copy=True)
+                treedef, leaves = decode_record(rec, copy=True, raw=int(row["raw"]), limit=self.max_sample_bytes)
             except (CorruptSampleError, ValueError, TypeError, KeyError, IndexError) as exc:
                 raise self.corrupt(i, f"its record does not decode ({exc})") from None
             check_treedef(treedef, self.allow_pickle, f"sample {i} of {self.where}")

@@ -20,6 +20,7 @@ from . import layout
 from .base import RemoteBase, fingerprint_hash, local_key
 from .client import Client
 from .errors import RemoteConfigError
+from .download import chunk_errors
 from .fetch import fetch
 from .parts import Claim, RemoteGeneration, claim_part, fetch_parts, publish_part, remote_generations
 from .pruning import prune_remote
@@ -78,9 +79,11 @@ class RemoteStore(RemoteBase, Store):
         return RemoteReader(self, generation)
 
     def verify(self) -> list[Any]:
-        """Check every record of every published generation (reads all of them)."""
-        bad = []
+        """Check every chunk and record of every published generation (reads all of them twice): what a
+        pull would refuse (objects, chunk checksums), then the records' own checksums."""
+        bad: list[Any] = []
         for g in self.generation_ids():
+            bad.extend(chunk_errors(self, g))  # what a pull checks: reading alone never looks at chunks
             with self.reader(g) as reader:
                 bad.extend(reader.verify())
         return bad

@@ -55,8 +55,9 @@ def check_treedef(treedef: TreeDef, allow_pickle: bool, where: str) -> None:
                                  "unless the store is opened with allow_pickle=True (pickle runs code)")
 
 
-def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str) -> None:
-    """Check every record of the memmap generation in `gen_dir` (files checked by the caller)."""
+def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int | None = None) -> None:
+    """Check every record of the memmap generation in `gen_dir` (files checked by the caller); none is
+    decompressed past its index row's size nor `limit` (the store's ``max_sample_bytes``)."""
     rows = _load_index(gen_dir / "index.npy", where)
     n = len(rows)
     if not np.array_equal(rows["index"], np.arange(n)):
@@ -74,7 +75,7 @@ def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str) -> None:
     for k, shard in enumerate(shards):
         mine = np.flatnonzero(rows["shard"] == k)
         if mine.size:
-            _verify_records(gen_dir / f"{shard}.seg", rows[mine], allow_pickle, where)
+            _verify_records(gen_dir / f"{shard}.seg", rows[mine], allow_pickle, where, limit)
     if np.any((rows["shard"] != COLUMN) & ((rows["shard"] < 0) | (rows["shard"] >= len(shards)))):
         raise CorruptSampleError(f"{where}: its index names a shard that is not there")
 
@@ -121,7 +122,7 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
             raise CorruptSampleError(f"{where}: sample {int(chosen[bad[0]])} fails its checksum")
 
 
-def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str) -> None:
+def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str, limit: int | None) -> None:
     st = safefs.lstat_or_none(seg)
     size = st.st_size if st is not None else -1
     ends = rows["offset"] + rows["length"]
@@ -134,13 +135,15 @@ def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str) -> Non
         rec = data[start:start + length]
         if checksum([rec]) != int(row["checksum"]):
             raise CorruptSampleError(f"{where}: sample {int(row['index'])} fails its checksum")
-        check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen)
+        check_record(rec, allow_pickle, f"{where}: sample {int(row['index'])}", seen, int(row["raw"]), limit)
 
 
-def check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str]) -> None:
-    """A record's structure is valid (checked once per distinct structure)."""
+def check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str], raw: int | None = None,
+                 limit: int | None = None) -> None:
+    """A record's structure is valid (checked once per distinct structure); a compressed one is
+    decompressed to at most `raw` (its index row's size) and `limit` bytes (see :func:`decode_record`)."""
     try:
-        treedef, _ = decode_record(rec, copy=False)
+        treedef, _ = decode_record(rec, copy=False, raw=raw, limit=limit)
     except (CorruptSampleError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise CorruptSampleError(f"{where} does not decode ({exc})") from None
     text = json.dumps(codec.treedef_to_json(treedef))
@@ -161,17 +164,18 @@ def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samp
         A file is missing or damaged, a record fails its checksum or holds a pickled leaf.
     """
     check_files = getattr(backend, "_check_files", lambda d, m: None)
-    manifest, damage = check_generation(gen_dir, generation, check_files)
+    manifest, damage = check_generation(gen_dir, generation, check_files, max_sample_bytes=backend.max_sample_bytes)
     if damage is not None:
         raise CorruptSampleError(f"{where}: {damage.replace(str(gen_dir), 'the downloaded generation')}")
     if manifest.get("num_samples") != num_samples:
         raise RemoteManifestError(f"{where}: the generation holds {manifest.get('num_samples')} samples, its remote "
                                   f"manifest announced {num_samples}")
     if backend.name == "memmap":
-        verify_memmap_dir(gen_dir, allow_pickle, where)
+        verify_memmap_dir(gen_dir, allow_pickle, where, backend.max_sample_bytes)
         return
     opener = getattr(backend, "_open")
     data: GenerationData = opener(gen_dir, manifest)
+    data.max_sample_bytes = backend.max_sample_bytes
     try:
         _verify_generic(data, allow_pickle, where)
     finally:

@@ -100,7 +100,9 @@ class CacheController:
         def open_it(fingerprint: dict | None) -> Store:
             return open_store(path, settings.backend, compression=settings.compression,
                               disk_budget=settings.disk_budget, allow_pickle=settings.allow_pickle,
-                              fingerprint=fingerprint, producer=producer, verify=settings.verify)
+                              fingerprint=fingerprint, producer=producer, verify=settings.verify,
+                              trusted_uids=settings.trusted_uids, trusted_gids=settings.trusted_gids,
+                              max_sample_bytes=settings.max_sample_bytes)
 
         if get_backend(settings.backend).persistent and read_only(path):
             return cls.open_read_only(settings, path, fingerprint, layout.per_store)
@@ -150,7 +152,9 @@ class CacheController:
         """The store at `path`, on a read-only file system: its committed generations are served, nothing
         is written (no sweep, no refresh, no new generation)."""
         try:
-            store = open_store(path, readonly=True, fingerprint=fingerprint, verify=settings.verify)
+            store = open_store(path, readonly=True, fingerprint=fingerprint, verify=settings.verify,
+                               trusted_uids=settings.trusted_uids, trusted_gids=settings.trusted_gids,
+                               max_sample_bytes=settings.max_sample_bytes)
         except NotAStoreError:
             raise NotAStoreError(f"{path} is on a read-only file system and holds no cache: there is nothing to "
                                  "read and no room to write one. Give cache_setting['prefix'] a writable "

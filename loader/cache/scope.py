@@ -29,6 +29,7 @@ from cachestore.backends import get_backend
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout, gather_across_ranks
+from ..errors import RankFailedError
 from ..remote_setting import node_of
 from ..executors.host import executor_class
 from ..settings import CacheSettings, LoaderSettings
@@ -107,6 +108,10 @@ def _differing_ranks(settings: LoaderSettings, num_samples: int) -> str | None:
         return None
     by_node: dict[int, list[tuple[int, dict]]] = {}
     for rank, identity in enumerate(everyone):
+        if not isinstance(identity, dict) or not isinstance(identity.get("params"), dict) \
+                or "fingerprint" not in identity:
+            raise RankFailedError(f"rank {rank} answered {str(identity)[:80]!r}, not a dataset's identity: its "
+                                  f"file under {settings.cache.prefix} was not written by a rank of this job")
         by_node.setdefault(rank // layout.local_ranks, []).append((rank, identity))
     for node, ranks in sorted(by_node.items()):
         first_rank, first = ranks[0]

@@ -44,11 +44,13 @@ from cachestore.backends.base import ShardWriter, StagingToken
 from cachestore.backends.staging import parse_staging
 from cachestore.codec import Sample
 from cachestore.errors import CacheStoreError
-from cachestore.safefs import is_real_dir, read_json, write_json_atomic
+from cachestore.safefs import is_real_dir, write_json_atomic
 from cachestore.scratch import pid_alive
-from cachestore.untrusted import is_file_name
+from cachestore.trust import OWN
+from cachestore.untrusted import is_file_name, read_document
 from cachestore.writer import ShardSpec
 
+from ..distributed import RANK_FILE_BYTES, check_rendezvous
 from ..errors import RankFailedError, RanksTimeoutError
 
 #: Seconds a rank waits for another to show up at all (it may still be starting its workers).
@@ -109,7 +111,8 @@ def sweep_stale(store_path: str, keep: Path) -> None:
         try:
             if time.time() - where.lstat().st_mtime < STALE_AFTER or not is_real_dir(where):
                 continue
-            pids = [read_json(p).get("pid") for p in where.glob("pid-*.json")]
+            pids = [read_document(p, "a rank's file", RANK_FILE_BYTES, OWN).get("pid")
+                    for p in where.glob("pid-*.json")]
         except (OSError, ValueError, AttributeError):
             continue  # removed meanwhile, or not ours to judge
         if not any(isinstance(pid, int) and pid_alive(pid) for pid in pids):
@@ -140,6 +143,7 @@ class NodeStream:
         if rank == 0:
             sweep_stale(store_path, keep=self.where)
         self.where.mkdir(exist_ok=True)
+        check_rendezvous(self.where)  # this user's own, not a co-tenant's put in its place
         self.post("pid", {"pid": os.getpid()})
 
     # ------------------------------------------------------------------ the files
@@ -150,7 +154,7 @@ class NodeStream:
     def _read(self, what: str, rank: int) -> dict[str, Any] | None:
         """Rank `rank`'s `what`, ``None`` while there is none (each file is written whole, renamed in)."""
         try:
-            doc = read_json(self.where / f"{what}-{rank}.json")
+            doc = read_document(self.where / f"{what}-{rank}.json", "a rank's file", RANK_FILE_BYTES, OWN)
         except FileNotFoundError:
             return None
         if not isinstance(doc, dict):

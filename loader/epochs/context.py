@@ -127,8 +127,9 @@ class EpochContext:
         rotation = self.state.rotation
         assert rotation is not None
         slots = rotation.window(len(self.indices), self.settings.batch_size)
-        self.res.window = (DiskWindow(rotation.prefix, slots) if rotation.medium == "disk" and rotation.prefix
-                           else MemoryWindow(slots))
+        allow_pickle = rotation.allow_pickle or self.settings.allow_pickle
+        self.res.window = (DiskWindow(rotation.prefix, slots, allow_pickle) if rotation.medium == "disk"
+                           and rotation.prefix else MemoryWindow(slots))
 
     def num_batches(self) -> int:
         """Batches per epoch (rotation serves each sample R times)."""

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import cachestore
-from cachestore import (BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
+from cachestore import (BatchStackError, BudgetExceededError, CacheStoreError, CorruptSampleError, FingerprintError,
                         FingerprintMismatchError, GenerationCommitted, GenerationNotFoundError, MalformedFileError,
-                        NotAStoreError, PickleRefusedError, StoreLockedError, SymlinkError, UnsupportedSampleError,
-                        open_store)
+                        NotAStoreError, NotRegularFileError, PickleRefusedError, StoreLockedError, SymlinkError,
+                        UnsupportedSampleError, UntrustedOwnerError, open_store)
 
 from .helpers import write_generation
 
@@ -26,6 +26,9 @@ HIERARCHY = {
     SymlinkError: OSError,
     MalformedFileError: ValueError,
     PickleRefusedError: PermissionError,
+    NotRegularFileError: OSError,
+    UntrustedOwnerError: PermissionError,
+    BatchStackError: ValueError,
 }
 
 

@@ -159,7 +159,7 @@ def test_a_generation_committed_before_manifests_recorded_the_schema_reads_as_be
 BOMB_BYTES = 512 << 20
 
 
-def _bomb(content_size: bool, raw: int) -> bytes:
+def bomb(content_size: bool, raw: int) -> bytes:
     """A record of BOMB_BYTES of zeros (a bytes leaf), zstd-compressed to a few dozen KB; its header
     says the leaves take `raw` bytes (what the sample it replaces took)."""
     import zstandard
@@ -175,7 +175,7 @@ def _bomb(content_size: bool, raw: int) -> bytes:
     return struct.pack("<4sIII", b"CSR1", 1, len(meta), raw) + b"".join(parts)
 
 
-def _plant_memmap(store_path: str, index: int, record: bytes) -> None:
+def plant_memmap(store_path: str, index: int, record: bytes) -> None:
     gen_dir = _gen(store_path)
     (seg,) = gen_dir.glob("*.seg")
     rows = np.load(gen_dir / "index.npy")
@@ -188,7 +188,7 @@ def _plant_memmap(store_path: str, index: int, record: bytes) -> None:
     reseal(gen_dir)
 
 
-def _plant_lmdb(store_path: str, index: int, record: bytes) -> None:
+def plant_lmdb(store_path: str, index: int, record: bytes) -> None:
     gen_dir = _gen(store_path)
     env = lmdb.open(str(gen_dir), lock=False, map_size=1 << 32)
     with env.begin(write=True) as txn:
@@ -202,9 +202,9 @@ def _plant_lmdb(store_path: str, index: int, record: bytes) -> None:
 def test_a_decompression_bomb_allocates_no_more_than_its_index_says(store_path, capsys, backend, content_size):
     store = open_store(store_path, backend, compression="zstd")
     write_generation(store, 0, N, variable_sample)
-    record = _bomb(content_size, raw=64)
+    record = bomb(content_size, raw=64)
     assert len(record) < 1 << 20
-    (_plant_memmap if backend == "memmap" else _plant_lmdb)(store_path, 3, record)
+    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, record)
     reader = store.reader(0)
     tracemalloc.start()
     try:
@@ -348,7 +348,7 @@ def test_a_record_with_a_malformed_structure_is_a_corrupt_sample(store_path, cap
     write_generation(store, 0, N, variable_sample)
     meta = json.dumps(structure).encode()
     record = struct.pack("<4sIII", b"CSR1", 0, len(meta), 0) + meta + bytes(-len(meta) % 16) + bytes(64)
-    (_plant_memmap if backend == "memmap" else _plant_lmdb)(store_path, 5, record)
+    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 5, record)
     reader = store.reader(0)
     with pytest.raises(CorruptSampleError, match="sample 5 of generation 0 .* structure"):
         reader[5]
@@ -382,7 +382,7 @@ def test_a_text_leaf_that_is_not_utf8_is_a_corrupt_sample(store_path, backend):
     write_generation(store, 0, N, variable_sample)
     meta = json.dumps(["s", 2]).encode()
     record = struct.pack("<4sIII", b"CSR1", 0, len(meta), 2) + meta + bytes(-len(meta) % 16) + b"\xff\xfe"
-    (_plant_memmap if backend == "memmap" else _plant_lmdb)(store_path, 3, record)
+    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, record)
     with store.reader(0) as reader:
         with pytest.raises(CorruptSampleError, match="sample 3 of generation 0 .* not UTF-8"):
             reader[3]

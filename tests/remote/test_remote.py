@@ -161,7 +161,7 @@ def test_slowdown_and_dropped_connections_are_retried(tmp_path, weed, remote_url
         proxy.close()
 
 
-def _forge(remote, generation, mutate):
+def forge(remote, generation, mutate):
     """Rewrite generation `generation`'s manifest with `mutate(doc)` applied (checksum made right)."""
     key = layout.generation_manifest(remote.key, generation)
     doc = json.loads(remote.client.get(key))
@@ -186,7 +186,7 @@ def test_malformed_manifest_is_a_clear_error_and_writes_nothing_outside(tmp_path
     local = make_store(tmp_path / "a", n=10)
     remote = open_remote(remote_url, options(weed), local=local)
     remote.publish(local, background=False).wait()
-    _forge(remote, 0, mutate)
+    forge(remote, 0, mutate)
     before = set(os.listdir(tmp_path))
     other = open_store(tmp_path / "b" / "c", fingerprint=local.fingerprint)
     with pytest.raises(RemoteManifestError, match=match):
