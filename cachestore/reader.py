@@ -30,6 +30,9 @@ class Reader:
     >>> batch = reader.get_batch([3, 1, 4])
     """
 
+    #: Capability: a process forked from this one can read it (each reopens it per pid).
+    survives_fork = True
+
     def __init__(self, spec: StoreSpec, generation: int, data: GenerationData | None = None) -> None:
         self.spec = spec
         self.generation = generation
