@@ -283,14 +283,9 @@ class StreamGenerateEpoch(StreamEpoch):
         if count == 0:
             writer.abort()
             raise ValueError("the stream yielded no sample: there is nothing to cache")
-        info = writer.commit({"epochs": [self.plan.epoch], "update_frequency": ctx.cache.settings.k_or_none,
-                              "stream": True})
-        ctx.cache.mine.add(info.id)
-        removed = ctx.cache.store.prune(keep=1)
+        ctx.cache.commit(writer, self.plan.epoch, stream=True)
         ctx.reads.drop_reader()
         stats.committed = True
-        log.info("committed generation %d of a stream (%d samples, %d bytes); pruned %d old item(s)", info.id,
-                 info.num_samples, info.nbytes, len(removed))
 
 
 def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
