@@ -30,15 +30,17 @@ class Reader:
     >>> batch = reader.get_batch([3, 1, 4])
     """
 
-    #: Capability: a process forked from this one can read it (each reopens it per pid).
-    survives_fork = True
-
     def __init__(self, spec: StoreSpec, generation: int, data: GenerationData | None = None) -> None:
         self.spec = spec
         self.generation = generation
         self._data: GenerationData | None = data
         self._pid = os.getpid()
         self._persistent = spec.persistent
+
+    @property
+    def survives_fork(self) -> bool:
+        """Capability: a process forked from this one can read it (each process reopens it, by pid)."""
+        return True
 
     @classmethod
     def open(cls, spec: StoreSpec, generation: int) -> "Reader":

@@ -377,7 +377,7 @@ class RemoteReader(Reader):
         super().__init__(spec, generation, None)
         self.remote = remote
 
-    @property  # type: ignore[override]
+    @property
     def survives_fork(self) -> bool:
         """Whether a process forked from this one can read it: not once this process made requests (the
         client's runtime does not survive a fork; such a process raises :class:`RemoteForkError`)."""
