@@ -224,8 +224,8 @@ class CachedLoader(LoaderAttributes):
         s = self.settings
         if not s.dataset.stream:
             return len(self.dataset)
-        if s.rotation is not None:  # each epoch rotates through this many samples of the stream
-            return s.rotation.stream_samples or len(self.dataset)
+        if s.rotation is not None:  # each epoch rotates through this many samples of each rank's own stream
+            return (s.rotation.stream_samples or len(self.dataset)) * s.nb_consumer
         if s.cache is None:
             return 0
         if self._runner is not None and self._runner.ctx.cache is not None:

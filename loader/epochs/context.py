@@ -30,8 +30,9 @@ from .reads.paths import ReadPaths, ThreadsResource
 from .rotation import batch_sizes
 from .windows import DiskWindow, MemoryWindow, RotationWindow
 
-if TYPE_CHECKING:  # imported only where a remote is asked for
+if TYPE_CHECKING:  # a remote's tier, imported only where one is asked for; the feed's kind imports this module
     from ..cache.remote import RemoteTier
+    from .kinds.stream import StreamFeed
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class EpochContext:
         self.stream_len_called: int | None = None
         #: A stateful stream's position after the latest batch served: ``(epoch, batches served, where)``.
         self.stream_at: tuple[int, int, StreamAt] | None = None
+        #: Where rotation epochs over a stream left it (loader.epochs.kinds.stream.StreamFeed).
+        self.stream_feed: StreamFeed | None = None
 
     def streams(self) -> StreamWorkers | InlineStream:
         """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""

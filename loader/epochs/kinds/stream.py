@@ -28,7 +28,7 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
-from ...executors.process.streams import StreamAt, stateful
+from ...executors.process.streams import InlineStream, StreamAt, StreamWorkers, stateful
 from ...executors.producer import transform
 from ..context import EpochContext
 from ..places import ComputePlace
@@ -288,23 +288,63 @@ class StreamGenerateEpoch(StreamEpoch):
         stats.committed = True
 
 
+class StreamFeed:
+    """A stream's samples across the rotation epochs over it: each epoch takes the stream's next ones, where
+    the last epoch stopped; a stream that ended is iterated again from its start (a new pass, numbered on
+    from `base`: its workers' answers are never taken for another pass's)."""
+
+    def __init__(self, streams: StreamWorkers | InlineStream, base: int) -> None:
+        self.streams, self.passes = streams, itertools.count(base)
+        self._items: Iterator[tuple[int, int, Any]] | None = None
+        self._samples: Iterator[Sample] = iter(())
+
+    def take(self, n: int) -> list[Sample]:
+        """The stream's next `n` samples.
+
+        Raises
+        ------
+        ValueError
+            A whole pass of the stream yields fewer than `n` samples.
+        """
+        got: list[Sample] = list(itertools.islice(self._samples, n)) if self._items is not None else []
+        if len(got) < n:
+            self.close()  # the pass ended: the rest comes from a new one
+            self._items = self.streams.items(next(self.passes), collate=False)
+            self._samples = (sample for _worker, _count, batch in self._items for sample in batch)
+            more = list(itertools.islice(self._samples, n - len(got)))
+            if len(more) < n - len(got):
+                self.close()
+                raise ValueError(f"the stream yielded {len(more)} samples in a whole pass: rotation takes {n} "
+                                 "of them at once (its len(), or rotation_setting['stream_samples'])")
+            got += more
+        return got
+
+    def close(self) -> None:
+        """Stop the pass under way (the workers end their iterators at their next Begin)."""
+        if self._items is not None:
+            items, self._items, self._samples = self._items, None, iter(())
+            items.close()  # type: ignore[attr-defined]
+
+
+#: Pass numbers of rotation over a stream (the stream workers' epochs), apart from the epochs' own numbers.
+ROTATION_BASE = 1 << 41
+
+
 def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
     """The fresh samples of a rotation epoch over a stream: its next samples, as many as each array of
-    positions asks for (the stream is iterated once per epoch, by its workers, in torch's turn)."""
+    positions asks for, where the last epoch left the stream (:class:`StreamFeed`)."""
+    streams = ctx.streams()
+    if ctx.stream_feed is None or ctx.stream_feed.streams is not streams:
+        ctx.stream_feed = StreamFeed(streams, ROTATION_BASE)
+    feed = ctx.stream_feed
 
     def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list[Sample]]:
-        items = ctx.streams().items(plan.epoch, collate=False)
-        samples = (sample for _worker, _count, batch in items for sample in batch)
         taken = 0  # (the rotation counts them into the stats)
-        try:
-            for positions in arrays:
-                got = list(itertools.islice(samples, len(positions)))
-                taken += len(got)
-                if len(got) < len(positions):
-                    raise ValueError(f"the stream ended after {taken} samples in epoch {plan.epoch}: "
-                                     f"rotation serves {len(plan.indices)} of its samples each epoch (its len(), "
-                                     "or rotation_setting['stream_samples'])")
-                yield got
-        finally:
-            items.close()
+        for positions in arrays:
+            try:
+                got = feed.take(len(positions))
+            except ValueError as exc:
+                raise ValueError(f"epoch {plan.epoch}, after {taken} fresh samples: {exc}") from None
+            taken += len(got)
+            yield got
     return fresh
