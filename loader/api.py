@@ -382,6 +382,7 @@ class CachedLoader(LoaderAttributes):
         RuntimeError
             This loader has already started an epoch.
         """
+        self._follow_length()  # a stream's, committed by the node's ranks: known once their scope is decided
         self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))
 
     # ------------------------------------------------------------------ info & shutdown

@@ -78,30 +78,31 @@ class MatrixStream(IterableDataset):
 
 def build(config: dict, out: Path, phase: str) -> CachedLoader:
     """The cell's loader (its arguments from `config`; a second job has its own prefix)."""
-    calls = out / f"calls-{phase}"
+    calls = out / "calls"  # the same in every phase: the path is part of the dataset's identity
     calls.mkdir(exist_ok=True)
     n = config["n"]
     dataset = MatrixStream(n, str(calls)) if config["kind"] == "stream" else MatrixMap(n, str(calls))
-    kwargs: dict = {"batch_size": 4, "seed": 7, "timeout": 90, "shuffle": True}
+    kwargs: dict = {"batch_size": 4, "seed": 7, "timeout": 90}
+    if config["kind"] == "map" or config["caching"] in ("cache", "remote"):
+        kwargs["shuffle"] = True  # (torch refuses it for a stream; a cache makes it mean something)
     executor = config["executor"]
     kwargs["num_workers"] = 0 if executor == "none" else 2
     if executor == "threads":
         kwargs["use_threading"] = True
     if executor == "ray":
         kwargs["executor"] = "ray"
-        kwargs["executor_options"] = {"address": config["ray_address"], "num_workers": 2, "start_timeout": 180,
+        kwargs["executor_options"] = {"address": config.get("ray_address"), "num_workers": 2, "start_timeout": 180,
                                       "actor_options": {"num_cpus": 0.5}}
     caching = config["caching"]
     prefix = str(out / ("cache-second" if phase == "second" else "cache"))
     if caching in ("cache", "remote"):
         kwargs["cache_setting"] = {"prefix": prefix, "update_frequency": 2,
                                    "background_refresh": "auto" if config.get("refresh", True) else False,
-                                   # the same data, whatever file the calls are counted in
-                                   "fingerprint": f"matrix-{config['kind']}",
                                    **({"remote": config["remote"]} if caching == "remote" else {})}
     elif caching.startswith("rotation"):
         medium = caching.split("-")[1]
         kwargs["rotation_setting"] = {"medium": medium, "rotation": 2, "size": 8,
+                                      **({"stream_samples": config.get("take", n)} if config["kind"] == "stream" else {}),
                                       **({"prefix": prefix} if medium == "disk" else {})}
     return CachedLoader(dataset, **kwargs)
 

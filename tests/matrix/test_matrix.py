@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.loader.conftest import leftovers, live_children, my_segments, segments_of
-from tests.marks import covering
+from tests.marks import covering, long
 
 from . import cell
 
@@ -77,14 +77,20 @@ def across(results: list[dict], epoch: int) -> collections.Counter:
 @covering("kind,executor,caching,topology,resume", ["map", "stream"], ["none", "process", "threads", "ray"],
           ["none", "cache", "remote", "rotation-memory", "rotation-disk"], ["one", "ranks"], [False, True])
 def test_cell(tmp_path, request, kind, executor, caching, topology, resume):
+    check(tmp_path, request, kind, executor, caching, topology, resume)
+
+
+def check(tmp_path, request, kind, executor, caching, topology, resume, **more):
+    """One cell (see the module docstring); `more`: other keys of its config."""
     if topology == "ranks" and not TORCHRUN.exists():
         pytest.skip("torchrun is not installed next to this Python")
-    config: dict = {"kind": kind, "executor": executor, "caching": caching, "n": N, "epochs": EPOCHS}
+    config: dict = {"kind": kind, "executor": executor, "caching": caching, "n": N, "epochs": EPOCHS, **more}
     refused = REFUSED.get((kind, executor))
     if refused is not None:
+        before = {p.pid for p in live_children()}
         with pytest.raises(ValueError, match=refused.replace("(", r"\(").replace(")", r"\)")):
             cell.build(config, tmp_path, "run")
-        assert not leftovers(str(tmp_path)) and not live_children()
+        assert not leftovers(str(tmp_path)) and not [p for p in live_children() if p.pid not in before]
         return
     if caching == "remote":
         request.getfixturevalue("s3_env")
@@ -105,10 +111,20 @@ def test_cell(tmp_path, request, kind, executor, caching, topology, resume):
         for epoch in range(1, EPOCHS - STOP[0]):
             assert across(again, epoch) == want, f"resumed epoch {STOP[0] + epoch}"
     if caching == "remote":
-        made = cell.computed(str(tmp_path / "calls-run"))
-        assert made > 0
+        made = cell.computed(str(tmp_path / "calls"))
         # The generation the remote holds serves K = 2 epochs (no background refresh of the next one).
         second = serve(tmp_path, {**config, "stop": None, "epochs": 2, "refresh": False}, "second", topology)
         for epoch in range(2):
             assert across(second, epoch) == want, f"second job, epoch {epoch}"
-        assert cell.computed(str(tmp_path / "calls-second")) == 0, "the second job computed samples"
+        assert cell.computed(str(tmp_path / "calls")) == made, "the second job computed samples"
+
+
+def test_a_cached_stream_under_torchrun_resumes_its_own_state(tmp_path, request):
+    check(tmp_path, request, "stream", "process", "cache", "ranks", True)
+
+
+@pytest.mark.parametrize("kind,caching", [("map", "none"), ("map", "rotation-disk"), ("stream", "none"),
+                                          pytest.param("map", "rotation-memory", marks=long),
+                                          pytest.param("map", "cache", marks=long)])
+def test_rank_0s_state_resumes_every_rank(tmp_path, request, kind, caching):
+    check(tmp_path, request, kind, "process", caching, "ranks", True, state_from="rank0")
