@@ -128,3 +128,19 @@ def test_a_cached_stream_under_torchrun_resumes_its_own_state(tmp_path, request)
                                           pytest.param("map", "cache", marks=long)])
 def test_rank_0s_state_resumes_every_rank(tmp_path, request, kind, caching):
     check(tmp_path, request, kind, "process", caching, "ranks", True, state_from="rank0")
+
+
+def test_rotation_over_a_stream_under_torchrun_takes_each_ranks_next_samples(tmp_path):
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    half = N // 2
+    config = {"kind": "stream", "executor": "process", "caching": "rotation-memory", "n": N, "epochs": 3,
+              "take": half}
+    results = serve(tmp_path, config, "run", "ranks")
+    epochs = [across(results, epoch) for epoch in range(3)]
+    for epoch, served in enumerate(epochs):
+        assert set(served.values()) == {2}, f"epoch {epoch}: each sample twice"
+        assert sorted(sum(1 for i in served if i // 1000 == r) for r in range(2)) == [half, half], epoch
+    assert epochs[0] + epochs[1] == expected("stream", "rotation", 2), \
+        "epochs 0 and 1: each rank's whole stream, its next samples in epoch 1"
+    assert epochs[2] == epochs[0], "the streams ended: a new pass"
