@@ -28,11 +28,11 @@ from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
 from .rotation import batch_sizes
+from .stream_feed import StreamFeed
 from .windows import DiskWindow, MemoryWindow, RotationWindow
 
-if TYPE_CHECKING:  # a remote's tier, imported only where one is asked for; the feed's kind imports this module
+if TYPE_CHECKING:  # imported only where a remote is asked for
     from ..cache.remote import RemoteTier
-    from .kinds.stream import StreamFeed
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,13 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
-from ...executors.process.streams import InlineStream, StreamAt, StreamWorkers, stateful
+from ...executors.process.streams import StreamAt, stateful
 from ...executors.producer import transform
 from ..context import EpochContext
 from ..places import ComputePlace
 from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
 from ..rotation import FreshSamples
+from ..stream_feed import ROTATION_BASE, StreamFeed
 from .base import EpochKind
 
 log = logging.getLogger(__name__)
@@ -286,48 +287,6 @@ class StreamGenerateEpoch(StreamEpoch):
         ctx.cache.commit(writer, self.plan.epoch, stream=True)
         ctx.reads.drop_reader()
         stats.committed = True
-
-
-class StreamFeed:
-    """A stream's samples across the rotation epochs over it: each epoch takes the stream's next ones, where
-    the last epoch stopped; a stream that ended is iterated again from its start (a new pass, numbered on
-    from `base`: its workers' answers are never taken for another pass's)."""
-
-    def __init__(self, streams: StreamWorkers | InlineStream, base: int) -> None:
-        self.streams, self.passes = streams, itertools.count(base)
-        self._items: Iterator[tuple[int, int, Any]] | None = None
-        self._samples: Iterator[Sample] = iter(())
-
-    def take(self, n: int) -> list[Sample]:
-        """The stream's next `n` samples.
-
-        Raises
-        ------
-        ValueError
-            A whole pass of the stream yields fewer than `n` samples.
-        """
-        got: list[Sample] = list(itertools.islice(self._samples, n)) if self._items is not None else []
-        if len(got) < n:
-            self.close()  # the pass ended: the rest comes from a new one
-            self._items = self.streams.items(next(self.passes), collate=False)
-            self._samples = (sample for _worker, _count, batch in self._items for sample in batch)
-            more = list(itertools.islice(self._samples, n - len(got)))
-            if len(more) < n - len(got):
-                self.close()
-                raise ValueError(f"the stream yielded {len(more)} samples in a whole pass: rotation takes {n} "
-                                 "of them at once (its len(), or rotation_setting['stream_samples'])")
-            got += more
-        return got
-
-    def close(self) -> None:
-        """Stop the pass under way (the workers end their iterators at their next Begin)."""
-        if self._items is not None:
-            items, self._items, self._samples = self._items, None, iter(())
-            items.close()  # type: ignore[attr-defined]
-
-
-#: Pass numbers of rotation over a stream (the stream workers' epochs), apart from the epochs' own numbers.
-ROTATION_BASE = 1 << 41
 
 
 def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
