@@ -123,7 +123,8 @@ def test_a_cached_stream_under_torchrun_resumes_its_own_state(tmp_path, request)
     check(tmp_path, request, "stream", "process", "cache", "ranks", True)
 
 
-@pytest.mark.parametrize("kind,caching", [("map", "none"), ("map", "rotation-disk"), ("stream", "none"),
+@pytest.mark.parametrize("kind,caching", [("map", "none"), ("map", "rotation-disk"),
+                                          pytest.param("stream", "none", marks=long),
                                           pytest.param("map", "rotation-memory", marks=long),
                                           pytest.param("map", "cache", marks=long)])
 def test_rank_0s_state_resumes_every_rank(tmp_path, request, kind, caching):
