@@ -133,10 +133,11 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     fallback = state.get("rotation_fallback")
     if fallback is not None:
         theirs["rotation_setting"] = mine["rotation_setting"]
-    # Another rank's state (DDP: rank 0's, loaded on every rank): each rank goes on with its own part from the
-    # same place; what only the rank that took it can adopt (its disk window, its stream's own position) is left.
-    other_rank = "consumer_index" in mine and theirs.get("nb_consumer") == mine["nb_consumer"] and theirs.get(
-        "consumer_index") != mine["consumer_index"]
+    # Another rank's state without a cache (DDP: rank 0's, loaded on every rank): each rank goes on with its own
+    # part from the same place; what only the rank that took it can adopt (its disk window, its stream's own
+    # position) is left. A store of each rank's own (scope "rank") has a plan of its own: refused there.
+    other_rank = settings.cache is None and "consumer_index" in mine and theirs.get(
+        "nb_consumer") == mine["nb_consumer"] and theirs.get("consumer_index") != mine["consumer_index"]
     if other_rank:
         theirs["consumer_index"] = mine["consumer_index"]
     for name, value in mine.items():
