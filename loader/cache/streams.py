@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from cachestore import open_store
 from cachestore.errors import CacheStoreError
@@ -37,21 +37,24 @@ def committed_length(settings: CacheSettings, layout: ConsumerLayout, dataset: D
     (the first epoch fetches it: its length is the loader's from that epoch on).
 
     The store is only looked at (opened read-only, nothing swept or created)."""
-    fingerprint = dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
+    def fingerprint() -> dict[str, object]:  # only where there is a store to compare with
+        return dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
+
     found = _local_length(settings, layout.store_path(settings.prefix), fingerprint)
     if found or not remote or settings.remote is None:
         return found
     from .remote import published_length  # the remote extra: imported only for a loader with a remote
 
-    return published_length(settings, fingerprint)
+    return published_length(settings, fingerprint())
 
 
-def _local_length(settings: CacheSettings, path: str, fingerprint: dict[str, object]) -> int:
+def _local_length(settings: CacheSettings, path: str, fingerprint: Callable[[], dict[str, object]]) -> int:
     if settings.backend == "memory" or not os.path.isfile(os.path.join(path, "store.json")):
         return 0
+    expected = fingerprint()
     try:
         with open_store(path, readonly=True) as store:
-            if store.fingerprint != fingerprint:
+            if store.fingerprint != expected:
                 return 0
             committed = [g for g in store.generations() if g.committed]
     except CacheStoreError:
