@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -91,6 +92,10 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
             other = open_store(tmp / f"b{r}", fingerprint=local.fingerprint)
             # Alternated: the second of the two reads the server's warmer caches.
             for what in ("fetch", "get") if r % 2 == 0 else ("get", "fetch"):
+                # The server keeps its objects on this machine's disk: the set-up's writes (the publish and
+                # the raw PUTs, 512 MB) reach the disk first, else the fetch's fsync (ext4 commits its
+                # journal with every dirty block before it) pays for writing them, and the GET does not.
+                os.sync()
                 t0 = time.perf_counter()
                 if what == "fetch":
                     open_remote(url, opts, local=other).fetch(other, 0)

@@ -38,6 +38,11 @@ class Reader:
         self._pid = os.getpid()
         self._persistent = spec.persistent
 
+    @property
+    def survives_fork(self) -> bool:
+        """Capability: a process forked from this one can read it (each process reopens it, by pid)."""
+        return True
+
     @classmethod
     def open(cls, spec: StoreSpec, generation: int) -> "Reader":
         """Open committed `generation` of the store at `spec` in this process."""

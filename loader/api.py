@@ -18,7 +18,7 @@ from .arguments import DEFAULT_QUEUE, Arguments, Unbatched, parse_arguments, res
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.fingerprint import dataset_fingerprint
 from .cache.scope import consumer_layout, decide_scope
-from .cache.streams import committed_length, wait_for_writer
+from .cache.streams import committed_length, controller_length, wait_for_writer
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
@@ -224,18 +224,17 @@ class CachedLoader(LoaderAttributes):
         s = self.settings
         if not s.dataset.stream:
             return len(self.dataset)
-        if s.rotation is not None:  # each epoch rotates through this many samples of the stream
-            return s.rotation.stream_samples or len(self.dataset)
+        if s.rotation is not None:  # each epoch rotates through this many samples of each rank's own stream
+            return (s.rotation.stream_samples or len(self.dataset)) * s.nb_consumer
         if s.cache is None:
             return 0
         if self._runner is not None and self._runner.ctx.cache is not None:
-            committed = self._runner.ctx.cache.committed()
-            return committed[max(committed)].num_samples if committed else 0
+            return controller_length(self._runner.ctx.cache)
         layout = self._layout(0)
         # Another job writing this stream: its result (not another rank of the node: they write it together).
         if wait and self._runner is None and layout.local_ranks == 1:
             wait_for_writer(s.cache, layout, s.timeout)
-        return committed_length(s.cache, layout, s.dataset)
+        return committed_length(s.cache, layout, s.dataset, remote=wait)
 
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
@@ -383,6 +382,7 @@ class CachedLoader(LoaderAttributes):
         RuntimeError
             This loader has already started an epoch.
         """
+        self._follow_length()  # a stream's, committed by the node's ranks: known once their scope is decided
         self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))
 
     # ------------------------------------------------------------------ info & shutdown

@@ -135,6 +135,13 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     fallback = state.get("rotation_fallback")
     if fallback is not None:
         theirs["rotation_setting"] = mine["rotation_setting"]
+    # Another rank's state without a cache (DDP: rank 0's, loaded on every rank): each rank goes on with its own
+    # part from the same place; what only the rank that took it can adopt (its disk window, its stream's own
+    # position) is left. A store of each rank's own (scope "rank") has a plan of its own: refused there.
+    other_rank = settings.cache is None and "consumer_index" in mine and theirs.get(
+        "nb_consumer") == mine["nb_consumer"] and theirs.get("consumer_index") != mine["consumer_index"]
+    if other_rank:
+        theirs["consumer_index"] = mine["consumer_index"]
     for name, value in mine.items():
         if theirs.get(name) != value:
             raise ValueError(f"this state was taken from a loader with another {name} ({theirs.get(name)!r}; "
@@ -179,7 +186,8 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
-    stream = state.get("stream")
+    stream = state.get("stream") if not other_rank else None
+    window = window if not other_rank else None
     at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,

@@ -22,11 +22,11 @@ Layout on the remote: :mod:`.layout`; documents: :mod:`.manifest`; settings and 
 from __future__ import annotations
 
 from .errors import (ExtraMissingError, ObjectNotFoundError, RemoteConfigError, RemoteCorruptError, RemoteError,
-                     RemoteManifestError)
+                     RemoteForkError, RemoteManifestError)
 from .settings import RemoteSettings, redact, remote_settings
 from .store import RemoteStore, open_remote
 from .url import RemoteURL, is_remote_url, parse_url
 
 __all__ = ["ExtraMissingError", "ObjectNotFoundError", "RemoteConfigError", "RemoteCorruptError", "RemoteError",
-           "RemoteManifestError", "RemoteSettings", "RemoteStore", "RemoteURL", "is_remote_url", "open_remote",
+           "RemoteForkError", "RemoteManifestError", "RemoteSettings", "RemoteStore", "RemoteURL", "is_remote_url", "open_remote",
            "parse_url", "redact", "remote_settings"]

@@ -15,16 +15,44 @@ names the operation and the key, and holds no credential (:func:`.settings.redac
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
-from .errors import ExtraMissingError, ObjectNotFoundError, RemoteError, RemoteManifestError
+from .errors import ExtraMissingError, ObjectNotFoundError, RemoteError, RemoteForkError, RemoteManifestError
 from .settings import RemoteSettings, redact
 from .url import check_key
 
 T = TypeVar("T")
+
+#: The process whose requests started obstore's runtime (its threads, one per process). A process forked
+#: from it inherits the runtime without its threads: a request there waits for ever (or crashes), whatever
+#: client makes it. Process-wide by nature, as the runtime is.
+_runtime_pid: int | None = None
+
+
+def runtime_started() -> bool:
+    """Whether this process made requests (so a process forked from it now cannot make any)."""
+    return _runtime_pid == os.getpid()
+
+
+def check_not_forked() -> None:
+    """Refuse to make requests in a process forked from one that made some (they would hang).
+
+    Raises
+    ------
+    RemoteForkError
+        This process was forked after its parent used a remote.
+    """
+    if _runtime_pid is not None and _runtime_pid != os.getpid():
+        raise RemoteForkError(
+            f"this process (pid {os.getpid()}) was forked from process {_runtime_pid} after that one used a remote "
+            "store: the remote client's runtime does not survive a fork, and its requests would never finish. "
+            "Start the worker processes with spawn or forkserver instead: torch.utils.data.DataLoader(..., "
+            "multiprocessing_context='spawn'), or multiprocessing.get_context('spawn'); a remote reader pickles "
+            "without credentials and reopens in each (CachedLoader's start_method='auto' spawns by itself)")
 
 
 def obstore_module() -> ModuleType:
@@ -52,6 +80,7 @@ class Client:
     """
 
     def __init__(self, settings: RemoteSettings, *, retry_timeout: float | None = None) -> None:
+        check_not_forked()
         self.settings = settings
         self._ob = obstore_module()
         self._exc = importlib.import_module("obstore.exceptions")
@@ -92,6 +121,9 @@ class Client:
 
     # plumbing ---------------------------------------------------------------
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        global _runtime_pid
+        check_not_forked()
+        _runtime_pid = os.getpid()
         try:
             return fn()
         except (self._exc.NotFoundError, FileNotFoundError):

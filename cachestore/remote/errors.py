@@ -26,6 +26,11 @@ class RemoteCorruptError(CorruptSampleError):
     key: str | None = None
 
 
+class RemoteForkError(CacheStoreError, RuntimeError):
+    """A remote used in a process forked from one that had used it already: the client's runtime does
+    not survive a fork (start such processes with spawn or forkserver)."""
+
+
 class ExtraMissingError(CacheStoreError, ImportError):
     """The remote tier needs its optional dependency: ``pip install 'cachestore[remote]'``."""
 

@@ -38,6 +38,7 @@ from ..spec import StoreSpec
 from ..records import decode_record
 from ..untrusted import parse_json, parse_shard_ids, parse_treedef
 from . import layout
+from .client import runtime_started
 from .errors import RemoteManifestError
 from .leases import ReaderLease
 from .manifest import FileEntry, FileSet, check_sizes
@@ -365,14 +366,22 @@ class RemoteReader(Reader):
     """A :class:`~cachestore.Reader` of a published generation, read from the remote.
 
     Picklable (as its remote store's settings, without credentials, and the generation):
-    hand it to ``torch.utils.data.DataLoader(reader, num_workers=...)`` as it is; each
-    process opens its own client.
+    hand it to ``torch.utils.data.DataLoader(reader, num_workers=..., multiprocessing_context="spawn")``
+    as it is; each process opens its own client. A worker forked from a process that read it already
+    raises :class:`~.errors.RemoteForkError` (the client's runtime does not survive a fork) instead
+    of waiting for ever.
     """
 
     def __init__(self, remote: "RemoteBase", generation: int) -> None:
         spec = StoreSpec(remote.path, remote.backend_name, None, remote.allow_pickle, remote.verify_reads)
         super().__init__(spec, generation, None)
         self.remote = remote
+
+    @property
+    def survives_fork(self) -> bool:
+        """Whether a process forked from this one can read it: not once this process made requests (the
+        client's runtime does not survive a fork; such a process raises :class:`RemoteForkError`)."""
+        return not runtime_started()
 
     def __getstate__(self) -> dict[str, object]:
         return {"spec": self.spec, "generation": self.generation, "remote": self.remote, "_persistent": True,

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 class CacheController:
     """The store of one consumer and the decisions about its generations.
 
@@ -339,12 +338,47 @@ class CacheController:
         return (self.settings.shared and self.store.backend.supports_shared_write and readable_staging
                 and self.store.fingerprint is not None)
 
-    def commit(self, build: GenerationBuild, epoch: int, background: bool = False) -> GenerationInfo | None:
-        """Commit a finished build, then prune older generations; ``None`` when it is written together with
-        other processes and is incomplete (they, or the next to join, finish it) or another commits it."""
+    def commit(self, build: GenerationBuild | Writer, epoch: int, background: bool = False, prune: bool = True,
+               stream: bool = False) -> GenerationInfo | None:
+        """Commit a finished generation, publish it to the remote, then prune older generations: the one
+        commit of every generation the loader writes (a map-style build, a stream's writer, each in its own
+        epoch or in the background). ``None`` when it is written together with other processes and is
+        incomplete (they, or the next to join, finish it) or another commits it.
+
+        Parameters
+        ----------
+        build
+            The generation's build, or a stream's writer (no sample count: the stream's end said it).
+        epoch
+            The epoch that wrote it (recorded with it).
+        background, stream
+            Recorded with it: written by a background refresh; from a stream.
+        prune
+            Prune older generations now (a stream's background refresh prunes when the epochs of the older
+            one are over: ``loader.epochs.kinds.stream_refresh``).
+        """
         extra: dict = {"epochs": [epoch], "update_frequency": self.settings.k_or_none}
         if background:
             extra["background"] = True
+        if stream:
+            extra["stream"] = True
+        from_parts = isinstance(build, GenerationBuild) and build.from_parts
+        info = self._commit_build(build, extra) if isinstance(build, GenerationBuild) else build.commit(extra=extra)
+        if info is None:
+            return None
+        self.mine.add(info.id)
+        if self.remote is not None and not from_parts:
+            self.remote.publish(info.id)
+        elif self.remote is not None:
+            self.remote.prune()  # completed on the remote from its parts: older generations may go
+        removed = self.store.prune(keep=1) if prune else []
+        log.info("committed generation %d%s (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
+                 " of a stream" if stream else "", info.num_samples, info.nbytes,
+                 ", computed in the background" if background else "", len(removed))
+        return info
+
+    def _commit_build(self, build: GenerationBuild, extra: dict) -> GenerationInfo | None:
+        """`build` committed, or ``None`` where the processes writing it together commit it (said why)."""
         complete = build.shared and build.complete()  # before leaving: the area may go with the commit
         info = build.commit(extra)
         if (info is None and build.shared and not os.path.lexists(build.writer.token.path)
@@ -359,15 +393,6 @@ class CacheController:
             log.info("generation %d of %s: this process's part is written; %s", build.generation, self.store.path,
                      "another process writing it commits it" if complete
                      else "the rest is left to the processes still writing it (or the next one)")
-            return None
-        self.mine.add(info.id)
-        if self.remote is not None and not build.from_parts:
-            self.remote.publish(info.id)
-        elif self.remote is not None:
-            self.remote.prune()  # completed on the remote from its parts: older generations may go
-        removed = self.store.prune(keep=1)
-        log.info("committed generation %d (%d samples, %d bytes%s); pruned %d old item(s)", info.id,
-                 info.num_samples, info.nbytes, ", computed in the background" if background else "", len(removed))
         return info
 
     # background refresh -----------------------------------------------------

@@ -122,6 +122,17 @@ class RemoteTier:
             log.warning("listing %s failed (%s): computing locally", self.where, exc)
             return None
 
+    def published_length(self) -> int:
+        """Samples in the newest complete generation on the remote (0: none, or unreachable)."""
+        newest = self.latest()
+        if newest is None or self.remote is None:
+            return 0
+        try:
+            return self.remote.manifest(newest).num_samples
+        except (RemoteError, CacheStoreError) as exc:
+            log.warning("reading generation %d's manifest on %s failed (%s)", newest, self.where, exc)
+            return 0
+
     def info(self, generation: int) -> GenerationInfo:
         """What the remote says of published `generation` (for reading it directly)."""
         assert self.remote is not None
@@ -300,6 +311,23 @@ class RemoteTier:
                 raise CacheStoreError(f"generation {generation} of {self.store.path} was not committed by the "
                                       "node's first rank in time (its parts come from the other nodes)")
             time.sleep(PART_POLL)
+
+
+def published_length(settings: CacheSettings, fingerprint: dict[str, object]) -> int:
+    """Samples in the newest generation ``cache_setting["remote"]`` holds for `fingerprint` (a stream's
+    length before its loader started: 0 when there is none, or the remote cannot be reached)."""
+    try:
+        remote = open_remote(str(settings.remote), settings.storage_options, fingerprint=fingerprint,
+                             backend=settings.backend, start_timeout=settings.start_timeout)
+    except (RemoteError, CacheStoreError):
+        return 0  # said once, by the tier the loader opens next (or raised there: remote_required)
+    try:
+        newest = remote.latest()
+        return 0 if newest is None else remote.manifest(newest).num_samples
+    except (RemoteError, CacheStoreError):
+        return 0
+    finally:
+        remote.close()
 
 
 def _wait_done(area: Path, n: int, start: int, stop: int, timeout: float) -> None:

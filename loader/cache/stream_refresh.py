@@ -27,6 +27,7 @@ import itertools
 import logging
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -62,8 +63,9 @@ class StreamRefresh:
     expected
         The samples of the generation read meanwhile: a refresh of another length is dropped, since the
         epochs of that generation still to come read with its length.
-    extra
-        What the commit records with the generation.
+    commit
+        Commits the finished writer (the cache's one commit, which publishes it; no pruning: the epochs of
+        the generation read meanwhile still read it).
     seed
         The run's: the workers' generators are seeded from ``(seed, generation)`` for the iteration, so
         that each generation draws its own random augmentations (workers started anew, as a loader whose
@@ -71,9 +73,9 @@ class StreamRefresh:
     """
 
     def __init__(self, generation: int, writer: GenerationWriter, streams: StreamWorkers, limit: int | None,
-                 expected: int, extra: dict[str, object], seed: int) -> None:
+                 expected: int, commit: Callable[[GenerationWriter], GenerationInfo | None], seed: int) -> None:
         self.generation, self.writer, self.streams = generation, writer, streams
-        self.limit, self.expected, self.extra = limit, expected, extra
+        self.limit, self.expected, self.commit = limit, expected, commit
         self.reseed = int(np.random.SeedSequence([seed % 2**32, generation, 0x5352]).generate_state(1)[0])
         self.epoch = next(_numbers)
         self.info: GenerationInfo | None = None  # the committed generation
@@ -94,7 +96,7 @@ class StreamRefresh:
                 self.failed = (f"the stream yielded {written} samples, the generation read meanwhile holds "
                                f"{self.expected}")
             else:
-                self.info = self.writer.commit(self.extra)
+                self.info = self.commit(self.writer)
                 committed = self.info is not None
                 if not committed:
                     self.failed = "its samples went away (was the cache directory removed?)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Callable
 
 from cachestore import open_store
 from cachestore.errors import CacheStoreError
@@ -20,28 +21,54 @@ from ..distributed import ConsumerLayout
 from ..settings import CacheSettings
 from .fingerprint import dataset_fingerprint
 
+if TYPE_CHECKING:
+    from .controller import CacheController
+
 log = logging.getLogger(__name__)
 
 #: Longest pause between two looks at a store another job writes.
 MAX_POLL = 0.5
 
 
-def committed_length(settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource) -> int:
-    """Samples in the newest generation a stream of this fingerprint committed under the prefix (0: none).
+def committed_length(settings: CacheSettings, layout: ConsumerLayout, dataset: DatasetSource,
+                     remote: bool = False) -> int:
+    """Samples in the newest generation a stream of this fingerprint committed under the prefix (0: none);
+    with `remote`, where the prefix holds none, in the newest one ``cache_setting["remote"]`` published
+    (the first epoch fetches it: its length is the loader's from that epoch on).
 
     The store is only looked at (opened read-only, nothing swept or created)."""
-    path = layout.store_path(settings.prefix)
+    def fingerprint() -> dict[str, object]:  # only where there is a store to compare with
+        return dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
+
+    found = _local_length(settings, layout.store_path(settings.prefix), fingerprint)
+    if found or not remote or settings.remote is None:
+        return found
+    from .remote import published_length  # the remote extra: imported only for a loader with a remote
+
+    return published_length(settings, fingerprint())
+
+
+def _local_length(settings: CacheSettings, path: str, fingerprint: Callable[[], dict[str, object]]) -> int:
     if settings.backend == "memory" or not os.path.isfile(os.path.join(path, "store.json")):
         return 0
-    fingerprint = dataset_fingerprint(dataset, layout.num_samples, layout.store_owner, settings.fingerprint)
+    expected = fingerprint()
     try:
         with open_store(path, readonly=True) as store:
-            if store.fingerprint != fingerprint:
+            if store.fingerprint != expected:
                 return 0
             committed = [g for g in store.generations() if g.committed]
     except CacheStoreError:
         return 0
     return max(committed, key=lambda g: g.id).num_samples if committed else 0
+
+
+def controller_length(cache: CacheController) -> int:
+    """Samples in the newest generation the store of a started loader committed; where it holds none, in
+    the newest its remote published (fetched by the epoch that needs it, not iterated again)."""
+    committed = cache.committed()
+    if committed:
+        return committed[max(committed)].num_samples
+    return cache.remote.published_length() if cache.remote is not None else 0
 
 
 def wait_for_writer(settings: CacheSettings, layout: ConsumerLayout, timeout: float | None) -> None:

@@ -28,6 +28,7 @@ from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
 from .rotation import batch_sizes
+from .stream_feed import StreamFeed
 from .windows import DiskWindow, MemoryWindow, RotationWindow
 
 if TYPE_CHECKING:  # imported only where a remote is asked for
@@ -90,6 +91,8 @@ class EpochContext:
         self.stream_len_called: int | None = None
         #: A stateful stream's position after the latest batch served: ``(epoch, batches served, where)``.
         self.stream_at: tuple[int, int, StreamAt] | None = None
+        #: Where rotation epochs over a stream left it (loader.epochs.kinds.stream.StreamFeed).
+        self.stream_feed: StreamFeed | None = None
 
     def streams(self) -> StreamWorkers | InlineStream:
         """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""

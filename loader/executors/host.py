@@ -14,6 +14,7 @@ from typing import Protocol
 from ..settings import LoaderSettings
 from .base import Executor, WorkerConfigFactory
 from .process.pool import WorkerPool
+from .process.start import method_for
 from .process.slots import SlotPool
 from .producer import BatchProducer
 
@@ -90,7 +91,8 @@ class ExecutorHost:
                 assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
-                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                method = method_for(s.start_method, s.dataset.instance)
+                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, method,
                                           s.max_worker_restarts, s.dataset.dataset_class.__module__,
                                           in_turn=s.deals_in_turn)
         if res.slots is None:

@@ -34,6 +34,7 @@ from ..context import EpochContext
 from ..places import ComputePlace
 from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
 from ..rotation import FreshSamples
+from ..stream_feed import ROTATION_BASE, StreamFeed
 from .base import EpochKind
 
 log = logging.getLogger(__name__)
@@ -283,33 +284,26 @@ class StreamGenerateEpoch(StreamEpoch):
         if count == 0:
             writer.abort()
             raise ValueError("the stream yielded no sample: there is nothing to cache")
-        info = writer.commit({"epochs": [self.plan.epoch], "update_frequency": ctx.cache.settings.k_or_none,
-                              "stream": True})
-        ctx.cache.mine.add(info.id)
-        removed = ctx.cache.store.prune(keep=1)
+        ctx.cache.commit(writer, self.plan.epoch, stream=True)
         ctx.reads.drop_reader()
         stats.committed = True
-        log.info("committed generation %d of a stream (%d samples, %d bytes); pruned %d old item(s)", info.id,
-                 info.num_samples, info.nbytes, len(removed))
 
 
 def stream_fresh(ctx: EpochContext, plan: RotatePlan) -> FreshSamples:
     """The fresh samples of a rotation epoch over a stream: its next samples, as many as each array of
-    positions asks for (the stream is iterated once per epoch, by its workers, in torch's turn)."""
+    positions asks for, where the last epoch left the stream (:class:`StreamFeed`)."""
+    streams = ctx.streams()
+    if ctx.stream_feed is None or ctx.stream_feed.streams is not streams:
+        ctx.stream_feed = StreamFeed(streams, ROTATION_BASE)
+    feed = ctx.stream_feed
 
     def fresh(arrays: Iterator[np.ndarray]) -> Iterator[list[Sample]]:
-        items = ctx.streams().items(plan.epoch, collate=False)
-        samples = (sample for _worker, _count, batch in items for sample in batch)
         taken = 0  # (the rotation counts them into the stats)
-        try:
-            for positions in arrays:
-                got = list(itertools.islice(samples, len(positions)))
-                taken += len(got)
-                if len(got) < len(positions):
-                    raise ValueError(f"the stream ended after {taken} samples in epoch {plan.epoch}: "
-                                     f"rotation serves {len(plan.indices)} of its samples each epoch (its len(), "
-                                     "or rotation_setting['stream_samples'])")
-                yield got
-        finally:
-            items.close()
+        for positions in arrays:
+            try:
+                got = feed.take(len(positions))
+            except ValueError as exc:
+                raise ValueError(f"epoch {plan.epoch}, after {taken} fresh samples: {exc}") from None
+            taken += len(got)
+            yield got
     return fresh

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from cachestore import GenerationInfo, GenerationWriter
 from cachestore.errors import StoreLockedError
 
 from ...cache.stream_refresh import StreamRefresh
@@ -62,11 +63,12 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
         # Another job writes this store: the epoch of `target` waits for it, as without a refresh.
         log.info("no background refresh of generation %d: %s", target, exc)
         return None
-    extra: dict[str, object] = {"epochs": [epoch], "update_frequency": cache.settings.k_or_none, "stream": True,
-                                "background": True}
     log.info("epoch %d reads generation %d while the stream workers write generation %d in the background",
              epoch, generation, target)
-    return StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, extra,
+    def commit(done: GenerationWriter) -> GenerationInfo | None:
+        return cache.commit(done, epoch, background=True, prune=False, stream=True)
+
+    return StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, commit,
                          ctx.state.seed)
 
 
@@ -83,12 +85,11 @@ def settle_stream_refresh(ctx: EpochContext, epoch: int) -> dict[str, object]:
         log.warning("background refresh of generation %d of the stream failed (%s): epoch %d iterates the "
                     "stream instead", refresh.generation, refresh.failed, epoch)
         return {"stream_refresh": "failed"}
-    cache.mine.add(refresh.info.id)
     # Now, not at the commit: the epochs before this one still read the older generation.
     removed = cache.store.prune(keep=1)
     ctx.reads.drop_reader()
-    log.info("committed generation %d of a stream in the background (%d samples, %d bytes%s); pruned %d old "
-             "item(s)", refresh.info.id, refresh.info.num_samples, refresh.info.nbytes,
+    log.info("epoch %d reads generation %d of the stream, written in the background (%d samples, %d bytes%s); "
+             "pruned %d old item(s)", epoch, refresh.info.id, refresh.info.num_samples, refresh.info.nbytes,
              f", epoch {epoch} waited {waited:.2f} s for it" if waited > 0.01 else "", len(removed))
     return {"stream_refresh": "waited" if waited > 0.01 else "ready", "stream_refresh_wait": round(waited, 3),
             "stream_refresh_cpu": round(refresh.cpu_seconds, 3)}

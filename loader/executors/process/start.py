@@ -126,6 +126,13 @@ def _imported_by_main() -> list[str]:
     return names
 
 
+def method_for(method: str, dataset: object) -> str:
+    """The start method of `dataset`'s workers: ``"auto"`` spawns them where the dataset says a forked
+    process cannot read it (``survives_fork`` false: a remote store's reader whose client ran here), else
+    `method` as given."""
+    return "spawn" if method == "auto" and getattr(dataset, "survives_fork", True) is False else method
+
+
 def context_for(method: str, first: bool, dataset_module: str | None) -> multiprocessing.context.BaseContext:
     """The context a worker starts with: `method` as given, or for ``"auto"`` fork or spawn (:func:`forks`)."""
     if method == "forkserver":

@@ -35,3 +35,16 @@ def test_rotation_needs_a_length(tmp_path) -> None:
                       rotation_setting={"rotation": 2, "size": 10, "stream_samples": 20}) as loader:
         served = [int(v) for b in loader for v in np.asarray(b["i"])]
     assert collections.Counter(served) == {i: 2 for i in range(20)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_epoch_takes_the_streams_next_samples(tmp_path, workers: int) -> None:
+    log = str(tmp_path / "log")
+    with CachedLoader(Counting(48, log), batch_size=4, num_workers=workers, timeout=60,
+                      rotation_setting={"rotation": 2, "size": 8, "stream_samples": 24}) as loader:
+        epochs = [collections.Counter(int(v) for b in loader for v in np.asarray(b["i"])) for _ in range(3)]
+    assert epochs[0] == {i: 2 for i in range(24)}
+    assert epochs[1] == {i: 2 for i in range(24, 48)}, "the next 24, not the first 24 again"
+    assert epochs[2] == epochs[0], "the stream ended: a new pass"
+    assert iterations(log) == 2 * max(workers, 1)
