@@ -55,6 +55,10 @@ class FaultProxy:
         self._server.listen(64)
         self.port = self._server.getsockname()[1]
         self._closed = False
+        # Every connection and thread, so that close() leaves none running: a thread left behind makes
+        # the loader's later tests in this process spawn where they expect a fork.
+        self._conns: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -64,7 +68,14 @@ class FaultProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    return
+                self._conns.add(client)
+                thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+                self._threads.append(thread)
+            thread.start()
 
     def _fault(self) -> str:
         with self._lock:
@@ -95,6 +106,8 @@ class FaultProxy:
                     continue
                 if up is None:
                     up = socket.create_connection(("127.0.0.1", self.upstream))
+                    with self._lock:
+                        self._conns.add(up)
                 up.sendall(head + body)
                 rhead = _read_head(up, upbuf)
                 if rhead is None:
@@ -110,5 +123,15 @@ class FaultProxy:
                 up.close()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop accepting, end every connection, and wait for every thread (bounded)."""
+        with self._lock:
+            self._closed = True
+            conns, threads = list(self._conns), list(self._threads)
+        for sock in [self._server, *conns]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept() or recv()
+            except OSError:
+                pass
         self._server.close()
+        for thread in [self._thread, *threads]:
+            thread.join(timeout=10)
