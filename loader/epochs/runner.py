@@ -118,6 +118,11 @@ class EpochRunner:
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             ctx.host.shrink_slots()
         self._slots_sized = False
+        if ctx.renew_workers:
+            # Now, not at the commit: what the generate epoch held in this process is freed by now, and
+            # fresh forks would share it otherwise (docs/ARCHITECTURE.md, "Memory with many workers").
+            ctx.renew_workers = False
+            ctx.host.renew()
         waited = settle_stream_refresh(ctx, epoch)  # a stream's next generation, written in the background
         kind = self.choose(epoch, skip)
         plan = kind.plan

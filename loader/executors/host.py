@@ -90,9 +90,11 @@ class ExecutorHost:
                 assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
-                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                          s.max_worker_restarts, s.dataset.dataset_class.__module__,
-                                          in_turn=s.deals_in_turn)
+                pool = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                                  s.max_worker_restarts, s.dataset.dataset_class.__module__, in_turn=s.deals_in_turn)
+                if pool.forks_afresh():
+                    make_config.forget_payloads()  # checked: forked workers inherit the objects themselves
+                res.executor = pool
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor
@@ -102,6 +104,20 @@ class ExecutorHost:
         self.ensure()
         assert self.res.slots is not None
         return self.res.slots
+
+    def renew(self) -> bool:
+        """Replace the workers by fresh forks of this process, where a new pool forks (``WorkerPool.forks_afresh``):
+        workers that computed a generation hold their own copies of the pages of the dataset's objects
+        they read (reading an object writes its reference count), which readers of the committed
+        generation never need (``docs/ARCHITECTURE.md``, "Memory with many workers"). Returns whether
+        it did; called between epochs, when no task is in flight."""
+        executor = self.res.executor
+        if not isinstance(executor, WorkerPool) or not executor.forks_afresh():
+            return False
+        self.res.executor = None
+        executor.shutdown()
+        self.ensure()
+        return True
 
     def kill(self) -> None:
         """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""

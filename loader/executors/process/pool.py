@@ -163,6 +163,15 @@ class WorkerPool(DeathListeners):
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
 
+    def forks_afresh(self) -> bool:
+        """Whether a new pool of these settings would fork its workers from this process now (processes,
+        not threads; ``start_method`` ``"fork"``, or ``"auto"`` where forking is safe): a fresh fork holds
+        no page of its own, where a worker that computed samples holds a copy of every page of the
+        dataset's objects it read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
+        if self.use_threading:
+            return False
+        return self.start_method == "fork" or (self.start_method == "auto" and forks(first=True))
+
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None and not w.is_thread]
 
