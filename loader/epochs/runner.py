@@ -118,11 +118,6 @@ class EpochRunner:
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             ctx.host.shrink_slots()
         self._slots_sized = False
-        if ctx.renew_workers:
-            # Now, not at the commit: what the generate epoch held in this process is freed by now, and
-            # fresh forks would share it otherwise (docs/ARCHITECTURE.md, "Memory with many workers").
-            ctx.renew_workers = False
-            ctx.host.renew()
         waited = settle_stream_refresh(ctx, epoch)  # a stream's next generation, written in the background
         kind = self.choose(epoch, skip)
         plan = kind.plan
@@ -133,6 +128,13 @@ class EpochRunner:
             ctx.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
         kind.begin(stats)
         yield from self._serve(kind, stats, start)
+        if ctx.renew_workers:
+            # As the epoch ends (the loop may validate before the next one), once what it held here
+            # (its plan, its build) is freed: fresh forks would share those pages, and keep them alive
+            # after this process freed them (docs/ARCHITECTURE.md, "Memory with many workers").
+            del kind, plan
+            ctx.renew_workers = False
+            ctx.host.renew()
 
     def _serve(self, kind: EpochKind, stats: EpochStats, start: float) -> Iterator[Batch]:
         """The batches `kind` yields, timed (the training loop's time is not the epoch's), moved."""

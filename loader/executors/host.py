@@ -13,7 +13,7 @@ from typing import Protocol
 
 from ..settings import LoaderSettings
 from .base import Executor, WorkerConfigFactory
-from .process.pool import WorkerPool
+from .process.pool import WorkerPool, forks_afresh
 from .process.slots import SlotPool
 from .producer import BatchProducer
 
@@ -72,8 +72,9 @@ class ExecutorHost:
     def slots(self) -> SlotPool | None:
         return self.res.slots
 
-    def ensure(self) -> Executor:
-        """The executor, started now when there is none (a first epoch, or after a kill)."""
+    def ensure(self, check: bool = True) -> Executor:
+        """The executor, started now when there is none (a first epoch, or after a kill); `check`: whether
+        what workers receive is checked to be sendable first (:meth:`renew` skips it: checked before)."""
         s, res = self.settings, self.res
         if res.executor is None:
             # The executor must not reference the loader: the finalizer that releases it
@@ -81,8 +82,12 @@ class ExecutorHost:
             make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle,
                                               s.worker_init_fn, s.read_transform, s.seed,
                                               s.ray_options.num_workers if s.ray_options is not None else s.nb_worker)
-            if s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS):
+            if check and (s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS)):
                 make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
+                if s.executor != "ray" and forks_afresh(s.use_threading, s.start_method):
+                    # Checked; forked workers inherit the objects themselves, and would inherit the
+                    # bytes too (tens of MiB for a dataset indexed by a million Python objects).
+                    make_config.forget_payloads()
             if s.executor == "ray":
                 # Imported here only: `import loader` never imports ray (an optional extra).
                 from .ray import RayExecutor
@@ -90,11 +95,9 @@ class ExecutorHost:
                 assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
-                pool = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
-                                  s.max_worker_restarts, s.dataset.dataset_class.__module__, in_turn=s.deals_in_turn)
-                if pool.forks_afresh():
-                    make_config.forget_payloads()  # checked: forked workers inherit the objects themselves
-                res.executor = pool
+                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, s.start_method,
+                                          s.max_worker_restarts, s.dataset.dataset_class.__module__,
+                                          in_turn=s.deals_in_turn)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor
@@ -116,7 +119,7 @@ class ExecutorHost:
             return False
         self.res.executor = None
         executor.shutdown()
-        self.ensure()
+        self.ensure(check=False)
         return True
 
     def kill(self) -> None:

@@ -164,13 +164,9 @@ class WorkerPool(DeathListeners):
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
 
     def forks_afresh(self) -> bool:
-        """Whether a new pool of these settings would fork its workers from this process now (processes,
-        not threads; ``start_method`` ``"fork"``, or ``"auto"`` where forking is safe): a fresh fork holds
-        no page of its own, where a worker that computed samples holds a copy of every page of the
-        dataset's objects it read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
-        if self.use_threading:
-            return False
-        return self.start_method == "fork" or (self.start_method == "auto" and forks(first=True))
+        """Whether a new pool of these settings would fork its workers from this process now
+        (:func:`forks_afresh`)."""
+        return forks_afresh(self.use_threading, self.start_method)
 
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None and not w.is_thread]
@@ -403,6 +399,16 @@ class WorkerPool(DeathListeners):
         spawner, self._spawner = self._spawner, None
         if spawner is not None:
             spawner.close()
+
+
+def forks_afresh(use_threading: bool, start_method: str) -> bool:
+    """Whether a pool started now forks its workers from this process (processes, not threads;
+    ``start_method`` ``"fork"``, or ``"auto"`` where forking is safe): a fresh fork holds no page of
+    its own, where a worker that computed samples holds a copy of every page of the dataset's
+    objects it read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
+    if use_threading:
+        return False
+    return start_method == "fork" or (start_method == "auto" and forks(first=True))
 
 
 def _done(value: WorkerHandle) -> concurrent.futures.Future[WorkerHandle]:
