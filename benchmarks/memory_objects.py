@@ -122,6 +122,35 @@ def summarize_case(n: int, workers: int, epochs: int, batch_size: int, runs: dic
     return case
 
 
+def markdown_section(cases: list[dict]) -> list[str]:
+    """The scenario's section of the report."""
+    return ["### Peak memory with a dataset of Python objects (memory_objects)", "",
+            "The training process builds a list of dicts (a path, a label, a box) and iterates 3 epochs, batches of "
+            f"{cases[0]['batch_size']}; peak of the summed PSS of it and its children per epoch, sampled every 0.2 s; "
+            "*alone*: the training process with the dataset built, before any loader. Each run is a fresh process "
+            "(`python -m benchmarks.memory_objects`).", "", *markdown(cases)]
+
+
+def target_rows(results: dict) -> list:
+    """The scenario's targets: cached epochs <= 1.15x alone, the generate epoch's peak <= torch's."""
+    from .tables import row, times
+
+    rows = []
+    for c in results.get("memory_objects") or []:
+        case = f"{c['n']:,} dicts, {c['workers']} workers"
+        ours, torch = c["ours"], c["torch"]
+        rows.append(row("cached epochs of a dataset of Python objects: peak <= 1.15x the training process alone",
+                        case, f"{ours['later_peak']['median'] / (1 << 20):.0f} MiB vs alone "
+                        f"{ours['alone']['median'] / (1 << 20):.0f} MiB",
+                        times(ours["later_vs_alone"]), "<= 1.15x", lambda r: r <= 1.15,
+                        f"torch: {torch['later_vs_alone']['median']:.2f}x"))
+        rows.append(row("generate epoch of a dataset of Python objects: peak <= torch's", case,
+                        f"{ours['first_peak']['median'] / (1 << 20):.0f} MiB vs torch "
+                        f"{torch['first_peak']['median'] / (1 << 20):.0f} MiB",
+                        times(c["first_vs_torch"]), "<= 1x", lambda r: r <= 1))
+    return rows
+
+
 def markdown(cases: list[dict]) -> list[str]:
     """The scenario's table."""
     mib = 1 << 20
