@@ -109,13 +109,13 @@ class ExecutorHost:
         return self.res.slots
 
     def renew(self) -> bool:
-        """Replace the workers by fresh forks of this process, where a new pool forks (``WorkerPool.forks_afresh``):
+        """Replace the workers by fresh forks of this process, where a new pool forks (``forks_afresh``):
         workers that computed a generation hold their own copies of the pages of the dataset's objects
         they read (reading an object writes its reference count), which readers of the committed
         generation never need (``docs/ARCHITECTURE.md``, "Memory with many workers"). Returns whether
         it did; called between epochs, when no task is in flight."""
         executor = self.res.executor
-        if not isinstance(executor, WorkerPool) or not executor.forks_afresh():
+        if not isinstance(executor, WorkerPool) or not forks_afresh(executor.use_threading, executor.start_method):
             return False
         self.res.executor = None
         executor.shutdown()

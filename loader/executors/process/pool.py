@@ -163,11 +163,6 @@ class WorkerPool(DeathListeners):
             child_conn.close()  # only the child holds its end: its death gives us EOF
         return WorkerHandle(wid, proc, parent_conn, shard_id=config.shard_id, pid=getattr(proc, "pid", os.getpid()))
 
-    def forks_afresh(self) -> bool:
-        """Whether a new pool of these settings would fork its workers from this process now
-        (:func:`forks_afresh`)."""
-        return forks_afresh(self.use_threading, self.start_method)
-
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None and not w.is_thread]
 
