@@ -112,6 +112,12 @@ def _memory(results: dict, sizes: dict) -> None:
     ]
 
 
+def _memory_objects(results: dict, sizes: dict) -> None:
+    from .memory_objects import memory_objects_scenario
+
+    results["memory_objects"] = memory_objects_scenario(batch_size=TP_BATCH, log=_log, **sizes["memory_objects"])
+
+
 def _training_step(results: dict, sizes: dict) -> None:
     from .training_step import training_step_scenario
 
@@ -176,7 +182,8 @@ def _streams(results: dict, sizes: dict) -> None:
 
 
 RUNNERS: dict[str, Callable[[dict, dict], None]] = {
-    "memcpy": _memcpy, "memory": _memory, "expensive": _expensive, "rotation": _rotation,
+    "memcpy": _memcpy, "memory": _memory, "memory_objects": _memory_objects, "expensive": _expensive,
+    "rotation": _rotation,
     "read_transform": _read_transform, "training_step": _training_step, "setup_time": _setup_time,
     "throughput": _throughput, "latency": _latency, "larger_than_memory": _larger_than_memory, "sweep": _sweep,
     "torchrun": _torchrun, "remote": _remote, "first_epoch": _first_epoch, "streams": _streams}

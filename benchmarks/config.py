@@ -12,7 +12,10 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 # memory first: its baseline is then a training process with torch loaded and little else (the memory
 # backend's throughput case leaves the heap fragmented: freed memory glibc does not hand back)
-SCENARIOS = ["memcpy", "memory", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
+SCENARIOS = ["memcpy", "memory",
+             # a dataset of a million Python objects, each run a process of its own (memory_objects.py): about
+             # 8 minutes of a full run
+             "memory_objects", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
              "latency", "larger_than_memory",
              # several processes on one store (sweep.py, torchrun_node.py): about 2.5 minutes of a full run
              "sweep", "torchrun",
@@ -28,6 +31,9 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"expensive": {"n": 1000, "repeats": 3}, "big_n": 10000, "small_n": 100000, "tp_repeats": 3,
              "rotation": {"n": 1000, "repeats": 3}, "read_transform": {"n": 1000, "repeats": 3},
              "memory": {"n": 1000, "epochs": 4, "k": 2, "cached_n": 4000, "repeats": 3},
+             # 10 million objects: 6.6 GiB in the training process, and torch's 8 workers copy most of it
+             # each, beyond a 24 GiB machine (the README gives the figures of a million)
+             "memory_objects": {"sizes": [1_000_000], "workers": [2, 8], "repeats": 1},
              "training_step": {"n": 640, "epochs": 10, "k": 5, "repeats": 3},
              "setup_time": {"n": 640, "repeats": 5},
              "first_batch_repeats": 3, "idle": {"epochs": 2, "repeats": 1},
@@ -39,6 +45,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "quick": {"expensive": {"n": 300, "repeats": 2}, "big_n": 2000, "small_n": 20000, "tp_repeats": 3,
               "rotation": {"n": 300, "repeats": 2}, "read_transform": {"n": 300, "repeats": 1},
               "memory": {"n": 300, "epochs": 4, "k": 2, "cached_n": 2000, "repeats": 1},
+              "memory_objects": {"sizes": [200_000], "workers": [2, 8], "repeats": 1},
               "training_step": {"n": 320, "epochs": 5, "k": 4, "repeats": 1},
               "setup_time": {"n": 384, "repeats": 3},
               "first_batch_repeats": 2, "idle": {"epochs": 1, "repeats": 1},

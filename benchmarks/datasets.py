@@ -141,3 +141,22 @@ class DecodedCroppedImages(DecodedImages):
 
     def __getitem__(self, index: int) -> dict:
         return random_crop_flip(super().__getitem__(index), np.random.default_rng())
+
+
+class IndexedObjects:
+    """A dataset that indexes its samples with Python objects: a list of `n` dicts of a path, a label
+    and a box, as an annotation file loaded into memory (the case of torch's "copy-on-read" issue).
+
+    Sample ``i``: ``(float32 box of 4, int label)``: cheap, so the memory of the index dominates.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.items = [{"path": f"images/{i // 1000:05d}/{i:09d}.jpg", "label": i % 1000,
+                       "box": [float(i % 640), float(i % 480), 32.0 + i % 97, 32.0 + i % 89]} for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple:
+        item = self.items[index]
+        return np.asarray(item["box"], dtype=np.float32), item["label"]

@@ -111,7 +111,8 @@ class PeakMemory:
 
     def __exit__(self, *exc: Any) -> None:
         assert self._watcher is not None
-        out, _ = self._watcher.communicate("", timeout=60)  # EOF on its stdin: one last sample, then its peak
+        # A line, not EOF: workers forked while the block ran (and still alive) hold the pipe's write end too.
+        out, _ = self._watcher.communicate("stop\n", timeout=60)  # one last sample, then its peak
         found = json.loads(out)
         last = tree_memory(exclude=self._watcher.pid)
         self.samples = found["samples"] + 1
@@ -121,7 +122,8 @@ class PeakMemory:
 
 def watch() -> None:
     """The sampler process of :class:`PeakMemory`: ``python -c ... ROOT_PID INTERVAL``. Samples the tree of
-    ROOT_PID (itself left out) every INTERVAL seconds until its stdin closes, then prints the peak as JSON."""
+    ROOT_PID (itself left out) every INTERVAL seconds until a line (or EOF) comes on its stdin, then prints the
+    peak as JSON."""
     root, interval = psutil.Process(int(sys.argv[1])), float(sys.argv[2])
     peak: dict[str, int] = {}
     samples = 0
@@ -130,7 +132,7 @@ def watch() -> None:
         for key, value in tree_memory(root, exclude=os.getpid()).items():
             peak[key] = max(peak.get(key, 0), value)
         samples += 1
-        if select.select([sys.stdin], [], [], interval)[0]:  # readable: the block ended (EOF)
+        if select.select([sys.stdin], [], [], interval)[0]:  # readable: the block ended
             break
     print(json.dumps({"peak": peak, "samples": samples}), flush=True)
 

@@ -291,6 +291,10 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
         from .larger_than_memory import markdown_section
 
         out += markdown_section(results["larger_than_memory"]) + [""]
+    if results.get("memory_objects"):
+        from .memory_objects import markdown_section as objects_section
+
+        out += objects_section(results["memory_objects"]) + [""]
     if results.get("streams"):
         from .streams import markdown_section as streams_section
 

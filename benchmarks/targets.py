@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .first_epoch import first_epoch_rows
+from .memory_objects import target_rows as memory_objects_rows
 from .remote import remote_rows
 from .streams import target_rows as streams_rows
 from .sweep import sweep_rows
@@ -238,7 +239,7 @@ def _larger_than_memory_rows(results: dict) -> list[TargetRow]:
 
 ROW_BUILDERS: list[Callable[[dict], list[TargetRow]]] = [
     _throughput_rows, _expensive_rows, _read_transform_rows, _training_rows, _setup_rows, _rotation_rows,
-    _memory_rows, _latency_rows, _larger_than_memory_rows, sweep_rows, torchrun_rows, first_epoch_rows,
+    _memory_rows, memory_objects_rows, _latency_rows, _larger_than_memory_rows, sweep_rows, torchrun_rows, first_epoch_rows,
     remote_rows, streams_rows]
 
 

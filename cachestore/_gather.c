@@ -66,14 +66,24 @@ static xxh3_digest_fn xxh3_digest;
 #define STREAM_MIN 4096
 #define MAX_LEAVES 64
 
-static void copy_out(uint8_t *dst, const uint8_t *src, size_t n, int stream)
+/* Copy n bytes; while it does, bring the next record's `ahead` bytes at `next` into this core's L2
+ * (one line per 64 bytes copied): its read from memory then overlaps these stores, where the hash of
+ * the next record would otherwise start every row waiting on memory (docs/ARCHITECTURE.md,
+ * "Verified reads"). */
+static void copy_out(uint8_t *dst, const uint8_t *src, size_t n, int stream, const uint8_t *next,
+                     size_t ahead)
 {
 #if defined(__SSE2__)
     if (stream && n >= STREAM_MIN) {
         size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
         memcpy(dst, src, head);
         dst += head, src += head, n -= head;
+        size_t fetched = 0;
         for (; n >= 64; n -= 64, src += 64, dst += 64) {
+            if (fetched < ahead) {
+                _mm_prefetch((const char *)next + fetched, _MM_HINT_T1);
+                fetched += 64;
+            }
             __m128i a = _mm_loadu_si128((const __m128i *)src);
             __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
             __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
@@ -356,6 +366,10 @@ static __attribute__((noinline)) Py_ssize_t each_row(const Args *a, Py_ssize_t n
         total += (size_t)a->widths[k];
     unsigned char small[SMALL_RECORD];
     const uint8_t *src[MAX_LEAVES];
+    int wide = 0;
+    for (int k = 1; k < n_leaves; k++)
+        if (a->widths[k] > a->widths[wide])
+            wide = k;
     Py_ssize_t j = 0;
     for (; j < n; j++) {
         size_t row = rows ? (size_t)rows[j] : (size_t)j;
@@ -369,9 +383,15 @@ static __attribute__((noinline)) Py_ssize_t each_row(const Args *a, Py_ssize_t n
         }
         if (h != expected[j])
             break;
+        /* The next row's widest leaf is fetched while this row's widest one is copied. */
+        const uint8_t *next = NULL;
+        if (j + 1 < n) {
+            size_t nrow = rows ? (size_t)rows[j + 1] : (size_t)j + 1;
+            next = (const uint8_t *)a->columns[wide].buf + nrow * (size_t)a->widths[wide];
+        }
         for (int k = 0; k < n_leaves; k++)
             copy_out((uint8_t *)a->outs[k].buf + (size_t)j * (size_t)a->widths[k], src[k],
-                         (size_t)a->widths[k], stream);
+                     (size_t)a->widths[k], stream, next, k == wide && next ? (size_t)a->widths[wide] : 0);
     }
 #if defined(__SSE2__)
     if (stream)
@@ -536,7 +556,7 @@ static __attribute__((noinline)) int record_rows(const Records *r, volatile Py_s
         }
         for (int k = 0; k < r->a->nout; k++)
             copy_out((uint8_t *)r->a->outs[k].buf + (size_t)j * (size_t)r->a->widths[k], v + r->offsets[k],
-                     (size_t)r->a->widths[k], r->stream);
+                     (size_t)r->a->widths[k], r->stream, NULL, 0);
     }
     *at = j;
 #if defined(__SSE2__)

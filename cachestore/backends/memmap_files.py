@@ -24,6 +24,7 @@ a store is untrusted input (docs/ARCHITECTURE.md, "Untrusted stores").
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -165,16 +166,43 @@ def read_index(path: Path, num_samples: int, num_shards: int) -> IndexRows:
     """The `num_samples` rows of the index file `path`, each checked
     (:func:`cachestore.untrusted.check_index_rows`) against the `num_shards` shards listed."""
     fd = open_data(path)
+    nbytes = num_samples * INDEX_DTYPE.itemsize
     try:
         start = _index_start(fd, path, num_samples)
-        data = os.pread(fd, num_samples * INDEX_DTYPE.itemsize, start) if num_samples else b""
+        data = _read_mapped(fd, nbytes, start)
     finally:
         os.close(fd)
-    if len(data) != num_samples * INDEX_DTYPE.itemsize:
+    rows = np.frombuffer(data, dtype=INDEX_DTYPE, count=len(data) // INDEX_DTYPE.itemsize)
+    rows.flags.writeable = False
+    if len(rows) != num_samples:
         raise MalformedFileError(f"{path} is truncated: it ended while its rows were read")
-    rows = np.frombuffer(data, dtype=INDEX_DTYPE)
     untrusted.check_index_rows(rows, num_samples, num_shards, str(path))
     return rows
+
+
+def _read_mapped(fd: int, nbytes: int, offset: int) -> mmap.mmap | bytes:
+    """`nbytes` of `fd` from `offset` (fewer where the file ends first), into an anonymous mapping.
+
+    Not a bytes object: a reader that keeps a part of the index frees the rest, and memory the C heap
+    held would stay with the process, and with every worker forked from it, each writing its own copy
+    of those pages as it allocates (docs/ARCHITECTURE.md, "Memory with many workers"); a mapping goes
+    back to the system when it is freed."""
+    if not nbytes:
+        return b""
+    buf = mmap.mmap(-1, nbytes)
+    view = memoryview(buf)
+    got = 0
+    try:
+        while got < nbytes:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
+    finally:
+        view.release()
+    if got < nbytes:
+        return buf[:got]
+    return buf
 
 
 def read_shard_ids(directory: Path) -> list[str]:

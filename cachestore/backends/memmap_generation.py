@@ -136,12 +136,19 @@ class MemmapGeneration(GenerationData):
     def _open_files(self, gen_dir: Path, manifest: Manifest) -> None:
         """Open, check and map the generation's files (each a regular file, never through a symlink)."""
         shard_ids = read_shard_ids(gen_dir)
-        self.rows: IndexRows = read_index(gen_dir / "index.npy", self.num_samples, len(shard_ids))
+        rows = read_index(gen_dir / "index.npy", self.num_samples, len(shard_ids))
         self.schema: TreeDef | None = generation_schema(gen_dir, manifest)
         self.specs: list[LeafSpec] = codec.leaf_specs(self.schema) if self.schema is not None else []
         # Opening checked that a fixed generation has its schema (else it is damaged).
         self._fixed: BatchLayout | None = (
             (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
+        # Every process that reads holds the index in its own memory (read, not mapped: a file of the
+        # store may change after it was checked, see the module docstring). Where every row lies in
+        # the columns only the checksums are read again: 8 of an index row's 48 bytes, 8 MiB rather
+        # than 48 in each worker for a million samples (docs/ARCHITECTURE.md, "Memory with many workers").
+        in_columns = self._fixed is not None and bool(np.all(rows["shard"] == COLUMN))
+        self.rows: IndexRows | None = None if in_columns else rows
+        self._sums: npt.NDArray[np.uint64] = np.ascontiguousarray(rows["checksum"]) if in_columns else rows["checksum"]
         self._col_paths = [gen_dir / col_name(k) for k in range(len(self.specs))]
         self.columns: list[Leaf] = []
         for path, (dtype, shape), width in zip(self._col_paths, self.specs, codec.row_bytes(self.specs)):
@@ -218,8 +225,8 @@ class MemmapGeneration(GenerationData):
 
     def _leaves(self, i: int, copy: bool, verify: bool) -> tuple[TreeDef, list[Leaf]]:
         """Sample `i` as ``(treedef, leaves)``, its checksum checked when `verify` (never unpickled)."""
-        row = self.rows[i]
-        if row["shard"] != COLUMN:
+        row = self.rows[i] if self.rows is not None else None
+        if row is not None and row["shard"] != COLUMN:
             try:
                 return records.decode_record(self._record(i, row, verify), copy=copy, raw=int(row["raw"]),
                                              limit=self.max_sample_bytes)
@@ -231,7 +238,7 @@ class MemmapGeneration(GenerationData):
             raise self.corrupt(i, "its index row names the columns, which this generation does not have")
         self._check_columns()
         leaves = [col[i, ...] for col in self.columns]
-        if verify and checksum(leaves) != row["checksum"]:
+        if verify and checksum(leaves) != self._sums[i]:
             raise self.corrupt(i, "checksum mismatch")
         return self.schema, [np.array(leaf) for leaf in leaves] if copy else leaves
 
@@ -293,7 +300,7 @@ class MemmapGeneration(GenerationData):
                 if width and n:
                     _pread_into(column_fd(k), dest.reshape(-1).data, start * width, self._col_paths[k])
         if self.verify and n:
-            first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][start:stop].tolist())
+            first = first_mismatch(row_checksums(rows, n), self._sums[start:stop].tolist())
             if first is not None:
                 raise self.corrupt(start + first, "checksum mismatch")
 
@@ -331,7 +338,7 @@ class MemmapGeneration(GenerationData):
                     buffers = [dest[j].data for j in sort[a:b].tolist()]
                     _preadv_all(fd, buffers, int(ordered[a]) * width, self._col_paths[k])
         if self.verify and n:
-            first = first_mismatch(row_checksums(rows, n), self.rows["checksum"][idx].tolist())
+            first = first_mismatch(row_checksums(rows, n), self._sums[idx].tolist())
             if first is not None:
                 raise self.corrupt(int(idx[first]), "checksum mismatch")
 
@@ -414,14 +421,14 @@ class MemmapGeneration(GenerationData):
             if self._closed:
                 raise CacheStoreError(f"generation {self.generation} in {self.where} was closed")
             bad = native.gather_verified(self._byte_rows, self._widths, np.ascontiguousarray(idx),
-                                         tuple(rows), np.ascontiguousarray(self.rows["checksum"][idx]))
+                                         tuple(rows), self._sums[idx])
             if bad == -2:
                 raise self._fault()
             if bad >= 0:
                 raise self.corrupt(int(idx[bad]), "checksum mismatch")
             return out
         self._check_columns()
-        expected = self.rows["checksum"][idx].tolist()
+        expected = self._sums[idx].tolist()
         block = max(1, VERIFY_BLOCK_BYTES // max(1, sum(r.shape[1] for r in rows)))
         for lo in range(0, n, block):
             hi = min(n, lo + block)

@@ -128,6 +128,13 @@ class EpochRunner:
             ctx.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
         kind.begin(stats)
         yield from self._serve(kind, stats, start)
+        if ctx.renew_workers:
+            # As the epoch ends (the loop may validate before the next one), once what it held here
+            # (its plan, its build) is freed: fresh forks would share those pages, and keep them alive
+            # after this process freed them (docs/ARCHITECTURE.md, "Memory with many workers").
+            del kind, plan
+            ctx.renew_workers = False
+            ctx.host.renew()
 
     def _serve(self, kind: EpochKind, stats: EpochStats, start: float) -> Iterator[Batch]:
         """The batches `kind` yields, timed (the training loop's time is not the epoch's), moved."""

@@ -153,6 +153,12 @@ class WorkerConfigFactory:
             if portable is not None:
                 portable.payload()
 
+    def forget_payloads(self) -> None:
+        """Drop the bytes :meth:`check_sendable` made, while workers fork (a spawn makes them again)."""
+        for portable in (self.dataset, self.collate_fn, self.read_transform):
+            if portable is not None:
+                portable.forget_payload()
+
     def __call__(self, wid: int) -> WorkerConfig:
         self.incarnations += 1
         return WorkerConfig(worker_id=wid, shard_id=f"w{wid}-i{self.incarnations}", dataset=self.dataset,

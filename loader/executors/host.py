@@ -13,7 +13,7 @@ from typing import Protocol
 
 from ..settings import LoaderSettings
 from .base import Executor, WorkerConfigFactory
-from .process.pool import WorkerPool
+from .process.pool import WorkerPool, forks_afresh
 from .process.start import method_for
 from .process.slots import SlotPool
 from .producer import BatchProducer
@@ -73,8 +73,9 @@ class ExecutorHost:
     def slots(self) -> SlotPool | None:
         return self.res.slots
 
-    def ensure(self) -> Executor:
-        """The executor, started now when there is none (a first epoch, or after a kill)."""
+    def ensure(self, check: bool = True) -> Executor:
+        """The executor, started now when there is none (a first epoch, or after a kill); `check`: whether
+        what workers receive is checked to be sendable first (:meth:`renew` skips it: checked before)."""
         s, res = self.settings, self.res
         if res.executor is None:
             # The executor must not reference the loader: the finalizer that releases it
@@ -82,8 +83,13 @@ class ExecutorHost:
             make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle,
                                               s.worker_init_fn, s.read_transform, s.seed,
                                               s.ray_options.num_workers if s.ray_options is not None else s.nb_worker)
-            if s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS):
+            method = method_for(s.start_method, s.dataset.instance)
+            if check and (s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS)):
                 make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
+                if s.executor != "ray" and forks_afresh(s.use_threading, method):
+                    # Checked; forked workers inherit the objects themselves, and would inherit the
+                    # bytes too (tens of MiB for a dataset indexed by a million Python objects).
+                    make_config.forget_payloads()
             if s.executor == "ray":
                 # Imported here only: `import loader` never imports ray (an optional extra).
                 from .ray import RayExecutor
@@ -91,7 +97,6 @@ class ExecutorHost:
                 assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
                 res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
             else:
-                method = method_for(s.start_method, s.dataset.instance)
                 res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, method,
                                           s.max_worker_restarts, s.dataset.dataset_class.__module__,
                                           in_turn=s.deals_in_turn)
@@ -104,6 +109,20 @@ class ExecutorHost:
         self.ensure()
         assert self.res.slots is not None
         return self.res.slots
+
+    def renew(self) -> bool:
+        """Replace the workers by fresh forks of this process, where a new pool forks (``forks_afresh``):
+        workers that computed a generation hold their own copies of the pages of the dataset's objects
+        they read (reading an object writes its reference count), which readers of the committed
+        generation never need (``docs/ARCHITECTURE.md``, "Memory with many workers"). Returns whether
+        it did; called between epochs, when no task is in flight."""
+        executor = self.res.executor
+        if not isinstance(executor, WorkerPool) or not forks_afresh(executor.use_threading, executor.start_method):
+            return False
+        self.res.executor = None
+        executor.shutdown()
+        self.ensure(check=False)
+        return True
 
     def kill(self) -> None:
         """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""

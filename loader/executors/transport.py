@@ -73,6 +73,13 @@ class Portable(Generic[T]):
                 self.at_start = True
         return self._payload or b""
 
+    def forget_payload(self) -> None:
+        """Drop the bytes :meth:`payload` computed (it computes them again when a worker is spawned): workers
+        forked from this process never need them, and a dataset indexed by a million Python objects
+        pickles to tens of MiB the training process would keep for nothing."""
+        if self._loaded:
+            self._payload = None
+
     def load(self) -> T:
         """The object: itself in this process, a copy where it arrived as bytes, unpickled at the first
         call (a worker that never builds its dataset never imports the dataset's module)."""
@@ -115,6 +122,9 @@ class PortablePart(Portable[T]):
 
     def payload(self) -> bytes:
         return self.whole.payload()
+
+    def forget_payload(self) -> None:
+        self.whole.forget_payload()
 
     def load(self) -> T:
         part: T = self.whole.load()[self.index]  # type: ignore[assignment]

@@ -238,3 +238,19 @@ class OffsetDataset(ArangeDataset):
         sample = super().__getitem__(index)
         sample["x"] = sample["x"] + np.float32(self.offset)
         return sample
+
+
+class ObjectIndex:
+    """Samples indexed by Python objects: `n` dicts of a path (`width` characters) and a label, as an
+    annotation file loaded into memory. A sample reads its dict and its path (their reference counts:
+    a forked worker writes the pages they lie in, and so holds its own copy of them)."""
+
+    def __init__(self, n: int, width: int = 4000) -> None:
+        self.items = [{"path": f"{i:08d}/" + "p" * width, "label": i} for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.items[index]
+        return {"x": np.array([len(item["path"]), item["label"]], dtype=np.int64)}

@@ -137,6 +137,9 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             ctx.reads.drop_reader()
             # Written together with other processes, one of them commits it (maybe not this one).
             stats.committed = build.writer.state == "committed"
+            # No later epoch of this run computes: the next one starts with fresh workers, without the
+            # copies of the dataset's pages these made (docs/ARCHITECTURE.md, "Memory with many workers").
+            ctx.renew_workers = not ctx.cache.settings.rewrites
         else:
             ctx.apply_policy(policy)
 

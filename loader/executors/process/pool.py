@@ -396,6 +396,16 @@ class WorkerPool(DeathListeners):
             spawner.close()
 
 
+def forks_afresh(use_threading: bool, start_method: str) -> bool:
+    """Whether a pool started now forks its workers from this process (processes, not threads;
+    ``start_method`` ``"fork"``, or ``"auto"`` where forking is safe): a fresh fork holds no page of
+    its own, where a worker that computed samples holds a copy of every page of the dataset's
+    objects it read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
+    if use_threading:
+        return False
+    return start_method == "fork" or (start_method == "auto" and forks(first=True))
+
+
 def _done(value: WorkerHandle) -> concurrent.futures.Future[WorkerHandle]:
     future: concurrent.futures.Future[WorkerHandle] = concurrent.futures.Future()
     future.set_result(value)
