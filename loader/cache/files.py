@@ -10,32 +10,35 @@ its target) count by ``(path, size, st_mtime_ns)``. A file rewritten in place, a
 from what the dataset names is another fingerprint; directories do not count (a store written
 inside the data folder changes its folder's time).
 
-Cost: one ``stat`` per distinct path that exists, without reading. Paths are grouped by
-directory, each directory is opened once (listed too, when many names are looked up in it, so
-strings that name nothing there cost no system call: a text dataset's sentences) and its files
-are statted relative to it, spread over threads, which the system calls release the interpreter
-for (``benchmarks.fingerprint_time`` measures a million). Past :data:`MAX_FILES` distinct paths, the
+Cost: one ``stat`` per distinct path, without reading (the working directory is listed once
+when many bare names are looked up in it, so strings that name nothing there cost no system call:
+a text dataset's sentences), spread over threads, which the system calls release the interpreter
+for where cores are free (``benchmarks.fingerprint_time`` measures a million). The digest is a sum
+of a hash per file, so it needs no sort. Past :data:`MAX_FILES` distinct paths, the
 first ones in sorted order are statted and one log line says that the rest count by name only.
 """
 
 from __future__ import annotations
 
-import array
-import hashlib
 import logging
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
+import xxhash
+
 log = logging.getLogger(__name__)
 
 #: Distinct paths statted at most: about two seconds of system calls on a small machine.
 MAX_FILES = 2_000_000
-#: Paths per directory group handed to a thread, and the count below which one thread stats them all.
+#: Paths handed to a thread at a time, and the count below which one thread stats them all.
 _PER_THREAD = 20_000
-#: Names looked up in one directory past which it is listed first (see ``_stat_group``).
+#: Names in the working directory past which it is listed first (see :func:`files_identity`).
 _LIST_PAST = 32
+#: A file's size and time are mixed into its path's hash by odd 64-bit multipliers (any bit changed in
+#: either changes the sum).
+_SIZE_MIX, _TIME_MIX, _MASK = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, (1 << 64) - 1
 #: Longer strings name no file (Linux's PATH_MAX).
 _PATH_MAX = 4096
 #: URL schemes that name no local file (webdataset's ``pipe:`` runs a command; nothing is run here).
@@ -75,71 +78,35 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
                  "noticed: change cache_setting['fingerprint'] when they change)", len(ordered), MAX_FILES,
                  len(ordered) - MAX_FILES)
         unique = set(ordered[:MAX_FILES])
-    by_dir: dict[str, list[str]] = {}
-    for path in unique:
-        folder, _, name = path.rpartition("/")
-        if name:
-            by_dir.setdefault(folder or ("/" if path.startswith("/") else ""), []).append(name)
-    groups = _groups(by_dir)
-    if len(groups) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(groups), max(2, os.cpu_count() or 1))) as pool:
-            parts = list(pool.map(_stat_group, groups))
+    todo = list(unique)
+    if sum("/" not in t for t in todo) > _LIST_PAST:
+        # Names in the working directory: one listing spares a failing stat for each string that names
+        # nothing there (a text dataset's sentences, labels, the keys of a dict).
+        present = set(os.listdir("."))
+        todo = [t for t in todo if "/" in t or t in present]
+    parts = [todo[i:i + _PER_THREAD] for i in range(0, len(todo), _PER_THREAD)]
+    if len(parts) > 1 and (os.cpu_count() or 1) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1, 4)) as pool:
+            found = list(pool.map(_stat_part, parts))
     else:
-        parts = [_stat_group(g) for g in groups]
-    hasher = hashlib.sha256()
-    count = 0
-    for n, chunks in parts:  # in the groups' order: sorted by directory, then name
-        count += n
-        for chunk in chunks:
-            hasher.update(chunk)
-    return (count, hasher.hexdigest()[:16]) if count else None
+        found = [_stat_part(part) for part in parts]
+    count = sum(n for n, _ in found)
+    total = sum(t for _, t in found) & _MASK
+    return (count, f"{total:016x}") if count else None
 
 
-def _groups(by_dir: dict[str, list[str]]) -> list[list[tuple[str, list[str]]]]:
-    """Directories in sorted order, cut into groups of about :data:`_PER_THREAD` paths."""
-    groups: list[list[tuple[str, list[str]]]] = [[]]
-    size = 0
-    for folder in sorted(by_dir):
-        if size >= _PER_THREAD:
-            groups.append([])
-            size = 0
-        names = sorted(by_dir[folder])
-        groups[-1].append((folder, names))
-        size += len(names)
-    return groups
-
-
-def _stat_group(group: list[tuple[str, list[str]]]) -> tuple[int, list[bytes]]:
-    """How many of `group`'s paths are regular files, and what the digest takes of the group: per
-    directory with any, its name, the names of its regular files and their sizes and times."""
-    count = 0
-    chunks: list[bytes] = []
-    for folder, names in group:
+def _stat_part(paths: list[str]) -> tuple[int, int]:
+    """How many of `paths` are regular files, and the sum (mod 2**64) of a hash of each one's path mixed
+    with its size and modification time: a sum does not depend on the order the paths come in (a
+    set's order changes from run to run), and needs no sort of a million paths."""
+    count = total = 0
+    for path in paths:
         try:
-            fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            st = os.stat(path)
         except (OSError, ValueError):
-            continue  # no such directory (the strings were not paths): nothing in it counts
-        found: list[str] = []
-        numbers = array.array("q")
-        try:
-            if len(names) > _LIST_PAST:
-                # One listing (cheap) spares a failing stat for each string that names nothing here:
-                # a text dataset's sentences, labels, the keys of a dict.
-                present = set(os.listdir(fd))
-                names = [name for name in names if name in present]
-            for name in names:
-                try:
-                    st = os.stat(name, dir_fd=fd)
-                except (OSError, ValueError):
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    found.append(name)
-                    numbers.append(st.st_size)
-                    numbers.append(st.st_mtime_ns)
-        finally:
-            os.close(fd)
-        if found:
-            count += len(found)
-            text = folder + "\0" + "\0".join(found) + "\n"
-            chunks += (text.encode("utf-8", "surrogateescape"), numbers.tobytes())
-    return count, chunks
+            continue
+        if stat.S_ISREG(st.st_mode):
+            count += 1
+            key = xxhash.xxh3_64_intdigest(path.encode("utf-8", "surrogateescape"))
+            total += key ^ (st.st_size * _SIZE_MIX) ^ (st.st_mtime_ns * _TIME_MIX)
+    return count, total & _MASK
