@@ -82,18 +82,6 @@ def _deep_code_refused(what: str) -> Iterator[None]:
                                f"{_HINT}") from None
 
 
-def _const_repr(const: object) -> str:
-    """A code constant in words, the same in every run: ``x in {"a", "b"}`` keeps a frozenset, whose
-    repr orders strings by their hash, which changes from run to run."""
-    if isinstance(const, types.CodeType):
-        return "<code>"
-    if isinstance(const, frozenset):
-        return "frozenset({" + ", ".join(sorted(map(_const_repr, const))) + "})"
-    if isinstance(const, tuple):
-        return "(" + ", ".join(map(_const_repr, const)) + ",)"
-    return f"{type(const).__name__}:{const!r}"
-
-
 #: Values hashed where they stand, never remembered by id (cheap, and ids of ints are reused).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 #: Items ``_ValueHasher._items`` writes itself, with the type tags :meth:`_ValueHasher.tag` writes.
@@ -154,8 +142,13 @@ class _ValueHasher:
         still changes the fingerprint, but equal cyclic structures built in another order may
         hash apart (a cache computed once more, never a stale one served).
         """
+        kind = type(obj)
+        if kind in _FLAT:  # what _digest computes, without a hasher of its own: a dict's keys and labels
+            chunks: list[bytes] = []
+            _flat(obj, kind, chunks, self.walk.paths)
+            return hashlib.sha256(b"".join(chunks)).digest()
         key = id(obj)
-        if type(obj) in _SCALARS or key in self._active:
+        if kind in _SCALARS or key in self._active:
             return self._digest(obj, where, depth)  # cheap, or a cycle: tagged where it closes
         known = self.walk.digests.get(key)
         if known is None:
@@ -285,7 +278,7 @@ class _ValueHasher:
         """Bytecode, names and constants: not the file name or line numbers (a line added above moves them)."""
         nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
         self.tag("code", code.co_code, "\0".join(code.co_names), "\0".join(code.co_varnames),
-                 "\0".join(_const_repr(c) for c in code.co_consts))
+                 "\0".join(reach.const_repr(c) for c in code.co_consts))
         for const in nested:
             self.code(const)
 

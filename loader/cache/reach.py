@@ -100,6 +100,18 @@ def code_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def const_repr(const: object) -> str:
+    """A code constant in words, the same in every run: ``x in {"a", "b"}`` keeps a frozenset, whose
+    repr orders strings by their hash, which changes from run to run."""
+    if isinstance(const, types.CodeType):
+        return "<code>"
+    if isinstance(const, frozenset):
+        return "frozenset({" + ", ".join(sorted(map(const_repr, const))) + "})"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(map(const_repr, const)) + ",)"
+    return f"{type(const).__name__}:{const!r}"
+
+
 @dataclass
 class Walk:
     """What the hashers of one fingerprint share.

@@ -172,12 +172,16 @@ def test_the_bulk_hash_of_a_sample_list_is_the_per_item_hash():
             for i, item in enumerate(items):
                 self.feed(item, f"{where}[{i}]", depth + 1)
 
-    samples = [("a/b.jpg", 1), ("c.jpg", None), "x", 3, True, (1, (2, "y")), [1.5, "z"], np.int64(4), {"k": ["w"]}]
+        def digest_of(self, obj, where, depth):  # every part through a hasher of its own, as before
+            return self._digest(obj, where, depth)
+
+    samples = [("a/b.jpg", 1), ("c.jpg", None), "x", 3, True, (1, (2, "y")), [1.5, "z"], np.int64(4), {"k": ["w"]},
+               {"path": "d.jpg", "label": 2, "box": [0.5, 1]}]
     bulk, per_item = _ValueHasher(), PerItem()
     bulk.feed(samples, "s")
     per_item.feed(samples, "s")
     assert bulk.h.hexdigest() == per_item.h.hexdigest()
-    assert sorted(bulk.walk.paths) == sorted(per_item.walk.paths) == ["a/b.jpg", "c.jpg", "k", "w", "x", "y", "z"]
+    assert sorted(bulk.walk.paths) == sorted(per_item.walk.paths) == ["a/b.jpg", "box", "c.jpg", "d.jpg", "k", "label", "path", "w", "x", "y", "z"]
 
 
 def test_statting_in_threads_gives_the_digest_of_one(tmp_path, monkeypatch):
