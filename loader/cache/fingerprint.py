@@ -85,14 +85,17 @@ def _deep_code_refused(what: str) -> Iterator[None]:
 #: Values hashed where they stand, never remembered by id (cheap, and ids of ints are reused).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 #: Items ``_ValueHasher._items`` writes itself, with the type tags :meth:`_ValueHasher.tag` writes.
-_FLAT: frozenset[type] = frozenset({str, int, bool, type(None)})
+_FLAT: frozenset[type] = frozenset({str, int, bool, float, type(None)})
 _TAGS = {kind: len(kind.__name__).to_bytes(8, "little") + kind.__name__.encode() for kind in _FLAT}
 _TUPLE_TAG = (5).to_bytes(8, "little") + b"tuple"
 
 
 def _flat(item: Any, kind: type, chunks: list[bytes], paths: list[str]) -> None:
     """Append what ``tag(kind.__name__, item)`` hashes for a plain scalar; a string may name a file."""
-    data = item.encode("utf-8", "surrogatepass") if kind is str else str(item).encode()
+    if kind is str:
+        data = item.encode("utf-8", "surrogatepass")
+    else:  # a float by its exact value, as feed() tags it
+        data = (item.hex() if kind is float else str(item)).encode()
     chunks += (_TAGS[kind], len(data).to_bytes(8, "little"), data)
     if kind is str:
         paths.append(item)
