@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from cachestore.errors import FingerprintError
 
 from .cache.fingerprint import class_path, dataset_fingerprint
-from .dataset import Batch
+from .dataset import Batch, DatasetSource
 from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
@@ -45,7 +45,8 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
     identity: dict[str, object] = {
         "dataset_class": fingerprint.get("dataset"),
         "dataset_params": {k: v for k, v in fingerprint.items() if k in ("params_sha256", "state_sha256")},
-        "dataset length": num_samples,
+        # A stream's length is what its store holds: a state taken before the commit is no other stream's.
+        "dataset length": None if settings.dataset.stream else num_samples,
         "batch_size": settings.batch_size,
         "drop_last": settings.drop_last,
         "shuffle": settings.shuffle,
@@ -63,9 +64,30 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
     return identity
 
 
+def take_identity(dataset: DatasetSource) -> None:
+    """Take the dataset's identity, once per loader, at its first ``iter()`` (later calls do nothing).
+
+    What was fingerprinted before (the constructor's look at a stream's store) is forgotten: the
+    dataset as it is now counts. A stream is fingerprinted now, before this process iterates it: its
+    own iteration changes its attributes (a position, a count of passes), which are its state, not its
+    identity; the store it is filed under and every state the loader records name it as it starts
+    (``docs/ARCHITECTURE.md``, "Identity").
+    """
+    if dataset.memo.get("taken"):
+        return
+    dataset.memo.clear()
+    dataset.memo["taken"] = True
+    if dataset.instance is not None and dataset.stream:
+        try:
+            dataset_fingerprint(dataset, 0, (0, 1))
+        except FingerprintError:
+            pass  # not hashable by value: a state names its class (_identity)
+
+
 def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
                served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
-               window: str | None = None, stream: dict[str, object] | None = None) -> dict[str, object]:
+               window: str | None = None, stream: dict[str, object] | None = None,
+               generating: bool = False) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -77,6 +99,9 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     ranks`` samples of its order, which the new ranks split between them.
     `stream`: where a stateful stream's copies were after batch `served` (their
     own states), so the epoch goes on from there rather than from the start.
+    `generating`: the epoch was a stream's generate epoch (its batches as the
+    stream made them): resumed once the generation is committed, its rest is
+    served as that epoch served it, not as a read epoch would.
     """
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
@@ -84,7 +109,7 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
-            "stream": stream}
+            "stream": stream, "stream_generate": generating}
 
 
 @dataclass(frozen=True)
@@ -99,6 +124,7 @@ class LoadedState:
     rotation_window: str | None
     ranks: int | None = None  # ranks of the node that split the epoch (a store shared by a node's ranks)
     stream: StreamAt | None = None  # where a stateful stream's copies were
+    generating: bool = False  # the epoch was a stream's generate epoch (see make_state)
 
 
 def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
@@ -158,7 +184,9 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     window = state.get("rotation_window")
     _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
     ranks = state.get("ranks")
-    if settings.dataset.stream and not samples_per_epoch:
+    generating = state.get("stream_generate", False)
+    _field(state, "stream_generate", isinstance(generating, bool), "a bool")
+    if settings.dataset.stream and (not samples_per_epoch or generating):
         batches = None  # a stream not written yet: as many batches as it yields
     elif layout.node_scope:
         _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
@@ -181,7 +209,7 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
-                       ranks if layout.node_scope and isinstance(ranks, int) else None, at)
+                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating))
 
 
 def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> int:

@@ -40,7 +40,7 @@ from cachestore.errors import FingerprintError
 
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
-from . import reach, shared_state
+from . import reach, shared_state, taken
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
@@ -386,6 +386,8 @@ def dataset_fingerprint(dataset: DatasetSource, length: int, partition: tuple[in
         else:
             identity["params_sha256"] = params_hash(dataset.params)
         identity["source_sha256"] = _source_hash(dataset.dataset_class)
+        if dataset.instance is not None and dataset.stream:  # what its own iteration changed: see taken
+            identity = taken.recall(dataset.instance, identity)
         dataset.memo["identity"] = identity
     return {"dataset": identity["dataset"], **{k: v for k, v in identity.items() if k.endswith("sha256")
                                                and k != "source_sha256"},

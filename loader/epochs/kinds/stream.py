@@ -30,9 +30,10 @@ from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.process.streams import StreamAt, stateful
 from ...executors.producer import transform
+from ...settings import LoaderSettings
 from ..context import EpochContext
 from ..places import ComputePlace
-from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
+from ..plan import EpochStats, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
 from ..rotation import FreshSamples
 from .base import EpochKind
 
@@ -59,6 +60,29 @@ class ShuffleBuffer:
         """What is left, in random order."""
         left, self.held = self.held, []
         return [left[i] for i in self.rng.permutation(len(left))]
+
+
+def generated_again(plan: ReadPlan, skip: int, settings: LoaderSettings, seed: int,
+                    resume: StreamAt | None) -> ReadPlan | StreamPlan:
+    """The rest of a stream's generate epoch resumed after batch `skip`, its generation committed since
+    (by the run that was stopped, which went on to the end, or another job): served as the generate
+    epoch served it. Its batches were those the stream made: the stream is iterated again (from
+    `resume`, a stateful stream's position), writing nothing; through a shuffle buffer, whose draws
+    depend on the count of samples only, they are the generation's samples in the buffer's order."""
+    cache = settings.cache
+    assert cache is not None and settings.batch_size is not None
+    if not (settings.shuffle and cache.stream_buffer):
+        return StreamPlan(epoch=plan.epoch, batches=[], indices=np.zeros(0, dtype=np.int64), notes=plan.notes,
+                          transform_seed=plan.transform_seed, skip=skip, seed=seed, limit=cache.stream_samples,
+                          resume=resume)
+    n, size = len(plan.indices), settings.batch_size
+    buffer = ShuffleBuffer(cache.stream_buffer, np.random.default_rng([seed, plan.epoch]))
+    served = [out[0] for out in (buffer.push((k, None)) for k in range(n)) if out is not None]
+    served += [k for k, _ in buffer.drain()]
+    batches = [np.asarray(served[i:i + size], dtype=np.int64) for i in range(0, n, size)]
+    if settings.drop_last and batches and len(batches[-1]) < size:
+        batches.pop()
+    return dataclasses.replace(plan, batches=batches[skip:], order="as its generate epoch served it")
 
 
 class StreamEpoch(EpochKind[StreamPlan]):

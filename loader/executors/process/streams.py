@@ -401,11 +401,14 @@ class StreamWorkers:
 
 class InlineStream:
     """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading
-    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`)."""
+    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`; `after`: called as each
+    epoch's iteration ends)."""
 
     def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn,
-                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0)) -> None:
+                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0),
+                 after: Callable[[], None] | None = None) -> None:
         self.dataset = dataset
+        self.after = after  # called when an epoch's iteration ends (here, or broken off)
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
         self.pipe_seed, self.world = pipe_seed, world
         self.keeps_state = stateful(dataset)
@@ -434,6 +437,8 @@ class InlineStream:
                 yield 0, len(samples), self.collate_fn(samples) if collate else samples
         finally:
             _close(iterator)
+            if self.after is not None:
+                self.after()
 
     def pids(self) -> list[int]:
         return []
