@@ -368,14 +368,13 @@ class CachedLoader(LoaderAttributes):
         return at[2] if at is not None and at[:2] == (epoch, served) and served > 0 else None
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        """Continue the run `state` was taken from (call before iterating).
+        """Continue the run `state` was taken from, at the next ``iter()`` (as torchdata's loader: on a new
+        loader, or on one that has iterated, whose live iterator ends).
 
         Raises
         ------
         ValueError
             The state comes from a loader with other arguments (it says which).
-        RuntimeError
-            This loader has already started an epoch.
         """
         self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))
 

@@ -423,8 +423,19 @@ class LoaderSettings:
         shard of files, its id in the samples) that code written for torch may count on. Otherwise a batch
         goes to the least loaded worker and an epoch's first and last batches are split between the
         workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch"). Ray actors
-        always take the least loaded."""
-        return self.worker_init_fn is not None
+        always take the least loaded. A dataset whose draws are seeded per batch (:attr:`seeds_draws`) is
+        dealt in turn too: a batch split between workers would draw other numbers."""
+        return self.worker_init_fn is not None or self.seeds_draws
+
+    @property
+    def seeds_draws(self) -> bool:
+        """Whether each batch's random draws are seeded from ``(seed, epoch, indices)``
+        (:mod:`loader.executors.seeds`): a map-style dataset whose randomness is part of its state, as
+        torchdata's ``Stateful`` says (``state_dict`` and ``load_state_dict``). Its batches then draw the
+        same numbers in any worker and after a resume."""
+        d = self.dataset
+        target = d.instance if d.instance is not None else d.dataset_class
+        return not d.stream and all(callable(getattr(target, name, None)) for name in ("state_dict", "load_state_dict"))
 
     @property
     def allow_pickle(self) -> bool:

@@ -351,27 +351,16 @@ class EpochCursor:
     def position(self) -> tuple[int, int]:
         """``(epoch, batches served)`` a state records: the rest of a broken-off epoch comes first."""
         progress = self.progress
-        # An epoch whose last batch was served is done, even before its iterator said so (a loop that
-        # stops on len(), as Lightning's does, never asks past it).
-        if progress is not None and not progress.exhausted and not (
-                progress.total is not None and progress.served >= progress.total):
+        # As torchdata's: an epoch whose last batch was served but whose iterator has not ended yet (a state
+        # taken inside the loop after its last batch) resumes with its rest (nothing), and the next iter()
+        # serves the next epoch; a loop that keeps its own epoch counter then trains no epoch twice.
+        if progress is not None and not progress.exhausted:
             return progress.epoch, progress.served
         return self.next_epoch, self.skip
 
     def load(self, loaded: LoadedState) -> None:
-        """Continue from `loaded` (a new loader's, before any ``iter()``).
-
-        Raises
-        ------
-        RuntimeError
-            An epoch was started already.
-        """
-        progress = self.progress
-        if progress is not None and (progress.started or progress.served) or (
-                progress is None and self.current is not None):
-            raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
-        # An iterator that served nothing consumed nothing (Lightning starts one and drops it before
-        # restoring a checkpoint): dropped, the state applies to the next iter().
+        """Continue from `loaded` at the next ``iter()``, as torchdata's loader does: on a new loader, or
+        on one that has iterated (a rewind, a reload after a failed step), whose live iterator ends."""
         self.close_active()
         self.current, self.progress = None, None
         self.loaded = loaded

@@ -100,6 +100,8 @@ class EpochRunner:
                               shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
+        if s.seeds_draws:
+            plan.draws_seed = ctx.state.seed
         if not s.dataset.stream:
             return plan
         resume = self._stream_resume

@@ -30,6 +30,7 @@ from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
 from ...executors.process.streams import StreamAt, stateful
 from ...executors.producer import transform
+from ...executors.seeds import epoch_reseed
 from ...settings import LoaderSettings
 from ..context import EpochContext
 from ..places import ComputePlace
@@ -99,7 +100,8 @@ class StreamEpoch(EpochKind[StreamPlan]):
         served, arrived = (plan.skip, plan.resume.arrived) if plan.resume is not None else (0, 0)
         # read_transform needs the samples (seeded by their arrival position): collated here, then
         transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
-        for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume):
+        for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume,
+                                                   reseed=epoch_reseed(plan.seed, plan.epoch)):
             stats.computed += count
             served += 1
             arrived += count
@@ -228,7 +230,8 @@ class StreamGenerateEpoch(StreamEpoch):
         # A stateful stream resumed goes on after the samples the adopted partial generation holds.
         written, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
         try:
-            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume):
+            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
+                                                          reseed=epoch_reseed(plan.seed, plan.epoch)):
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and written >= plan.limit:

@@ -11,12 +11,14 @@ as it is; the samples themselves where the training process writes them into a
 generation, ``docs/ARCHITECTURE.md``, "Streams"). Each worker has
 `prefetch` requests in flight, as torch's ``prefetch_factor``.
 
-A stream with its own ``state_dict()``/``load_state_dict()`` (torchdata's
-``Stateful``) sends its copy's state with each batch; :class:`StreamAt` is
-where an epoch got (each worker's state after the last batch taken from it,
-whose turn is next), and an epoch begun from one continues there, every copy
-loading its state before its new iterator, instead of iterating the stream
-again from its start.
+A stream whose dataset or iterator has its own ``state_dict()``/``load_state_dict()``
+(torchdata's ``Stateful``) sends its copy's position with each batch (:func:`position`: both
+states, as torchdata records them); :class:`StreamAt` is where an epoch got (each worker's
+position after the last batch taken from it, whose turn is next), and an epoch begun from one
+continues there (:func:`iterate_from`: the dataset's state loaded before ``iter()``, the
+iterator's into the iterator ``__iter__`` returned), instead of iterating the stream again from
+its start. Each epoch reseeds the workers' generators from the run's seed and the epoch
+(:func:`loader.executors.seeds.epoch_reseed`): an epoch served again, or resumed, draws the same.
 
 Workers die with the training process (the parent-death signal of
 :func:`~loader.executors.process.worker.die_with_parent`), ignore Ctrl-C, and
@@ -41,7 +43,7 @@ from ...datapipes import is_datapipe, seed_pipes, shard
 from ...dataset import CollateFn, DatasetSource, WorkerInitFn
 from ...errors import WorkerError, WorkerTimeoutError
 from .. import messages as m
-from ..producer import seed_worker
+from ..seeds import seed_worker
 from ..transport import Portable
 from ..worker_info import WorkerIdentity
 from .start import context_for, start
@@ -74,6 +76,28 @@ class StreamConfig:
 def stateful(stream: object) -> bool:
     """Whether `stream` saves and loads its own position (torchdata's ``Stateful``)."""
     return callable(getattr(stream, "state_dict", None)) and callable(getattr(stream, "load_state_dict", None))
+
+
+def position(dataset: object, iterator: object) -> list[Any] | None:
+    """Where a copy of a stream is, as torchdata records it: ``[the dataset's state, its iterator's]``,
+    each ``None`` where it keeps none (the dataset's, when it is its own iterator: recorded once);
+    ``None`` when neither keeps one."""
+    it = iterator.state_dict() if iterator is not None and stateful(iterator) else None  # type: ignore[attr-defined]
+    ds = dataset.state_dict() if stateful(dataset) and iterator is not dataset else None  # type: ignore[attr-defined]
+    return None if it is None and ds is None else [ds, it]
+
+
+def iterate_from(dataset: Any, at: Any) -> Iterator[Any]:
+    """A new iterator of `dataset`, from position `at` (:func:`position`'s) when given, in torchdata's
+    order: the dataset's state loaded before ``iter()``, the iterator's into what ``__iter__`` returned
+    (state it creates in ``__iter__`` exists only then)."""
+    ds, it = at if isinstance(at, (list, tuple)) and len(at) == 2 else (None, None)
+    if ds is not None and stateful(dataset):
+        dataset.load_state_dict(ds)
+    iterator: Iterator[Any] = iter(dataset)
+    if it is not None and stateful(iterator):
+        iterator.load_state_dict(it)  # type: ignore[attr-defined]
+    return iterator
 
 
 @dataclass(frozen=True)
@@ -214,7 +238,6 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
         return
     waiting: collections.deque[object] = collections.deque()
     epoch, iterator, collated, state = -1, None, True, None
-    keeper: Any = dataset if stateful(dataset) else None  # a stream that saves and loads its own position
     try:
         while True:
             _latest(conn, waiting)
@@ -237,15 +260,13 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                 continue
             try:
                 if iterator is None:
-                    if state is not None and keeper is not None:
-                        keeper.load_state_dict(state)
-                    iterator = iter(dataset)
+                    iterator = iterate_from(dataset, state)
                 samples = _pull(iterator, config)
                 if samples is None:
                     answer: object = End(epoch, config.worker_id)
                 else:
                     answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples,
-                                   keeper.state_dict() if keeper is not None else None)
+                                   position(dataset, iterator))
             except Exception as exc:
                 answer = m.TaskFailed.from_exception(exc, epoch=epoch, seq=-1, part=-1, worker_id=config.worker_id,
                                                      index=None, kind="dataset")
@@ -289,7 +310,6 @@ class StreamWorkers:
         self.conns: list[Any] = []
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.at: StreamAt | None = None  # a stateful stream's position after the latest batch items() gave
-        self.keeps_state = stateful(source.instance if source.instance is not None else source.dataset_class)
         try:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
@@ -334,8 +354,9 @@ class StreamWorkers:
             self._send(worker, Next(epoch), epoch)
             pos = (pos + 1) % len(active)
             arrived += msg.count
-            if self.keeps_state:
+            if msg.state is not None:
                 states[worker] = msg.state
+            if any(state is not None for state in states):
                 self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived)
             yield worker, msg.count, msg.items
 
@@ -411,11 +432,11 @@ class InlineStream:
         self.after = after  # called when an epoch's iteration ends (here, or broken off)
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
         self.pipe_seed, self.world = pipe_seed, world
-        self.keeps_state = stateful(dataset)
         self.at: StreamAt | None = None  # as StreamWorkers.at
 
-    def items(self, epoch: int, collate: bool,
-              resume: StreamAt | None = None) -> Generator[tuple[int, int, Any], None, None]:
+    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
+              reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
+        del reseed  # the training process's generators are the loop's own: never reseeded here
         self.at = None
         if resume is not None and resume.ended[0]:
             return
@@ -423,17 +444,16 @@ class InlineStream:
         if self.pipe_seed is not None:
             shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
             seed_pipes(self.dataset, self.pipe_seed(epoch))
-        if resume is not None and resume.states[0] is not None:
-            self.dataset.load_state_dict(resume.states[0])
-        iterator = iter(self.dataset)
+        iterator = iterate_from(self.dataset, resume.states[0] if resume is not None else None)
         try:
             while True:
                 samples = list(itertools.islice(iterator, self.batch_size))
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
                     return
                 arrived += len(samples)
-                if self.keeps_state:
-                    self.at = StreamAt((self.dataset.state_dict(),), (False,), 0, arrived)
+                at = position(self.dataset, iterator)
+                if at is not None:
+                    self.at = StreamAt((at,), (False,), 0, arrived)
                 yield 0, len(samples), self.collate_fn(samples) if collate else samples
         finally:
             _close(iterator)
