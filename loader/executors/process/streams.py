@@ -138,7 +138,7 @@ class StreamAt:
 
 @dataclass(frozen=True)
 class Begin:
-    """Start epoch `epoch`: a new iterator of the worker's copy (after loading `state` into the copy, when
+    """Start epoch `epoch` (the run's tag, which answers carry): a new iterator of the worker's copy (after loading `state` into the copy, when
     given); batches are collated when `collate`; a datapipe's random pipes are seeded from `seed` first
     (the same in every worker); the worker's global generators from ``(reseed, worker_id)`` when given
     (a background refresh: each generation draws its own, however often the workers were started)."""
@@ -310,6 +310,7 @@ class StreamWorkers:
         self.conns: list[Any] = []
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.at: StreamAt | None = None  # a stateful stream's position after the latest batch items() gave
+        self._runs = 0  # epochs begun so far (see items)
         try:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
@@ -332,26 +333,29 @@ class StreamWorkers:
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out; from
         position `resume` on, when given (a stateful stream's); `reseed`: see :class:`Begin`."""
         n = len(self.conns)
+        # Each run of an epoch has its own tag, which the workers' answers carry: an epoch served again
+        # (a state loaded into this loader) must not take the answers of its earlier run.
+        tag, self._runs = self._runs, self._runs + 1
         states = list(resume.states) if resume is not None else [None] * n
         ended = list(resume.ended) if resume is not None else [False] * n
         arrived = resume.arrived if resume is not None else 0
         seed = self.pipe_seed(epoch) if self.pipe_seed is not None else None
         for worker in range(n):
-            self._send(worker, Begin(epoch, collate, seed, states[worker], reseed), epoch)
+            self._send(worker, Begin(tag, collate, seed, states[worker], reseed), epoch)
             for _ in range(self.prefetch if not ended[worker] else 0):
-                self._send(worker, Next(epoch), epoch)
+                self._send(worker, Next(tag), epoch)
         active = [w for w in range(n) if not ended[w]]
         pos = active.index(resume.next) if resume is not None and resume.next in active else 0
         self.at = None
         while active:
             worker = active[pos]
-            msg = self._receive(worker, epoch)
+            msg = self._receive(worker, epoch, tag)
             if isinstance(msg, End):
                 active.pop(pos)
                 ended[worker] = True
                 pos = pos % len(active) if active else 0
                 continue
-            self._send(worker, Next(epoch), epoch)
+            self._send(worker, Next(tag), epoch)
             pos = (pos + 1) % len(active)
             arrived += msg.count
             if msg.state is not None:
@@ -371,8 +375,8 @@ class StreamWorkers:
                               f"{proc.exitcode}) before epoch {epoch}: a stream cannot be taken up again where a "
                               "dead worker left it") from None
 
-    def _receive(self, worker: int, epoch: int) -> Items | End:
-        """Worker `worker`'s next answer in epoch `epoch` (an older epoch's are dropped)."""
+    def _receive(self, worker: int, epoch: int, tag: int) -> Items | End:
+        """Worker `worker`'s next answer in epoch `epoch`, begun as `tag` (an earlier run's are dropped)."""
         conn, proc = self.conns[worker], self.procs[worker]
         while True:
             ready = multiprocessing.connection.wait([conn, proc.sentinel], self.timeout)
@@ -394,10 +398,10 @@ class StreamWorkers:
                                   f"{proc.exitcode}) in epoch {epoch}: a stream cannot be taken up again where a "
                                   "dead worker left it")
             if isinstance(msg, m.TaskFailed):
-                if msg.kind == "init" or msg.epoch == epoch:
+                if msg.kind == "init" or msg.epoch == tag:
                     raise msg.exception(pid=proc.pid, epoch=epoch)
                 continue
-            if isinstance(msg, (Items, End)) and msg.epoch == epoch:
+            if isinstance(msg, (Items, End)) and msg.epoch == tag:
                 return msg
 
     def pids(self) -> list[int]:
