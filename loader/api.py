@@ -27,7 +27,7 @@ from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
-from .executors.process.streams import StreamAt
+from .executors.process.streams import StreamAt, stream_start
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .settings import CacheSettings, Device, RotationSettings, int_at_least
@@ -365,7 +365,10 @@ class CachedLoader(LoaderAttributes):
         if loaded is not None:
             return loaded.stream
         at = self._runner.ctx.stream_at if self._runner is not None else None
-        return at[2] if at is not None and at[:2] == (epoch, served) and served > 0 else None
+        if at is not None and at[:2] == (epoch, served):
+            return at[2]
+        s = self.settings  # a stream this process iterates, not begun yet: as it is now (torchdata's)
+        return stream_start(s.dataset.instance) if served == 0 and s.nb_worker == 0 and s.dataset.stream else None
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Continue the run `state` was taken from, at the next ``iter()`` (as torchdata's loader: on a new

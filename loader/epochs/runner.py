@@ -105,7 +105,7 @@ class EpochRunner:
         if not s.dataset.stream:
             return plan
         resume = self._stream_resume
-        at = resume[2] if resume is not None and resume[:2] == (epoch, skip) and skip > 0 else None
+        at = resume[2] if resume is not None and resume[:2] == (epoch, skip) else None
         if isinstance(plan, ReadPlan) and self._generated == (epoch, skip):
             return generated_again(plan, skip, s, ctx.state.seed, at)
         return stream_plan(plan, skip, s, ctx.state.seed, at)

@@ -115,6 +115,12 @@ class StreamEpoch(EpochKind[StreamPlan]):
             stats.batches += 1
             stats.samples += count
             yield batch
+        self._mark_end(streams.end_at)
+
+    def _mark_end(self, at: StreamAt | None) -> None:
+        """The stream ran to its end: a state taken now resumes the next epoch with its copies as they are
+        (a stream that counts its epochs, a dataset that is its own iterator: torchdata keeps them so)."""
+        self.ctx.stream_at = (self.plan.epoch + 1, 0, at) if at is not None else None
 
     def _mark(self, at: StreamAt | None, served: int) -> None:
         """Where a state taken after batch `served` resumes a stateful stream (``None``: by iterating again)."""
@@ -263,6 +269,7 @@ class StreamGenerateEpoch(StreamEpoch):
                 if served > plan.skip:
                     yield self._serve(batch, stats)
             finished = self._end(written, stats)
+            self._mark_end(streams.end_at)
         except BaseException as exc:
             if node is not None:
                 node.fail(exc)  # first: the other ranks stop at their next look

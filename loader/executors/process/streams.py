@@ -87,6 +87,12 @@ def position(dataset: object, iterator: object) -> list[Any] | None:
     return None if it is None and ds is None else [ds, it]
 
 
+def stream_start(dataset: object) -> StreamAt | None:
+    """Where a stream not begun yet is (its own state as it is now), ``None`` when it keeps none."""
+    at = position(dataset, None) if dataset is not None else None
+    return StreamAt((at,), (False,), 0, 0) if at is not None else None
+
+
 def iterate_from(dataset: Any, at: Any) -> Iterator[Any]:
     """A new iterator of `dataset`, from position `at` (:func:`position`'s) when given, in torchdata's
     order: the dataset's state loaded before ``iter()``, the iterator's into what ``__iter__`` returned
@@ -176,10 +182,11 @@ class Items:
 
 @dataclass(frozen=True)
 class End:
-    """The worker's copy of the stream ran out in epoch `epoch`."""
+    """The worker's copy of the stream ran out in epoch `epoch`, leaving it at `state` (:func:`position`)."""
 
     epoch: int
     worker_id: int
+    state: Any = None
 
 
 def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
@@ -263,7 +270,7 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                     iterator = iterate_from(dataset, state)
                 samples = _pull(iterator, config)
                 if samples is None:
-                    answer: object = End(epoch, config.worker_id)
+                    answer: object = End(epoch, config.worker_id, position(dataset, iterator))
                 else:
                     answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples,
                                    position(dataset, iterator))
@@ -311,6 +318,7 @@ class StreamWorkers:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.at: StreamAt | None = None  # a stateful stream's position after the latest batch items() gave
         self._runs = 0  # epochs begun so far (see items)
+        self.end_at: StreamAt | None = None  # where the copies are after the latest epoch that ran to its end
         try:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
@@ -346,7 +354,7 @@ class StreamWorkers:
                 self._send(worker, Next(tag), epoch)
         active = [w for w in range(n) if not ended[w]]
         pos = active.index(resume.next) if resume is not None and resume.next in active else 0
-        self.at = None
+        self.at = self.end_at = None
         while active:
             worker = active[pos]
             msg = self._receive(worker, epoch, tag)
@@ -354,6 +362,7 @@ class StreamWorkers:
                 active.pop(pos)
                 ended[worker] = True
                 pos = pos % len(active) if active else 0
+                states[worker] = msg.state if msg.state is not None else states[worker]
                 continue
             self._send(worker, Next(tag), epoch)
             pos = (pos + 1) % len(active)
@@ -363,6 +372,7 @@ class StreamWorkers:
             if any(state is not None for state in states):
                 self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived)
             yield worker, msg.count, msg.items
+        self.end_at = StreamAt(tuple(states), (False,) * n, 0, 0) if any(s is not None for s in states) else None
 
     def _send(self, worker: int, msg: object, epoch: int) -> None:
         """Send `msg` to worker `worker`; a worker that died (its pipe broken) is a :class:`WorkerError`."""
@@ -437,11 +447,12 @@ class InlineStream:
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
         self.pipe_seed, self.world = pipe_seed, world
         self.at: StreamAt | None = None  # as StreamWorkers.at
+        self.end_at: StreamAt | None = None  # as StreamWorkers.end_at
 
     def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
               reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
         del reseed  # the training process's generators are the loop's own: never reseeded here
-        self.at = None
+        self.at = self.end_at = None
         if resume is not None and resume.ended[0]:
             return
         arrived = resume.arrived if resume is not None else 0
@@ -453,6 +464,8 @@ class InlineStream:
             while True:
                 samples = list(itertools.islice(iterator, self.batch_size))
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
+                    at = position(self.dataset, iterator)
+                    self.end_at = StreamAt((at,), (False,), 0, 0) if at is not None else None
                     return
                 arrived += len(samples)
                 at = position(self.dataset, iterator)
