@@ -63,3 +63,46 @@ class StateMadeInIter(IterableDataset):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         per = self.n // workers
         return Cursor(worker * per, (worker + 1) * per if worker < workers - 1 else self.n)
+
+
+class CountsEpochs(IterableDataset):
+    """Each worker's share of ``0..n-1`` as ``[i, epoch]``; its epoch counter (its state) moves on at the
+    end of each pass, as torchdata's tests' ``GeneratorIterable(increment_epoch=True)``."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(worker, self.n, workers):
+            yield [i, self.epoch]
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+
+
+class OwnIterator(IterableDataset):
+    """A stream that is its own iterator, never rewound: iterated to its end, it yields nothing more."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.at = n, 0
+
+    def __iter__(self) -> "OwnIterator":
+        return self
+
+    def __next__(self) -> list[int]:
+        if self.at >= self.n:
+            raise StopIteration
+        self.at += 1
+        return [self.at - 1, 0]
+
+    def state_dict(self) -> dict:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.at = state["at"]

@@ -8,7 +8,7 @@ import torch
 
 from loader import CachedLoader
 
-from .stateful_datasets import RandomMap, StateMadeInIter
+from .stateful_datasets import CountsEpochs, OwnIterator, RandomMap, StateMadeInIter
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,3 +71,33 @@ def test_torch_manual_seed_decides_the_order_and_the_state_records_it():
     (first, seed), (second, again) = order(), order()
     assert first == second and seed == again
     assert [s[0] for b in first[0] for s in b] != list(range(30))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_between_epochs_keeps_where_the_streams_copies_are(workers):
+    # Each copy's epoch counter moved on at the end of its pass: the next epoch, resumed by a new loader
+    # on a new object, yields the counter the uninterrupted run's next epoch yields.
+    def make():
+        return CachedLoader(CountsEpochs(12), batch_size=3, num_workers=workers, seed=1, device="cpu")
+
+    with make() as loader:
+        list(loader)
+        state = loader.state_dict()
+        expected = values(loader)
+    with make() as loader:
+        loader.load_state_dict(state)
+        assert values(loader) == expected
+    assert {s[1] for b in expected for s in b} == {1}
+
+
+def test_a_state_taken_before_a_stream_in_this_process_began_keeps_where_it_was():
+    # Taken right after iter(): the stream (its own iterator) was at its start; the loop then iterated it
+    # to its end. A new loader on the same object resumes from the start, as torchdata's does.
+    stream = OwnIterator(10)
+    with CachedLoader(stream, batch_size=3, num_workers=0, device="cpu") as loader:
+        it = iter(loader)
+        state = loader.state_dict()
+        expected = values(it)
+    with CachedLoader(stream, batch_size=3, num_workers=0, device="cpu") as loader:
+        loader.load_state_dict(state)
+        assert values(loader) == expected and len(expected) == 4
