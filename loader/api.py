@@ -25,6 +25,7 @@ from .errors import NotPicklableError
 from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
+from .epochs.context import left_by_iteration
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
 from .executors.process.streams import StreamAt, stream_start
@@ -364,10 +365,12 @@ class CachedLoader(LoaderAttributes):
         loaded = self._cursor.loaded
         if loaded is not None:
             return loaded.stream
-        at = self._runner.ctx.stream_at if self._runner is not None else None
+        at, s = self._runner.ctx.stream_at if self._runner is not None else None, self.settings
+        if s.nb_worker == 0 and s.dataset.stream and s.dataset.instance is not None and self._runner is not None:
+            left_by_iteration(s.dataset.instance)  # as this process's iteration has it now: the same identity
         if at is not None and at[:2] == (epoch, served):
             return at[2]
-        s = self.settings  # a stream this process iterates, not begun yet: as it is now (torchdata's)
+        # A stream this process iterates, not begun yet: as it is now (torchdata's).
         return stream_start(s.dataset.instance) if served == 0 and s.nb_worker == 0 and s.dataset.stream else None
 
     def load_state_dict(self, state: dict[str, object]) -> None:

@@ -106,3 +106,31 @@ class OwnIterator(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.at = state["at"]
+
+
+class SetsUpInIter(IterableDataset):
+    """Its own iterator, whose position is set up in ``__iter__`` (each worker's share of ``0..n-1``) and
+    exists only from then on, as torchdata's tests' ``CountIterCallsIter``; it counts its ``__iter__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.iter_calls = n, 0
+
+    def __iter__(self) -> "SetsUpInIter":
+        self.iter_calls += 1
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        per = self.n // workers
+        self.cursor = {"at": worker * per, "end": (worker + 1) * per}
+        return self
+
+    def __next__(self) -> list[int]:
+        if self.cursor["at"] >= self.cursor["end"]:
+            raise StopIteration
+        self.cursor["at"] += 1
+        return [self.cursor["at"] - 1, 0]
+
+    def state_dict(self) -> dict:
+        return {"cursor": dict(self.cursor), "iter_calls": self.iter_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = dict(state["cursor"])

@@ -8,7 +8,7 @@ import torch
 
 from loader import CachedLoader
 
-from .stateful_datasets import CountsEpochs, OwnIterator, RandomMap, StateMadeInIter
+from .stateful_datasets import CountsEpochs, OwnIterator, RandomMap, SetsUpInIter, StateMadeInIter
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -101,3 +101,18 @@ def test_a_state_taken_before_a_stream_in_this_process_began_keeps_where_it_was(
     with CachedLoader(stream, batch_size=3, num_workers=0, device="cpu") as loader:
         loader.load_state_dict(state)
         assert values(loader) == expected and len(expected) == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_whose_position_is_set_up_in_iter_resumes_there(workers):
+    # Its state exists only once __iter__ ran: loaded into what __iter__ returned, and the batches are
+    # taken with next() alone (iter() again would set its position up anew).
+    stream = SetsUpInIter(40)
+    with CachedLoader(stream, batch_size=2, num_workers=workers, device="cpu") as loader:
+        it = iter(loader)
+        served = [s[0] for b in values(next(it) for _ in range(7)) for s in b]
+        state = loader.state_dict()
+    with CachedLoader(stream, batch_size=2, num_workers=workers, device="cpu") as loader:
+        loader.load_state_dict(state)
+        served += [s[0] for b in values(loader) for s in b]
+    assert sorted(served) == list(range(40))

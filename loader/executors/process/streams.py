@@ -31,7 +31,6 @@ import collections
 import errno
 import importlib
 import importlib.util
-import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -191,10 +190,23 @@ class End:
 
 def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
     """The next batch's samples, ``None`` when the stream ran out (a short last batch with ``drop_last``)."""
-    samples = list(itertools.islice(iterator, config.batch_size))
+    samples = take(iterator, config.batch_size)
     if not samples or (config.drop_last and len(samples) < config.batch_size):
         return None
     return samples
+
+
+def take(iterator: Iterator[Any], n: int) -> list[Any]:
+    """The iterator's next `n` items (fewer at its end), by ``next()`` alone, as torch's fetcher takes
+    them: ``islice`` would call ``iter()`` on it again, which restarts a stream that is its own iterator
+    and sets its position up in ``__iter__``."""
+    items = []
+    for _ in range(n):
+        try:
+            items.append(next(iterator))
+        except StopIteration:
+            break
+    return items
 
 
 def _close(iterator: Iterator[Any] | None) -> None:
@@ -462,7 +474,7 @@ class InlineStream:
         iterator = iterate_from(self.dataset, resume.states[0] if resume is not None else None)
         try:
             while True:
-                samples = list(itertools.islice(iterator, self.batch_size))
+                samples = take(iterator, self.batch_size)
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
                     at = position(self.dataset, iterator)
                     self.end_at = StreamAt((at,), (False,), 0, 0) if at is not None else None
