@@ -181,7 +181,8 @@ class Items:
 
 @dataclass(frozen=True)
 class End:
-    """The worker's copy of the stream ran out in epoch `epoch`, leaving it at `state` (:func:`position`)."""
+    """The worker's copy of the stream ran out in epoch `epoch`, leaving the dataset at `state` (:func:`position`
+    without the spent iterator's)."""
 
     epoch: int
     worker_id: int
@@ -282,7 +283,8 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                     iterator = iterate_from(dataset, state)
                 samples = _pull(iterator, config)
                 if samples is None:
-                    answer: object = End(epoch, config.worker_id, position(dataset, iterator))
+                    # An iterator that ran out is done: the next epoch starts a new one, from the dataset's state.
+                    answer: object = End(epoch, config.worker_id, position(dataset, None))
                 else:
                     answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples,
                                    position(dataset, iterator))
@@ -374,7 +376,7 @@ class StreamWorkers:
                 active.pop(pos)
                 ended[worker] = True
                 pos = pos % len(active) if active else 0
-                states[worker] = msg.state if msg.state is not None else states[worker]
+                states[worker] = msg.state  # ended: out of this epoch's turn, its dataset's state for the next
                 continue
             self._send(worker, Next(tag), epoch)
             pos = (pos + 1) % len(active)
@@ -476,7 +478,7 @@ class InlineStream:
             while True:
                 samples = take(iterator, self.batch_size)
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
-                    at = position(self.dataset, iterator)
+                    at = position(self.dataset, None)  # as the workers' End: the dataset's own state
                     self.end_at = StreamAt((at,), (False,), 0, 0) if at is not None else None
                     return
                 arrived += len(samples)
