@@ -23,7 +23,7 @@ from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
-from .executors.process.streams import StreamAt
+from .executors.process.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
 
 STATE_VERSION = 1

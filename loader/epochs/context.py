@@ -26,7 +26,8 @@ from ..cache.stream_refresh import StreamRefresh
 from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
-from ..executors.process.streams import InlineStream, StreamAt, StreamWorkers
+from ..executors.process.positions import StreamAt
+from ..executors.process.streams import InlineStream, StreamWorkers
 from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource

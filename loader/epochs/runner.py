@@ -24,7 +24,7 @@ from ..cache.pending import settle
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..errors import FailedBatch, WorkerError
-from ..executors.process.streams import StreamAt
+from ..executors.process.positions import StreamAt
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..settings import EpochMode, LoaderSettings, RotationSettings

@@ -28,7 +28,7 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
-from ...executors.process.streams import StreamAt, stateful
+from ...executors.process.positions import StreamAt, stateful
 from ...executors.producer import transform
 from ...executors.seeds import epoch_reseed
 from ...settings import LoaderSettings
