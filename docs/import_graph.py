@@ -57,6 +57,7 @@ ROOMS = [
     ("loader.executors.base", "loader/executors (seam)"),
     ("loader.executors.messages", "loader/executors (seam)"),
     ("loader.executors.producer", "loader/executors (seam)"),
+    ("loader.executors.seeds", "loader/executors (seam)"),
     ("loader.executors.transport", "loader/executors (seam)"),
     ("loader.executors.worker_info", "loader/executors (seam)"),
     ("loader.executors", "loader/executors"),

@@ -12,11 +12,10 @@ import logging
 import weakref
 from typing import Iterable, Iterator, NoReturn, Sequence
 
-from cachestore import FingerprintError, Store
+from cachestore import Store
 
 from .arguments import DEFAULT_QUEUE, Arguments, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
 from .attributes import LoaderAttributes, TorchArguments
-from .cache.fingerprint import dataset_fingerprint
 from .cache.scope import consumer_layout, decide_scope
 from .cache.streams import committed_length, controller_length, wait_for_writer
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
@@ -26,13 +25,15 @@ from .errors import NotPicklableError
 from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
 from .epochs.rotation import batch_sizes
+from .epochs.context import left_by_iteration
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
-from .executors.process.streams import StreamAt, stateful
+from .executors.process.positions import StreamAt, stream_start
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
-from .settings import CacheSettings, Device, RotationSettings, int_at_least
-from .state import EpochCursor, check_state, known_length, make_state, stream_length
+from .checks import int_at_least
+from .settings import CacheSettings, Device, RotationSettings
+from .state import EpochCursor, check_state, known_length, make_state, stream_length, take_identity
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +204,14 @@ class CachedLoader(LoaderAttributes):
         return consumer_layout(s, n)
 
     def _start(self) -> None:
-        """Open the store and start the workers, with the dataset as it is now (fingerprinted anew:
-        an attribute set since the constructor is in the workers' copies and in the store's identity)."""
+        """Open the store and start the workers, with the dataset as it is now; at the first start its
+        identity is taken (:func:`loader.state.take_identity`): an attribute set since the constructor is
+        in it, what the loader's own iteration changes later is not."""
         s = self.settings
-        s.dataset.memo.clear()
+        take_identity(s.dataset)
         sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
         self._runner.ctx.stream_len_called = self._len_told
-        if s.dataset.instance is not None and s.dataset.stream and stateful(s.dataset.instance):
-            # Its own position moves as this process iterates it: a state names the stream as it starts.
-            try:
-                dataset_fingerprint(s.dataset, 0, (0, 1))
-            except FingerprintError:
-                pass  # a state then names its class (loader.state)
 
     def _data_length(self, wait: bool = False) -> int:
         """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
@@ -323,7 +319,7 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks,
-                                 r.stream)
+                                 r.stream, r.generating)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches),
                                     owner=self)
 
@@ -352,16 +348,16 @@ class CachedLoader(LoaderAttributes):
         store's staging area.
         """
         epoch, served = self._cursor.position()
-        if self._cursor.loaded is not None:  # loaded, not iterated yet: still the loaded plan
-            r = self._cursor.loaded
-            cache, fallback, window = r.cache, r.rotation_fallback, r.rotation_window
-        elif self._runner is not None:
-            (cache, fallback), window = self._runner.snapshot(), self._runner.window_path()
+        r, runner = self._cursor.loaded, self._runner
+        if r is not None:  # loaded, not iterated yet: still the loaded plan
+            cache, fallback, window, generating = r.cache, r.rotation_fallback, r.rotation_window, r.generating
+        elif runner is not None:
+            (cache, fallback), window, generating = runner.snapshot(), runner.window_path(), runner.generating(epoch)
         else:
-            cache, fallback, window = None, None, None
+            cache, fallback, window, generating = None, None, None, False
         stream = self._stream_position(epoch, served)
         return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
-                          fallback, window, stream.plain() if stream is not None else None)
+                          fallback, window, stream.plain() if stream is not None else None, generating and served > 0)
 
     def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
         """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until
@@ -369,18 +365,22 @@ class CachedLoader(LoaderAttributes):
         loaded = self._cursor.loaded
         if loaded is not None:
             return loaded.stream
-        at = self._runner.ctx.stream_at if self._runner is not None else None
-        return at[2] if at is not None and at[:2] == (epoch, served) and served > 0 else None
+        at, s = self._runner.ctx.stream_at if self._runner is not None else None, self.settings
+        if s.nb_worker == 0 and s.dataset.stream and s.dataset.instance is not None and self._runner is not None:
+            left_by_iteration(s.dataset.instance)  # as this process's iteration has it now: the same identity
+        if at is not None and at[:2] == (epoch, served):
+            return at[2]
+        # A stream this process iterates, not begun yet: as it is now (torchdata's).
+        return stream_start(s.dataset.instance) if served == 0 and s.nb_worker == 0 and s.dataset.stream else None
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        """Continue the run `state` was taken from (call before iterating).
+        """Continue the run `state` was taken from, at the next ``iter()`` (as torchdata's loader: on a new
+        loader, or on one that has iterated, whose live iterator ends).
 
         Raises
         ------
         ValueError
             The state comes from a loader with other arguments (it says which).
-        RuntimeError
-            This loader has already started an epoch.
         """
         self._follow_length()  # a stream's, committed by the node's ranks: known once their scope is decided
         self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))

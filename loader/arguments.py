@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.context
 import os
 import secrets
+import sys
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,7 +25,8 @@ from .datapipes import apply_shuffle, is_datapipe
 from .dataset import DatasetSource, endless, is_stream
 from .distributed import PARTITIONS, distributed_defaults, ranks_per_node
 from .executors.ray_options import parse_executor
-from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling, check_int, int_at_least
+from .checks import check_int, int_at_least
+from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling
 
 #: Another name of an argument -> the argument (``dataset_server``'s and ``swift_loader``'s names).
 ALIASES: dict[str, str] = {
@@ -149,6 +151,15 @@ def _flag(name: str, value: object) -> bool:
     hint = ("; a string is true whatever it says: convert it first (e.g. value.lower() == 'true')"
             if isinstance(value, str) else "")
     raise ValueError(f"{name} should be a boolean value, but got {name}={value!r}{hint}")
+
+
+def _drawn_seed() -> int:
+    """A seed drawn from torch's global generator, as torch's ``RandomSampler`` draws one (so that
+    ``torch.manual_seed`` decides the order); from the OS where torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return secrets.randbits(63)
+    return int(torch.empty((), dtype=torch.int64).random_().item()) % 2**63
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -282,7 +293,8 @@ def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers "
                              "> 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
         int_at_least("prefetch_factor", a.prefetch_factor, 1)
-    if _flag("persistent_workers", a.persistent_workers) and workers == 0:
+    # Its truth value, as torch takes it (workers persist anyway: it only says that there are workers).
+    if a.persistent_workers and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if a.multiprocessing_context is not None and workers == 0:
         raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
@@ -397,7 +409,7 @@ def parse_arguments(a: Arguments) -> LoaderSettings:
                          f"(nb_consumer={consumers}) leave the split to the loader and drop the sampler")
     if seed is None:
         # Every rank must draw the same permutation: a random seed only for a single consumer.
-        seed = secrets.randbits(63) if consumers == 1 else 0
+        seed = _drawn_seed() if consumers == 1 else 0
     batch_size, drop_last, collate_fn = _batching(a)
     return LoaderSettings(
         dataset=source,

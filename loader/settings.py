@@ -23,6 +23,7 @@ from cachestore.backends import available_backends
 from cachestore.disk import parse_size
 from cachestore.trust import Trust
 
+from .checks import check_choice, check_int, check_keys
 from .dataset import BatchFn, CollateFn, DatasetSource, ReadTransform
 
 if TYPE_CHECKING:
@@ -73,43 +74,6 @@ SCOPES: tuple[object, ...] = ("node", "rank")
 READ_ORDERS: tuple[object, ...] = ("auto", "random", "block")
 #: Default window of the memory rotation medium, in samples (see RotationSettings).
 DEFAULT_MEMORY_WINDOW = 1024
-
-
-def check_int(name: str, value: object, minimum: int, allow_none: bool = False) -> int | None:
-    """`value`, unless it is not an int >= `minimum` (or ``None``, if allowed): a ``ValueError`` naming `name`."""
-    if allow_none and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def int_at_least(name: str, value: object, minimum: int) -> int:
-    """`value`, unless it is not an int >= `minimum`: a ``ValueError`` naming `name`."""
-    checked = check_int(name, value, minimum)
-    assert checked is not None  # allow_none is off
-    return checked
-
-
-def check_choice(name: str, key: str, value: object, allowed: tuple[object, ...]) -> object:
-    """`value` if it is one of `allowed` (compared by identity for booleans), else a ValueError naming `key`."""
-    # Identity for bools and None: 1 == True and 0 == False, and an int is not a boolean setting.
-    if any(value is a if isinstance(a, bool) or a is None else (type(value) is type(a) and value == a)
-           for a in allowed):
-        return value
-    raise ValueError(f"{name}[{key!r}] must be one of {', '.join(map(repr, allowed))}, "
-                     f"got {value!r} ({type(value).__name__})")
-
-
-def check_keys(name: str, given: object, allowed: set[str]) -> dict[str, object]:
-    """`given`, unless it is not a dict or has keys outside `allowed` (a ``ValueError`` naming them)."""
-    if not isinstance(given, dict):
-        raise ValueError(f"{name} must be a dict, got {type(given).__name__}")
-    unknown = sorted(set(given) - allowed)
-    if unknown:
-        raise ValueError(f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; "
-                         f"allowed: {', '.join(sorted(allowed))}")
-    return given
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -440,8 +404,19 @@ class LoaderSettings:
         shard of files, its id in the samples) that code written for torch may count on. Otherwise a batch
         goes to the least loaded worker and an epoch's first and last batches are split between the
         workers (the first comes sooner: ``docs/ARCHITECTURE.md``, "The path of a batch"). Ray actors
-        always take the least loaded."""
-        return self.worker_init_fn is not None
+        always take the least loaded. A dataset whose draws are seeded per batch (:attr:`seeds_draws`) is
+        dealt in turn too: a batch split between workers would draw other numbers."""
+        return self.worker_init_fn is not None or self.seeds_draws
+
+    @property
+    def seeds_draws(self) -> bool:
+        """Whether each batch's random draws are seeded from ``(seed, epoch, indices)``
+        (:mod:`loader.executors.seeds`): a map-style dataset whose randomness is part of its state, as
+        torchdata's ``Stateful`` says (``state_dict`` and ``load_state_dict``). Its batches then draw the
+        same numbers in any worker and after a resume."""
+        d = self.dataset
+        target = d.instance if d.instance is not None else d.dataset_class
+        return not d.stream and all(callable(getattr(target, name, None)) for name in ("state_dict", "load_state_dict"))
 
     @property
     def allow_pickle(self) -> bool:

@@ -18,12 +18,12 @@ from typing import Callable, Iterator
 from cachestore.errors import FingerprintError
 
 from .cache.fingerprint import class_path, dataset_fingerprint
-from .dataset import Batch
+from .dataset import Batch, DatasetSource
 from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
-from .executors.process.streams import StreamAt
+from .executors.process.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
 from .state_bounds import check_bounds
 
@@ -46,7 +46,8 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
     identity: dict[str, object] = {
         "dataset_class": fingerprint.get("dataset"),
         "dataset_params": {k: v for k, v in fingerprint.items() if k in ("params_sha256", "state_sha256")},
-        "dataset length": num_samples,
+        # A stream's length is what its store holds: a state taken before the commit is no other stream's.
+        "dataset length": None if settings.dataset.stream else num_samples,
         "batch_size": settings.batch_size,
         "drop_last": settings.drop_last,
         "shuffle": settings.shuffle,
@@ -64,9 +65,30 @@ def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout
     return identity
 
 
+def take_identity(dataset: DatasetSource) -> None:
+    """Take the dataset's identity, once per loader, at its first ``iter()`` (later calls do nothing).
+
+    What was fingerprinted before (the constructor's look at a stream's store) is forgotten: the
+    dataset as it is now counts. A stream is fingerprinted now, before this process iterates it: its
+    own iteration changes its attributes (a position, a count of passes), which are its state, not its
+    identity; the store it is filed under and every state the loader records name it as it starts
+    (``docs/ARCHITECTURE.md``, "Identity").
+    """
+    if dataset.memo.get("taken"):
+        return
+    dataset.memo.clear()
+    dataset.memo["taken"] = True
+    if dataset.instance is not None and dataset.stream:
+        try:
+            dataset_fingerprint(dataset, 0, (0, 1))
+        except FingerprintError:
+            pass  # not hashable by value: a state names its class (_identity)
+
+
 def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
                served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
-               window: str | None = None, stream: dict[str, object] | None = None) -> dict[str, object]:
+               window: str | None = None, stream: dict[str, object] | None = None,
+               generating: bool = False) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -78,6 +100,9 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     ranks`` samples of its order, which the new ranks split between them.
     `stream`: where a stateful stream's copies were after batch `served` (their
     own states), so the epoch goes on from there rather than from the start.
+    `generating`: the epoch was a stream's generate epoch (its batches as the
+    stream made them): resumed once the generation is committed, its rest is
+    served as that epoch served it, not as a read epoch would.
     """
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
@@ -85,7 +110,7 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
-            "stream": stream}
+            "stream": stream, "stream_generate": generating}
 
 
 @dataclass(frozen=True)
@@ -100,6 +125,7 @@ class LoadedState:
     rotation_window: str | None
     ranks: int | None = None  # ranks of the node that split the epoch (a store shared by a node's ranks)
     stream: StreamAt | None = None  # where a stateful stream's copies were
+    generating: bool = False  # the epoch was a stream's generate epoch (see make_state)
 
 
 def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
@@ -167,22 +193,9 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     window = state.get("rotation_window")
     _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
     ranks = state.get("ranks")
-    if settings.dataset.stream and not samples_per_epoch:
-        batches = None  # a stream not written yet: as many batches as it yields
-    elif layout.node_scope:
-        _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
-               "the number of ranks of the node (an int >= 1)")
-        assert isinstance(ranks, int)
-        batches = rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last)
-    elif rotation is not None:
-        batches = len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
-    elif settings.sampling is not None:
-        try:  # a sampler may draw more (or fewer) samples than the dataset has
-            batches = sampled_length(settings.sampling, settings.batch_size, settings.drop_last)
-        except TypeError:  # it has no len(): any number of batches
-            batches = None
-    else:
-        batches = num_batches(samples_per_epoch, settings.batch_size, settings.drop_last)
+    generating = state.get("stream_generate", False)
+    _field(state, "stream_generate", isinstance(generating, bool), "a bool")
+    batches = _epoch_batches(state, settings, samples_per_epoch, layout, rotation, generating)
     _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
@@ -191,7 +204,28 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
-                       ranks if layout.node_scope and isinstance(ranks, int) else None, at)
+                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating))
+
+
+def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int, layout: ConsumerLayout,
+                   rotation: RotationSettings | None, generating: object) -> int | None:
+    """The batches of an epoch the state's ``batches_served`` may count up to (``None``: any number)."""
+    if settings.dataset.stream and (not samples_per_epoch or generating):
+        return None  # a stream not written yet: as many batches as it yields
+    if layout.node_scope:
+        ranks = state.get("ranks")
+        _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
+               "the number of ranks of the node (an int >= 1)")
+        assert isinstance(ranks, int)
+        return rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last)
+    if rotation is not None:
+        return len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
+    if settings.sampling is not None:
+        try:  # a sampler may draw more (or fewer) samples than the dataset has
+            return sampled_length(settings.sampling, settings.batch_size, settings.drop_last)
+        except TypeError:  # it has no len(): any number of batches
+            return None
+    return num_batches(samples_per_epoch, settings.batch_size, settings.drop_last)
 
 
 def stream_length(dataset: object, batch_size: int | None, drop_last: bool) -> int:
@@ -333,27 +367,16 @@ class EpochCursor:
     def position(self) -> tuple[int, int]:
         """``(epoch, batches served)`` a state records: the rest of a broken-off epoch comes first."""
         progress = self.progress
-        # An epoch whose last batch was served is done, even before its iterator said so (a loop that
-        # stops on len(), as Lightning's does, never asks past it).
-        if progress is not None and not progress.exhausted and not (
-                progress.total is not None and progress.served >= progress.total):
+        # As torchdata's: an epoch whose last batch was served but whose iterator has not ended yet (a state
+        # taken inside the loop after its last batch) resumes with its rest (nothing), and the next iter()
+        # serves the next epoch; a loop that keeps its own epoch counter then trains no epoch twice.
+        if progress is not None and not progress.exhausted:
             return progress.epoch, progress.served
         return self.next_epoch, self.skip
 
     def load(self, loaded: LoadedState) -> None:
-        """Continue from `loaded` (a new loader's, before any ``iter()``).
-
-        Raises
-        ------
-        RuntimeError
-            An epoch was started already.
-        """
-        progress = self.progress
-        if progress is not None and (progress.started or progress.served) or (
-                progress is None and self.current is not None):
-            raise RuntimeError("load_state_dict() is called on a new loader, before iterating it")
-        # An iterator that served nothing consumed nothing (Lightning starts one and drops it before
-        # restoring a checkpoint): dropped, the state applies to the next iter().
+        """Continue from `loaded` at the next ``iter()``, as torchdata's loader does: on a new loader, or
+        on one that has iterated (a rewind, a reload after a failed step), whose live iterator ends."""
         self.close_active()
         self.current, self.progress = None, None
         self.loaded = loaded

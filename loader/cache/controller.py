@@ -440,16 +440,3 @@ class CacheController:
             self.stop_refresh()
             return None
         return nxt
-
-    # the budget ---------------------------------------------------------------
-    @staticmethod
-    def explain(exc: BudgetExceededError) -> BudgetExceededError:
-        """`exc`, its message extended with the loader's ways out (a rotation window that fits)."""
-        fits = exc.fits_samples
-        text = str(exc)
-        if fits is not None and "rotation_setting" not in text:
-            # The store knows sizes, not rotation: the loader words the way out. Same object, same traceback.
-            exc.args = (f"{text}; a rotation window of about {fits} samples would fit: rotation_setting="
-                        f"{{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}, or "
-                        "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
-        return exc

@@ -40,7 +40,7 @@ from cachestore.errors import FingerprintError
 
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
-from . import buffers, files, pipelines, reach, shared_state
+from . import buffers, files, pipelines, reach, shared_state, taken
 
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
 MAX_DEPTH = 200
@@ -413,6 +413,8 @@ def _identity(dataset: DatasetSource) -> dict[str, Any]:
     named = files.files_identity(paths)
     if named is not None:
         identity["files"], identity["files_sha256"] = named
+    if dataset.instance is not None and dataset.stream:  # what its own iteration changed: see taken
+        identity = taken.recall(dataset.instance, identity)
     return identity
 
 

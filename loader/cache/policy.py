@@ -33,7 +33,7 @@ def give_up_caching(cache: CacheController, exc: BudgetExceededError) -> BudgetP
     """
     policy = cache.settings.policy
     if policy is BudgetPolicy.ERROR:
-        raise CacheController.explain(exc)
+        raise explain(exc)
     cache.disable()
     # Logged as text: a log record holding the exception would keep its frames, and with them
     # this epoch's batches (and their shared-memory slots), alive as long as the record.
@@ -96,3 +96,15 @@ def rotation_fallback(cache: CacheController, sample_bytes: float, num_samples: 
                     "window in memory instead", sample_bytes, available, cache.store.path)
         return RotationSettings("memory", rotation, None, None)
     return RotationSettings("disk", rotation, min(fits, num_samples), cache.store.path)
+
+
+def explain(exc: BudgetExceededError) -> BudgetExceededError:
+    """`exc`, its message extended with the loader's ways out (a rotation window that fits)."""
+    fits = exc.fits_samples
+    text = str(exc)
+    if fits is not None and "rotation_setting" not in text:
+        # The store knows sizes, not rotation: the loader words the way out. Same object, same traceback.
+        exc.args = (f"{text}; a rotation window of about {fits} samples would fit: rotation_setting="
+                    f"{{'medium': 'disk', 'size': {max(fits, 1)}, 'rotation': 4, 'prefix': ...}}, or "
+                    "cache_setting={..., 'on_budget_exceeded': 'rotate'} to switch to it automatically",)
+    return exc

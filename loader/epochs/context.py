@@ -14,16 +14,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cachestore import GenerationWriter, Store, codec, records
+from cachestore.errors import FingerprintError
 
 from ..cache.build import CacheResources, GenerationBuild
+from ..cache import taken
 from ..cache.controller import CacheController
+from ..cache.fingerprint import state_hash
 from ..cache.policy import rotation_fallback
 from ..cache.refresh import BackgroundRefresh
 from ..cache.stream_refresh import StreamRefresh
 from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
-from ..executors.process.streams import InlineStream, StreamAt, StreamWorkers
+from ..executors.process.positions import StreamAt
+from ..executors.process.streams import InlineStream, StreamWorkers
 from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
@@ -35,6 +39,15 @@ if TYPE_CHECKING:  # imported only where a remote is asked for
     from ..cache.remote import RemoteTier
 
 log = logging.getLogger(__name__)
+
+
+def left_by_iteration(dataset: object) -> None:
+    """This process's iteration of a stream left it so: its identity stays the one taken before
+    (:mod:`loader.cache.taken`)."""
+    try:
+        taken.left(dataset, functools.partial(state_hash, dataset))
+    except FingerprintError:
+        pass  # not hashable by value: its identity is its class (loader.state)
 
 
 class EpochResources(CacheResources, ThreadsResource, Protocol):
@@ -106,7 +119,7 @@ class EpochContext:
                          if is_datapipe(s.dataset.dataset_class) else None)
             if s.nb_worker == 0:
                 self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate, pipe_seed,
-                                                ranks())
+                                                ranks(), functools.partial(left_by_iteration, self.producer.dataset))
             else:
                 self.res.streams = StreamWorkers(s.dataset, s.nb_worker, s.seed, s.batch_size, s.drop_last, collate,
                                                  s.worker_init_fn, max(1, s.max_queue_size // s.nb_worker),

@@ -51,7 +51,7 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, work: ComputeWork,
         served = number < len(served_batches)
         redraw = work.repeats.get(number)
         task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
-                      transform_seed=plan.transform_seed if served else None, keys=plan.keys,
+                      transform_seed=plan.transform_seed if served else None, keys=plan.keys, draws_seed=plan.draws_seed,
                       **work.part(positions, redraw.earlier if redraw is not None else None, here=True))
         try:
             out = producer.produce(task)

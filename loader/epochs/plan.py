@@ -16,7 +16,7 @@ from ..settings import EpochMode
 from .order import BlockOrder, Redraw
 
 if TYPE_CHECKING:
-    from ..executors.process.streams import StreamAt
+    from ..executors.process.positions import StreamAt
 
 
 @dataclass
@@ -34,6 +34,7 @@ class EpochPlan:
     generation: int | None = None
     notes: dict = field(default_factory=dict)  # why the plan is what it is (for EpochStats.extra)
     transform_seed: int | None = None  # the run's seed when served samples go through read_transform
+    draws_seed: int | None = None  # the run's seed when each batch's random draws are seeded (LoaderSettings)
     # Each batch is one list of indices a sampler yielded (batch_size=None): dataset[list] computes it whole.
     keys: bool = False
 

@@ -21,19 +21,21 @@ from cachestore.errors import BudgetExceededError
 
 from ..cache.controller import CacheController
 from ..cache.pending import settle
+from ..cache.policy import explain
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..errors import FailedBatch, WorkerError
-from ..executors.process.streams import StreamAt
+from ..executors.process.positions import StreamAt
 from ..executors.producer import BatchProducer
 from ..progress import Progress
-from ..settings import LoaderSettings, RotationSettings
+from ..settings import EpochMode, LoaderSettings, RotationSettings
 from .context import EpochContext, EpochResources, RunState
 from .kinds import EpochKind, kind_of
 from .kinds.refresh import refreshed
+from .kinds.stream import generated_again
 from .kinds.stream_refresh import settle_stream_refresh
 from .places import compute_place
-from .plan import EpochPlan, EpochStats
+from .plan import EpochPlan, EpochStats, ReadPlan
 from .planner import plan_cluster_epoch, plan_epoch, stream_plan
 from .windows import DiskWindow
 
@@ -58,6 +60,7 @@ class EpochRunner:
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
         self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
         self._stream_resume: tuple[int, int, StreamAt] | None = None  # (epoch, batches served, where) loaded
+        self._generated: tuple[int, int] | None = None  # (epoch, batches served) of a stream's generate epoch loaded
         if settings.rotation is not None:
             self.ctx.open_window()
         if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
@@ -98,10 +101,14 @@ class EpochRunner:
                               shuffled_part=ctx.cache is None and layout.changes_per_epoch)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
+        if s.seeds_draws:
+            plan.draws_seed = ctx.state.seed
         if not s.dataset.stream:
             return plan
         resume = self._stream_resume
-        at = resume[2] if resume is not None and resume[:2] == (epoch, skip) and skip > 0 else None
+        at = resume[2] if resume is not None and resume[:2] == (epoch, skip) else None
+        if isinstance(plan, ReadPlan) and self._generated == (epoch, skip):
+            return generated_again(plan, skip, s, ctx.state.seed, at)
         return stream_plan(plan, skip, s, ctx.state.seed, at)
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
@@ -156,7 +163,7 @@ class EpochRunner:
             self._slots_sized = True
             ctx.reads.epoch_ended(stats)
         except BudgetExceededError as exc:
-            raise CacheController.explain(exc)
+            raise explain(exc)
         except WorkerError:
             ctx.drop_workers()
             raise
@@ -175,6 +182,13 @@ class EpochRunner:
         cache = ctx.cache.snapshot() if ctx.cache is not None else None
         return cache, asdict(ctx.state.fallback) if ctx.state.fallback is not None else None
 
+    def generating(self, epoch: int) -> bool:
+        """Whether `epoch` is a stream's generate epoch (or one resumed after its generation was committed):
+        its batches are those the stream made (see :func:`loader.epochs.kinds.stream.generated_again`)."""
+        last = self.stats[-1] if self.stats else None
+        return self.ctx.settings.dataset.stream and last is not None and last.epoch == epoch and (
+            last.mode is EpochMode.GENERATE or (self._generated is not None and self._generated[0] == epoch))
+
     def window_path(self) -> str | None:
         """Where the disk rotation window lives (a resumed run adopts it), ``None`` for none."""
         window = self.ctx.res.window
@@ -182,12 +196,13 @@ class EpochRunner:
 
     def restore(self, seed: int, cache: dict[str, object] | None, fallback: dict[str, object] | None,
                 window: str | None, epoch: int, applied: int, ranks: int | None = None,
-                stream: StreamAt | None = None) -> None:
+                stream: StreamAt | None = None, generating: bool = False) -> None:
         """Continue the run a state was taken from: its seed, its cache plan, its rotation window,
         (a store shared by a node's ranks) how many ranks split the epoch it stopped in, and where a
         stateful stream's copies were."""
         ctx = self.ctx
         self._stream_resume = (epoch, applied, stream) if stream is not None else None
+        self._generated = (epoch, applied) if generating else None
         ctx.state.seed = ctx.layout.seed = seed
         if ranks is not None:
             self._ranks_before = (epoch, ranks)

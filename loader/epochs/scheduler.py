@@ -193,7 +193,7 @@ class PoolEpoch:
             task = m.Task(seq=seq, part=part, epoch=plan.epoch, indices=plan.indices[chunk], positions=chunk,
                           slot=slot, slot_name=name, slot_size=size, collate=whole,
                           transform_seed=plan.transform_seed if self._served(seq) and run.collate else None,
-                          keys=plan.keys, **fields)
+                          keys=plan.keys, draws_seed=plan.draws_seed, **fields)
             self.inflight[(seq, part)] = task
             executor.submit(task)
 

@@ -111,6 +111,9 @@ class Task:
     transform_seed: int | None = None
     # `indices` is one list a sampler yielded (batch_size=None): dataset[indices] computes the batch whole.
     keys: bool = False
+    # The run's seed where the batch's random draws are seeded from (seed, epoch, indices)
+    # (loader.executors.seeds: a dataset whose randomness is part of its state).
+    draws_seed: int | None = None
 
     @property
     def mode(self) -> EpochMode:

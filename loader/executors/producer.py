@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -27,6 +25,7 @@ from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample, is_strea
 from ..errors import SampleError, add_note, tag_sample_index
 from ..settings import BudgetPolicy, EpochMode
 from . import messages as m
+from .seeds import GLOBAL_RANDOM, global_states, restore_globals, seed_globals, seeded_draws
 
 log = logging.getLogger(__name__)
 
@@ -41,53 +40,6 @@ class Produced:
     budget_error: str | None = None  # why writing stopped, when the budget ran out
     staged: int = 0  # samples read back from the staging area instead of computed
     waited: int = 0  # of those, samples another process was computing when this task needed them
-
-
-_GLOBAL_RANDOM = threading.Lock()
-
-
-def _seed_globals(sequence: np.random.SeedSequence) -> None:
-    """Seed Python's and torch's global generators of this process from `sequence`."""
-    state = _state(sequence)
-    random.seed(state)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # The CPU generator alone: torch.manual_seed also goes through every accelerator's
-        # (lazily), which costs a hundred times more than seeding the CPU's.
-        torch.default_generator.manual_seed(state & 0x7FFF_FFFF_FFFF_FFFF)
-        if torch.cuda.is_initialized():
-            torch.cuda.manual_seed_all(state & 0x7FFF_FFFF_FFFF_FFFF)
-
-
-def _state(sequence: np.random.SeedSequence) -> int:
-    """The 64-bit seed of Python's generator drawn from `sequence` (torch's gets its low 63 bits)."""
-    return int(sequence.generate_state(2, np.uint32).astype(np.uint64) @ np.array([1 << 32, 1], np.uint64))
-
-
-def worker_seed(seed: int, worker_id: int) -> int:
-    """The seed :func:`seed_worker` gives a worker's torch generator (torch's ``WorkerInfo.seed``)."""
-    return _state(np.random.SeedSequence([seed, worker_id])) & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def seed_worker(seed: int, worker_id: int) -> None:
-    """Seed a worker process's global generators from ``(seed, worker_id)``, as torch seeds its workers.
-
-    Python's, numpy's legacy and torch's generators: workers forked from one
-    process would otherwise draw the same random numbers in ``__getitem__``.
-    Runs before ``worker_init_fn``, which may reseed them its own way.
-    """
-    sequence = np.random.SeedSequence([seed, worker_id])
-    _seed_globals(sequence)
-    np.random.seed(sequence.generate_state(4))
-
-
-def seed_torch_only(seed: int, worker_id: int) -> None:
-    """Seed torch's generators as :func:`seed_worker` does, leaving Python's and numpy's as they are
-    (torch imported after the worker's start, by its dataset or ``worker_init_fn``)."""
-    python, legacy = random.getstate(), np.random.get_state()
-    seed_worker(seed, worker_id)
-    random.setstate(python)
-    np.random.set_state(legacy)
 
 
 def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: int, serve: int = 0,
@@ -116,34 +68,15 @@ def transform(fn: ReadTransform, sample: Sample, seed: int, epoch: int, index: i
     # under another's draws. (Worker processes never wait here.)
     if not fresh:
         sample = private_copy(sample)
-    with _GLOBAL_RANDOM:
-        saved = _global_states()
-        _seed_globals(sequence)
+    with GLOBAL_RANDOM:
+        saved = global_states()
+        seed_globals(sequence)
         try:
             return fn(sample, np.random.default_rng(sequence))
         except Exception as exc:
             raise SampleError(index, exc, "read_transform") from exc
         finally:
-            _restore_globals(saved)
-
-
-def _global_states() -> tuple[object, object, object]:
-    """The states :func:`_seed_globals` changes: Python's generator, torch's CPU one, CUDA's if initialised."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return random.getstate(), None, None
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return random.getstate(), torch.default_generator.get_state(), cuda
-
-
-def _restore_globals(saved: tuple[object, object, object]) -> None:
-    python, cpu, cuda = saved
-    random.setstate(python)  # type: ignore[arg-type]
-    torch = sys.modules.get("torch")
-    if torch is not None and cpu is not None:
-        torch.default_generator.set_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+            restore_globals(saved)
 
 
 def private_copy(sample: Sample) -> Sample:
@@ -418,6 +351,9 @@ class BatchProducer:
         """Run `task` in this process (read, or compute and maybe write)."""
         if task.mode == EpochMode.READ:
             return Produced(self.read(task))
+        if task.draws_seed is not None:  # a dataset whose randomness is its state: see loader.executors.seeds
+            with seeded_draws(task.draws_seed, task.epoch, task.indices):
+                return self.compute(task)
         return self.compute(task)
 
     def close(self) -> None:

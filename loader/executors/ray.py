@@ -61,7 +61,8 @@ from ..errors import WorkerError
 from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
-from .producer import BatchProducer, seed_torch_only, seed_worker, task_failure, worker_seed
+from .producer import BatchProducer, task_failure
+from .seeds import seed_torch_only, seed_worker, worker_seed
 from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
 from .worker_info import WorkerIdentity
 

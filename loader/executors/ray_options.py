@@ -6,7 +6,8 @@ imports it only when a Ray executor is built.
 
 from __future__ import annotations
 
-from ..settings import RayOptions, check_keys, int_at_least
+from ..checks import check_keys, int_at_least
+from ..settings import RayOptions
 
 #: Where tasks run: ``"process"`` (the worker pool: processes, or threads) or ``"ray"`` (Ray actors).
 EXECUTORS = ("process", "ray")

@@ -120,6 +120,11 @@ class LoaderState(lightning.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         self.loader.load_state_dict(state_dict["loader"])
 
+    def on_train_epoch_end(self, trainer: object, module: object) -> None:
+        # Before ModelCheckpoint's (Lightning runs checkpoint callbacks last): the epoch is over, so the
+        # state saved now points at the next one, not at the rest (nothing) of this one.
+        self.loader.set_epoch(self.loader.epoch + 1)
+
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):

@@ -189,12 +189,44 @@ def test_a_state_from_other_arguments_is_refused(tmp_path, change, name):
             other.load_state_dict(state)
 
 
-def test_load_after_iterating_is_refused(tmp_path):
-    with CachedLoader(ArangeDataset, {"n": 8}, batch_size=4, nb_worker=0) as cached:
-        state = cached.state_dict()
-        list(cached)
-        with pytest.raises(RuntimeError, match="before iterating"):
-            cached.load_state_dict(state)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_loads_into_a_loader_that_has_iterated(tmp_path, workers):
+    # As torchdata's loader: a rewind (or a reload after a failed step) takes effect at the next iter(),
+    # and the live iterator ends (it serves nothing more).
+    with CachedLoader(ArangeDataset, {"n": 20}, batch_size=4, nb_worker=workers, seed=1) as loader:
+        start = loader.state_dict()
+        first = [b["y"].tolist() for b in loader]
+        it = iter(loader)
+        middle = [next(it)["y"].tolist() for _ in range(2)]
+        state = loader.state_dict()
+        second = middle + [b["y"].tolist() for b in it]
+        loader.load_state_dict(start)
+        assert [b["y"].tolist() for b in loader] == first
+        it = iter(loader)
+        next(it)
+        loader.load_state_dict(state)
+        assert next(it, None) is None  # ended, as a closed generator
+        assert middle + [b["y"].tolist() for b in loader] == second
+
+
+def test_a_state_taken_after_the_last_batch_resumes_the_rest_of_that_epoch():
+    # As torchdata's: inside the loop after its last batch, the epoch's rest (nothing) comes first, then the
+    # next epoch; after the loop, the next epoch.
+    def build():
+        return CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=0, seed=2)
+
+    with build() as loader:
+        for _ in loader:
+            inside = loader.state_dict()
+        after = loader.state_dict()
+        following = [b["y"].tolist() for b in loader]
+    assert (inside["epoch"], inside["batches_served"], after["epoch"], after["batches_served"]) == (0, 3, 1, 0)
+    with build() as resumed:
+        resumed.load_state_dict(inside)
+        assert list(resumed) == [] and [b["y"].tolist() for b in resumed] == following
+    with build() as resumed:
+        resumed.load_state_dict(after)
+        assert [b["y"].tolist() for b in resumed] == following
 
 
 def test_a_state_taken_after_break_resumes_the_rest_of_that_epoch(tmp_path):

@@ -28,11 +28,13 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
-from ...executors.process.streams import StreamAt, stateful
+from ...executors.process.positions import StreamAt, stateful
 from ...executors.producer import transform
+from ...executors.seeds import epoch_reseed
+from ...settings import LoaderSettings
 from ..context import EpochContext
 from ..places import ComputePlace
-from ..plan import EpochStats, RotatePlan, StreamGeneratePlan, StreamPlan
+from ..plan import EpochStats, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
 from ..rotation import FreshSamples
 from ..stream_feed import ROTATION_BASE, StreamFeed
 from .base import EpochKind
@@ -62,6 +64,29 @@ class ShuffleBuffer:
         return [left[i] for i in self.rng.permutation(len(left))]
 
 
+def generated_again(plan: ReadPlan, skip: int, settings: LoaderSettings, seed: int,
+                    resume: StreamAt | None) -> ReadPlan | StreamPlan:
+    """The rest of a stream's generate epoch resumed after batch `skip`, its generation committed since
+    (by the run that was stopped, which went on to the end, or another job): served as the generate
+    epoch served it. Its batches were those the stream made: the stream is iterated again (from
+    `resume`, a stateful stream's position), writing nothing; through a shuffle buffer, whose draws
+    depend on the count of samples only, they are the generation's samples in the buffer's order."""
+    cache = settings.cache
+    assert cache is not None and settings.batch_size is not None
+    if not (settings.shuffle and cache.stream_buffer):
+        return StreamPlan(epoch=plan.epoch, batches=[], indices=np.zeros(0, dtype=np.int64), notes=plan.notes,
+                          transform_seed=plan.transform_seed, skip=skip, seed=seed, limit=cache.stream_samples,
+                          resume=resume)
+    n, size = len(plan.indices), settings.batch_size
+    buffer = ShuffleBuffer(cache.stream_buffer, np.random.default_rng([seed, plan.epoch]))
+    served = [out[0] for out in (buffer.push((k, None)) for k in range(n)) if out is not None]
+    served += [k for k, _ in buffer.drain()]
+    batches = [np.asarray(served[i:i + size], dtype=np.int64) for i in range(0, n, size)]
+    if settings.drop_last and batches and len(batches[-1]) < size:
+        batches.pop()
+    return dataclasses.replace(plan, batches=batches[skip:], order="as its generate epoch served it")
+
+
 class StreamEpoch(EpochKind[StreamPlan]):
     """An epoch that iterates the stream and serves its batches as they come (see the module docstring)."""
 
@@ -76,7 +101,8 @@ class StreamEpoch(EpochKind[StreamPlan]):
         served, arrived = (plan.skip, plan.resume.arrived) if plan.resume is not None else (0, 0)
         # read_transform needs the samples (seeded by their arrival position): collated here, then
         transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
-        for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume):
+        for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume,
+                                                   reseed=epoch_reseed(plan.seed, plan.epoch)):
             stats.computed += count
             served += 1
             arrived += count
@@ -90,6 +116,12 @@ class StreamEpoch(EpochKind[StreamPlan]):
             stats.batches += 1
             stats.samples += count
             yield batch
+        self._mark_end(streams.end_at)
+
+    def _mark_end(self, at: StreamAt | None) -> None:
+        """The stream ran to its end: a state taken now resumes the next epoch with its copies as they are
+        (a stream that counts its epochs, a dataset that is its own iterator: torchdata keeps them so)."""
+        self.ctx.stream_at = (self.plan.epoch + 1, 0, at) if at is not None else None
 
     def _mark(self, at: StreamAt | None, served: int) -> None:
         """Where a state taken after batch `served` resumes a stateful stream (``None``: by iterating again)."""
@@ -205,7 +237,8 @@ class StreamGenerateEpoch(StreamEpoch):
         # A stateful stream resumed goes on after the samples the adopted partial generation holds.
         written, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
         try:
-            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume):
+            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
+                                                          reseed=epoch_reseed(plan.seed, plan.epoch)):
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and written >= plan.limit:
@@ -237,6 +270,7 @@ class StreamGenerateEpoch(StreamEpoch):
                 if served > plan.skip:
                     yield self._serve(batch, stats)
             finished = self._end(written, stats)
+            self._mark_end(streams.end_at)
         except BaseException as exc:
             if node is not None:
                 node.fail(exc)  # first: the other ranks stop at their next look

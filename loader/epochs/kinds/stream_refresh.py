@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from cachestore import GenerationInfo, GenerationWriter
-from cachestore.errors import StoreLockedError
+from cachestore.errors import GenerationCommitted, StoreLockedError
 
 from ...cache.stream_refresh import StreamRefresh
 from ...executors.process.streams import StreamWorkers
@@ -59,8 +59,9 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
     assert isinstance(streams, StreamWorkers)  # applies(): nb_worker > 0
     try:
         writer = cache.store.writer(target, None)
-    except StoreLockedError as exc:
-        # Another job writes this store: the epoch of `target` waits for it, as without a refresh.
+    except (StoreLockedError, GenerationCommitted) as exc:
+        # Another job writes this store, or committed `target` since committed() was read (a loader
+        # open on the same prefix): the epoch of `target` waits for it or reads it, as without a refresh.
         log.info("no background refresh of generation %d: %s", target, exc)
         return None
     log.info("epoch %d reads generation %d while the stream workers write generation %d in the background",

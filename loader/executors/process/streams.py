@@ -11,12 +11,14 @@ as it is; the samples themselves where the training process writes them into a
 generation, ``docs/ARCHITECTURE.md``, "Streams"). Each worker has
 `prefetch` requests in flight, as torch's ``prefetch_factor``.
 
-A stream with its own ``state_dict()``/``load_state_dict()`` (torchdata's
-``Stateful``) sends its copy's state with each batch; :class:`StreamAt` is
-where an epoch got (each worker's state after the last batch taken from it,
-whose turn is next), and an epoch begun from one continues there, every copy
-loading its state before its new iterator, instead of iterating the stream
-again from its start.
+A stream whose dataset or iterator has its own ``state_dict()``/``load_state_dict()``
+(torchdata's ``Stateful``) sends its copy's position with each batch (:func:`position`: both
+states, as torchdata records them); :class:`StreamAt` is where an epoch got (each worker's
+position after the last batch taken from it, whose turn is next), and an epoch begun from one
+continues there (:func:`iterate_from`: the dataset's state loaded before ``iter()``, the
+iterator's into the iterator ``__iter__`` returned), instead of iterating the stream again from
+its start. Each epoch reseeds the workers' generators from the run's seed and the epoch
+(:func:`loader.executors.seeds.epoch_reseed`): an epoch served again, or resumed, draws the same.
 
 Workers die with the training process (the parent-death signal of
 :func:`~loader.executors.process.worker.die_with_parent`), ignore Ctrl-C, and
@@ -29,7 +31,6 @@ import collections
 import errno
 import importlib
 import importlib.util
-import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -41,9 +42,10 @@ from ...datapipes import is_datapipe, seed_pipes, shard
 from ...dataset import CollateFn, DatasetSource, WorkerInitFn
 from ...errors import WorkerError, WorkerTimeoutError
 from .. import messages as m
-from ..producer import seed_worker
+from ..seeds import seed_worker
 from ..transport import Portable
 from ..worker_info import WorkerIdentity
+from .positions import StreamAt, iterate_from, position, take
 from .start import context_for, start
 from .worker import die_with_parent, orphaned
 
@@ -71,50 +73,9 @@ class StreamConfig:
     world: tuple[int, int] = (1, 0)  # torch.distributed's (world size, rank): a datapipe's shards
 
 
-def stateful(stream: object) -> bool:
-    """Whether `stream` saves and loads its own position (torchdata's ``Stateful``)."""
-    return callable(getattr(stream, "state_dict", None)) and callable(getattr(stream, "load_state_dict", None))
-
-
-@dataclass(frozen=True)
-class StreamAt:
-    """Where an epoch of a stateful stream got: after `arrived` samples, each worker's copy at `states`
-    (``None``: nothing taken from it yet), those in `ended` out of the turn, worker `next` next."""
-
-    states: tuple[Any, ...]
-    ended: tuple[bool, ...]
-    next: int
-    arrived: int
-
-    def plain(self) -> dict[str, object]:
-        """As the plain values of a loader state."""
-        return {"states": list(self.states), "ended": list(self.ended), "next": self.next, "arrived": self.arrived}
-
-    @classmethod
-    def from_plain(cls, value: object, workers: int) -> StreamAt:
-        """The position a loader state recorded for `workers` workers (1 for a stream iterated in place).
-
-        Raises
-        ------
-        ValueError
-            `value` is not such a position.
-        """
-        ok = isinstance(value, dict) and isinstance(value.get("states"), list) and isinstance(
-            value.get("ended"), list) and len(value["states"]) == len(value["ended"]) == workers and all(
-            isinstance(e, bool) for e in value["ended"])
-        nat = [isinstance(value.get(k), int) and not isinstance(value.get(k), bool) and value[k] >= 0
-               for k in ("next", "arrived")] if isinstance(value, dict) else [False]
-        if not ok or not all(nat) or value["next"] >= workers:  # type: ignore[index]
-            raise ValueError(f"damaged loader state: state['stream'] must be the position of a stream's {workers} "
-                             "iterator(s) {'states': [...], 'ended': [bool, ...], 'next': int, 'arrived': int}, "
-                             f"got {value!r}")
-        assert isinstance(value, dict)
-        return cls(tuple(value["states"]), tuple(value["ended"]), value["next"], value["arrived"])
-
-
 @dataclass(frozen=True)
 class Begin:
-    """Start epoch `epoch`: a new iterator of the worker's copy (after loading `state` into the copy, when
+    """Start epoch `epoch` (the run's tag, which answers carry): a new iterator of the worker's copy (after loading `state` into the copy, when
     given); batches are collated when `collate`; a datapipe's random pipes are seeded from `seed` first
     (the same in every worker); the worker's global generators from ``(reseed, worker_id)`` when given
     (a background refresh: each generation draws its own, however often the workers were started)."""
@@ -152,15 +113,17 @@ class Items:
 
 @dataclass(frozen=True)
 class End:
-    """The worker's copy of the stream ran out in epoch `epoch`."""
+    """The worker's copy of the stream ran out in epoch `epoch`, leaving the dataset at `state` (:func:`position`
+    without the spent iterator's)."""
 
     epoch: int
     worker_id: int
+    state: Any = None
 
 
 def _pull(iterator: Iterator[Any], config: StreamConfig) -> list[Any] | None:
     """The next batch's samples, ``None`` when the stream ran out (a short last batch with ``drop_last``)."""
-    samples = list(itertools.islice(iterator, config.batch_size))
+    samples = take(iterator, config.batch_size)
     if not samples or (config.drop_last and len(samples) < config.batch_size):
         return None
     return samples
@@ -214,7 +177,6 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
         return
     waiting: collections.deque[object] = collections.deque()
     epoch, iterator, collated, state = -1, None, True, None
-    keeper: Any = dataset if stateful(dataset) else None  # a stream that saves and loads its own position
     try:
         while True:
             _latest(conn, waiting)
@@ -237,15 +199,14 @@ def stream_worker_main(conn: Any, config: StreamConfig) -> None:
                 continue
             try:
                 if iterator is None:
-                    if state is not None and keeper is not None:
-                        keeper.load_state_dict(state)
-                    iterator = iter(dataset)
+                    iterator = iterate_from(dataset, state)
                 samples = _pull(iterator, config)
                 if samples is None:
-                    answer: object = End(epoch, config.worker_id)
+                    # An iterator that ran out is done: the next epoch starts a new one, from the dataset's state.
+                    answer: object = End(epoch, config.worker_id, position(dataset, None))
                 else:
                     answer = Items(epoch, config.worker_id, len(samples), collate(samples) if collated else samples,
-                                   keeper.state_dict() if keeper is not None else None)
+                                   position(dataset, iterator))
             except Exception as exc:
                 answer = m.TaskFailed.from_exception(exc, epoch=epoch, seq=-1, part=-1, worker_id=config.worker_id,
                                                      index=None, kind="dataset")
@@ -289,7 +250,8 @@ class StreamWorkers:
         self.conns: list[Any] = []
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.at: StreamAt | None = None  # a stateful stream's position after the latest batch items() gave
-        self.keeps_state = stateful(source.instance if source.instance is not None else source.dataset_class)
+        self._runs = 0  # epochs begun so far (see items)
+        self.end_at: StreamAt | None = None  # where the copies are after the latest epoch that ran to its end
         try:
             for worker_id in range(workers):
                 ctx = context_for(start_method, True, module)
@@ -312,32 +274,38 @@ class StreamWorkers:
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out; from
         position `resume` on, when given (a stateful stream's); `reseed`: see :class:`Begin`."""
         n = len(self.conns)
+        # Each run of an epoch has its own tag, which the workers' answers carry: an epoch served again
+        # (a state loaded into this loader) must not take the answers of its earlier run.
+        tag, self._runs = self._runs, self._runs + 1
         states = list(resume.states) if resume is not None else [None] * n
         ended = list(resume.ended) if resume is not None else [False] * n
         arrived = resume.arrived if resume is not None else 0
         seed = self.pipe_seed(epoch) if self.pipe_seed is not None else None
         for worker in range(n):
-            self._send(worker, Begin(epoch, collate, seed, states[worker], reseed), epoch)
+            self._send(worker, Begin(tag, collate, seed, states[worker], reseed), epoch)
             for _ in range(self.prefetch if not ended[worker] else 0):
-                self._send(worker, Next(epoch), epoch)
+                self._send(worker, Next(tag), epoch)
         active = [w for w in range(n) if not ended[w]]
         pos = active.index(resume.next) if resume is not None and resume.next in active else 0
-        self.at = None
+        self.at = self.end_at = None
         while active:
             worker = active[pos]
-            msg = self._receive(worker, epoch)
+            msg = self._receive(worker, epoch, tag)
             if isinstance(msg, End):
                 active.pop(pos)
                 ended[worker] = True
                 pos = pos % len(active) if active else 0
+                states[worker] = msg.state  # ended: out of this epoch's turn, its dataset's state for the next
                 continue
-            self._send(worker, Next(epoch), epoch)
+            self._send(worker, Next(tag), epoch)
             pos = (pos + 1) % len(active)
             arrived += msg.count
-            if self.keeps_state:
+            if msg.state is not None:
                 states[worker] = msg.state
+            if any(state is not None for state in states):
                 self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived)
             yield worker, msg.count, msg.items
+        self.end_at = StreamAt(tuple(states), (False,) * n, 0, 0) if any(s is not None for s in states) else None
 
     def _send(self, worker: int, msg: object, epoch: int) -> None:
         """Send `msg` to worker `worker`; a worker that died (its pipe broken) is a :class:`WorkerError`."""
@@ -350,8 +318,8 @@ class StreamWorkers:
                               f"{proc.exitcode}) before epoch {epoch}: a stream cannot be taken up again where a "
                               "dead worker left it") from None
 
-    def _receive(self, worker: int, epoch: int) -> Items | End:
-        """Worker `worker`'s next answer in epoch `epoch` (an older epoch's are dropped)."""
+    def _receive(self, worker: int, epoch: int, tag: int) -> Items | End:
+        """Worker `worker`'s next answer in epoch `epoch`, begun as `tag` (an earlier run's are dropped)."""
         conn, proc = self.conns[worker], self.procs[worker]
         while True:
             ready = multiprocessing.connection.wait([conn, proc.sentinel], self.timeout)
@@ -373,10 +341,10 @@ class StreamWorkers:
                                   f"{proc.exitcode}) in epoch {epoch}: a stream cannot be taken up again where a "
                                   "dead worker left it")
             if isinstance(msg, m.TaskFailed):
-                if msg.kind == "init" or msg.epoch == epoch:
+                if msg.kind == "init" or msg.epoch == tag:
                     raise msg.exception(pid=proc.pid, epoch=epoch)
                 continue
-            if isinstance(msg, (Items, End)) and msg.epoch == epoch:
+            if isinstance(msg, (Items, End)) and msg.epoch == tag:
                 return msg
 
     def pids(self) -> list[int]:
@@ -401,39 +369,46 @@ class StreamWorkers:
 
 class InlineStream:
     """A stream iterated in the training process (``nb_worker=0``), as torch's single-process loading
-    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`)."""
+    (`pipe_seed` and `world`: a datapipe's, as for :class:`StreamWorkers`; `after`: called as each
+    epoch's iteration ends)."""
 
     def __init__(self, dataset: Any, batch_size: int, drop_last: bool, collate_fn: CollateFn,
-                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0)) -> None:
+                 pipe_seed: Callable[[int], int] | None = None, world: tuple[int, int] = (1, 0),
+                 after: Callable[[], None] | None = None) -> None:
         self.dataset = dataset
+        self.after = after  # called when an epoch's iteration ends (here, or broken off)
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
         self.pipe_seed, self.world = pipe_seed, world
-        self.keeps_state = stateful(dataset)
         self.at: StreamAt | None = None  # as StreamWorkers.at
+        self.end_at: StreamAt | None = None  # as StreamWorkers.end_at
 
-    def items(self, epoch: int, collate: bool,
-              resume: StreamAt | None = None) -> Generator[tuple[int, int, Any], None, None]:
-        self.at = None
+    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
+              reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
+        del reseed  # the training process's generators are the loop's own: never reseeded here
+        self.at = self.end_at = None
         if resume is not None and resume.ended[0]:
             return
         arrived = resume.arrived if resume is not None else 0
         if self.pipe_seed is not None:
             shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
             seed_pipes(self.dataset, self.pipe_seed(epoch))
-        if resume is not None and resume.states[0] is not None:
-            self.dataset.load_state_dict(resume.states[0])
-        iterator = iter(self.dataset)
+        iterator = iterate_from(self.dataset, resume.states[0] if resume is not None else None)
         try:
             while True:
-                samples = list(itertools.islice(iterator, self.batch_size))
+                samples = take(iterator, self.batch_size)
                 if not samples or (self.drop_last and len(samples) < self.batch_size):
+                    at = position(self.dataset, None)  # as the workers' End: the dataset's own state
+                    self.end_at = StreamAt((at,), (False,), 0, 0) if at is not None else None
                     return
                 arrived += len(samples)
-                if self.keeps_state:
-                    self.at = StreamAt((self.dataset.state_dict(),), (False,), 0, arrived)
+                at = position(self.dataset, iterator)
+                if at is not None:
+                    self.at = StreamAt((at,), (False,), 0, arrived)
                 yield 0, len(samples), self.collate_fn(samples) if collate else samples
         finally:
             _close(iterator)
+            if self.after is not None:
+                self.after()
 
     def pids(self) -> list[int]:
         return []

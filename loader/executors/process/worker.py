@@ -24,7 +24,8 @@ from cachestore.scratch import pid_alive
 
 from ...settings import EpochMode
 from .. import messages as m
-from ..producer import BatchProducer, seed_torch_only, seed_worker, task_failure, worker_seed
+from ..producer import BatchProducer, task_failure
+from ..seeds import seed_torch_only, seed_worker, worker_seed
 from ..worker_info import WorkerIdentity
 from .segments import WorkerSegments, gather_batch, write_batch
 

@@ -8,7 +8,7 @@ import pytest
 
 from loader import CachedLoader
 
-from .stream_datasets import Counting, Resumable, iterations, yielded
+from .stream_datasets import Counting, Resumable, Uneven, iterations, yielded
 
 
 def labels(batch: dict) -> list[int]:
@@ -107,3 +107,28 @@ def test_a_damaged_stream_position_is_refused_naming_it(tmp_path) -> None:
         with CachedLoader(Resumable(12, str(tmp_path / "log")), batch_size=4, num_workers=0, shuffle=False) as again:
             with pytest.raises(ValueError, match=r"state\['stream'\]"):
                 again.load_state_dict({**state, "stream": damaged})
+
+
+@pytest.mark.parametrize("workers,shuffle", [(0, False), (2, False), (0, True)])
+def test_a_state_of_the_generate_epoch_resumes_once_its_generation_is_committed(tmp_path, workers: int,
+                                                                                shuffle: bool) -> None:
+    # The run went on to the end of its generate epoch (and committed it) after the state was taken, then
+    # stopped: the resumed loader serves the rest of that epoch as it was served (the batches the workers
+    # made, or the shuffle buffer's order), not a read epoch's batches, and nothing twice.
+    kwargs = dict(batch_size=4, num_workers=workers, shuffle=shuffle, seed=5,
+                  cache_setting={"prefix": str(tmp_path / "c"), "stream_buffer": 6})
+    with CachedLoader(Uneven([7, 13]) if workers else Counting(30), **kwargs) as first:
+        it = iter(first)
+        served = [next(it) for _ in range(3)]
+        state = first.state_dict()
+        rest = list(it)
+        assert first.epoch_stats[-1].committed
+    with CachedLoader(Uneven([7, 13]) if workers else Counting(30), **kwargs) as second:
+        second.load_state_dict(state)
+        resumed = list(second)
+        assert second.epoch == 0 and second.state_dict()["epoch"] == 1
+
+    def plain(batches):
+        return [np.asarray(b["i"] if isinstance(b, dict) else b).tolist() for b in batches]
+
+    assert plain(resumed) == plain(rest) and len(served) + len(rest) > 3

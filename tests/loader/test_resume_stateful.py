@@ -1,0 +1,118 @@
+"""Resuming as torchdata's StatefulDataLoader means it: random draws in the workers are the same after a
+resume, a stream's iterator keeps its own state, and ``torch.manual_seed`` decides the order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loader import CachedLoader
+
+from .stateful_datasets import CountsEpochs, OwnIterator, RandomMap, SetsUpInIter, StateMadeInIter
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def values(batches) -> list:
+    return [[list(map(int, sample)) for sample in zip(*batch)] if isinstance(batch, list) else batch.tolist()
+            for batch in batches]
+
+
+def run_and_resume(make, stop: int) -> tuple[list, list]:
+    """The batches of an uninterrupted epoch, and those of one stopped after `stop` batches and resumed by a
+    new loader (after other draws from torch's generator in this process)."""
+    torch.manual_seed(8)  # an epoch iterated in this process draws from its generator
+    with make() as loader:
+        expected = values(loader)
+    torch.manual_seed(8)
+    with make() as loader:
+        it = iter(loader)
+        served = values(next(it) for _ in range(stop))
+        state = loader.state_dict()
+    torch.rand(17)  # the training process's generator moved on, as in a new process
+    with make() as loader:
+        loader.load_state_dict(state)
+        served += values(loader)
+    return expected, served
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_map_dataset_draws_the_same_after_a_resume(workers):
+    def make():
+        return CachedLoader(RandomMap(24), batch_size=4, num_workers=workers, shuffle=True, seed=3, device="cpu")
+
+    expected, served = run_and_resume(make, 2)
+    assert served == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_streams_iterator_keeps_its_state_and_its_draws(workers):
+    def make():
+        return CachedLoader(StateMadeInIter(20), batch_size=3, num_workers=workers, seed=4, device="cpu")
+
+    expected, served = run_and_resume(make, 3)
+    assert served == expected
+
+
+def test_the_same_epoch_served_again_draws_the_same_in_the_workers():
+    with CachedLoader(StateMadeInIter(20), batch_size=3, num_workers=2, device="cpu") as loader:
+        start = loader.state_dict()
+        first = values(loader)
+        loader.load_state_dict(start)
+        assert values(loader) == first
+
+
+def test_torch_manual_seed_decides_the_order_and_the_state_records_it():
+    def order():
+        torch.manual_seed(0)
+        with CachedLoader(RandomMap(30), batch_size=5, num_workers=0, shuffle=True, device="cpu") as loader:
+            return [values(loader) for _ in range(2)], loader.state_dict()["seed"]
+
+    (first, seed), (second, again) = order(), order()
+    assert first == second and seed == again
+    assert [s[0] for b in first[0] for s in b] != list(range(30))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_between_epochs_keeps_where_the_streams_copies_are(workers):
+    # Each copy's epoch counter moved on at the end of its pass: the next epoch, resumed by a new loader
+    # on a new object, yields the counter the uninterrupted run's next epoch yields.
+    def make():
+        return CachedLoader(CountsEpochs(12), batch_size=3, num_workers=workers, seed=1, device="cpu")
+
+    with make() as loader:
+        list(loader)
+        state = loader.state_dict()
+        expected = values(loader)
+    with make() as loader:
+        loader.load_state_dict(state)
+        assert values(loader) == expected
+    assert {s[1] for b in expected for s in b} == {1}
+
+
+def test_a_state_taken_before_a_stream_in_this_process_began_keeps_where_it_was():
+    # Taken right after iter(): the stream (its own iterator) was at its start; the loop then iterated it
+    # to its end. A new loader on the same object resumes from the start, as torchdata's does.
+    stream = OwnIterator(10)
+    with CachedLoader(stream, batch_size=3, num_workers=0, device="cpu") as loader:
+        it = iter(loader)
+        state = loader.state_dict()
+        expected = values(it)
+    with CachedLoader(stream, batch_size=3, num_workers=0, device="cpu") as loader:
+        loader.load_state_dict(state)
+        assert values(loader) == expected and len(expected) == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_whose_position_is_set_up_in_iter_resumes_there(workers):
+    # Its state exists only once __iter__ ran: loaded into what __iter__ returned, and the batches are
+    # taken with next() alone (iter() again would set its position up anew).
+    stream = SetsUpInIter(40)
+    with CachedLoader(stream, batch_size=2, num_workers=workers, device="cpu") as loader:
+        it = iter(loader)
+        served = [s[0] for b in values(next(it) for _ in range(7)) for s in b]
+        state = loader.state_dict()
+    with CachedLoader(stream, batch_size=2, num_workers=workers, device="cpu") as loader:
+        loader.load_state_dict(state)
+        served += [s[0] for b in values(loader) for s in b]
+    assert sorted(served) == list(range(40))
