@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 
-def iterations(log: str | None) -> int:
+def iterations(log: str | bytes | None) -> int:
     """How many times the streams logging to `log` started an iteration (in any process)."""
-    return 0 if log is None or not os.path.exists(log) else len(Path(log).read_text().splitlines())
+    return 0 if log is None or not os.path.exists(log) else len(Path(os.fsdecode(log)).read_text().splitlines())
 
 
 class Counting(IterableDataset):
@@ -22,7 +22,9 @@ class Counting(IterableDataset):
     a line to `log` (so tests count iterations across processes)."""
 
     def __init__(self, n: int, log: str | None = None, width: int = 3) -> None:
-        self.n, self.log, self.width = n, log, width
+        # The log as bytes: a file the dataset writes as it runs is bookkeeping, not data, and a path
+        # string would count as a data file of the fingerprint (its size changes with every iteration).
+        self.n, self.log, self.width = n, None if log is None else os.fsencode(log), width
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -114,7 +116,7 @@ class Resumable(IterableDataset):
     sample yielded appends its value to `log` (so tests see that none is yielded twice)."""
 
     def __init__(self, n: int, log: str) -> None:
-        self.n, self.log, self.done = n, log, 0
+        self.n, self.log, self.done = n, os.fsencode(log), 0  # bytes: see Counting
 
     def state_dict(self) -> dict:
         return {"done": self.done}
