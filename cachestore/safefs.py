@@ -133,13 +133,18 @@ def unlink_name(path: str | os.PathLike[str]) -> None:
         pass
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (one ``write`` may take less)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_new(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` into a fresh file at `path` (see :func:`create_new`)."""
     fd = create_new(path)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
 

@@ -235,9 +235,7 @@ class DiskWindow:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=self._dir_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            safefs.write_all(fd, data)
         finally:
             os.close(fd)
 
