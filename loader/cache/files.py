@@ -12,9 +12,9 @@ inside the data folder changes its folder's time).
 
 Cost: one ``stat`` per distinct path, without reading (the working directory is listed once
 when many bare names are looked up in it, so strings that name nothing there cost no system call:
-a text dataset's sentences), spread over threads, which the system calls release the interpreter
-for where cores are free (``benchmarks.fingerprint_time`` measures a million). The digest is a sum
-of a hash per file, so it needs no sort. Past :data:`MAX_FILES` distinct paths, the
+a text dataset's sentences); past a hundred thousand, two forked processes stat half each where a
+fork is safe (``benchmarks.fingerprint_time`` measures a million). The digest is a sum of a hash
+per file, so it needs no sort. Past :data:`MAX_FILES` distinct paths, the
 first ones in sorted order are statted and one log line says that the rest count by name only.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
 from typing import Iterable
 
 import xxhash
@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 
 #: Distinct paths statted at most: about two seconds of system calls on a small machine.
 MAX_FILES = 2_000_000
-#: Paths handed to a thread at a time, and the count below which one thread stats them all.
-_PER_THREAD = 20_000
+#: Distinct paths past which they are statted by :data:`_PROCESSES` forked processes.
+_PARALLEL_PAST = 100_000
+_PROCESSES = 2
+#: The paths the forked processes stat (set just before they fork).
+_PENDING: list[str] = []
 #: Names in the working directory past which it is listed first (see :func:`files_identity`).
 _LIST_PAST = 32
 #: A file's size and time are mixed into its path's hash by odd 64-bit multipliers (any bit changed in
@@ -67,10 +70,13 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
         :func:`candidate`); relative ones are taken from the working directory, as the dataset would
         open them.
     """
-    strings = set(paths)
-    # Most paths are plain ones: kept as they are without a call each (candidate() says the same of them).
-    unique = {t for t in strings if ":" not in t and "\n" not in t and "\0" not in t and 0 < len(t) <= _PATH_MAX}
-    unique.update(c for c in map(candidate, (t for t in strings if ":" in t)) if c is not None)
+    unique = set(paths)
+    # A plain path stays as it is (a string that names nothing fails its stat); those with a scheme are
+    # unwrapped or dropped by candidate(); the empty string names the working directory.
+    schemed = [t for t in unique if ":" in t]
+    unique.difference_update(schemed)
+    unique.update(c for c in map(candidate, schemed) if c is not None)
+    unique.discard("")
     if len(unique) > MAX_FILES:
         ordered = sorted(unique)
         log.info("fingerprint: the dataset names %d distinct paths; the first %d (in sorted order) count by "
@@ -84,15 +90,33 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
         # nothing there (a text dataset's sentences, labels, the keys of a dict).
         present = set(os.listdir("."))
         todo = [t for t in todo if "/" in t or t in present]
-    parts = [todo[i:i + _PER_THREAD] for i in range(0, len(todo), _PER_THREAD)]
-    if len(parts) > 1 and (os.cpu_count() or 1) > 1:
-        with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 1, 4)) as pool:
-            found = list(pool.map(_stat_part, parts))
-    else:
-        found = [_stat_part(part) for part in parts]
-    count = sum(n for n, _ in found)
-    total = sum(t for _, t in found) & _MASK
-    return (count, f"{total:016x}") if count else None
+    count, total = _stat_all(todo)
+    return (count, f"{total & _MASK:016x}") if count else None
+
+
+def _stat_all(paths: list[str]) -> tuple[int, int]:
+    """:func:`_stat_part` of `paths`, in :data:`_PROCESSES` forked processes where there are many and a fork
+    is safe: the system call takes microseconds here, and threads, whose every call hands the interpreter
+    over, ran slower than one."""
+    from ..executors.process.start import fork_is_safe
+
+    if len(paths) < _PARALLEL_PAST or (os.cpu_count() or 1) < 2 or not fork_is_safe()[0]:
+        return _stat_part(paths)
+    global _PENDING
+    _PENDING = paths  # what the forked processes read, by index: nothing is pickled but two numbers
+    try:
+        step = -(-len(paths) // _PROCESSES)
+        with multiprocessing.get_context("fork").Pool(_PROCESSES) as pool:
+            found = pool.map(_stat_range, [(i, i + step) for i in range(0, len(paths), step)])
+    except OSError:  # no process could be made (a limit): statted here
+        return _stat_part(paths)
+    finally:
+        _PENDING = []
+    return sum(n for n, _ in found), sum(t for _, t in found)
+
+
+def _stat_range(bounds: tuple[int, int]) -> tuple[int, int]:
+    return _stat_part(_PENDING[bounds[0]:bounds[1]])
 
 
 def _stat_part(paths: list[str]) -> tuple[int, int]:

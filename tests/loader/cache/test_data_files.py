@@ -184,7 +184,7 @@ def test_the_bulk_hash_of_a_sample_list_is_the_per_item_hash():
     assert sorted(bulk.walk.paths) == sorted(per_item.walk.paths) == ["a/b.jpg", "box", "c.jpg", "d.jpg", "k", "label", "path", "w", "x", "y", "z"]
 
 
-def test_statting_in_threads_gives_the_digest_of_one(tmp_path, monkeypatch):
+def test_statting_in_forked_processes_gives_the_digest_of_one(tmp_path, monkeypatch):
     names = []
     for d in range(3):
         (tmp_path / str(d)).mkdir()
@@ -193,5 +193,5 @@ def test_statting_in_threads_gives_the_digest_of_one(tmp_path, monkeypatch):
         path.write_bytes(b"")
         names.append(str(path))
     one = files.files_identity(names)
-    monkeypatch.setattr(files, "_PER_THREAD", 100)  # many groups: the digest must not depend on the cut
+    monkeypatch.setattr(files, "_PARALLEL_PAST", 100)  # two processes: the digest must not depend on the cut
     assert files.files_identity(reversed(names)) == one and one is not None and one[0] == 1000
