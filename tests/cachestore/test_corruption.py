@@ -154,3 +154,26 @@ def test_truncated_data_file_is_an_error_not_a_crash(children, make_store, store
         reader = store.reader(0)
         for i in range(N):
             reader[i]
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"], ids=["columns", "records"])
+def test_random_bytes_in_an_lmdb_data_file_are_errors_not_a_crash(children, make_store, store_path, compression):
+    # Spans of random bytes over data.mdb (its size and the manifest untouched), anywhere, meta pages
+    # included: every read ends in a value or a CorruptSampleError, never a signal (each in a child).
+    store = make_store("lmdb", compression=compression)
+    write_generation(store, 0, N, pattern_sample)
+    data = Path(store_path) / "gen-000000" / "data.mdb"
+    original = data.read_bytes()
+    rng = np.random.default_rng(2027)
+    for _ in range(6):
+        damaged = bytearray(original)
+        for _ in range(int(rng.integers(1, 4))):
+            length = int(rng.integers(16, 4096))
+            offset = int(rng.integers(0, max(1, len(original) - length)))
+            damaged[offset:offset + length] = rng.bytes(length)
+        data.write_bytes(bytes(damaged))
+        proc, conn = children(read_everything, store_path, "lmdb")
+        report = recv(conn)
+        proc.join(WAIT)
+        assert proc.exitcode == 0, f"the reader died ({proc.exitcode}) on random bytes in {data}"
+        assert isinstance(report["samples"], dict)
