@@ -27,6 +27,7 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,12 @@ def open_data(path: Path) -> int:
     return fd
 
 
+#: numpy parses a header with ``ast.literal_eval``, and CPython 3.11's parser fails when two threads
+#: parse at once ("SystemError: AST constructor recursion depth mismatch": a publishing thread listing
+#: generations beside the loop): one header at a time.
+_HEADERS = threading.Lock()
+
+
 def _index_start(fd: int, path: Path, num_samples: int) -> int:
     """Where the rows of the index file `fd` begin, once its header and size are checked against
     the `num_samples` rows its manifest promises (:class:`MalformedFileError` else)."""
@@ -139,7 +146,8 @@ def _index_start(fd: int, path: Path, num_samples: int) -> int:
             version = np.lib.format.read_magic(f)
             read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                            else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read_header(f)
+            with _HEADERS:
+                shape, _, dtype = read_header(f)
         except (ValueError, OSError, SyntaxError, TypeError, KeyError) as exc:
             raise MalformedFileError(f"{path} is unreadable ({exc})") from None
         start, size = f.tell(), os.fstat(fd).st_size
