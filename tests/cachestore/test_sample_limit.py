@@ -35,14 +35,19 @@ def _resign_raw(store_path: str, backend: str, index: int) -> None:
     reseal(gen_dir)
 
 
-@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
-def test_a_forged_raw_size_decompresses_no_further_than_max_sample_bytes(store_path, backend):
+def _bombed_store(store_path, backend: str):
+    """A store whose sample 3 is a zstd bomb with a re-signed raw size, opened with max_sample_bytes=1MiB."""
     store = open_store(store_path, backend, compression="zstd")
     write_generation(store, 0, N, variable_sample)
     store.close()
     (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, bomb(True, raw=BOMB_BYTES))
     _resign_raw(store_path, backend, 3)
-    store = open_store(store_path, compression="zstd", max_sample_bytes="1MiB")
+    return open_store(store_path, compression="zstd", max_sample_bytes="1MiB")
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_a_forged_raw_size_decompresses_no_further_than_max_sample_bytes(store_path, backend):
+    store = _bombed_store(store_path, backend)
     reader = store.reader(0)
     tracemalloc.start()
     try:
@@ -102,12 +107,7 @@ def test_verifying_a_pulled_generation_decompresses_no_further_than_max_sample_b
     """What ``cachestore pull`` runs on a downloaded generation before it becomes a local one."""
     from cachestore.remote.verify import verify_generation
 
-    store = open_store(store_path, backend, compression="zstd")
-    write_generation(store, 0, N, variable_sample)
-    store.close()
-    (plant_memmap if backend == "memmap" else plant_lmdb)(store_path, 3, bomb(True, raw=BOMB_BYTES))
-    _resign_raw(store_path, backend, 3)
-    store = open_store(store_path, compression="zstd", max_sample_bytes="1MiB")
+    store = _bombed_store(store_path, backend)
     tracemalloc.start()
     try:
         with pytest.raises(CorruptSampleError, match="sample 3"):
