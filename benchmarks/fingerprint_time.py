@@ -14,7 +14,7 @@ functions, classes). Cases, each the best of `repeats` runs in milliseconds:
 - ``image folder``: an ImageFolder-style list of `--files` (path, label) pairs naming real files
   (1,000 directories, made in a temporary directory and removed after): the whole fingerprint,
   of which ``stat only`` is the data files' part (``loader/cache/files.py``: one ``os.stat`` per
-  file, in two forked processes), beside ``os.stat loop``, a plain loop over the same paths, and ``no files``,
+  file, in one thread per core without the GIL), beside ``os.stat loop``, a plain loop over the same paths, and ``no files``,
   the same list whose paths name nothing (the hashing alone). Each once: the page cache is warm
   after the files are made, as it is on a machine that just wrote or read its data.
 

@@ -44,12 +44,15 @@ class Gather(Protocol):
                        prefix: Bytes, spans: tuple[tuple[int, int], ...],
                        outs: tuple[WritableBytes, ...], verify: bool, stream: bool = True) -> tuple[int, int]: ...
 
+    def stat_digest(self, paths: list[str], threads: int) -> tuple[int, int]: ...
+
 
 #: What the readers call of the module: a build older than one of them (``cachestore/_gather.c``
 #: changed, the extension not rebuilt) is not used at all, rather than half. ``GUARDED``: its loops
 #: over a mapping report a truncated file instead of dying of SIGBUS (docs/ARCHITECTURE.md,
 #: "Untrusted stores"), and say so with the return values the readers expect.
-REQUIRED = ("MAX_LEAVES", "GUARDED", "populate", "pread_rows", "row_checksums", "gather_verified", "gather_records")
+REQUIRED = ("MAX_LEAVES", "GUARDED", "populate", "pread_rows", "row_checksums", "gather_verified", "gather_records",
+            "stat_digest")
 
 
 def _load_native() -> Gather | None:

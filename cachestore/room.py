@@ -114,7 +114,9 @@ def sample_limit(disk_bytes: int | None) -> int:
     A quarter of this process's memory room (a batch holds several samples, and a reader's pages
     the rest), and never more than the store's budget (`disk_bytes`: no sample larger was ever
     written into it). A record or a schema claiming more is damage, refused before anything is
-    allocated (see docs/ARCHITECTURE.md, "Untrusted stores").
+    allocated (see docs/ARCHITECTURE.md, "Untrusted stores"). A generation whose samples all
+    share one schema bounds each by that schema's bytes as well
+    (:meth:`cachestore.backends.reading.GenerationData.bound_samples`).
     """
     room = max(1, memory_room() // 4)
     return room if disk_bytes is None else max(1, min(room, disk_bytes))

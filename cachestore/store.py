@@ -49,6 +49,14 @@ def _read_existing_backend(path: str) -> str | None:
     return backend if isinstance(backend, str) else None
 
 
+def _sample_bytes(value: int | str | None) -> int | None:
+    """``max_sample_bytes`` as bytes (``None``: not given), checked."""
+    limit = parse_size(value)
+    if limit is not None and limit < 1:
+        raise ValueError(f"max_sample_bytes must be a size >= 1, got {value!r}")
+    return limit
+
+
 class Store:
     """Generations of samples under one path. Create with :func:`open_store`."""
 
@@ -73,11 +81,9 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
-        limit = parse_size(max_sample_bytes)
+        limit = _sample_bytes(max_sample_bytes)
         if limit is None:
             limit = sample_limit(self.disk_budget)
-        elif limit < 1:
-            raise ValueError(f"max_sample_bytes must be a size >= 1, got {max_sample_bytes!r}")
         self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify,
                                  Trust.of(trusted_uids, trusted_gids), limit)
         try:
@@ -424,8 +430,9 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         (see the README's "Security").
     max_sample_bytes
         Bytes (or ``"64MB"``) one sample may take when read back: a record decompressing to more, or
-        a generation whose schema says more, is damage. Default: a quarter of this process's memory
-        room, at most `disk_budget`.
+        a generation whose schema says more, is damage. Default: derived from the schema and the
+        budget: `disk_budget` (without one, a quarter of this process's memory room), and in a
+        generation whose samples all share one schema, that schema's bytes.
 
     Returns
     -------
@@ -438,7 +445,8 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
         module, _, attr = REMOTE_OPENER.partition(":")
         opener = getattr(importlib.import_module(module), attr)
         return cast(Store, opener(path, fingerprint=fingerprint, backend=backend or "memmap",
-                                  allow_pickle=allow_pickle, verify=verify))
+                                  allow_pickle=allow_pickle, verify=verify,
+                                  max_sample_bytes=_sample_bytes(max_sample_bytes)))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
                  readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify,
                  trusted_uids=trusted_uids, trusted_gids=trusted_gids, max_sample_bytes=max_sample_bytes)

@@ -112,6 +112,7 @@ class TorchChoices:
     seed: int | None = None  # a DistributedSampler's, or a generator's
     max_queue_size: int | None = None  # prefetch_factor x workers
     start_method: str | None = None  # multiprocessing_context's
+    even_ranks: bool = False  # a DistributedSampler's drop_last
 
 
 def resolve_aliases(arguments: Arguments, aliases: Mapping[str, object], owner: str) -> Arguments:
@@ -313,7 +314,8 @@ def _torch_arguments(a: Arguments, workers: int) -> TorchChoices:
         # permutation of the data every epoch, as the sampler would (loader.distributed).
         out = TorchChoices(shuffle=bool(getattr(sampler, "shuffle", True)), sampling=None,
                            nb_consumer=int(getattr(sampler, "num_replicas")),
-                           consumer_index=int(getattr(sampler, "rank")), seed=sampler_seed)
+                           consumer_index=int(getattr(sampler, "rank")), seed=sampler_seed,
+                           even_ranks=bool(getattr(sampler, "drop_last", False)))
     else:
         # A stream comes in its own order unless asked (as torch); shuffle=True shuffles its cached epochs.
         default = sampler is None and batch_sampler is None and not is_stream(a.dataset)
@@ -423,6 +425,7 @@ def parse_arguments(a: Arguments) -> LoaderSettings:
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
         max_minibatch_length=check_int("max_minibatch_length", a.max_minibatch_length, 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
+        even_ranks=torch.even_ranks,
         partition=_choice("partition", a.partition, PARTITIONS),
         to_device=_callable("to_device", a.to_device), start_method=str(start_method),
         max_worker_restarts=int_at_least("max_worker_restarts", a.max_worker_restarts, 0),

@@ -151,10 +151,11 @@ def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
-def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool) -> int:
+def rank_batch_count(n: int, ranks: int, batch_size: int, drop_last: bool, even: bool = False) -> int:
     """Batches each of `ranks` ranks serves when they split an order of `n` samples
-    (:func:`loader.epochs.order.rank_batches`): the most samples a rank gets, or the fewest with `drop_last`."""
-    return num_batches(n // ranks if drop_last else -(-n // ranks), batch_size, drop_last)
+    (:func:`loader.epochs.order.rank_batches`): the most samples a rank gets, or the fewest with `drop_last`
+    or `even` (each rank serves ``n // ranks``, as ``DistributedSampler(drop_last=True)``)."""
+    return num_batches(n // ranks if drop_last or even else -(-n // ranks), batch_size, drop_last)
 
 
 def ranks_per_node(nb_consumer: int) -> int:
@@ -213,6 +214,9 @@ class ConsumerLayout:
         fingerprint is the same on every node (and for a job on one node).
     node
         ``(nodes, this node)`` for `whole` (:func:`loader.remote_setting.node_of`).
+    even
+        ``"equal"`` without padding: each consumer serves ``N // n`` samples and the tail of the
+        epoch's permutation is not served (``DistributedSampler(drop_last=True)``).
 
     Raises
     ------
@@ -222,7 +226,8 @@ class ConsumerLayout:
 
     def __init__(self, num_samples: int, nb_consumer: int, consumer_index: int, seed: int, pinned: bool,
                  scheme: str = "equal", workers: int = 1, shuffled: bool = False, node_scope: bool = False,
-                 local_ranks: int | None = None, whole: bool = False, node: tuple[int, int] | None = None) -> None:
+                 local_ranks: int | None = None, whole: bool = False, node: tuple[int, int] | None = None,
+                 even: bool = False) -> None:
         if scheme not in PARTITIONS:
             raise ValueError(f"partition must be one of {PARTITIONS}, got {scheme!r}")
         self.num_samples = num_samples
@@ -233,6 +238,7 @@ class ConsumerLayout:
         self.scheme = scheme
         self.workers = max(1, workers)
         self.shuffled = shuffled
+        self.even = even and scheme == "equal"
         # One store per node, its ranks splitting a new permutation of it every epoch (a cache's "node"
         # scope); else each consumer keeps its own part (and store).
         # A single consumer is the one rank of its node: the same batches, and a state it takes resumes on
@@ -275,13 +281,13 @@ class ConsumerLayout:
     def per_consumer(self) -> int:
         """Samples this consumer serves per epoch (with the node scope: the most any rank of its node serves)."""
         if self.whole:
-            return -(-self.num_samples // self.nb_consumer)
+            return self.num_samples // self.nb_consumer if self.even else -(-self.num_samples // self.nb_consumer)
         if self.node_scope:
             node_part = len(range(self.node, self.num_samples, self.nodes))
-            return -(-node_part // self.local_ranks)
+            return node_part // self.local_ranks if self.even else -(-node_part // self.local_ranks)
         n, k, c = self.num_samples, self.nb_consumer, self.consumer_index
         if self.scheme == "equal" or k == 1:
-            return -(-n // k)
+            return n // k if self.even else -(-n // k)
         run = self._run_length()
         return min(max(n - c * run, 0), run)
 
@@ -323,7 +329,8 @@ class ConsumerLayout:
         the nodes' parts differing by a sample: those of the largest, or with `drop_last` the smallest)."""
         if self.node_scope:
             n, m = self.num_samples, self.nodes
-            return rank_batch_count(n // m if drop_last else -(-n // m), self.local_ranks, batch_size, drop_last)
+            return rank_batch_count(n // m if drop_last or self.even else -(-n // m), self.local_ranks, batch_size,
+                                    drop_last, self.even)
         return num_batches(self.per_consumer, batch_size, drop_last)
 
     @property

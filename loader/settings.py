@@ -396,6 +396,9 @@ class LoaderSettings:
     sampling: Sampling | None = None  # torch's sampler or batch_sampler
     worker_init_fn: Callable[[int], object] | None = None
     read_transform: ReadTransform | None = None
+    #: Every rank serves ``n // ranks`` samples, the tail of each epoch's order unserved (a
+    #: ``DistributedSampler(drop_last=True)``); else ``ceil(n / ranks)`` at most.
+    even_ranks: bool = False
 
     @property
     def deals_in_turn(self) -> bool:

@@ -217,7 +217,7 @@ def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int
         _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
                "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)
-        return rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last)
+        return rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last, layout.even)
     if rotation is not None:
         return len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))
     if settings.sampling is not None:

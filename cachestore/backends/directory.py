@@ -387,7 +387,7 @@ class DirectoryBackend(Backend):
             raise self._damaged(generation, damage)
         try:
             data = self._open(gen_dir, manifest)
-            data.max_sample_bytes = self.max_sample_bytes
+            data.bound_samples(self.max_sample_bytes)
             return data
         except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
             raise self._damaged(generation, str(exc)) from exc

@@ -152,9 +152,11 @@ class LmdbGeneration(GenerationData):
         try:
             if manifest.get("lmdb_layout") == lmdb_columns.LAYOUT:
                 self.columns = lmdb_columns.Columns(manifest, self.num_samples, self.corrupt)
+                self.uniform_bytes = sum(self.columns.widths)
             elif manifest.get("lmdb_layout") == lmdb_columns.RECORDS:
                 schema = lmdb_columns.stackable_schema(manifest, str(gen_dir / "manifest.json"))
                 self.fixed = (schema, codec.leaf_specs(schema))
+                self.uniform_bytes = sum(codec.row_bytes(self.fixed[1]))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptSampleError(f"manifest of generation {self.generation} in {gen_dir} has no "
                                      f"usable schema: {exc}") from exc

@@ -142,6 +142,8 @@ class MemmapGeneration(GenerationData):
         # Opening checked that a fixed generation has its schema (else it is damaged).
         self._fixed: BatchLayout | None = (
             (self.schema, self.specs) if self.layout == "fixed" and self.schema is not None else None)
+        if self._fixed is not None:
+            self.uniform_bytes = sum(codec.row_bytes(self.specs))
         # Every process that reads holds the index in its own memory (read, not mapped: a file of the
         # store may change after it was checked, see the module docstring). Where every row lies in
         # the columns only the checksums are read again: 8 of an index row's 48 bytes, 8 MiB rather

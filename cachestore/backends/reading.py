@@ -46,8 +46,18 @@ class GenerationData(ABC):
         #: "Untrusted stores"); else reading it is :class:`PickleRefusedError`.
         self.allow_pickle = allow_pickle
         #: The most bytes one sample may decompress to, whatever its record says (the store's
-        #: ``max_sample_bytes``, set by the backend that opened it; ``None``: its records' own bounds).
+        #: ``max_sample_bytes`` or its schema's, see :meth:`bound_samples`; ``None``: its records' own bounds).
         self.max_sample_bytes: int | None = None
+        #: The bytes of every sample's leaves where all share one schema (set by the subclass), else ``None``.
+        self.uniform_bytes: int | None = None
+
+    def bound_samples(self, limit: int | None) -> None:
+        """Bound each sample by `limit` (the store's ``max_sample_bytes``) and, where every sample has
+        this generation's schema, by the bytes of that schema: a record declaring more than its own
+        schema takes is damage however much room the store allows (docs/ARCHITECTURE.md, "Untrusted
+        stores")."""
+        known = [b for b in (limit, self.uniform_bytes) if b is not None]
+        self.max_sample_bytes = min(known) if known else None
 
     def __len__(self) -> int:
         return self.num_samples

@@ -44,7 +44,8 @@ def local_key(store: "Store") -> str:
 class RemoteBase:
     """One store's key on a remote root, with its client and documents (see the module docstring)."""
 
-    def __init__(self, settings: RemoteSettings, key: str, *, allow_pickle: bool = False, verify: bool = True) -> None:
+    def __init__(self, settings: RemoteSettings, key: str, *, allow_pickle: bool = False, verify: bool = True,
+                 max_sample_bytes: int | None = None) -> None:
         if not layout.STORE_KEY.match(key):
             raise RemoteConfigError(f"{key!r} is not a store key (<backend>-<16 hex digits>)")
         self.settings = settings
@@ -53,6 +54,8 @@ class RemoteBase:
         self.backend_name = key.split("-", 1)[0]
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
+        #: What one sample read from here may take (``max_sample_bytes``; ``None``: the default bound).
+        self.max_sample_bytes = max_sample_bytes
         self.readonly = True
         self._client: Client | None = None
         self._pid = os.getpid()

@@ -36,6 +36,7 @@ from ..errors import CorruptSampleError
 from ..reader import Reader
 from ..spec import StoreSpec
 from ..records import decode_record
+from ..room import sample_limit
 from ..untrusted import parse_json, parse_shard_ids, parse_treedef
 from . import layout
 from .client import runtime_started
@@ -88,6 +89,10 @@ class RemoteGeneration(GenerationData):
         self._fixed: BatchLayout | None = self._layout()
         self.specs: list[LeafSpec] = self._fixed[1] if self._fixed is not None else []
         self._widths = codec.row_bytes(self.specs)
+        if self._fixed is not None:
+            self.uniform_bytes = sum(self._widths)
+        limit = remote.max_sample_bytes
+        self.bound_samples(sample_limit(None) if limit is None else limit)
         self.lease = ReaderLease(remote, generation)
 
     # opening --------------------------------------------------------------------

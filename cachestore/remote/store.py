@@ -41,7 +41,7 @@ class RemoteStore(RemoteBase, Store):
     """One store on a remote root (see the module docstring); pickles without credentials."""
 
     def __reduce__(self) -> tuple[Callable[..., RemoteStore], tuple[object, ...]]:  # type: ignore[override]
-        return (_reopen, (self.settings, self.key, self.allow_pickle, self.verify_reads))
+        return (_reopen, (self.settings, self.key, self.allow_pickle, self.verify_reads, self.max_sample_bytes))
 
     @property
     def fingerprint(self) -> dict[str, object] | None:
@@ -141,14 +141,15 @@ class RemoteStore(RemoteBase, Store):
         return remote_generations(self)
 
 
-def _reopen(settings: RemoteSettings, key: str, allow_pickle: bool, verify: bool) -> RemoteStore:
-    return RemoteStore(settings, key, allow_pickle=allow_pickle, verify=verify)
+def _reopen(settings: RemoteSettings, key: str, allow_pickle: bool, verify: bool,
+            max_sample_bytes: int | None = None) -> RemoteStore:
+    return RemoteStore(settings, key, allow_pickle=allow_pickle, verify=verify, max_sample_bytes=max_sample_bytes)
 
 
 def open_remote(url: str | RemoteURL, storage_options: Mapping[str, object] | None = None, *,
                 local: Store | None = None, fingerprint: object = None, backend: str = "memmap",
                 key: str | None = None, allow_pickle: bool = False, verify: bool = True,
-                start_timeout: float | None = None) -> RemoteStore:
+                start_timeout: float | None = None, max_sample_bytes: int | None = None) -> RemoteStore:
     """The store under the remote root `url` that `local` (or `fingerprint`, or `key`) names.
 
     Parameters
@@ -171,6 +172,9 @@ def open_remote(url: str | RemoteURL, storage_options: Mapping[str, object] | No
         Check every record's checksum when reading.
     start_timeout
         Seconds to wait for the remote to answer at all; :class:`RemoteError` after them.
+    max_sample_bytes
+        Bytes one sample read from the remote may take (a record declaring more is damage); default
+        :func:`cachestore.room.sample_limit`.
 
     Raises
     ------
@@ -199,4 +203,4 @@ def open_remote(url: str | RemoteURL, storage_options: Mapping[str, object] | No
             raise RemoteConfigError(f"{root} holds {len(found)} stores{': ' + ', '.join(found) if found else ''}; "
                                     f"name one: {root}/<key>" if found else f"{root} holds no store yet")
         key = found[0]
-    return RemoteStore(settings, key, allow_pickle=allow_pickle, verify=verify)
+    return RemoteStore(settings, key, allow_pickle=allow_pickle, verify=verify, max_sample_bytes=max_sample_bytes)

@@ -175,7 +175,7 @@ def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samp
         return
     opener = getattr(backend, "_open")
     data: GenerationData = opener(gen_dir, manifest)
-    data.max_sample_bytes = backend.max_sample_bytes
+    data.bound_samples(backend.max_sample_bytes)
     try:
         _verify_generic(data, allow_pickle, where)
     finally:

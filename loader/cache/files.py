@@ -12,8 +12,8 @@ inside the data folder changes its folder's time).
 
 Cost: one ``stat`` per distinct path, without reading (the working directory is listed once
 when many bare names are looked up in it, so strings that name nothing there cost no system call:
-a text dataset's sentences); past a hundred thousand, two forked processes stat half each where a
-fork is safe (``benchmarks.fingerprint_time`` measures a million). The digest is a sum of a hash
+a text dataset's sentences), in one thread per core without the GIL where the compiled module is
+built (``benchmarks.fingerprint_time`` measures a million). The digest is a sum of a hash
 per file, so it needs no sort. Past :data:`MAX_FILES` distinct paths, the
 first ones in sorted order are statted and one log line says that the rest count by name only.
 """
@@ -23,20 +23,18 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import multiprocessing
 from typing import Iterable
 
 import xxhash
+
+from cachestore.native import native_gather
 
 log = logging.getLogger(__name__)
 
 #: Distinct paths statted at most: about two seconds of system calls on a small machine.
 MAX_FILES = 2_000_000
-#: Distinct paths past which they are statted by :data:`_PROCESSES` forked processes.
-_PARALLEL_PAST = 100_000
-_PROCESSES = 2
-#: The paths the forked processes stat (set just before they fork).
-_PENDING: list[str] = []
+#: Threads that stat at most (the file system's lookups scale with cores; more than this gains little).
+_THREADS = 8
 #: Names in the working directory past which it is listed first (see :func:`files_identity`).
 _LIST_PAST = 32
 #: A file's size and time are mixed into its path's hash by odd 64-bit multipliers (any bit changed in
@@ -71,12 +69,19 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
         open them.
     """
     unique = set(paths)
-    # A plain path stays as it is (a string that names nothing fails its stat); those with a scheme are
-    # unwrapped or dropped by candidate(); the empty string names the working directory.
-    schemed = [t for t in unique if ":" in t]
-    unique.difference_update(schemed)
-    unique.update(c for c in map(candidate, schemed) if c is not None)
-    unique.discard("")
+    # One string of them all is searched at memory speed: most datasets name no scheme and no bare
+    # name, and a check per string was a third of this function for a million paths. (A NUL in a
+    # string can only make these checks say "maybe", never skip a path.)
+    joined = "\0".join(unique)
+    if ":" in joined:
+        # A plain path stays as it is (a string that names nothing fails its stat); those with a scheme
+        # are unwrapped or dropped by candidate().
+        schemed = [t for t in unique if ":" in t]
+        unique.difference_update(schemed)
+        unique.update(c for c in map(candidate, schemed) if c is not None)
+    unique.discard("")  # the working directory
+    absolute = joined.count("\0/") + joined.startswith("/")
+    del joined
     if len(unique) > MAX_FILES:
         ordered = sorted(unique)
         log.info("fingerprint: the dataset names %d distinct paths; the first %d (in sorted order) count by "
@@ -85,7 +90,7 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
                  len(ordered) - MAX_FILES)
         unique = set(ordered[:MAX_FILES])
     todo = list(unique)
-    if sum("/" not in t for t in todo) > _LIST_PAST:
+    if len(todo) - absolute > _LIST_PAST and sum("/" not in t for t in todo) > _LIST_PAST:
         # Names in the working directory: one listing spares a failing stat for each string that names
         # nothing there (a text dataset's sentences, labels, the keys of a dict).
         present = set(os.listdir("."))
@@ -95,28 +100,24 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
 
 
 def _stat_all(paths: list[str]) -> tuple[int, int]:
-    """:func:`_stat_part` of `paths`, in :data:`_PROCESSES` forked processes where there are many and a fork
-    is safe: the system call takes microseconds here, and threads, whose every call hands the interpreter
-    over, ran slower than one."""
-    from ..executors.process.start import fork_is_safe
-
-    if len(paths) < _PARALLEL_PAST or (os.cpu_count() or 1) < 2 or not fork_is_safe()[0]:
+    """:func:`_stat_part` of `paths`: in the compiled module's threads without the GIL where it is built
+    (``cachestore/_gather.c``, ``stat_digest``: the system call takes microseconds, about what the
+    interpreter spends around each ``os.stat``, and threads that hold the GIL ran slower than one);
+    else in this thread."""
+    native = native_gather()
+    if native is None:
         return _stat_part(paths)
-    global _PENDING
-    _PENDING = paths  # what the forked processes read, by index: nothing is pickled but two numbers
+    count, total = native.stat_digest(paths, _threads())
+    return count, total
+
+
+def _threads() -> int:
+    """Threads to stat with: the cores this process may run on, at most :data:`_THREADS`."""
     try:
-        step = -(-len(paths) // _PROCESSES)
-        with multiprocessing.get_context("fork").Pool(_PROCESSES) as pool:
-            found = pool.map(_stat_range, [(i, i + step) for i in range(0, len(paths), step)])
-    except OSError:  # no process could be made (a limit): statted here
-        return _stat_part(paths)
-    finally:
-        _PENDING = []
-    return sum(n for n, _ in found), sum(t for _, t in found)
-
-
-def _stat_range(bounds: tuple[int, int]) -> tuple[int, int]:
-    return _stat_part(_PENDING[bounds[0]:bounds[1]])
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, _THREADS))
 
 
 def _stat_part(paths: list[str]) -> tuple[int, int]:
@@ -131,6 +132,6 @@ def _stat_part(paths: list[str]) -> tuple[int, int]:
             continue
         if stat.S_ISREG(st.st_mode):
             count += 1
-            key = xxhash.xxh3_64_intdigest(path.encode("utf-8", "surrogateescape"))
+            key = xxhash.xxh3_64_intdigest(os.fsencode(path))
             total += key ^ (st.st_size * _SIZE_MIX) ^ (st.st_mtime_ns * _TIME_MIX)
     return count, total & _MASK

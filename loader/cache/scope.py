@@ -94,7 +94,8 @@ def consumer_layout(settings: LoaderSettings, num_samples: int) -> ConsumerLayou
     return ConsumerLayout(num_samples, s.nb_consumer, s.consumer_index, s.seed,
                           pinned=cache is not None or not s.shuffle, scheme=s.partition,
                           workers=s.nb_worker, shuffled=s.shuffle,
-                          node_scope=cache is not None and cache.scope == "node", whole=whole, node=node)
+                          node_scope=cache is not None and cache.scope == "node", whole=whole, node=node,
+                          even=s.even_ranks)
 
 
 def _differing_ranks(settings: LoaderSettings, num_samples: int) -> str | None:

@@ -58,7 +58,7 @@ def node_deck(n: int, epoch: int, seed: int, ranks: int, shuffle: bool) -> np.nd
 
 
 def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int, drop_last: bool,
-                 count: int | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+                 count: int | None = None, even: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
     """Rank `rank`'s share of an order the node's `ranks` ranks split, and its batches.
 
     Every `ranks`-th sample from `rank` on, as ``DistributedSampler`` deals
@@ -71,8 +71,11 @@ def rank_batches(order: np.ndarray, ranks: int, rank: int, batch_size: int, drop
     sample again. With `drop_last`, every rank serves full batches and the
     samples past them are not served (returned in neither). `count`: the
     batches every rank of every node serves (nodes' parts differ by a sample),
-    by default those of this order.
+    by default those of this order. `even`: the order's last ``len(order) % ranks`` samples are not
+    served, so every rank serves as many (``DistributedSampler(drop_last=True)``).
     """
+    if even:
+        order = order[:len(order) - len(order) % ranks]
     mine = order[rank::ranks]
     if count is None:
         count = rank_batch_count(len(order), ranks, batch_size, drop_last)

@@ -53,7 +53,7 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
         served = dealt[:min(len(dealt), skip * s.batch_size * before)]
         rest = order[~np.isin(order, served)]
         left = per_rank - skip if before == count else None
-    mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last, left)
+    mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last, left, s.even_ranks)
     return mine, batches, 0, served[rank::count]
 
 
@@ -185,7 +185,7 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     if mode == EpochMode.READ:
         deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
         _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
-                                  per_rank)
+                                  per_rank, layout.even)
         info, choice = cache.committed().get(generation), cache.read_choice(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=read_order(choice, s, None, dealt=True),
                         committed_at=info.created if info is not None else None, stream=choice.stream,
@@ -194,6 +194,8 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     deck = start + node_deck(stop - start, epoch, seed, layout.local_ranks, s.shuffle)
     share = deck[layout.local_rank::layout.local_ranks]
     cap = per_rank * s.batch_size  # what a read epoch serves; the rest of the share is written unserved
+    if layout.even:  # each rank serves n // ranks (DistributedSampler(drop_last=True))
+        cap = min(cap, layout.num_samples // layout.nb_consumer)
     mine, batches = rank_batches(share[:cap], 1, 0, s.batch_size, s.drop_last, per_rank)
     served = sum(len(b) for b in batches)
     rest = np.concatenate([mine[served:], share[cap:]])

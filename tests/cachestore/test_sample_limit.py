@@ -103,6 +103,28 @@ def test_the_default_bound_is_a_quarter_of_the_memory_room_at_most_the_budget(st
 
 
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_the_default_bound_of_a_generation_of_one_schema_is_that_schema(store_path, backend):
+    # Derived from the schema and the budget: a fixed-layout generation's samples take exactly its
+    # schema's bytes, whatever room the store allows; a generation of variable samples keeps the store's.
+    from cachestore import codec
+
+    with open_store(store_path, backend, disk_budget="64MiB") as store:
+        write_generation(store, 0, N)
+        write_generation(store, 1, N, variable_sample)
+        fixed, variable = store.reader(0), store.reader(1)
+        one = sum(codec.row_bytes(codec.leaf_specs(codec.flatten(fixed[0])[0])))
+        assert fixed.data.uniform_bytes == one and fixed.data.max_sample_bytes == one
+        assert variable.data.uniform_bytes is None and variable.data.max_sample_bytes == 64 << 20
+        assert store.spec.max_sample_bytes == 64 << 20
+        fixed.close()
+        variable.close()
+    with open_store(store_path, backend, max_sample_bytes=16) as store:  # the smaller of the two
+        reader = store.reader(1)
+        assert reader.data.max_sample_bytes == 16
+        reader.close()
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
 def test_verifying_a_pulled_generation_decompresses_no_further_than_max_sample_bytes(store_path, backend):
     """What ``cachestore pull`` runs on a downloaded generation before it becomes a local one."""
     from cachestore.remote.verify import verify_generation

@@ -29,6 +29,54 @@ def test_an_uneven_distributed_sampler_without_a_cache_serves_no_duplicate(worke
         assert len(every_rank) == 8 and len(set(every_rank)) == 8, every_rank
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["nocache", "cache"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_distributed_sampler_dropping_the_tail_serves_as_many_samples_on_every_rank(workers, cached, tmp_path):
+    # 45 samples on 2 ranks with DistributedSampler(drop_last=True): torch serves 22 + 22 distinct
+    # samples each epoch (its sampler drops the permutation's tail), never 23 + 22.
+    data = torch.arange(45)
+    cache = {"prefix": str(tmp_path / "c")} if cached else None
+    samplers = [DistributedSampler(data, num_replicas=2, rank=r, drop_last=True) for r in range(2)]
+    loaders = [CachedLoader(data, batch_size=4, sampler=s, nb_worker=workers, cache_setting=cache) for s in samplers]
+    with loaders[0], loaders[1]:
+        for loader, sampler in zip(loaders, samplers):
+            assert len(loader) == len(torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)) == 6
+        for epoch in range(3):
+            for s in samplers:
+                s.set_epoch(epoch)
+            served = [[int(x) for batch in loader for x in batch] for loader in loaders]
+            assert [len(part) for part in served] == [22, 22], served
+            assert len(set(served[0] + served[1])) == 44, served
+
+
+def test_a_state_of_a_distributed_sampler_dropping_the_tail_resumes_its_epoch(tmp_path):
+    data = torch.arange(45)
+    cache = {"prefix": str(tmp_path / "c")}
+
+    def loader_of(rank: int) -> CachedLoader:
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, drop_last=True, seed=4)
+        return CachedLoader(data, batch_size=4, sampler=sampler, nb_worker=0, cache_setting=cache)
+
+    first = [loader_of(r) for r in range(2)]
+    with first[0], first[1]:
+        for loader in first:
+            list(loader)  # epoch 0 writes the cache
+        whole = [[int(x) for batch in loader for x in batch] for loader in first]  # epoch 1, uninterrupted
+    again = [loader_of(r) for r in range(2)]
+    with again[0], again[1]:
+        for loader in again:
+            list(loader)
+        head, states = [], []
+        for loader in again:
+            it = iter(loader)
+            head.append([int(x) for _ in range(2) for x in next(it)])
+            states.append(loader.state_dict())
+    for rank in range(2):
+        with loader_of(rank) as resumed:
+            resumed.load_state_dict(states[rank])
+            assert head[rank] + [int(x) for batch in resumed for x in batch] == whole[rank]
+
+
 class EveryFifthFails:
     """Samples 3, 8, 13, ... raise NotImplementedError (torch's ErrorDataset raises for every one)."""
 

@@ -15,6 +15,7 @@ from cachestore.remote import RemoteError, RemoteManifestError, open_remote
 from cachestore.remote import layout, packing
 from cachestore.remote.errors import RemoteCorruptError
 from cachestore.remote.manifest import encode, load
+from cachestore.room import sample_limit
 
 from .conftest import KEY, SECRET, make_store, options, same
 from .proxy import FaultProxy
@@ -71,6 +72,21 @@ def test_file_remote(tmp_path):
     other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
     open_remote(url, local=other).fetch(other)
     _equal_stores(local, other, 20)
+
+
+def test_a_remote_reader_bounds_each_sample_by_max_sample_bytes(tmp_path):
+    pytest.importorskip("obstore")
+    local = make_store(tmp_path / "a", n=20, records=True)
+    url = f"file://{tmp_path / 'shared'}"
+    open_remote(url, local=local).publish(local, background=False).wait()
+    remote = open_store(url, max_sample_bytes="1KiB")
+    reader = remote.reader(0)
+    assert reader.data.max_sample_bytes == 1024 and pickle.loads(pickle.dumps(remote)).max_sample_bytes == 1024
+    reader.close()
+    reader = open_store(url).reader(0)  # by default, the bound a local store has without a budget
+    default = sample_limit(None)  # (the memory room moves a little as other processes run)
+    assert abs(reader.data.max_sample_bytes - default) < default // 4
+    reader.close()
 
 
 def test_interrupted_publish_leaves_nothing_visible_and_is_finished_later(tmp_path, weed, remote_url, monkeypatch):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cachestore.native import native_gather
 from loader.cache import files
 from loader.cache.fingerprint import dataset_fingerprint
 from loader.dataset import DatasetSource
@@ -175,23 +176,27 @@ def test_the_bulk_hash_of_a_sample_list_is_the_per_item_hash():
         def digest_of(self, obj, where, depth):  # every part through a hasher of its own, as before
             return self._digest(obj, where, depth)
 
-    samples = [("a/b.jpg", 1), ("c.jpg", None), "x", 3, True, (1, (2, "y")), [1.5, "z"], np.int64(4), {"k": ["w"]},
+    samples = [("a/b.jpg", 1), ("q.jpg", -12), ("r" * 5000, 10**20), (True, 1), ("c.jpg", None), "x", 3, True, (1, (2, "y")), [1.5, "z"], np.int64(4), {"k": ["w"]},
                {"path": "d.jpg", "label": 2, "box": [0.5, 1]}]
     bulk, per_item = _ValueHasher(), PerItem()
     bulk.feed(samples, "s")
     per_item.feed(samples, "s")
     assert bulk.h.hexdigest() == per_item.h.hexdigest()
-    assert sorted(bulk.walk.paths) == sorted(per_item.walk.paths) == ["a/b.jpg", "box", "c.jpg", "d.jpg", "k", "label", "path", "w", "x", "y", "z"]
+    assert sorted(bulk.walk.paths) == sorted(per_item.walk.paths) == ["a/b.jpg", "box", "c.jpg", "d.jpg", "k", "label", "path", "q.jpg", "r" * 5000, "w", "x", "y", "z"]
 
 
-def test_statting_in_forked_processes_gives_the_digest_of_one(tmp_path, monkeypatch):
+def test_the_compiled_stat_gives_the_digest_of_the_python_loop(tmp_path, monkeypatch):
+    if native_gather() is None:
+        pytest.skip("the compiled module is not built (no C compiler at install)")
     names = []
     for d in range(3):
         (tmp_path / str(d)).mkdir()
-    for k in range(1000):
-        path = tmp_path / str(k % 3) / f"{k}.bin"
-        path.write_bytes(b"")
+    for k in range(5000):  # past a thousand per thread: the compiled stat splits them between threads
+        path = tmp_path / str(k % 3) / (f"{k}.bin" if k % 5 else f"{k}-é.bin")
+        path.write_bytes(b"x" * (k % 7))
         names.append(str(path))
-    one = files.files_identity(names)
-    monkeypatch.setattr(files, "_PARALLEL_PAST", 100)  # two processes: the digest must not depend on the cut
-    assert files.files_identity(reversed(names)) == one and one is not None and one[0] == 1000
+    names += [str(tmp_path), str(tmp_path / "gone"), "a\0b", "\udcff", "\ud800", str(tmp_path / "0" / "\udcff")]
+    (tmp_path / "0").joinpath("\udcff").write_bytes(b"odd")  # a name that is not UTF-8 (surrogate-escaped)
+    compiled = files.files_identity(names)
+    monkeypatch.setattr(files, "native_gather", lambda: None)
+    assert files.files_identity(reversed(names)) == compiled and compiled is not None and compiled[0] == 5001
