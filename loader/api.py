@@ -74,6 +74,9 @@ class CachedLoader(LoaderAttributes):
         ``torch.utils.data.get_worker_info()`` returns there (with the worker's
         id, the number of workers and its seed); workers always persist; ``prefetch_factor`` batches per
         worker in flight; the context's start method.
+    in_order
+        torch's: with ``False``, an epoch that computes samples on workers serves each batch as soon as
+        it is done, before an earlier one that is slower; a state records which were served.
     collate_fn
         Turns a list of samples into a batch (default :func:`loader.default_collate`).
     max_queue_size, prefetch_time
@@ -127,7 +130,7 @@ class CachedLoader(LoaderAttributes):
                  sampler: Iterable[int] | None = None, batch_sampler: Iterable[Sequence[int]] | None = None,
                  worker_init_fn: WorkerInitFn | None = None, generator: object = None,
                  persistent_workers: bool = False, prefetch_factor: int | None = None,
-                 multiprocessing_context: object = None,
+                 multiprocessing_context: object = None, in_order: bool = True,
                  seed: int | None = None, drop_last: bool = False, nearby_shuffle: int = 0,
                  collate_fn: CollateFn | None = None, max_queue_size: int = DEFAULT_QUEUE, prefetch_time: float | None = None,
                  use_threading: bool = False, device: Device = None, pin_memory: bool = False,
@@ -144,7 +147,7 @@ class CachedLoader(LoaderAttributes):
             dataset=dataset, dataset_params=dataset_params, batch_size=batch_size, nb_worker=nb_worker,
             shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler, worker_init_fn=worker_init_fn,
             generator=generator, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-            multiprocessing_context=multiprocessing_context, seed=seed, drop_last=drop_last,
+            multiprocessing_context=multiprocessing_context, in_order=in_order, seed=seed, drop_last=drop_last,
             nearby_shuffle=nearby_shuffle, collate_fn=collate_fn, max_queue_size=max_queue_size,
             prefetch_time=prefetch_time, use_threading=use_threading, device=device, pin_memory=pin_memory,
             gpu_indices=gpu_indices, max_minibatch_length=max_minibatch_length, cache_setting=cache_setting,
@@ -315,13 +318,13 @@ class CachedLoader(LoaderAttributes):
                 raise RuntimeError("call loader.start(consumer_index) before iterating: consumer_index was not given")
             self._start()
             assert self._runner is not None
-        epoch, skip = self._cursor.begin()
+        epoch, skip, ahead = self._cursor.begin()
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks,
                                  r.stream, r.generating)
-        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip), known_length(self._batches),
-                                    owner=self)
+        return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip, ahead), known_length(self._batches),
+                                    owner=self, ahead=ahead)
 
     # ------------------------------------------------------------------ resuming
     @property
@@ -347,7 +350,8 @@ class CachedLoader(LoaderAttributes):
         Samples are not in it: a generation being written survives in the
         store's staging area.
         """
-        epoch, served = self._cursor.position()
+        epoch, served, ahead = self._cursor.served(self._runner.out_of_order if self._runner is not None
+                                                   else lambda epoch: [])
         r, runner = self._cursor.loaded, self._runner
         if r is not None:  # loaded, not iterated yet: still the loaded plan
             cache, fallback, window, generating = r.cache, r.rotation_fallback, r.rotation_window, r.generating
@@ -357,7 +361,8 @@ class CachedLoader(LoaderAttributes):
             cache, fallback, window, generating = None, None, None, False
         stream = self._stream_position(epoch, served)
         return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
-                          fallback, window, stream.plain() if stream is not None else None, generating and served > 0)
+                          fallback, window, stream.plain() if stream is not None else None, generating and served > 0,
+                          ahead)
 
     def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
         """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until

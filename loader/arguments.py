@@ -73,6 +73,7 @@ class Arguments:
     persistent_workers: object
     prefetch_factor: object
     multiprocessing_context: object
+    in_order: object
     seed: object
     drop_last: object
     nearby_shuffle: object
@@ -425,7 +426,7 @@ def parse_arguments(a: Arguments) -> LoaderSettings:
         gpu_indices=list(gpu_indices) if gpu_indices is not None else None,
         max_minibatch_length=check_int("max_minibatch_length", a.max_minibatch_length, 1, allow_none=True),
         cache=cache, rotation=rotation, nb_consumer=consumers, consumer_index=index, deferred_start=deferred,
-        even_ranks=torch.even_ranks,
+        even_ranks=torch.even_ranks, in_order=_flag("in_order", a.in_order),
         partition=_choice("partition", a.partition, PARTITIONS),
         to_device=_callable("to_device", a.to_device), start_method=str(start_method),
         max_worker_restarts=int_at_least("max_worker_restarts", a.max_worker_restarts, 0),

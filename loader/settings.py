@@ -399,6 +399,8 @@ class LoaderSettings:
     #: Every rank serves ``n // ranks`` samples, the tail of each epoch's order unserved (a
     #: ``DistributedSampler(drop_last=True)``); else ``ceil(n / ranks)`` at most.
     even_ranks: bool = False
+    #: torch's ``in_order``: ``False`` serves a batch computed on workers as soon as it is done.
+    in_order: bool = True
 
     @property
     def deals_in_turn(self) -> bool:

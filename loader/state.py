@@ -88,7 +88,7 @@ def take_identity(dataset: DatasetSource) -> None:
 def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
                served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
                window: str | None = None, stream: dict[str, object] | None = None,
-               generating: bool = False) -> dict[str, object]:
+               generating: bool = False, ahead: list[int] | None = None) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -102,12 +102,14 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     own states), so the epoch goes on from there rather than from the start.
     `generating`: the epoch was a stream's generate epoch (its batches as the
     stream made them): resumed once the generation is committed, its rest is
-    served as that epoch served it, not as a read epoch would.
+    served as that epoch served it, not as a read epoch would. `ahead`: batches past `served` served out
+    of order (``in_order=False``), not served again.
     """
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
-    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "seed": seed,
+    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "batches_ahead": list(ahead or []),
+            "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
             "stream": stream, "stream_generate": generating}
@@ -126,6 +128,7 @@ class LoadedState:
     ranks: int | None = None  # ranks of the node that split the epoch (a store shared by a node's ranks)
     stream: StreamAt | None = None  # where a stateful stream's copies were
     generating: bool = False  # the epoch was a stream's generate epoch (see make_state)
+    ahead: frozenset[int] = frozenset()  # batches past batches_served served out of order (in_order=False)
 
 
 def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
@@ -199,12 +202,35 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
+    ahead = _ahead(state, settings, layout, served, batches, rotation)
     stream = state.get("stream") if not other_rank else None
     window = window if not other_rank else None
     at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
-                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating))
+                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating), ahead)
+
+
+#: Batches a state may say were served out of order: those in flight at once, far fewer.
+MAX_AHEAD = 1 << 16
+
+
+def _ahead(state: dict, settings: LoaderSettings, layout: ConsumerLayout, served: int, batches: int | None,
+           rotation: RotationSettings | None) -> frozenset[int]:
+    """The state's ``batches_ahead`` (absent in states of loaders that serve in order), checked."""
+    ahead = state.get("batches_ahead", [])
+    _field(state, "batches_ahead", isinstance(ahead, list) and len(ahead) <= MAX_AHEAD and all(
+        _natural(n) and n > served and (batches is None or n < batches) for n in ahead) and len(set(ahead)) == len(ahead),
+        f"a list of distinct batch numbers past batches_served ({served})"
+        + (f" and below {batches}" if batches is not None else ""))
+    if ahead and (settings.dataset.stream or rotation is not None):
+        raise ValueError("this state says batches were served out of order, which a stream or a rotation epoch "
+                         "never does: it was taken from another kind of loader")
+    ranks = state.get("ranks")
+    if ahead and layout.node_scope and ranks != layout.local_ranks:
+        raise ValueError(f"this state was taken on {ranks} ranks with batches served out of order (in_order=False): "
+                         f"it resumes on {ranks} ranks only (this node has {layout.local_ranks})")
+    return frozenset(ahead)
 
 
 def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int, layout: ConsumerLayout,
@@ -264,6 +290,30 @@ class EpochProgress:
     exhausted: bool = False
     started: bool = False  # next() was called: the epoch ran (even if it served nothing)
     total: int | None = None  # batches the epoch serves, when known: served them all is done
+    start: int = 0  # batches_served of the state it resumed from (0: none)
+    ahead: frozenset[int] = frozenset()  # and the batches past them it had served out of order
+
+
+def served_batches(start: int, ahead: frozenset[int], count: int, out_of_order: list[int]) -> tuple[int, list[int]]:
+    """``(batches_served, batches_ahead)`` of an epoch that resumed after batch `start` (and the batches
+    `ahead` of it served out of order) and served `count` more: those `out_of_order` says (their
+    numbers after `start`, in the order served), or else the next ones in order. A state records the
+    first batch not served yet and the batches past it that were (``in_order=False``); in order,
+    ``batches_ahead`` is empty."""
+    done = set(ahead)
+    if out_of_order:
+        done.update(start + seq for seq in out_of_order[:count])
+    else:
+        number = start
+        while count > 0:
+            if number not in ahead:
+                done.add(number)
+                count -= 1
+            number += 1
+    first = start
+    while first in done:
+        first += 1
+    return first, sorted(n for n in done if n > first)
 
 
 class EpochIterator:
@@ -332,6 +382,7 @@ class EpochCursor:
         self.current: int | None = None  # the epoch of the latest iter(), until set_epoch()
         self.skip = 0  # batches of the next epoch served before a resume
         self.loaded: LoadedState | None = None  # a loaded state, applied at the next iter()
+        self.ahead: frozenset[int] = frozenset()  # batches of the next epoch past `skip` served out of order
         self.progress: EpochProgress | None = None  # the latest epoch's, kept after its iterator is gone
         self._active: weakref.ref[EpochIterator] | None = None
 
@@ -339,29 +390,30 @@ class EpochCursor:
     def epoch(self) -> int:
         return self.current if self.current is not None else self.next_epoch
 
-    def begin(self) -> tuple[int, int]:
-        """The epoch a new ``iter()`` serves and the batches of it already served; ends the live iterator."""
-        epoch, skip = self.next_epoch, self.skip
+    def begin(self) -> tuple[int, int, frozenset[int]]:
+        """The epoch a new ``iter()`` serves, the batches of it already served and those past them served
+        out of order; ends the live iterator."""
+        epoch, skip, ahead = self.next_epoch, self.skip, self.ahead
         last = self.progress
         if last is not None and not last.started and self.current == last.epoch:
             # The previous iterator never served a batch (Lightning starts one it drops): it
             # consumed no epoch, so this one serves that epoch.
-            epoch, skip = last.epoch, last.served
+            epoch, skip, ahead = last.epoch, last.served, last.ahead
         self.close_active(superseded_by=epoch)
-        return epoch, skip
+        return epoch, skip, ahead
 
     def iterate(self, epoch: int, skip: int, batches: Iterator[Batch], total: int | None = None,
-                owner: object = None) -> EpochIterator:
+                owner: object = None, ahead: frozenset[int] = frozenset()) -> EpochIterator:
         """The iterator of `epoch` (`total` batches, when known), now the live one; it keeps `owner` alive."""
-        self.next_epoch, self.current, self.skip = epoch + 1, epoch, 0
-        self.progress = EpochProgress(epoch, skip, total=total)
+        self.next_epoch, self.current, self.skip, self.ahead = epoch + 1, epoch, 0, frozenset()
+        self.progress = EpochProgress(epoch, skip, total=total, start=skip, ahead=ahead)
         it = EpochIterator(batches, self.progress, owner)
         self._active = weakref.ref(it)
         return it
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.next_epoch:
-            self.skip = 0
+            self.skip, self.ahead = 0, frozenset()
         self.next_epoch, self.current, self.progress = epoch, None, None
 
     def position(self) -> tuple[int, int]:
@@ -374,13 +426,23 @@ class EpochCursor:
             return progress.epoch, progress.served
         return self.next_epoch, self.skip
 
+    def served(self, out_of_order: Callable[[int], list[int]]) -> tuple[int, int, list[int]]:
+        """``(epoch, batches_served, batches_ahead)`` a state records (see :func:`served_batches`);
+        `out_of_order(epoch)`: the batches of the epoch served out of order, in the order served."""
+        progress = self.progress
+        if progress is not None and not progress.exhausted:
+            first, ahead = served_batches(progress.start, progress.ahead, progress.served - progress.start,
+                                          out_of_order(progress.epoch))
+            return progress.epoch, first, ahead
+        return self.next_epoch, self.skip, sorted(self.ahead)
+
     def load(self, loaded: LoadedState) -> None:
         """Continue from `loaded` at the next ``iter()``, as torchdata's loader does: on a new loader, or
         on one that has iterated (a rewind, a reload after a failed step), whose live iterator ends."""
         self.close_active()
         self.current, self.progress = None, None
         self.loaded = loaded
-        self.next_epoch, self.skip = loaded.epoch, loaded.batches_served
+        self.next_epoch, self.skip, self.ahead = loaded.epoch, loaded.batches_served, loaded.ahead
 
     def close_active(self, superseded_by: int | None = None) -> None:
         active = self._active() if self._active is not None else None

@@ -48,7 +48,9 @@ def _inline_batches(plan: EpochPlan, producer: BatchProducer, work: ComputeWork,
     build = work.build
     served_batches = list(plan.batches)
     for number, positions in enumerate(itertools.chain(served_batches, work.unserved)):
-        served = number < len(served_batches)
+        served = number < len(served_batches) and number not in plan.ahead
+        if not served and build is None:
+            continue  # served before a resume, out of order: nothing to write either
         redraw = work.repeats.get(number)
         task = m.Task(seq=0, part=0, epoch=plan.epoch, indices=plan.indices[positions], positions=positions,
                       transform_seed=plan.transform_seed if served else None, keys=plan.keys, draws_seed=plan.draws_seed,

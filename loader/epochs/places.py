@@ -124,7 +124,8 @@ class OnWorkers(ComputePlace):
         s, host = self.ctx.settings, self.ctx.host
         return PoolRun(host.ensure(), host.slot_pool(), s.max_queue_size, self.ctx.kill_executor,
                        s.max_minibatch_length, s.prefetch_time if plan.epoch == 0 else None, timeout=s.timeout,
-                       split_ends=split_ends, background=background, collate_fn=s.collate_fn or stack_samples)
+                       split_ends=split_ends, background=background, collate_fn=s.collate_fn or stack_samples,
+                       in_order=s.in_order)
 
     def batches(self, plan: EpochPlan, stats: EpochStats, work: ComputeWork,
                 background: BackgroundRefresh | None = None) -> Iterator[Batch]:

@@ -37,6 +37,9 @@ class EpochPlan:
     draws_seed: int | None = None  # the run's seed when each batch's random draws are seeded (LoaderSettings)
     # Each batch is one list of indices a sampler yielded (batch_size=None): dataset[list] computes it whole.
     keys: bool = False
+    # Batches (by their place in ``batches``) a resumed epoch served before its stop, out of order
+    # (``in_order=False``): computed and written where the epoch writes, not served again.
+    ahead: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -136,3 +139,6 @@ class EpochStats:
     wait_seconds: float = 0.0  # time the training loop waited for data
     committed: bool = False
     extra: dict = field(default_factory=dict)
+    # With in_order=False: the batches served so far, by their place in the plan's ``batches``, in the
+    # order they were served (in order, they are 0, 1, 2, ...).
+    positions: list[int] = field(default_factory=list)

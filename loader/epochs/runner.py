@@ -61,6 +61,8 @@ class EpochRunner:
         self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
         self._stream_resume: tuple[int, int, StreamAt] | None = None  # (epoch, batches served, where) loaded
         self._generated: tuple[int, int] | None = None  # (epoch, batches served) of a stream's generate epoch loaded
+        # (epoch, batches served, batches past them served out of order) of the epoch being planned
+        self._ahead: tuple[int, int, frozenset[int]] | None = None
         if settings.rotation is not None:
             self.ctx.open_window()
         if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
@@ -113,12 +115,35 @@ class EpochRunner:
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
         """Epoch `epoch`, planned, as an object of its kind (chosen here, once)."""
-        return kind_of(self.ctx, self.place, self.plan(epoch, skip), lambda: self.plan(epoch, skip))
+        return kind_of(self.ctx, self.place, self._passed(self.plan(epoch, skip)),
+                       lambda: self._passed(self.plan(epoch, skip)))
+
+    def _passed(self, plan: EpochPlan) -> EpochPlan:
+        """`plan` without the batches a resumed epoch served out of order before its stop (``in_order=False``):
+        a read leaves them out; an epoch that computes keeps them where they are (a generate epoch writes
+        them, and a sampler's redraws count batches by their place) and does not serve them."""
+        ahead = self._ahead
+        if ahead is None or ahead[0] != plan.epoch or not ahead[2]:
+            return plan
+        skip, numbers = ahead[1], ahead[2]
+        if isinstance(plan, ReadPlan):
+            plan.batches = [b for k, b in enumerate(plan.batches) if skip + k not in numbers]
+        else:  # checked when the state was loaded: no stream, no rotation
+            plan.ahead = frozenset(n - skip for n in numbers)
+        return plan
+
+    def out_of_order(self, epoch: int) -> list[int]:
+        """The batches of `epoch` served out of order so far (``in_order=False``), by their place after the
+        batches a resume skipped, in the order served; empty where it serves in order."""
+        last = self.stats[-1] if self.stats else None
+        return last.positions if last is not None and last.epoch == epoch else []
 
     # running ----------------------------------------------------------------------
-    def run(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
-        """The batches of `epoch` from batch `skip` on, in order (a generator: see ``docs/ARCHITECTURE.md``)."""
+    def run(self, epoch: int, skip: int = 0, ahead: frozenset[int] = frozenset()) -> Iterator[Batch]:
+        """The batches of `epoch` from batch `skip` on but those in `ahead`, in order (out of order with
+        ``in_order=False``; a generator: see ``docs/ARCHITECTURE.md``)."""
         start = time.perf_counter()
+        self._ahead = (epoch, skip, ahead)
         ctx = self.ctx
         if not settle(ctx.host, ctx.res, ctx.cache, ctx.refresh, ctx.settings.timeout, epoch):
             ctx.refresh = None

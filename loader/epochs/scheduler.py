@@ -1,8 +1,9 @@
 """Running an epoch's tasks on the executor: submit them, reorder the results, deliver the batches.
 
 The epoch's kind decides what its tasks do (:mod:`loader.epochs.work`); this
-module runs them. Batches are delivered in order; at most ``max_in_flight`` batches
-are in flight. Results of an epoch that was abandoned (``break``) are
+module runs them. Batches are delivered in order (with ``in_order=False``, as they
+are done: each one's number in the epoch is noted for the state); at most
+``max_in_flight`` batches are in flight. Results of an epoch that was abandoned (``break``) are
 recognised by their epoch number and dropped (see the shutdown note in
 :mod:`loader.executors.process.pool` and ``docs/ARCHITECTURE.md``).
 """
@@ -55,6 +56,8 @@ class PoolRun:
     ``collate=False`` each batch is the list of its samples (and nothing is
     counted: rotation counts its serves itself). ``background`` is a
     :class:`~loader.cache.refresh.BackgroundRefresh` that gets the workers' spare time.
+    ``in_order=False`` (torch's): a batch done before an earlier one is served first; its number
+    goes into ``EpochStats.positions``, which a state records (``loader.state``).
     """
 
     executor: Executor
@@ -68,6 +71,7 @@ class PoolRun:
     timeout: float | None = None
     split_ends: bool = False
     collate_fn: CollateFn = stack_samples
+    in_order: bool = True
 
 
 
@@ -96,6 +100,9 @@ class PoolEpoch:
         self.sizes: dict[int, int] = {}  # batch -> samples
         self.done: dict[int, dict[int, Any]] = {}  # batch -> part -> result
         self.submitted = self.delivered = 0
+        # Out of order: batches taken past `delivered` (the first not taken yet).
+        self.out_of_order = not run.in_order and run.collate
+        self.taken: set[int] = set()
         self.exhausted = False
         self.first_unserved: int | None = None  # batches from here on are computed and written, not served
         self.source: Iterator[np.ndarray] = iter(())
@@ -149,12 +156,14 @@ class PoolEpoch:
         self.stats.extra["max_in_flight"] = self.depth
 
     def _served(self, seq: int) -> bool:
-        return self.first_unserved is None or seq < self.first_unserved
+        """Whether batch `seq` is served: not one computed only to be written, nor one a resumed epoch served
+        before its stop, out of order (``plan.ahead``)."""
+        return (self.first_unserved is None or seq < self.first_unserved) and seq not in self.plan.ahead
 
     # submitting -----------------------------------------------------------------
     def _fill(self) -> None:
         """Submit batches while fewer than the depth are ahead of the loop."""
-        while not self.exhausted and self.submitted - self.delivered < self.depth:
+        while not self.exhausted and self.submitted - self.delivered - len(self.taken) < self.depth:
             redraw = self.work.repeats.get(self.submitted)
             if redraw is not None and not self._received(redraw.after):
                 break  # it reads back samples an earlier batch still computes: once that one is in
@@ -168,7 +177,8 @@ class PoolEpoch:
     def _submit(self, seq: int, positions: np.ndarray, last: bool) -> None:
         plan, run, executor = self.plan, self.run, self.executor
         self.sizes[seq] = len(positions)
-        if len(positions) == 0:
+        if len(positions) == 0 or (seq in plan.ahead and getattr(self.work, "build", True) is None):
+            # Nothing to compute: no samples, or a batch served before a resume that nothing writes.
             self.parts_of[seq] = 1
             self.done[seq] = {0: []}
             return
@@ -200,8 +210,11 @@ class PoolEpoch:
     # receiving ------------------------------------------------------------------
     def _received(self, upto: int) -> bool:
         """Whether batches up to `upto` are in: their samples are on disk (a worker flushes before it answers)."""
-        return all(seq < self.delivered or (seq in self.done and len(self.done[seq]) == self.parts_of[seq])
+        return all(seq < self.delivered or seq in self.taken or self._complete(seq)
                    for seq in range(self.delivered, upto + 1))
+
+    def _complete(self, seq: int) -> bool:
+        return seq in self.done and len(self.done[seq]) == self.parts_of[seq]
 
     def _receive(self, msg: Any) -> None:
         run, plan, stats = self.run, self.plan, self.stats
@@ -243,20 +256,32 @@ class PoolEpoch:
             self.work.count(task, msg, stats)
 
     def _take(self, prefetching: bool) -> tuple[bool, Any] | None:
-        """``(served, batch)`` for the next batch when all its parts are in (and no prefetch holds it back)."""
-        parts = self.done.get(self.delivered)
-        if parts is None or len(parts) != self.parts_of[self.delivered] or prefetching:
+        """``(served, batch)`` for the next batch when all its parts are in (and no prefetch holds it back);
+        out of order, for the first batch that is."""
+        if prefetching:
             return None
-        del self.done[self.delivered]
-        served = self._served(self.delivered)
+        seq = self.delivered
+        if not self._complete(seq):
+            if not self.out_of_order:
+                return None
+            seq = min((s for s in self.done if self._complete(s)), default=-1)
+            if seq < 0:
+                return None
+        parts = self.done.pop(seq)
+        served = self._served(seq)
         collate = self.run.collate_fn if self.run.collate and served else None
         failure = next((part for part in parts.values() if isinstance(part, FailedBatch)), None)
         batch = failure if failure is not None else parts[0] if len(parts) == 1 else _join(parts, collate)
         del parts  # the parts' samples are views of slots: lent until the last reference goes
         if self.run.collate and served:
             self.stats.batches += 1
-            self.stats.samples += self.sizes[self.delivered]
-        self.delivered += 1
+            self.stats.samples += self.sizes[seq]
+            if self.out_of_order:
+                self.stats.positions.append(seq)
+        self.taken.add(seq)
+        while self.delivered in self.taken:
+            self.taken.discard(self.delivered)
+            self.delivered += 1
         self.prefetch_deadline = None
         return served, batch
 
