@@ -25,7 +25,7 @@ from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
 from .executors.process.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
-from .state_bounds import check_bounds
+from .state_bounds import MAX_AHEAD, check_bounds
 
 STATE_VERSION = 1
 
@@ -209,10 +209,6 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
                        ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating), ahead)
-
-
-#: Batches a state may say were served out of order: those in flight at once, far fewer.
-MAX_AHEAD = 1 << 16
 
 
 def _ahead(state: dict, settings: LoaderSettings, layout: ConsumerLayout, served: int, batches: int | None,

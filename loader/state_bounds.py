@@ -19,6 +19,8 @@ from .settings import LoaderSettings
 MAX_EPOCH = 10 ** 12
 #: The largest seed (numpy takes any non-negative int; a state's is one a loader drew or was given).
 MAX_SEED = 2 ** 128
+#: The most batches a state may say were served out of order: those in flight at once, far fewer.
+MAX_AHEAD = 1 << 16
 
 
 def _inside(path: str, root: str) -> bool:
