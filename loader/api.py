@@ -322,7 +322,7 @@ class CachedLoader(LoaderAttributes):
         if self._cursor.loaded is not None:
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks,
-                                 r.stream, r.generating)
+                                 r.stream, r.generating, r.history, r.blocks)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip, ahead), known_length(self._batches),
                                     owner=self, ahead=ahead)
 
@@ -353,16 +353,20 @@ class CachedLoader(LoaderAttributes):
         epoch, served, ahead = self._cursor.served(self._runner.out_of_order if self._runner is not None
                                                    else lambda epoch: [])
         r, runner = self._cursor.loaded, self._runner
+        history: tuple[tuple[int, int], ...] = ()
+        blocks = False
         if r is not None:  # loaded, not iterated yet: still the loaded plan
             cache, fallback, window, generating = r.cache, r.rotation_fallback, r.rotation_window, r.generating
+            history, blocks = r.history, r.blocks
         elif runner is not None:
             (cache, fallback), window, generating = runner.snapshot(), runner.window_path(), runner.generating(epoch)
+            history, blocks = runner.ranks_history(epoch), runner.in_blocks(epoch)
         else:
             cache, fallback, window, generating = None, None, None, False
         stream = self._stream_position(epoch, served)
         return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
                           fallback, window, stream.plain() if stream is not None else None, generating and served > 0,
-                          ahead)
+                          ahead, history, blocks)
 
     def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
         """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until

@@ -25,7 +25,8 @@ from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
 from .executors.process.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
-from .state_bounds import MAX_AHEAD, check_bounds
+from .state_bounds import check_bounds
+from .state_fields import check_ahead, check_blocks, check_field, check_history, natural
 
 STATE_VERSION = 1
 
@@ -88,7 +89,8 @@ def take_identity(dataset: DatasetSource) -> None:
 def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_samples: int, epoch: int,
                served: int, cache: dict[str, object] | None, rotation_fallback: dict[str, object] | None,
                window: str | None = None, stream: dict[str, object] | None = None,
-               generating: bool = False, ahead: list[int] | None = None) -> dict[str, object]:
+               generating: bool = False, ahead: list[int] | None = None,
+               history: tuple[tuple[int, int], ...] = (), blocks: bool = False) -> dict[str, object]:
     """The state of a loader about to serve batch `served` of epoch `epoch`.
 
     `cache` is the cache controller's snapshot; `rotation_fallback` the
@@ -103,7 +105,10 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     `generating`: the epoch was a stream's generate epoch (its batches as the
     stream made them): resumed once the generation is committed, its rest is
     served as that epoch served it, not as a read epoch would. `ahead`: batches past `served` served out
-    of order (``in_order=False``), not served again.
+    of order (``in_order=False``), not served again. `history`: ``(ranks, batches served when they
+    stopped)`` of the epoch's earlier legs on another number of ranks (2 ranks, then 1, then 2 again:
+    each leg dealt what the ones before left). `blocks`: the epoch served its batches in block order
+    (a read epoch's; resumed after its generate epoch committed, the rest keeps that epoch's order).
     """
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
@@ -112,6 +117,7 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
             "seed": seed,
             "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
+            "ranks_history": [list(leg) for leg in history], "block_order": blocks,
             "stream": stream, "stream_generate": generating}
 
 
@@ -129,15 +135,9 @@ class LoadedState:
     stream: StreamAt | None = None  # where a stateful stream's copies were
     generating: bool = False  # the epoch was a stream's generate epoch (see make_state)
     ahead: frozenset[int] = frozenset()  # batches past batches_served served out of order (in_order=False)
-
-
-def _field(state: dict[str, object], name: str, ok: bool, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"damaged loader state: state[{name!r}] must be {expected}, got {state.get(name)!r}")
-
-
-def _natural(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    # (ranks, batches_served when they stopped) of the epoch's earlier legs on other numbers of ranks
+    history: tuple[tuple[int, int], ...] = ()
+    blocks: bool = True  # the epoch served its batches in block order (states before the field: as planned)
 
 
 def check_state(state: object, settings: LoaderSettings, num_samples: int, samples_per_epoch: int,
@@ -156,8 +156,8 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                          f"version {STATE_VERSION})")
     check_bounds(state, settings)
     epoch, served, seed = state.get("epoch"), state.get("batches_served"), state.get("seed")
-    _field(state, "epoch", _natural(epoch), "an int >= 0")
-    _field(state, "seed", _natural(seed), "an int >= 0")
+    check_field(state, "epoch", natural(epoch), "an int >= 0")
+    check_field(state, "seed", natural(seed), "an int >= 0")
     mine = _identity(settings, num_samples, layout)
     theirs = dict(state["arguments"])
     theirs.setdefault("partition", "equal")  # states taken before the argument existed
@@ -180,10 +180,10 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
                          f"has {settings.seed}): pass seed={seed} or seed=None to resume")
     cache = state.get("cache")
     if settings.cache is None:
-        _field(state, "cache", cache is None, "None for a loader without cache_setting")
-        _field(state, "rotation_fallback", fallback is None, "None for a loader without cache_setting")
+        check_field(state, "cache", cache is None, "None for a loader without cache_setting")
+        check_field(state, "rotation_fallback", fallback is None, "None for a loader without cache_setting")
     else:
-        _field(state, "cache", isinstance(cache, dict) and _natural(cache.get("base")) and isinstance(
+        check_field(state, "cache", isinstance(cache, dict) and natural(cache.get("base")) and isinstance(
             cache.get("off"), bool) and isinstance(cache.get("refresh_off"), bool),
             "the cache plan, {'base': int >= 0, 'off': bool, 'refresh_off': bool}")
     rotation = settings.rotation
@@ -194,39 +194,22 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
             raise ValueError(f"damaged loader state: state['rotation_fallback'] is not a rotation setting "
                              f"({exc})") from None
     window = state.get("rotation_window")
-    _field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
+    check_field(state, "rotation_window", window is None or isinstance(window, str), "None or a directory")
     ranks = state.get("ranks")
     generating = state.get("stream_generate", False)
-    _field(state, "stream_generate", isinstance(generating, bool), "a bool")
+    check_field(state, "stream_generate", isinstance(generating, bool), "a bool")
     batches = _epoch_batches(state, settings, samples_per_epoch, layout, rotation, generating)
-    _field(state, "batches_served", _natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
+    check_field(state, "batches_served", natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
            f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
-    ahead = _ahead(state, settings, layout, served, batches, rotation)
+    ahead = check_ahead(state, settings, layout, served, batches, rotation)
     stream = state.get("stream") if not other_rank else None
     window = window if not other_rank else None
     at = StreamAt.from_plain(stream, max(1, settings.nb_worker)) if stream is not None else None
     return LoadedState(epoch, served, seed, cache if isinstance(cache, dict) else None,
                        fallback if isinstance(fallback, dict) else None, window if isinstance(window, str) else None,
-                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating), ahead)
-
-
-def _ahead(state: dict, settings: LoaderSettings, layout: ConsumerLayout, served: int, batches: int | None,
-           rotation: RotationSettings | None) -> frozenset[int]:
-    """The state's ``batches_ahead`` (absent in states of loaders that serve in order), checked."""
-    ahead = state.get("batches_ahead", [])
-    _field(state, "batches_ahead", isinstance(ahead, list) and len(ahead) <= MAX_AHEAD and all(
-        _natural(n) and n > served and (batches is None or n < batches) for n in ahead) and len(set(ahead)) == len(ahead),
-        f"a list of distinct batch numbers past batches_served ({served})"
-        + (f" and below {batches}" if batches is not None else ""))
-    if ahead and (settings.dataset.stream or rotation is not None):
-        raise ValueError("this state says batches were served out of order, which a stream or a rotation epoch "
-                         "never does: it was taken from another kind of loader")
-    ranks = state.get("ranks")
-    if ahead and layout.node_scope and ranks != layout.local_ranks:
-        raise ValueError(f"this state was taken on {ranks} ranks with batches served out of order (in_order=False): "
-                         f"it resumes on {ranks} ranks only (this node has {layout.local_ranks})")
-    return frozenset(ahead)
+                       ranks if layout.node_scope and isinstance(ranks, int) else None, at, bool(generating), ahead,
+                       check_history(state, served) if layout.node_scope else (), check_blocks(state))
 
 
 def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int, layout: ConsumerLayout,
@@ -236,9 +219,11 @@ def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int
         return None  # a stream not written yet: as many batches as it yields
     if layout.node_scope:
         ranks = state.get("ranks")
-        _field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
+        check_field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
                "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)
+        if state.get("ranks_history"):  # legs on other numbers of ranks: the most one rank would serve
+            ranks = 1
         return rank_batch_count(layout.per_store, ranks, settings.batch_size, settings.drop_last, layout.even)
     if rotation is not None:
         return len(batch_sizes(samples_per_epoch, rotation.rotation, settings.batch_size, settings.drop_last))

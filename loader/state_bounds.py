@@ -21,6 +21,8 @@ MAX_EPOCH = 10 ** 12
 MAX_SEED = 2 ** 128
 #: The most batches a state may say were served out of order: those in flight at once, far fewer.
 MAX_AHEAD = 1 << 16
+#: The most legs on other numbers of ranks a state may record for one epoch.
+MAX_LEGS = 64
 
 
 def _inside(path: str, root: str) -> bool:

@@ -41,7 +41,7 @@ def generation_order(setting: str, fits: bool) -> str:
     return "random" if fits else "block"
 
 
-def read_order(choice: ReadChoice, settings: LoaderSettings, ranks: tuple[int, ...] | None, *,
+def read_order(choice: ReadChoice, settings: LoaderSettings, ranks: tuple[object, ...] | None, *,
                direct: bool = False, dealt: bool = False) -> str:
     """The order a read epoch serves in (see the module docstring): ``"block"`` or ``"random"`` (its
     generation's), ``"random"`` where `ranks` (the node's ranks, first) split one order or the whole

@@ -29,30 +29,38 @@ log = logging.getLogger(__name__)
 
 
 def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSettings,
-           ranks: tuple[int, int, int, int] | None) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
+           ranks: tuple[int, int, tuple[tuple[int, int], ...], int] | None
+           ) -> tuple[np.ndarray, list[np.ndarray], int, np.ndarray]:
     """This process's part of an epoch's order (``order_for(ranks)``): ``(its order, its batches,
     batches skipped, positions served before a resume)``.
 
-    `ranks` ``(ranks of the node, this rank, ranks before the resume, batches per rank)``: the node's
+    `ranks` ``(ranks of the node, this rank, legs before the resume, batches per rank)``: the node's
     ranks deal the order (:func:`~loader.epochs.order.rank_batches`, as many batches each as every
-    rank of every node), and a resume goes on after the first ``skip x batch_size x ranks-before``
-    samples of the order those ranks dealt: the rest of the order of the ranks there are now, what
-    was served taken out (as many batches as that rest makes).
+    rank of every node). Each leg before a resume, ``(ranks, batches served when it stopped)``,
+    served the first ``batches x batch_size x ranks`` samples of what the legs before it left, dealt by
+    its ranks; the epoch goes on with the rest of the order of the ranks there are now, what was
+    served taken out (as many batches as that rest makes).
     """
     s = settings
     if ranks is None:
         order = order_for(1)
         return order, split_batches(order, s.batch_size, s.drop_last), skip, np.zeros(0, dtype=np.int64)
-    count, rank, before, per_rank = ranks
+    count, rank, legs, per_rank = ranks
     order = order_for(count)
     left: int | None = per_rank
     if not skip:
         served, rest = np.zeros(0, dtype=np.int64), order
+    elif len(legs) == 1 and legs[0][0] == count:  # on as many ranks all along
+        served = order[:min(len(order), skip * s.batch_size * count)]
+        rest, left = order[~np.isin(order, served)], per_rank - skip
     else:
-        dealt = order if before == count else order_for(before)
-        served = dealt[:min(len(dealt), skip * s.batch_size * before)]
-        rest = order[~np.isin(order, served)]
-        left = per_rank - skip if before == count else None
+        served, done = np.zeros(0, dtype=np.int64), 0
+        for leg_ranks, upto in legs:
+            dealt = order if leg_ranks == count else order_for(leg_ranks)
+            dealt = dealt[~np.isin(dealt, served)]
+            served = np.concatenate([served, dealt[:(upto - done) * s.batch_size * leg_ranks]])
+            done = upto
+        rest, left = order[~np.isin(order, served)], None
     mine, batches = rank_batches(rest, count, rank, s.batch_size, s.drop_last, left, s.even_ranks)
     return mine, batches, 0, served[rank::count]
 
@@ -76,7 +84,8 @@ def _unless_another_run_writes(cache: CacheController, s: LoaderSettings, epoch:
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
                cache: CacheController | None, refreshed: Callable[[int, int], bool],
-               ranks: tuple[int, int, int, int] | None = None, shuffled_part: bool = False) -> EpochPlan:
+               ranks: tuple[int, int, tuple[tuple[int, int], ...], int] | None = None,
+               shuffled_part: bool = False, blocks_before: bool = True) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
 
     Parameters
@@ -97,6 +106,9 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
     shuffled_part
         `indices` are this rank's slice of the epoch's permutation: served in order, as ``DistributedSampler``'s.
+    blocks_before
+        The `skip` batches were served in block order (``False``: in the epoch's random order, by a
+        generate epoch whose generation is committed now: its rest comes in that order too).
     """
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
@@ -130,6 +142,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         blocks = None
         # Read from the remote directly, blocks of consecutive records make one ranged read each.
         kind = read_order(choice, s, ranks, direct="direct" in notes)
+        if kind == "block" and resumed_at and not blocks_before:
+            kind = "random"
         if kind == "block":
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)

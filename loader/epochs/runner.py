@@ -58,11 +58,13 @@ class EpochRunner:
         self.mover = mover
         self.stats = stats
         self._slots_sized = False  # shrink_slots ran at the end of the last epoch
-        self._ranks_before: tuple[int, int] | None = None  # (epoch, ranks of the node) a resumed state had
+        # (epoch, its legs (ranks, batches served when they stopped)) of a resumed state on a node's ranks
+        self._ranks_before: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._stream_resume: tuple[int, int, StreamAt] | None = None  # (epoch, batches served, where) loaded
         self._generated: tuple[int, int] | None = None  # (epoch, batches served) of a stream's generate epoch loaded
         # (epoch, batches served, batches past them served out of order) of the epoch being planned
         self._ahead: tuple[int, int, frozenset[int]] | None = None
+        self._blocks_before: tuple[int, bool] | None = None  # (epoch, served in block order) of a loaded state
         if settings.rotation is not None:
             self.ctx.open_window()
         if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
@@ -89,8 +91,8 @@ class EpochRunner:
         ranks = None
         if layout.node_scope:
             before = self._ranks_before if self._ranks_before is not None and self._ranks_before[0] == epoch else None
-            ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else layout.local_ranks,
-                     layout.batches(s.batch_size, s.drop_last))
+            ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else
+                     ((layout.local_ranks, skip),), layout.batches(s.batch_size, s.drop_last))
         unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
         if (layout.whole and layout.nodes > 1 and ctx.cache is not None and not ctx.cache.off
                 and ctx.state.rotation is None and s.sampling is None):
@@ -100,7 +102,9 @@ class EpochRunner:
             plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed,
                               ctx.state.rotation is not None, ctx.cache,
                               lambda generation, at: refreshed(ctx, generation, at), ranks,
-                              shuffled_part=ctx.cache is None and layout.changes_per_epoch)
+                              shuffled_part=ctx.cache is None and layout.changes_per_epoch,
+                              blocks_before=self._blocks_before[1] if self._blocks_before is not None
+                              and self._blocks_before[0] == epoch else True)
         if s.read_transform is not None:
             plan.transform_seed = ctx.state.seed
         if s.seeds_draws:
@@ -131,6 +135,23 @@ class EpochRunner:
         else:  # checked when the state was loaded: no stream, no rotation
             plan.ahead = frozenset(n - skip for n in numbers)
         return plan
+
+    def in_blocks(self, epoch: int) -> bool:
+        """Whether `epoch` serves its batches in block order (a state says so: resumed by an epoch that
+        reads, its rest comes in the order it began in)."""
+        last = self.stats[-1] if self.stats else None
+        if last is not None and last.epoch == epoch:
+            return last.extra.get("read_order") == "block"
+        before = self._blocks_before
+        return before[1] if before is not None and before[0] == epoch else False
+
+    def ranks_history(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """The legs of `epoch` on other numbers of ranks than this node's, for its state (see ``make_state``)."""
+        before = self._ranks_before
+        if before is None or before[0] != epoch:
+            return ()
+        legs = before[1]
+        return legs[:-1] if legs[-1][0] == self.ctx.layout.local_ranks else legs
 
     def out_of_order(self, epoch: int) -> list[int]:
         """The batches of `epoch` served out of order so far (``in_order=False``), by their place after the
@@ -221,7 +242,8 @@ class EpochRunner:
 
     def restore(self, seed: int, cache: dict[str, object] | None, fallback: dict[str, object] | None,
                 window: str | None, epoch: int, applied: int, ranks: int | None = None,
-                stream: StreamAt | None = None, generating: bool = False) -> None:
+                stream: StreamAt | None = None, generating: bool = False,
+                history: tuple[tuple[int, int], ...] = (), blocks: bool = True) -> None:
         """Continue the run a state was taken from: its seed, its cache plan, its rotation window,
         (a store shared by a node's ranks) how many ranks split the epoch it stopped in, and where a
         stateful stream's copies were."""
@@ -229,8 +251,9 @@ class EpochRunner:
         self._stream_resume = (epoch, applied, stream) if stream is not None else None
         self._generated = (epoch, applied) if generating else None
         ctx.state.seed = ctx.layout.seed = seed
+        self._blocks_before = (epoch, blocks)
         if ranks is not None:
-            self._ranks_before = (epoch, ranks)
+            self._ranks_before = (epoch, history + ((ranks, applied),))
         if cache is not None and ctx.cache is not None:
             ctx.cache.restore(cache)
         if fallback is not None and ctx.state.fallback is None and ctx.cache is not None:

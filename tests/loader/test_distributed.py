@@ -99,6 +99,32 @@ def test_torchrun_ranks_share_the_node_store_and_split_it_anew_every_epoch(tmp_p
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["gen-000001", "store.json"]
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_torchrun_resumes_on_two_then_one_then_two_ranks_serving_each_sample_once(tmp_path):
+    # A run stopped after 3 steps on 2 ranks, resumed for 4 steps on 1, then on
+    # 2 again to the end: every epoch serves each of the 45 samples exactly once across ranks and legs.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).with_name("elastic_script.py")
+    served: list[tuple[int, list[int]]] = []
+    state = None
+    for leg, (ranks, steps) in enumerate([(2, 3), (1, 4), (2, None)]):
+        out = tmp_path / f"leg{leg}"
+        cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={ranks}", str(script), str(tmp_path / "cache"),
+               str(out), *(["--steps", str(steps)] if steps is not None else []),
+               *(["--state", str(state)] if state is not None else [])]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+        assert len({len(r["served"]) for r in results}) == 1, "every rank serves as many batches"
+        served += [(epoch, batch) for r in results for epoch, batch in r["served"]]
+        state = tmp_path / f"state{leg}.json"
+        state.write_text(json.dumps(results[0]["state"]))
+    assert {epoch for epoch, _ in served} == {0, 1}
+    for e in range(2):
+        assert Counter(y for epoch, b in served if epoch == e for y in b) == Counter(range(45)), f"epoch {e}"
+
+
 @pytest.mark.timeout(200 * TORCHRUN_REPEATS)
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
 @pytest.mark.parametrize("compared", ["torch.distributed", pytest.param("files", marks=long)])

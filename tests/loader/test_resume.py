@@ -288,3 +288,39 @@ def test_every_rank_resumes_its_own_part(tmp_path):
             rest = stream(loader, 3 - loader.epoch)
         assert first[rank] + rest == golden[rank]
     assert len(golden[0]) == len(golden[1])  # the same number of batches on every rank
+
+
+@pytest.mark.parametrize("order", ["block", "random"])
+def test_a_generate_epochs_state_resumed_once_its_generation_is_committed_keeps_its_order(tmp_path, order):
+    # Another loader on the prefix completes and commits the generation after the stop, so the resumed
+    # epoch reads. It serves the rest of the order the generate epoch began in, not a block order of its
+    # own (which served samples 2 and 10 again and never 0 and 1).
+    def loader(workers: int) -> CachedLoader:
+        return CachedLoader(ArangeDataset, {"n": 14, "shape": [1]}, batch_size=3, num_workers=workers, seed=9,
+                            cache_setting={"prefix": str(tmp_path / "c"), "read_order": order})
+
+    with loader(1) as first:
+        it = iter(first)
+        head = [y for _ in range(4) for y in next(it)["y"].tolist()]
+        state = first.state_dict()
+    with loader(0) as other:
+        list(other)
+        assert other.store.latest() == 0  # committed (by the first loader at close, or by this one)
+    with loader(0) as resumed:
+        resumed.load_state_dict(state)
+        rest = [y for b in resumed for y in b["y"].tolist()]
+        assert resumed.epoch_stats[-1].mode.value == "read"
+    assert sorted(head + rest) == list(range(14)), (head, rest)
+
+
+def test_a_damaged_ranks_history_or_block_order_is_refused(tmp_path):
+    with CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, seed=1,
+                      cache_setting={"prefix": str(tmp_path / "c")}) as loader:
+        list(loader)
+        state = loader.state_dict()
+    for name, bad in (("ranks_history", [[0, 1]]), ("ranks_history", [[2, 9]]), ("ranks_history", "x"),
+                      ("ranks_history", [[2, 1], [1, 0]]), ("block_order", "yes")):
+        with CachedLoader(ArangeDataset, {"n": 10}, batch_size=2, nb_worker=0, seed=1,
+                          cache_setting={"prefix": str(tmp_path / "c")}) as other:
+            with pytest.raises(ValueError, match=name):
+                other.load_state_dict({**state, name: bad})
