@@ -99,16 +99,14 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     cache
         The cache controller, ``None`` without a cache.
     refreshed
-        ``refreshed(generation, epoch)``: whether a background refresh had computed `generation`
-        and could commit it now (the epoch then reads it).
+        ``refreshed(generation, epoch)``: whether a background refresh computed `generation` (then read).
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
     shuffled_part
         `indices` are this rank's slice of the epoch's permutation: served in order, as ``DistributedSampler``'s.
     blocks_before
-        The `skip` batches were served in block order (``False``: in the epoch's random order, by a
-        generate epoch whose generation is committed now: its rest comes in that order too).
+        The `skip` batches came in block order (``False``: a generate epoch's, whose rest keeps its order).
     """
     s = settings
     before, resumed_at = np.zeros(0, dtype=np.int64), skip
@@ -142,8 +140,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         blocks = None
         # Read from the remote directly, blocks of consecutive records make one ranged read each.
         kind = read_order(choice, s, ranks, direct="direct" in notes)
-        if kind == "block" and resumed_at and not blocks_before:
-            kind = "random"
+        kind = "random" if kind == "block" and resumed_at and not blocks_before else kind
         if kind == "block":
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
