@@ -114,8 +114,7 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
     return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "batches_ahead": list(ahead or []),
-            "seed": seed,
-            "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
+            "seed": seed, "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
             "ranks_history": [list(leg) for leg in history], "block_order": blocks,
             "stream": stream, "stream_generate": generating}
@@ -200,7 +199,7 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     check_field(state, "stream_generate", isinstance(generating, bool), "a bool")
     batches = _epoch_batches(state, settings, samples_per_epoch, layout, rotation, generating)
     check_field(state, "batches_served", natural(served) and (batches is None or served <= batches),  # type: ignore[operator]
-           f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
+                f"an int from 0 to {batches} (the batches of an epoch)" if batches is not None else "an int >= 0")
     assert isinstance(epoch, int) and isinstance(served, int) and isinstance(seed, int)
     ahead = check_ahead(state, settings, layout, served, batches, rotation)
     stream = state.get("stream") if not other_rank else None
@@ -220,7 +219,7 @@ def _epoch_batches(state: dict, settings: LoaderSettings, samples_per_epoch: int
     if layout.node_scope:
         ranks = state.get("ranks")
         check_field(state, "ranks", isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0,
-               "the number of ranks of the node (an int >= 1)")
+                    "the number of ranks of the node (an int >= 1)")
         assert isinstance(ranks, int)
         if state.get("ranks_history"):  # legs on other numbers of ranks: the most one rank would serve
             ranks = 1
