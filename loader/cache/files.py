@@ -107,8 +107,7 @@ def _stat_all(paths: list[str]) -> tuple[int, int]:
     native = native_gather()
     if native is None:
         return _stat_part(paths)
-    count, total = native.stat_digest(paths, _threads())
-    return count, total
+    return native.stat_digest(paths, _threads())
 
 
 def _threads() -> int:

@@ -177,7 +177,7 @@ class PoolEpoch:
     def _submit(self, seq: int, positions: np.ndarray, last: bool) -> None:
         plan, run, executor = self.plan, self.run, self.executor
         self.sizes[seq] = len(positions)
-        if len(positions) == 0 or (seq in plan.ahead and getattr(self.work, "build", True) is None):
+        if len(positions) == 0 or (seq in plan.ahead and isinstance(self.work, ComputeWork) and self.work.build is None):
             # Nothing to compute: no samples, or a batch served before a resume that nothing writes.
             self.parts_of[seq] = 1
             self.done[seq] = {0: []}
