@@ -215,6 +215,8 @@ class CachedLoader(LoaderAttributes):
         sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
         self._runner.ctx.stream_len_called = self._len_told
+        if s.worker_init_fn is not None and s.nb_worker > 0 and not s.dataset.stream:
+            self._runner.ctx.host.start_ready()
 
     def _data_length(self, wait: bool = False) -> int:
         """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
@@ -323,6 +325,7 @@ class CachedLoader(LoaderAttributes):
             r, self._cursor.loaded = self._cursor.loaded, None
             self._runner.restore(r.seed, r.cache, r.rotation_fallback, r.rotation_window, epoch, skip, r.ranks,
                                  r.stream, r.generating, r.history, r.blocks)
+        self._runner.prime(epoch, skip)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip, ahead), known_length(self._batches),
                                     owner=self, ahead=ahead)
 

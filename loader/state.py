@@ -28,7 +28,9 @@ from .settings import LoaderSettings, RotationSettings
 from .state_bounds import check_bounds
 from .state_fields import check_ahead, check_blocks, check_field, check_history, natural
 
-STATE_VERSION = 1
+#: 2: a stream copy's position is ``[its dataset's state, its iterator's]`` (1: the dataset's alone). A
+#: version 1 state without a stream position means the same in both, and loads.
+STATE_VERSION = 2
 
 
 def _identity(settings: LoaderSettings, num_samples: int, layout: ConsumerLayout) -> dict[str, object]:
@@ -149,10 +151,14 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
         The state is not a loader state, a field is damaged (naming it), or an argument differs
         (naming the first that does).
     """
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(
+    if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION) or not isinstance(
             state.get("arguments"), dict):
         raise ValueError("not a CachedLoader state (expected the dict returned by loader.state_dict(), "
                          f"version {STATE_VERSION})")
+    if state["version"] == 1 and state.get("stream") is not None:
+        raise ValueError("this state (version 1) records a stream's position in a format this version no longer "
+                         "reads: resume from a state taken by this version, or from the start of its epoch "
+                         "(set state['stream'] = None: the stream is then iterated again up to the batch)")
     check_bounds(state, settings)
     epoch, served, seed = state.get("epoch"), state.get("batches_served"), state.get("seed")
     check_field(state, "epoch", natural(epoch), "an int >= 0")
@@ -181,10 +187,10 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
     if settings.cache is None:
         check_field(state, "cache", cache is None, "None for a loader without cache_setting")
         check_field(state, "rotation_fallback", fallback is None, "None for a loader without cache_setting")
-    else:
-        check_field(state, "cache", isinstance(cache, dict) and natural(cache.get("base")) and isinstance(
-            cache.get("off"), bool) and isinstance(cache.get("refresh_off"), bool),
-            "the cache plan, {'base': int >= 0, 'off': bool, 'refresh_off': bool}")
+    else:  # None: taken before the loader that took it iterated (it plans at its first iter(), as a new one)
+        check_field(state, "cache", (cache is None and served == 0) or isinstance(cache, dict) and natural(
+            cache.get("base")) and isinstance(cache.get("off"), bool) and isinstance(cache.get("refresh_off"), bool),
+            "the cache plan, {'base': int >= 0, 'off': bool, 'refresh_off': bool} (or None at batch 0)")
     rotation = settings.rotation
     if fallback is not None:
         try:

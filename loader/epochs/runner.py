@@ -26,6 +26,7 @@ from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..errors import FailedBatch, WorkerError
 from ..executors.process.positions import StreamAt
+from ..executors.process.streams import InlineStream
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..settings import EpochMode, LoaderSettings, RotationSettings
@@ -239,6 +240,18 @@ class EpochRunner:
         """Where the disk rotation window lives (a resumed run adopts it), ``None`` for none."""
         window = self.ctx.res.window
         return str(window.path) if isinstance(window, DiskWindow) else None
+
+    def prime(self, epoch: int, skip: int) -> None:
+        """At ``iter()``: a stream this process iterates in every epoch opens the epoch's iterator now,
+        as torch's single-process iterator does, so that a state taken before the first batch holds the
+        iterator's own state (torchdata's; :meth:`InlineStream.prime`)."""
+        ctx, s = self.ctx, self.ctx.settings
+        if (skip == 0 and s.nb_worker == 0 and s.dataset.stream and s.cache is None and s.rotation is None
+                and (self._stream_resume is None or self._stream_resume[0] != epoch)):
+            streams = ctx.streams()
+            assert isinstance(streams, InlineStream)
+            at = streams.prime(epoch)
+            ctx.stream_at = (epoch, 0, at) if at is not None else None
 
     def restore(self, seed: int, cache: dict[str, object] | None, fallback: dict[str, object] | None,
                 window: str | None, epoch: int, applied: int, ranks: int | None = None,

@@ -104,6 +104,17 @@ class ExecutorHost:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor
 
+    def start_ready(self) -> None:
+        """Start the workers now and wait for each to run ``worker_init_fn``: its error is raised here, at
+        the loader's first ``iter()``, as torch's stateful loader raises it (not at the first batch)."""
+        executor = self.ensure()
+        if isinstance(executor, WorkerPool):
+            try:
+                executor.wait_ready(self.settings.timeout)
+            except BaseException:
+                self.kill()
+                raise
+
     def slot_pool(self) -> SlotPool:
         """The slots (with the executor started, as tasks need both)."""
         self.ensure()

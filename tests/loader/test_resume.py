@@ -209,6 +209,26 @@ def test_a_state_loads_into_a_loader_that_has_iterated(tmp_path, workers):
         assert middle + [b["y"].tolist() for b in loader] == second
 
 
+def test_a_cached_loaders_state_taken_before_it_iterated_loads_into_one_that_has(tmp_path):
+    # Taken before the first iter(), the state has no cache plan yet: loaded, the loader plans as a new
+    # one does (here: it reads the generation the first one wrote) and serves that epoch from its start.
+    def make():
+        return CachedLoader(ArangeDataset, {"n": 20}, batch_size=4, nb_worker=2, seed=1,
+                            cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 2})
+
+    with make() as first:
+        start = first.state_dict()
+        expected = [b["y"].tolist() for b in first]
+    with make() as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        loader.load_state_dict(start)
+        assert loader.state_dict() == start
+        assert [b["y"].tolist() for b in loader] == expected
+        assert loader.epoch_stats[-1].mode == "read"
+
+
 def test_a_state_taken_after_the_last_batch_resumes_the_rest_of_that_epoch():
     # As torchdata's: inside the loop after its last batch, the epoch's rest (nothing) comes first, then the
     # next epoch; after the loop, the next epoch.
@@ -324,3 +344,21 @@ def test_a_damaged_ranks_history_or_block_order_is_refused(tmp_path):
                           cache_setting={"prefix": str(tmp_path / "c")}) as other:
             with pytest.raises(ValueError, match=name):
                 other.load_state_dict({**state, name: bad})
+
+
+def test_a_version_1_state_loads_unless_it_holds_a_streams_position():
+    def make():
+        return CachedLoader(ArangeDataset, {"n": 12}, batch_size=4, nb_worker=0, seed=2)
+
+    with make() as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        rest = [b["y"].tolist() for b in it]
+    assert state["version"] == 2
+    old = {**state, "version": 1}
+    with make() as loader:
+        loader.load_state_dict(old)
+        assert [b["y"].tolist() for b in loader] == rest
+    with make() as loader, pytest.raises(ValueError, match="version 1.*format this version no longer reads"):
+        loader.load_state_dict({**old, "stream": {"states": [{"i": 3}], "ended": [False], "next": 0, "arrived": 4}})

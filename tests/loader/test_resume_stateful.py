@@ -46,11 +46,14 @@ def test_a_stateful_map_dataset_draws_the_same_after_a_resume(workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_streams_iterator_keeps_its_state_and_its_draws(workers):
+@pytest.mark.parametrize("stop", [0, 3])
+def test_a_streams_iterator_keeps_its_state_and_its_draws(workers, stop):
+    # stop=0: a state taken after iter(), before the first batch: in this process, the iterator (and its
+    # generator's state) exists from iter() on, as torchdata's.
     def make():
         return CachedLoader(StateMadeInIter(20), batch_size=3, num_workers=workers, seed=4, device="cpu")
 
-    expected, served = run_and_resume(make, 3)
+    expected, served = run_and_resume(make, stop)
     assert served == expected
 
 

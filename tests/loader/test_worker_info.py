@@ -8,7 +8,7 @@ import torch
 from loader import CachedLoader
 
 from ..marks import long
-from .torch_datasets import WorkerInfoDataset, set_handle_from_worker_info
+from .torch_datasets import WorkerInfoDataset, refuse_to_start, set_handle_from_worker_info
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,3 +67,15 @@ def test_the_iterator_names_its_workers_as_torchs_does():
         it = iter(loader)
         next(it)
         assert sorted(w.pid for w in it._workers) == sorted(loader.worker_pids())
+
+
+@pytest.mark.parametrize("workers", [{"start_method": "fork"}, {"use_threading": True}], ids=["fork", "threads"])
+def test_a_raising_worker_init_fn_raises_at_iter_and_leaves_no_worker(workers):
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    loader = CachedLoader(WorkerInfoDataset(8), batch_size=2, nb_worker=2, worker_init_fn=refuse_to_start, **workers)
+    with loader, pytest.raises(ValueError, match="this worker refuses to start") as caught:
+        iter(loader)  # as torchdata's StatefulDataLoader: at iter(), not at the first batch
+    assert caught.value.worker_id in (0, 1)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()

@@ -58,6 +58,11 @@ def set_handle_from_worker_info(worker_id: int) -> None:
     info.dataset.handle = 100 + worker_id
 
 
+def refuse_to_start(worker_id: int) -> None:
+    """A ``worker_init_fn`` that fails, as one whose resources are missing does."""
+    raise ValueError(f"this worker refuses to start ({worker_id})")
+
+
 class SharedCounterDataset(torch.utils.data.Dataset):
     """Holds an ``mp.Value`` that every worker increments: multiprocessing hands it over only while a
     worker process starts (torch's SynchronizedDataset does the same with a Semaphore)."""

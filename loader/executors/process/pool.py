@@ -327,6 +327,20 @@ class WorkerPool(DeathListeners):
         for w in self.workers:
             self._send(w, m.FlushShard())
 
+    def wait_ready(self, timeout: float | None) -> None:
+        """Wait until every worker has run its initialisation (``worker_init_fn``); raise the first
+        failure there, as torch's stateful loader does at ``iter()``. Called before any task is sent,
+        so the only messages are the workers' ``Ready`` and their initialisation failures."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not all(w.ready for w in self.workers):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            msg = self.next_message(timeout=left)
+            if msg is None:
+                waiting = sorted(w.worker_id for w in self.workers if not w.ready)
+                raise WorkerError(f"workers {waiting} did not finish starting within {timeout:.0f} s (timeout=)")
+            if isinstance(msg, m.TaskFailed) and msg.kind == "init":
+                raise msg.exception(self.worker_pid(msg.worker_id))
+
     def flush_shards(self, timeout: float = 120.0) -> list[str]:
         """Ask every worker to close its shard; wait for all; return their errors."""
         self.start_flush()

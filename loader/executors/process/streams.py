@@ -381,18 +381,36 @@ class InlineStream:
         self.pipe_seed, self.world = pipe_seed, world
         self.at: StreamAt | None = None  # as StreamWorkers.at
         self.end_at: StreamAt | None = None  # as StreamWorkers.end_at
+        self._primed: tuple[int, Iterator[Any]] | None = None  # (epoch, its iterator opened at iter())
+
+    def _open(self, epoch: int, resume: StreamAt | None) -> Iterator[Any]:
+        if self.pipe_seed is not None:
+            shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
+            seed_pipes(self.dataset, self.pipe_seed(epoch))
+        return iterate_from(self.dataset, resume.states[0] if resume is not None else None)
+
+    def prime(self, epoch: int) -> StreamAt | None:
+        """Open epoch `epoch`'s iterator now, from the start, as torch's single-process iterator does at
+        ``iter()``: a state taken before the first batch is then the iterator's own state (its random
+        generator's, torchdata's); returns that position (``None``: the stream keeps none)."""
+        self.close()
+        iterator = self._open(epoch, None)
+        self._primed = (epoch, iterator)
+        at = position(self.dataset, iterator)
+        return StreamAt((at,), (False,), 0, 0) if at is not None else None
 
     def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
               reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
         del reseed  # the training process's generators are the loop's own: never reseeded here
         self.at = self.end_at = None
+        primed, self._primed = self._primed, None
         if resume is not None and resume.ended[0]:
             return
         arrived = resume.arrived if resume is not None else 0
-        if self.pipe_seed is not None:
-            shard(self.dataset, 1, 0, self.world)  # this rank's share, as torch's single-process iterator
-            seed_pipes(self.dataset, self.pipe_seed(epoch))
-        iterator = iterate_from(self.dataset, resume.states[0] if resume is not None else None)
+        if primed is not None and primed[0] == epoch and resume is None:
+            iterator = primed[1]
+        else:
+            iterator = self._open(epoch, resume)
         try:
             while True:
                 samples = take(iterator, self.batch_size)
@@ -414,4 +432,6 @@ class InlineStream:
         return []
 
     def close(self) -> None:
-        pass
+        primed, self._primed = self._primed, None
+        if primed is not None:
+            _close(primed[1])

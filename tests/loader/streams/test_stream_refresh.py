@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cachestore import Store
 from loader import CachedLoader
 
 from ...marks import long
@@ -113,3 +114,40 @@ def test_no_background_refresh_without_workers(tmp_path) -> None:
     with pytest.raises(ValueError, match="no worker to iterate the stream"):
         CachedLoader(Counting(8), batch_size=4, num_workers=0,
                      cache_setting={"prefix": str(tmp_path), "update_frequency": 2, "background_refresh": True})
+
+
+def test_a_refresh_whose_generation_another_loader_committed_first_reads_that_one(tmp_path, monkeypatch) -> None:
+    """Two loaders open on one prefix: the other commits generation 1 between this one's plan of the
+    refresh and the refresh's writer (the race forced here). The refresh steps aside (no
+    ``GenerationCommitted``), and the epochs of generation 1 read what the other committed."""
+    log = str(tmp_path / "log")
+    kw = dict(batch_size=4, num_workers=1, shuffle=True, timeout=60,
+              cache_setting={"prefix": str(tmp_path / "c"), "update_frequency": 2})
+    committed_by_other: dict[int, float] = {}
+    raced: list[int] = []
+    with CachedLoader(Augmented(20, log), **kw) as loader:
+        assert sorted(epoch_samples(loader)) == list(range(20))  # generation 0
+        writer = Store.writer
+
+        def other_commits_first(store, generation, *args, **kwargs):
+            if generation == 1 and not raced:
+                raced.append(generation)
+                # The other keeps generation 0, which this loader's epoch 1 is about to read: its prune
+                # removing a generation another job reads is another matter than this race.
+                with monkeypatch.context() as keep, CachedLoader(Augmented(20, log), **kw) as other:
+                    keep.setattr(Store, "prune", lambda *args, **kwargs: [])
+                    other.set_epoch(2)  # generation 1's first epoch: it iterates the stream and commits
+                    committed_by_other.update(epoch_samples(other))
+                    assert other.epoch_stats[-1].committed
+            return writer(store, generation, *args, **kwargs)
+
+        monkeypatch.setattr(Store, "writer", other_commits_first)
+        first = epoch_samples(loader)  # reads generation 0; its refresh of generation 1 meets the other's
+        monkeypatch.undo()
+        second, third = epoch_samples(loader), epoch_samples(loader)
+        stats = loader.epoch_stats
+    assert sorted(committed_by_other) == list(range(20))
+    assert [s.mode.value for s in stats] == ["generate", "read", "read", "read"]
+    assert [s.generation for s in stats] == [0, 0, 1, 1]
+    assert "stream_refresh_of" not in stats[1].extra
+    assert sorted(first) == list(range(20)) and second == third == committed_by_other
