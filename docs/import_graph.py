@@ -52,10 +52,13 @@ ROOMS = [
     ("loader.epochs", "loader/epochs"),
     ("loader.cache", "loader/cache"),
     ("loader.executors.process", "loader/executors/process"),
-    # The executors' seam (the protocol, the messages, the producer every executor runs) sits
-    # below the process machinery that implements it; the Ray executor and the host above it.
+    # The executors' seam (the protocol, the messages, the producer and the stream copy every
+    # executor's workers run) sits below the process machinery that implements it; the Ray
+    # executor, the host and a stream's turn above it.
     ("loader.executors.base", "loader/executors (seam)"),
     ("loader.executors.messages", "loader/executors (seam)"),
+    ("loader.executors.positions", "loader/executors (seam)"),
+    ("loader.executors.stream_copy", "loader/executors (seam)"),
     ("loader.executors.producer", "loader/executors (seam)"),
     ("loader.executors.seeds", "loader/executors (seam)"),
     ("loader.executors.transport", "loader/executors (seam)"),

@@ -28,7 +28,7 @@ from .epochs.rotation import batch_sizes
 from .epochs.context import left_by_iteration
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
-from .executors.process.positions import StreamAt, stream_start
+from .executors.positions import StreamAt, stream_start
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
 from .checks import int_at_least

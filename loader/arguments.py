@@ -246,12 +246,6 @@ def _stream_checks(a: Arguments, cache: CacheSettings | None, rotation: Rotation
     dataset = a.dataset
     if not is_stream(dataset):
         return
-    if a.use_threading:
-        raise ValueError("a stream is iterated by worker processes, each with its own copy (as torch's DataLoader "
-                         "does): use_threading=True is not supported with an iterable dataset")
-    if a.executor != "process":
-        raise ValueError(f"a stream is iterated by local worker processes: executor={a.executor!r} is not "
-                         "supported with an iterable dataset")
     unknown = endless(dataset) or not hasattr(dataset, "__len__")
     if rotation is not None and rotation.stream_samples is None and unknown:
         raise ValueError("rotation over a stream serves a number of its samples each epoch: give the stream a "

@@ -78,7 +78,7 @@ class Resources:
         self.remote: RemoteTier | None = None  # the cache's remote: its publishes are waited for at close
         self.window: RotationWindow | None = None
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
-        self.streams: Any = None  # a stream's workers (loader.executors.process.streams)
+        self.streams: Any = None  # a stream's workers (loader.executors.stream_turn)
         self.stream_writer: Any = None  # the generation a stream's epoch writes: kept as a partial one
         self.stream_refresh: Any = None  # a stream's next generation written in the background: aborted
 

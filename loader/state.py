@@ -23,7 +23,7 @@ from .errors import FailedBatch
 from .distributed import ConsumerLayout, rank_batch_count
 from .epochs.order import num_batches, sampled_length
 from .epochs.rotation import batch_sizes
-from .executors.process.positions import StreamAt
+from .executors.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
 from .state_bounds import check_bounds
 from .state_fields import check_ahead, check_blocks, check_field, check_history, natural
@@ -339,10 +339,8 @@ class EpochIterator:
         """torch's iterator attribute that code written for it reads: the worker processes' handles (each
         with its ``pid``), by worker id; empty without worker processes."""
         res = getattr(self._owner, "_res", None)
-        streams = getattr(res, "streams", None)  # a stream's workers (loader.executors.process.streams)
-        if getattr(streams, "procs", None):
-            return list(streams.procs)  # type: ignore[union-attr]
-        executor = getattr(res, "executor", None)
+        streams = getattr(res, "streams", None)  # a stream's workers (loader.executors.stream_turn)
+        executor = getattr(streams, "executor", None) or getattr(res, "executor", None)
         workers = getattr(executor, "workers", None)
         return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
                 if getattr(w, "pid", None) is not None] if workers else []

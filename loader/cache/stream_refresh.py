@@ -3,7 +3,7 @@
 A map-style dataset's refresh hands chunks of indices to idle workers
 (:mod:`loader.cache.refresh`). A stream has no indices: it can only be
 iterated, in order, by its own workers
-(:mod:`loader.executors.process.streams`), which are idle while the cached
+(:mod:`loader.executors.stream_turn`), which are idle while the cached
 epochs read generation ``g`` (those are read by the store's read paths).
 So a thread of the training process iterates the stream through them (a
 stream epoch of its own, :data:`BACKGROUND_BASE` up) and puts each sample,
@@ -33,7 +33,7 @@ import numpy as np
 
 from cachestore import GenerationInfo, GenerationWriter
 
-from ..executors.process.streams import StreamWorkers
+from ..executors.stream_turn import StreamTurn
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class StreamRefresh:
         dataset length changed starts them, would otherwise draw the last generation's again).
     """
 
-    def __init__(self, generation: int, writer: GenerationWriter, streams: StreamWorkers, limit: int | None,
+    def __init__(self, generation: int, writer: GenerationWriter, streams: StreamTurn, limit: int | None,
                  expected: int, commit: Callable[[GenerationWriter], GenerationInfo | None], seed: int) -> None:
         self.generation, self.writer, self.streams = generation, writer, streams
         self.limit, self.expected, self.commit = limit, expected, commit

@@ -26,8 +26,8 @@ from ..cache.stream_refresh import StreamRefresh
 from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
 from ..executors.host import ExecutorHost
-from ..executors.process.positions import StreamAt
-from ..executors.process.streams import InlineStream, StreamWorkers
+from ..executors.positions import StreamAt
+from ..executors.stream_turn import InlineStream, StreamTurn
 from ..executors.producer import BatchProducer
 from ..settings import BudgetPolicy, LoaderSettings, RotationSettings
 from .reads.paths import ReadPaths, ThreadsResource
@@ -59,7 +59,7 @@ class EpochResources(CacheResources, ThreadsResource, Protocol):
     window: RotationWindow | None
     build: GenerationBuild | None
     remote: RemoteTier | None
-    streams: StreamWorkers | InlineStream | None  # a stream's workers, or its iterator in this process
+    streams: StreamTurn | InlineStream | None  # a stream's workers, or its iterator in this process
     stream_writer: GenerationWriter | None  # the generation a stream's epoch writes
     stream_refresh: StreamRefresh | None  # a stream's next generation, written in the background
 
@@ -109,7 +109,7 @@ class EpochContext:
         #: Where rotation epochs over a stream left it (loader.epochs.kinds.stream.StreamFeed).
         self.stream_feed: StreamFeed | None = None
 
-    def streams(self) -> StreamWorkers | InlineStream:
+    def streams(self) -> StreamTurn | InlineStream:
         """The stream's workers (started at the first epoch that iterates it), or this process's iterator."""
         if self.res.streams is None:
             s = self.settings
@@ -121,10 +121,11 @@ class EpochContext:
                 self.res.streams = InlineStream(self.producer.dataset, s.batch_size, s.drop_last, collate, pipe_seed,
                                                 ranks(), functools.partial(left_by_iteration, self.producer.dataset))
             else:
-                self.res.streams = StreamWorkers(s.dataset, s.nb_worker, s.seed, s.batch_size, s.drop_last, collate,
-                                                 s.worker_init_fn, max(1, s.max_queue_size // s.nb_worker),
-                                                 s.timeout, s.start_method, pipe_seed, ranks())
-        streams: StreamWorkers | InlineStream = self.res.streams
+                executor = self.host.make_executor(copies=True)
+                self.res.streams = StreamTurn(executor, s.batch_size, s.drop_last,
+                                              max(1, s.max_queue_size // executor.nb_worker), s.timeout, pipe_seed,
+                                              ranks())
+        streams: StreamTurn | InlineStream = self.res.streams
         return streams
 
     def kill_executor(self) -> None:

@@ -16,7 +16,7 @@ from ..settings import EpochMode
 from .order import BlockOrder, Redraw
 
 if TYPE_CHECKING:
-    from ..executors.process.positions import StreamAt
+    from ..executors.positions import StreamAt
 
 
 @dataclass

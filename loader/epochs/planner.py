@@ -20,7 +20,7 @@ from ..cache.controller import CacheController
 from ..cache.read_order import read_order
 from ..distributed import ConsumerLayout
 from ..executors.host import executor_class
-from ..executors.process.positions import StreamAt
+from ..executors.positions import StreamAt
 from ..settings import EpochMode, LoaderSettings
 from .order import block_order, epoch_order, first_draws, node_deck, rank_batches, sampled_batches, split_batches
 from .plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan

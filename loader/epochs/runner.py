@@ -25,8 +25,8 @@ from ..cache.policy import explain
 from ..dataset import Batch, BatchFn
 from ..distributed import ConsumerLayout
 from ..errors import FailedBatch, WorkerError
-from ..executors.process.positions import StreamAt
-from ..executors.process.streams import InlineStream
+from ..executors.positions import StreamAt
+from ..executors.stream_turn import InlineStream
 from ..executors.producer import BatchProducer
 from ..progress import Progress
 from ..settings import EpochMode, LoaderSettings, RotationSettings

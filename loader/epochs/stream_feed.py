@@ -11,14 +11,14 @@ import itertools
 from typing import Any, Iterator
 
 from ..dataset import Sample
-from ..executors.process.streams import InlineStream, StreamWorkers
+from ..executors.stream_turn import InlineStream, StreamTurn
 
 class StreamFeed:
     """A stream's samples across the rotation epochs over it: each epoch takes the stream's next ones, where
     the last epoch stopped; a stream that ended is iterated again from its start (a new pass, numbered on
     from `base`: its workers' answers are never taken for another pass's)."""
 
-    def __init__(self, streams: StreamWorkers | InlineStream, base: int) -> None:
+    def __init__(self, streams: StreamTurn | InlineStream, base: int) -> None:
         self.streams, self.passes = streams, itertools.count(base)
         self._items: Iterator[tuple[int, int, Any]] | None = None
         self._samples: Iterator[Sample] = iter(())

@@ -12,14 +12,18 @@ See ``docs/ARCHITECTURE.md``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from ..dataset import CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 from ..errors import NotImportableError, WorkerTimeoutError
-from .messages import Message, Task, WorkerConfig
+from .messages import Command, Message, Task, WorkerConfig
 from .transport import Portable, PortablePart
 
+#: What torchrun tells each rank (torch.distributed's environment): workers see the training process's.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
 #: Called with the shard id of a worker incarnation that died.
 DeathListener = Callable[[str], None]
 
@@ -44,6 +48,9 @@ class Executor(Protocol):
 
     def submit(self, task: Task) -> None:
         """Queue `task` on some worker."""
+
+    def send_to(self, worker_id: int, msg: Command) -> None:
+        """Send `msg` to worker `worker_id` itself (a command to its copy of a stream)."""
 
     def next_message(self, timeout: float | None = None) -> Message | None:
         """The next result or failure from any worker, ``None`` after `timeout` seconds.
@@ -165,7 +172,8 @@ class WorkerConfigFactory:
                             collate_fn=self.collate_fn,
                             gpu_index=self.gpu_indices[wid] if self.gpu_indices else None,
                             allow_pickle=self.allow_pickle, worker_init_fn=self.worker_init_fn,
-                            read_transform=self.read_transform, seed=self.seed, num_workers=self.num_workers)
+                            read_transform=self.read_transform, seed=self.seed, num_workers=self.num_workers,
+                            env=tuple((k, os.environ[k]) for k in TORCHRUN_VARIABLES if k in os.environ))
 
 
 def late_work_report(executor: Executor, tasks: set[tuple[int, int, int]], what: str,

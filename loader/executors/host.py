@@ -78,31 +78,37 @@ class ExecutorHost:
         what workers receive is checked to be sendable first (:meth:`renew` skips it: checked before)."""
         s, res = self.settings, self.res
         if res.executor is None:
-            # The executor must not reference the loader: the finalizer that releases it
-            # would then keep the loader alive forever.
-            make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle,
-                                              s.worker_init_fn, s.read_transform, s.seed,
-                                              s.ray_options.num_workers if s.ray_options is not None else s.nb_worker)
-            method = method_for(s.start_method, s.dataset.instance)
-            if check and (s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS)):
-                make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
-                if s.executor != "ray" and forks_afresh(s.use_threading, method):
-                    # Checked; forked workers inherit the objects themselves, and would inherit the
-                    # bytes too (tens of MiB for a dataset indexed by a million Python objects).
-                    make_config.forget_payloads()
-            if s.executor == "ray":
-                # Imported here only: `import loader` never imports ray (an optional extra).
-                from .ray import RayExecutor
-
-                assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
-                res.executor = RayExecutor(make_config, s.ray_options, s.max_worker_restarts, self.producer)
-            else:
-                res.executor = WorkerPool(make_config, s.nb_worker, s.use_threading, method,
-                                          s.max_worker_restarts, s.dataset.dataset_class.__module__,
-                                          in_turn=s.deals_in_turn)
+            res.executor = self.make_executor(check)
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor
+
+    def make_executor(self, check: bool = True, copies: bool = False) -> Executor:
+        """A new executor of the loader's kind (processes, threads or Ray actors), not kept here: the
+        loader's own (:meth:`ensure`), or one whose workers hold a stream's copies (`copies`: a worker
+        that dies cannot be replaced; :mod:`loader.executors.stream_turn`)."""
+        s = self.settings
+        # The executor must not reference the loader: the finalizer that releases it
+        # would then keep the loader alive forever.
+        make_config = WorkerConfigFactory(s.dataset, s.collate_fn, s.gpu_indices, s.allow_pickle,
+                                          s.worker_init_fn, s.read_transform, s.seed,
+                                          s.ray_options.num_workers if s.ray_options is not None else s.nb_worker)
+        method = method_for(s.start_method, s.dataset.instance)
+        if check and (s.executor == "ray" or (not s.use_threading and s.start_method in PICKLING_START_METHODS)):
+            make_config.check_sendable()  # before any worker starts: a clear error, not a dead worker
+            if s.executor != "ray" and forks_afresh(s.use_threading, method):
+                # Checked; forked workers inherit the objects themselves, and would inherit the
+                # bytes too (tens of MiB for a dataset indexed by a million Python objects).
+                make_config.forget_payloads()
+        if s.executor == "ray":
+            # Imported here only: `import loader` never imports ray (an optional extra).
+            from .ray import RayExecutor
+
+            assert s.ray_options is not None  # parse_executor fills them in for executor="ray"
+            return RayExecutor(make_config, s.ray_options, 0 if copies else s.max_worker_restarts, self.producer,
+                               copies=copies)
+        return WorkerPool(make_config, s.nb_worker, s.use_threading, method, s.max_worker_restarts,
+                          s.dataset.dataset_class.__module__, in_turn=s.deals_in_turn, copies=copies)
 
     def start_ready(self) -> None:
         """Start the workers now and wait for each to run ``worker_init_fn``: its error is raised here, at

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias, Union
+from typing import Any, Literal, TypeAlias, Union
 
 import numpy as np
 
@@ -20,8 +20,8 @@ from cachestore.codec import LeafSpec, TreeDef
 from ..dataset import Batch, CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 
 __all__ = ["BACKGROUND_EPOCH", "Batch", "BatchDone", "Command", "FailureKind", "FlushShard", "Message", "ReadSource",
-           "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "Task", "TaskFailed", "WorkerConfig",
-           "WritePart"]
+           "Ready", "Record", "RetireSlots", "ShardFlushed", "SlotBatch", "Stop", "StreamBegin", "StreamEnd",
+           "StreamItems", "StreamNext", "Task", "TaskFailed", "WorkerConfig", "WritePart"]
 from ..errors import WorkerError, add_note
 from ..settings import BudgetPolicy, EpochMode
 from .transport import Portable
@@ -49,6 +49,9 @@ class WorkerConfig:
     read_transform: Portable[ReadTransform] | None = None
     seed: int | None = None  # a worker process's global generators are seeded from (seed, worker_id)
     num_workers: int = 1  # the executor's workers (torch's WorkerInfo.num_workers)
+    #: torchrun's variables of the training process (RANK, ...): a worker that does not inherit its
+    #: environment (a Ray actor) sets them, so that a stream finds its rank as in a worker process.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 #: A committed generation to read: the store's address, the generation id, and when it was committed
@@ -166,6 +169,53 @@ class RetireSlots:
 @dataclass(frozen=True)
 class Stop:
     """Exit the worker loop."""
+
+
+@dataclass(frozen=True)
+class StreamBegin:
+    """Start run `tag` of the worker's copy of a stream (a stream is fetched by copy, not by index: each
+    worker iterates its own, ``docs/ARCHITECTURE.md``, "Streams"): a new iterator, from position `state`
+    when given (:func:`loader.executors.positions.iterate_from`); batches of `batch_size` samples, a short
+    last one dropped with `drop_last`, collated when `collate`; a datapipe sharded by `world` (torch's
+    ``(world size, rank)``) at the first run and its random pipes seeded from `pipe_seed` (alike in every
+    worker); a worker process's global generators reseeded from ``(reseed, worker_id)`` when given."""
+
+    tag: int
+    collate: bool
+    batch_size: int
+    drop_last: bool
+    world: tuple[int, int] = (1, 0)
+    pipe_seed: int | None = None
+    state: Any = None
+    reseed: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamNext:
+    """The next batch of run `tag` of the worker's stream copy (answered only while `tag` is its run)."""
+
+    tag: int
+
+
+@dataclass(frozen=True)
+class StreamItems:
+    """A batch of `count` samples of run `tag`: collated, or the list of samples; the copy's position
+    after it (a stateful stream's, :func:`loader.executors.positions.position`)."""
+
+    tag: int
+    worker_id: int
+    count: int
+    items: Any
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """The worker's copy ran out in run `tag`, leaving its dataset at `state` (without the spent iterator's)."""
+
+    tag: int
+    worker_id: int
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -319,6 +369,6 @@ def _loads(data: bytes | None) -> object:
 
 
 #: What the training process sends a worker.
-Command: TypeAlias = Union[Task, FlushShard, RetireSlots, Stop]
+Command: TypeAlias = Union[Task, FlushShard, RetireSlots, Stop, StreamBegin, StreamNext]
 #: What a worker (or an executor on its behalf) sends back.
-Message: TypeAlias = Union[Ready, BatchDone, TaskFailed, ShardFlushed]
+Message: TypeAlias = Union[Ready, BatchDone, TaskFailed, ShardFlushed, StreamItems, StreamEnd]

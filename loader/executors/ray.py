@@ -48,12 +48,12 @@ import collections
 import dataclasses
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import psutil
 
 from cachestore.errors import CorruptSampleError
 
@@ -62,9 +62,8 @@ from ..settings import EpochMode, RayOptions
 from . import messages as m
 from .base import DeathListeners, StuckWorker
 from .producer import BatchProducer, task_failure
-from .seeds import seed_torch_only, seed_worker, worker_seed
+from .ray_actor import RayWorker
 from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
-from .worker_info import WorkerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -72,67 +71,10 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 0.5
 #: ``worker_id`` of read tasks run in the training process.
 LOCAL_WORKER = -1
-
-
-class RayWorker:
-    """One Ray actor: builds the dataset from its config and runs compute tasks.
-
-    Instantiated by Ray (``ray.remote(RayWorker)``) on whichever node offers
-    the actor's resources. It runs one task at a time and returns every
-    result as a message; nothing in it raises to Ray but a death.
-    """
-
-    def __init__(self, config: m.WorkerConfig) -> None:
-        self.config = config
-        self.failure: m.TaskFailed | None = None
-        self.producer: BatchProducer | None = None
-        try:
-            had_torch = "torch" in sys.modules
-            if config.seed is not None:
-                seed_worker(config.seed, config.worker_id)
-            dataset = config.dataset.load().build()
-            if config.seed is not None and not had_torch and "torch" in sys.modules:
-                seed_torch_only(config.seed, config.worker_id)  # imported by the dataset, just now
-            collate_fn = config.collate_fn.load() if config.collate_fn is not None else None
-            read_transform = config.read_transform.load() if config.read_transform is not None else None
-            # torch's get_worker_info() in worker_init_fn and __getitem__, as in a worker process.
-            WorkerIdentity(config.worker_id, config.num_workers,
-                           worker_seed(config.seed, config.worker_id) if config.seed is not None else 0,
-                           lambda: dataset, thread=False).install()
-            if config.worker_init_fn is not None:
-                config.worker_init_fn.load()(config.worker_id)
-        except Exception as exc:
-            # Reported by ready() and every run(), like a worker process's "init" failure.
-            self.failure = m.TaskFailed.from_exception(exc, epoch=-1, seq=-1, part=-1, worker_id=config.worker_id,
-                                                       index=None, kind="init")
-        else:
-            self.producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle,
-                                          read_transform=read_transform)
-
-    def ready(self) -> tuple[int, str, m.TaskFailed | None]:
-        """Pid and Ray node id of this actor, and why its dataset could not be built (if so)."""
-        import ray
-
-        return os.getpid(), ray.get_runtime_context().get_node_id(), self.failure
-
-    def run(self, task: m.Task) -> m.BatchDone | m.TaskFailed:
-        """Compute `task`; the batch (and the records of a generate task) travel in the answer."""
-        wid = self.config.worker_id
-        if self.failure is not None:
-            return self.failure
-        if task.shard is not None or task.mode == EpochMode.READ:
-            # The store lives on the training node; an actor may not (see the module docstring).
-            return task_failure(WorkerError("a Ray actor was asked to read or write the training node's store"),
-                                task, wid)
-        assert self.producer is not None  # else self.failure says why it could not be built
-        try:
-            out = self.producer.compute(task)
-        except Exception as exc:
-            return task_failure(exc, task, wid)
-        # A task without a slot (background refresh) only sends its records: the batch is not needed.
-        return m.BatchDone(task.epoch, task.seq, task.part, wid, None, batch=out.batch if task.slot >= 0 else None,
-                           shard_id=self.config.shard_id, written=out.written, records=out.records,
-                           budget_error=out.budget_error)
+#: Seconds a shutdown waits for the processes of its killed actors on this machine to end.
+ACTOR_EXIT_WAIT = 5.0
+#: What a pending call to an actor's stream copy is waiting for (:meth:`RayExecutor.send_to`).
+STREAM = "stream"
 
 
 @dataclass
@@ -148,6 +90,17 @@ class ActorHandle:
     pid: int | None = None  # on the actor's node, which may be another machine
     node_id: str | None = None
     dead: bool = False
+
+
+def gone(pids: list[int], timeout: float) -> None:
+    """Wait up to `timeout` seconds for processes `pids` (not ours: Ray's) to end."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def writable(batch: Any) -> Any:
@@ -187,8 +140,9 @@ class RayExecutor(DeathListeners):
     writes_local_store = False  # actors may run on other machines
 
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], options: RayOptions, max_restarts: int,
-                 local: BatchProducer) -> None:
+                 local: BatchProducer, copies: bool = False) -> None:
         self.ray = import_ray()
+        self.copies = copies  # the actors hold a stream's copies: one that dies cannot be replaced
         self.make_config = make_config
         self.options = options
         self.nb_worker = options.num_workers
@@ -198,9 +152,13 @@ class RayExecutor(DeathListeners):
         self.workers: list[ActorHandle] = []
         self.closed = False
         DeathListeners.__init__(self)
-        self._pending: dict[Any, tuple[ActorHandle, m.Task | None]] = {}  # ObjectRef -> (actor, task; None: ready)
+        # ObjectRef -> (actor, its task; None: its start; STREAM: a command to its stream copy)
+        self._pending: dict[Any, tuple[ActorHandle, m.Task | str | None]] = {}
         self._local: collections.deque[m.Task] = collections.deque()
-        self._answered: collections.deque[m.BatchDone] = collections.deque()
+        # A stream copy's answers in the order its commands were sent (ray.wait's is completion order).
+        self._stream_calls: dict[int, collections.deque[Any]] = collections.defaultdict(collections.deque)
+        self._stream_done: dict[Any, Any] = {}
+        self._answered: collections.deque[Any] = collections.deque()
         self._actor_options = {**options.actor_options, "max_restarts": 0, "max_task_retries": 0,
                                "max_concurrency": 1}
         cpus = self.nb_worker * float(self._actor_options.get("num_cpus", 1))  # type: ignore[arg-type]
@@ -242,7 +200,7 @@ class RayExecutor(DeathListeners):
     def stuck_workers(self, tasks: set[tuple[int, int, int]]) -> list[StuckWorker]:
         """Actors holding any of `tasks`; their stacks are on their own nodes (``ray stack`` there)."""
         stuck: dict[int, StuckWorker] = {}
-        held = [(w, t) for w, t in self._pending.values() if t is not None]
+        held = [(w, t) for w, t in self._pending.values() if isinstance(t, m.Task)]
         for worker, task in held:
             if (task.epoch, task.seq, task.part) in tasks and worker.worker_id not in stuck:
                 # An actor runs its calls in order: the oldest one it holds is the one running.
@@ -269,6 +227,14 @@ class RayExecutor(DeathListeners):
             self._local.append(task)  # the store is on this node: read here (see the module docstring)
         else:
             self._submit_remote(task)
+
+    def send_to(self, worker_id: int, msg: m.Command) -> None:
+        """Send a stream command to actor `worker_id`'s copy; its answer comes from :meth:`next_message`."""
+        assert isinstance(msg, (m.StreamBegin, m.StreamNext))
+        worker = next(w for w in self.workers if w.worker_id == worker_id)
+        ref = worker.actor.stream.remote(msg)
+        self._pending[ref] = (worker, STREAM)
+        self._stream_calls[worker_id].append(ref)
 
     def _submit_remote(self, task: m.Task) -> None:
         worker = min((w for w in self.workers if not w.dead), key=lambda w: w.outstanding)
@@ -313,19 +279,19 @@ class RayExecutor(DeathListeners):
         """The message of a finished call, or ``None`` when there is none to deliver (start, death)."""
         ray = self.ray
         worker, task = self._pending.pop(ref)
-        if task is not None:
+        if isinstance(task, m.Task):
             worker.outstanding -= 1
         try:
             value = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
             self._lost(worker, exc)
-            if task is not None:
+            if isinstance(task, m.Task):
                 self._submit_remote(task)  # re-run: its result never arrived
             return None
         except ray.exceptions.RayTaskError as exc:
             # Only what escapes RayWorker's own handling gets here (a result Ray cannot serialise, say).
             failed = exc.cause if isinstance(exc.cause, BaseException) else exc
-            if task is None:
+            if not isinstance(task, m.Task):
                 return m.TaskFailed.from_exception(failed, epoch=-1, seq=-1, part=-1, worker_id=worker.worker_id,
                                                    index=None, kind="init")
             return task_failure(failed, task, worker.worker_id)
@@ -333,9 +299,23 @@ class RayExecutor(DeathListeners):
             worker.ready = True
             worker.pid, worker.node_id, failure = value
             return failure
+        if task == STREAM:
+            self._stream_answered(worker.worker_id, ref, value)
+            return None
         if isinstance(value, m.BatchDone) and value.batch is not None:
             value = dataclasses.replace(value, batch=writable(value.batch))
         return value
+
+    def _stream_answered(self, worker_id: int, ref: Any, value: Any) -> None:
+        """Deliver the stream answers of actor `worker_id` that are now complete in the order sent."""
+        self._stream_done[ref] = value
+        calls = self._stream_calls[worker_id]
+        while calls and calls[0] in self._stream_done:
+            answer = self._stream_done.pop(calls.popleft())
+            if isinstance(answer, m.StreamItems):
+                answer = dataclasses.replace(answer, items=writable(answer.items))
+            if answer is not None:  # a run's start answers nothing
+                self._answered.append(answer)
 
     def _read_local(self, task: m.Task) -> Any:
         """A read task, run in this process; ``None`` when a corrupt record sent it to an actor instead."""
@@ -356,6 +336,10 @@ class RayExecutor(DeathListeners):
         """An actor died (its call failed with `exc`): replace it once (see the module docstring)."""
         if dead.dead:
             return  # replaced already, at its first failed call
+        if self.copies:
+            raise WorkerError(f"stream worker {dead.worker_id} (Ray actor, pid {dead.pid} on node {dead.node_id}) "
+                              "exited unexpectedly: a stream cannot be taken up again where a dead worker left it. "
+                              f"Ray says: {type(exc).__name__}: {exc}") from exc
         self.restarts += 1
         if self.restarts > self.max_restarts:
             raise WorkerError(f"Ray actor of loader worker {dead.worker_id} (pid {dead.pid} on node {dead.node_id}) "
@@ -404,14 +388,20 @@ class RayExecutor(DeathListeners):
         workers, self.workers = self.workers, []
         self._pending.clear()
         self._local.clear()
+        self._stream_calls.clear()
+        self._stream_done.clear()
         try:
-            # Nothing of an actor's is worth waiting for: it writes nothing on the training node.
+            # Nothing of an actor's is worth waiting for (it writes nothing on the training node) but its
+            # end: a process of this machine is gone when the executor is (ray.kill only asks for it).
             if ray.is_initialized():
+                here = ray.get_runtime_context().get_node_id()
+                local = [w.pid for w in workers if w.pid is not None and w.node_id == here]
                 for worker in workers:
                     try:
                         ray.kill(worker.actor, no_restart=True)
                     except Exception as exc:  # its node may be gone already
                         log.debug("could not kill Ray actor of worker %d: %s", worker.worker_id, str(exc))
+                gone(local, ACTOR_EXIT_WAIT)
         finally:
             if self._connected:
                 self._connected = False

@@ -4,9 +4,8 @@ Each cell (``cell.py``) serves a tiny dataset for three epochs, in this process 
 ranks, and checks: each sample exactly once per epoch across the ranks (``rotation`` times with
 rotation), values equal to the dataset's, a resumed run (stopped in epoch 1) serves exactly the rest,
 a second job on the remote computes 0 samples, and nothing is left behind. ``make test`` runs a
-diagonal of the product (every value of every axis once), ``make check`` all of it. A cell that is
-refused is refused at construction, with an error that says why: streams on threads and on Ray
-(their workers are the stream's own processes, for now).
+diagonal of the product (every value of every axis once), ``make check`` all of it. Every cell runs:
+streams too on threads and on Ray (their copies on the loader's workers, as a map-style dataset's tasks).
 """
 
 from __future__ import annotations
@@ -33,9 +32,6 @@ SCRIPT = Path(cell.__file__)
 N = 24  # samples (a stream's: per rank)
 EPOCHS = 3
 STOP = [1, 1]  # the stopped run takes its state after batch 1 of epoch 1
-#: What is refused at construction, and the words that say why.
-REFUSED = {("stream", "threads"): "use_threading=True is not supported with an iterable dataset",
-           ("stream", "ray"): "executor='ray' is not supported with an iterable dataset"}
 
 
 def expected(kind: str, caching: str, ranks: int) -> collections.Counter:
@@ -85,13 +81,6 @@ def check(tmp_path, request, kind, executor, caching, topology, resume, **more):
     if topology == "ranks" and not TORCHRUN.exists():
         pytest.skip("torchrun is not installed next to this Python")
     config: dict = {"kind": kind, "executor": executor, "caching": caching, "n": N, "epochs": EPOCHS, **more}
-    refused = REFUSED.get((kind, executor))
-    if refused is not None:
-        before = {p.pid for p in live_children()}
-        with pytest.raises(ValueError, match=refused.replace("(", r"\(").replace(")", r"\)")):
-            cell.build(config, tmp_path, "run")
-        assert not leftovers(str(tmp_path)) and not [p for p in live_children() if p.pid not in before]
-        return
     if caching == "remote":
         request.getfixturevalue("s3_env")
         config["remote"] = request.getfixturevalue("remote_url")

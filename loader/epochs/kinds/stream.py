@@ -2,7 +2,7 @@
 
 A stream (an iterable dataset) has no indices: its workers iterate their own
 copies and the batches come in torch's turn
-(:mod:`loader.executors.process.streams`). Without a cache every epoch is a
+(:mod:`loader.executors.stream_turn`). Without a cache every epoch is a
 :class:`StreamEpoch`. With one, an epoch whose generation is not committed is a
 :class:`StreamGenerateEpoch`: the samples are written as they arrive (index =
 arrival position, the workers' batches in torch's turn), and the generation
@@ -28,7 +28,7 @@ from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLoc
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
 from ...cache.streams import wait_for_writer
 from ...dataset import Batch, Sample
-from ...executors.process.positions import StreamAt, stateful
+from ...executors.positions import StreamAt, stateful
 from ...executors.producer import transform
 from ...executors.seeds import epoch_reseed
 from ...settings import LoaderSettings

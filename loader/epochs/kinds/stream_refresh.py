@@ -17,7 +17,7 @@ from cachestore import GenerationInfo, GenerationWriter
 from cachestore.errors import GenerationCommitted, StoreLockedError
 
 from ...cache.stream_refresh import StreamRefresh
-from ...executors.process.streams import StreamWorkers
+from ...executors.stream_turn import StreamTurn
 from ..context import EpochContext
 from ..plan import EpochStats, ReadPlan
 from ..reads.base import ReadPath
@@ -56,7 +56,7 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
     if target is None or info is None:
         return None
     streams = ctx.streams()  # started here, in this thread, before the refresh's thread uses them
-    assert isinstance(streams, StreamWorkers)  # applies(): nb_worker > 0
+    assert isinstance(streams, StreamTurn)  # applies(): nb_worker > 0
     try:
         writer = cache.store.writer(target, None)
     except (StoreLockedError, GenerationCommitted) as exc:

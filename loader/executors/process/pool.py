@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -46,19 +47,22 @@ from ...errors import WorkerError
 from .. import messages as m
 from ..base import DeathListeners, StuckWorker
 from .start import context_for, forks, start
-from .worker import thread_stack, worker_main
+from .stacks import process_stack, thread_stack
+from .worker import worker_main
 
 log = logging.getLogger(__name__)
 
 #: A worker: a process, or a thread of this process (``use_threading``).
 Worker = Union[multiprocessing.process.BaseProcess, threading.Thread]
 
+#: torch's message when a batch cannot be received for want of file descriptors.
+TOO_MANY_FILES = ("Too many open files. Communication with the workers is no longer possible. Please increase the "
+                  "limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+                  "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code")
 #: Seconds between liveness checks while waiting for results.
 POLL_INTERVAL = 0.5
 #: Seconds a worker gets to exit after Stop before it is terminated.
 JOIN_TIMEOUT = 3.0
-#: Seconds to wait for a worker's stack dump.
-STACK_TIMEOUT = 2.0
 
 
 @dataclass
@@ -96,8 +100,9 @@ class WorkerPool(DeathListeners):
 
     def __init__(self, make_config: Callable[[int], m.WorkerConfig], nb_worker: int, use_threading: bool,
                  start_method: str, max_restarts: int, dataset_module: str | None = None,
-                 in_turn: bool = False) -> None:
+                 in_turn: bool = False, copies: bool = False) -> None:
         self.make_config = make_config
+        self.copies = copies  # the workers hold a stream's copies: one that dies cannot be replaced
         self.in_turn = in_turn  # torch's dealing: LoaderSettings.deals_in_turn
         self.nb_worker = nb_worker
         self.use_threading = use_threading
@@ -177,36 +182,8 @@ class WorkerPool(DeathListeners):
         for w in self.workers:
             if any((t.epoch, t.seq, t.part) in tasks for t in w.outstanding):
                 running = w.outstanding[0] if w.outstanding else None
-                stuck.append(StuckWorker(w.worker_id, w.pid, running, self._stack(w)))
+                stuck.append(StuckWorker(w.worker_id, w.pid, running, (thread_stack(w.process.ident) if w.is_thread else process_stack(w.pid, w.stack_fd))))
         return stuck
-
-    @staticmethod
-    def _stack(worker: WorkerHandle) -> str:
-        """The worker's Python stack now (a thread's frames, or a process's faulthandler dump)."""
-        if worker.is_thread:
-            return thread_stack(worker.process.ident)
-        if worker.pid is None or worker.stack_fd < 0:
-            return "(not available: the worker had not finished starting)"
-        try:
-            fd = os.open(f"/proc/{worker.pid}/fd/{worker.stack_fd}", os.O_RDONLY)
-        except OSError as exc:
-            return f"(not available: {exc.strerror})"
-        try:
-            start = os.fstat(fd).st_size
-            os.kill(worker.pid, signal.SIGUSR1)
-            # faulthandler writes the dump from the signal handler: wait until it stops growing.
-            deadline, size = time.monotonic() + STACK_TIMEOUT, start
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-                now = os.fstat(fd).st_size
-                if now > start and now == size:
-                    break
-                size = now
-            return os.pread(fd, size - start, start).decode(errors="replace") or "(no stack was written)"
-        except OSError as exc:
-            return f"(not available: {exc.strerror})"
-        finally:
-            os.close(fd)
 
     def begin_epoch(self) -> None:
         self.restarts = 0
@@ -240,6 +217,10 @@ class WorkerPool(DeathListeners):
         worker.outstanding.append(task)
         self._send(worker, task)
 
+    def send_to(self, worker_id: int, msg: m.Command) -> None:
+        """Send `msg` to worker `worker_id` (a stream's copy lives in one worker)."""
+        self._send(next(w for w in self.workers if w.worker_id == worker_id), msg)
+
     def _send(self, worker: WorkerHandle, msg: m.Command) -> None:
         try:
             worker.conn.send(msg)
@@ -264,7 +245,12 @@ class WorkerPool(DeathListeners):
                     continue
                 try:
                     msg = worker.conn.recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError, RuntimeError) as exc:
+                    # torch tensors in a stream's batches travel as file descriptors: none left to receive one
+                    if "ancdata" in str(exc) or getattr(exc, "errno", None) == errno.EMFILE:
+                        raise RuntimeError(TOO_MANY_FILES) from exc
+                    if isinstance(exc, RuntimeError):
+                        raise
                     worker.eof = True  # it died or is exiting: replaced below
                     continue
                 return self._account(worker, msg)
@@ -302,6 +288,9 @@ class WorkerPool(DeathListeners):
         self.restarts += 1
         how = f"exit code {code}" if code is not None and code >= 0 else (
             f"signal {-code}" if code is not None else "thread ended")
+        if self.copies:
+            raise WorkerError(f"stream worker {dead.worker_id} (pid {dead.pid}) exited unexpectedly ({how}): a "
+                              "stream cannot be taken up again where a dead worker left it")
         if self.restarts > self.max_restarts:
             hint = ("Look for out-of-memory kills or crashes in native code of the dataset" if dead.ready else
                     "It died while starting: if the script creates the loader at import time, put that code "

@@ -9,14 +9,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import faulthandler
 import logging
 import multiprocessing
 import os
 import re
 import signal
 import sys
-import tempfile
 from typing import Any
 
 from cachestore.errors import CorruptSampleError
@@ -26,8 +24,10 @@ from ...settings import EpochMode
 from .. import messages as m
 from ..producer import BatchProducer, task_failure
 from ..seeds import seed_torch_only, seed_worker, worker_seed
+from ..stream_copy import StreamCopy
 from ..worker_info import WorkerIdentity
 from .segments import WorkerSegments, gather_batch, write_batch
+from .stacks import stack_dump_file
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +51,18 @@ def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, wo
 
 
 def _next(waiting: collections.deque[m.Command]) -> m.Command:
-    """The first message that is not a background chunk, else the oldest chunk."""
+    """The first message that is not a background chunk, else the oldest chunk; a stream's requests
+    before a newer run's start are moot (dropped: nobody takes their answers)."""
+    begins = [i for i, msg in enumerate(waiting) if isinstance(msg, m.StreamBegin)]
+    if begins:
+        kept = [msg for i, msg in enumerate(waiting) if i >= begins[-1] or not isinstance(msg, m.StreamNext)]
+        waiting.clear()
+        waiting.extend(kept)
     for i, msg in enumerate(waiting):
         if not (isinstance(msg, m.Task) and msg.epoch == m.BACKGROUND_EPOCH):
             del waiting[i]
             return msg
     return waiting.popleft()
-
-
-def stack_dump_file() -> Any:
-    """An unlinked temporary file that this process's Python stack is dumped into on SIGUSR1.
-
-    When a batch times out, the training process signals the worker and reads
-    the dump through ``/proc/<pid>/fd/<fd>``: faulthandler writes it from the
-    signal handler itself, so it works even while ``__getitem__`` is stuck in C
-    code. Unlinked from the start, the file disappears with the process.
-    """
-    dump = tempfile.TemporaryFile(prefix="cachestore-stack-")
-    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
-    return dump
 
 
 _PR_SET_PDEATHSIG = 1
@@ -220,6 +213,8 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
     producer = BatchProducer(dataset, collate_fn, config.shard_id, config.allow_pickle,
                              read_transform=read_transform)
     segments = WorkerSegments()
+    stream = StreamCopy(dataset.built, config.worker_id, config.num_workers, own_process=watch_parent,
+                        arrived=dataset.torch_arrived)
     conn.send(m.Ready(config.worker_id, os.getpid(), stack_dump.fileno() if stack_dump is not None else -1))
     waiting: collections.deque[m.Command] = collections.deque()
     try:
@@ -240,6 +235,11 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
             if isinstance(msg, m.RetireSlots):
                 segments.forget(msg.names)
                 continue
+            if isinstance(msg, (m.StreamBegin, m.StreamNext)):
+                answer = stream.handle(msg, producer.collate)
+                if answer is not None:
+                    conn.send(answer)
+                continue
             if isinstance(msg, m.FlushShard):
                 try:
                     producer.close_shard()
@@ -259,21 +259,9 @@ def worker_main(conn: Any, config: m.WorkerConfig, watch_parent: bool = True) ->
         return
     finally:
         try:
+            stream.close()
             producer.close()
         finally:
             segments.close()
             dataset.identity.uninstall()
 
-
-def thread_stack(ident: int | None) -> str:
-    """The Python stack of thread `ident` of this process, from faulthandler's dump of every thread."""
-    with tempfile.TemporaryFile(mode="w+") as dump:
-        faulthandler.dump_traceback(dump, all_threads=True)
-        dump.seek(0)
-        text = dump.read()
-    # Blocks start with "Thread 0x..." or "Current thread 0x..." and end at a blank line.
-    for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", text):
-        match = re.match(r"(?:Current thread|Thread) (0x[0-9a-f]+)", block)
-        if match and ident is not None and int(match.group(1), 16) == ident:
-            return block.strip()
-    return "(the thread has ended)"

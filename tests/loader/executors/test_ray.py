@@ -423,3 +423,32 @@ def test_actors_answer_get_worker_info_and_run_worker_init_fn_on_their_copy(clus
         rows = [{k: int(v[i]) for k, v in b.items()} for b in loader for i in range(len(b["id"]))]
     assert rows and all(r["id"] in (0, 1) and r["num_workers"] == 2 and r["same"] and r["seed_ok"] for r in rows)
     assert all(r["handle"] == 100 + r["id"] for r in rows), rows
+
+
+def test_actors_serve_a_stream_in_torchs_turn_and_cache_it(cluster, tmp_path):
+    # A stream's copies live on the actors, as a map-style dataset's tasks run there: the same worker loop.
+    from torch.utils.data import DataLoader
+
+    from ..streams.stream_datasets import Counting
+
+    def ids(batches) -> list[list[int]]:
+        return [np.asarray(b["i"]).ravel().tolist() for b in batches]
+
+    expected = ids(DataLoader(Counting(30), batch_size=4, num_workers=2))
+    with CachedLoader(Counting(30), batch_size=4, executor="ray", executor_options=ray_options(cluster)) as loader:
+        assert ids(loader) == expected
+    with CachedLoader(Counting(30), batch_size=4, shuffle=True, executor="ray", executor_options=ray_options(cluster),
+                      cache_setting={"prefix": str(tmp_path / "c"), "background_refresh": False}) as loader:
+        epochs = [sorted(i for b in ids(loader) for i in b) for _ in range(2)]
+        assert [s.mode.value for s in loader.epoch_stats] == ["generate", "read"]
+    assert epochs == [list(range(30))] * 2
+    assert_released(tmp_path)
+
+
+def test_a_stream_actor_that_dies_fails_the_epoch_with_a_worker_error(cluster, tmp_path):
+    from ..streams.stream_datasets import Dying
+
+    with CachedLoader(Dying(40, after=3), batch_size=2, executor="ray", executor_options=ray_options(cluster)) as loader:
+        with pytest.raises(WorkerError, match="exited unexpectedly"):
+            list(loader)
+    assert_released(tmp_path)

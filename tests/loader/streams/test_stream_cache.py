@@ -101,8 +101,6 @@ def test_shuffle_needs_a_cache_and_stream_settings_are_checked(tmp_path) -> None
     for key, value in (("stream_buffer", -1), ("stream_samples", 0)):
         with pytest.raises(ValueError, match=key):
             CachedLoader(Counting(4), cache_setting={"prefix": str(tmp_path), key: value})
-    with pytest.raises(ValueError, match="use_threading"):
-        CachedLoader(Counting(4), use_threading=True, num_workers=1)
 
 
 def test_read_transform_on_every_epoch(tmp_path) -> None:
