@@ -48,17 +48,21 @@ def iterate_from(dataset: Any, at: Any) -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class StreamAt:
-    """Where an epoch of a stateful stream got: after `arrived` samples, each worker's copy at `states`
-    (``None``: nothing taken from it yet), those in `ended` out of the turn, worker `next` next."""
+    """Where an epoch of a stream got: after `arrived` samples, each worker's copy at `states` (``None``: it
+    keeps no state, or nothing was taken from it yet), those in `ended` out of the turn, worker `next` next;
+    `taken`, served out of turn (``in_order=False``): how many batches each copy gave (a copy without a
+    state is iterated again up to there)."""
 
     states: tuple[Any, ...]
     ended: tuple[bool, ...]
     next: int
     arrived: int
+    taken: tuple[int, ...] | None = None
 
     def plain(self) -> dict[str, object]:
         """As the plain values of a loader state."""
-        return {"states": list(self.states), "ended": list(self.ended), "next": self.next, "arrived": self.arrived}
+        plain = {"states": list(self.states), "ended": list(self.ended), "next": self.next, "arrived": self.arrived}
+        return plain if self.taken is None else {**plain, "taken": list(self.taken)}
 
     @classmethod
     def from_plain(cls, value: object, workers: int) -> StreamAt:
@@ -79,7 +83,13 @@ class StreamAt:
                              "iterator(s) {'states': [...], 'ended': [bool, ...], 'next': int, 'arrived': int}, "
                              f"got {value!r}")
         assert isinstance(value, dict)
-        return cls(tuple(value["states"]), tuple(value["ended"]), value["next"], value["arrived"])
+        taken = value.get("taken")
+        if taken is not None and not (isinstance(taken, list) and len(taken) == workers and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in taken)):
+            raise ValueError(f"damaged loader state: state['stream']['taken'] must be {workers} counts of batches "
+                             f"(ints >= 0), got {taken!r}")
+        return cls(tuple(value["states"]), tuple(value["ended"]), value["next"], value["arrived"],
+                   tuple(taken) if taken is not None else None)
 
 
 def take(iterator: Iterator[Any], n: int) -> list[Any]:

@@ -76,11 +76,13 @@ class StreamTurn:
         self.closed = False
         self._held: dict[int, collections.deque[Any]] = collections.defaultdict(collections.deque)
 
-    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
-              reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
+    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None, reseed: int | None = None,
+              in_order: bool = True) -> Generator[tuple[int, int, Any], None, None]:
         """``(worker_id, count, batch or samples)`` of epoch `epoch`, in torch's turn: worker 0's first batch,
         worker 1's first, ..., worker 0's second, each worker leaving the turn when its copy runs out; from
-        position `resume` on, when given (a stateful stream's); `reseed`: see :class:`~loader.executors.messages.StreamBegin`."""
+        position `resume` on, when given; `reseed`: see :class:`~loader.executors.messages.StreamBegin`.
+        Not `in_order` (torch's ``in_order=False``): each batch as soon as a copy gives it, the position
+        counting each copy's batches (:attr:`StreamAt.taken`)."""
         n = self.workers
         # Each run has its own tag, which the answers carry: an epoch served again (a state loaded into this
         # loader) must not take the answers of its earlier run.
@@ -89,6 +91,10 @@ class StreamTurn:
         states = list(resume.states) if resume is not None else [None] * n
         ended = list(resume.ended) if resume is not None else [False] * n
         arrived = resume.arrived if resume is not None else 0
+        counted = not in_order or (resume is not None and resume.taken is not None)
+        taken = list(resume.taken) if resume is not None and resume.taken is not None else [0] * n
+        # A copy that keeps no state is iterated again up to the batches it gave before.
+        replay = [taken[w] if states[w] is None else 0 for w in range(n)]
         seed = self.pipe_seed(epoch) if self.pipe_seed is not None else None
         for worker in range(n):
             self.executor.send_to(worker, m.StreamBegin(tag, collate, self.batch_size, self.drop_last, self.world,
@@ -99,35 +105,40 @@ class StreamTurn:
         pos = active.index(resume.next) if resume is not None and resume.next in active else 0
         self.at = self.end_at = None
         while active:
-            worker = active[pos]
-            msg = self._receive(worker, epoch, tag)
+            worker, msg = self._receive(active[pos:] + active[:pos] if not in_order else [active[pos]], epoch, tag)
             if isinstance(msg, m.StreamEnd):
-                active.pop(pos)
+                at = active.index(worker)
+                active.pop(at)
                 ended[worker] = True
-                pos = pos % len(active) if active else 0
+                pos = (pos - (at < pos)) % len(active) if active else 0
                 states[worker] = msg.state  # ended: out of this run's turn, its dataset's state for the next
                 continue
             self.executor.send_to(worker, m.StreamNext(tag))
-            pos = (pos + 1) % len(active)
+            pos = (active.index(worker) + 1) % len(active)
+            if replay[worker]:
+                replay[worker] -= 1  # given before the resume
+                continue
             arrived += msg.count
+            taken[worker] += 1
             if msg.state is not None:
                 states[worker] = msg.state
-            if any(state is not None for state in states):
-                self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived)
+            if counted or any(state is not None for state in states):
+                self.at = StreamAt(tuple(states), tuple(ended), active[pos], arrived,
+                                   tuple(taken) if counted else None)
             yield worker, msg.count, msg.items
         self.end_at = StreamAt(tuple(states), (False,) * n, 0, 0) if any(s is not None for s in states) else None
 
-    def _receive(self, worker: int, epoch: int, tag: int) -> m.StreamItems | m.StreamEnd:
-        """Worker `worker`'s next answer in run `tag` (of epoch `epoch`); answers of the others are held for
-        their turn, those of earlier runs dropped."""
+    def _receive(self, workers: list[int], epoch: int, tag: int) -> tuple[int, m.StreamItems | m.StreamEnd]:
+        """The next answer in run `tag` (of epoch `epoch`) of the first of `workers` that has one; answers of
+        the others are held for their turn, those of earlier runs dropped."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        held = self._held[worker]
-        while not held:
+        while not any(self._held[w] for w in workers):
             if self.closed:  # by another thread (a background refresh stopped under its wait)
-                raise WorkerError(f"the stream's workers were stopped while epoch {epoch} waited for worker {worker}")
+                raise WorkerError(f"the stream's workers were stopped while epoch {epoch} waited for {workers}")
             left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
             if left <= 0:
-                raise WorkerTimeoutError(f"stream worker {worker} (pid {self.executor.worker_pid(worker)}) gave no "
+                pids = [self.executor.worker_pid(w) for w in workers]
+                raise WorkerTimeoutError(f"stream worker(s) {workers} (pid {', '.join(map(str, pids))}) gave no "
                                          f"batch in {self.timeout} s (timeout={self.timeout})")
             msg = self.executor.next_message(timeout=left)  # a dead worker: WorkerError (it holds a copy)
             if isinstance(msg, m.TaskFailed) and msg.kind == "init":
@@ -135,11 +146,12 @@ class StreamTurn:
             if isinstance(msg, (m.StreamItems, m.StreamEnd)) and msg.tag == tag or (
                     isinstance(msg, m.TaskFailed) and msg.epoch == tag):
                 self._held[msg.worker_id].append(msg)  # a failure too: raised in its turn, as torch raises it
-        answer = held.popleft()
+        worker = next(w for w in workers if self._held[w])
+        answer = self._held[worker].popleft()
         if isinstance(answer, m.TaskFailed):
             raise answer.exception(pid=self.executor.worker_pid(worker), epoch=epoch)
         assert isinstance(answer, (m.StreamItems, m.StreamEnd))
-        return answer
+        return worker, answer
 
     def pids(self) -> list[int]:
         return self.executor.pids()
@@ -182,9 +194,9 @@ class InlineStream:
         at = position(self.dataset, iterator)
         return StreamAt((at,), (False,), 0, 0) if at is not None else None
 
-    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None,
-              reseed: int | None = None) -> Generator[tuple[int, int, Any], None, None]:
-        del reseed  # the training process's generators are the loop's own: never reseeded here
+    def items(self, epoch: int, collate: bool, resume: StreamAt | None = None, reseed: int | None = None,
+              in_order: bool = True) -> Generator[tuple[int, int, Any], None, None]:
+        del reseed, in_order  # this process's generators are the loop's own; one copy is always in turn
         self.at = self.end_at = None
         primed, self._primed = self._primed, None
         if resume is not None and resume.ended[0]:

@@ -100,3 +100,30 @@ def test_a_damaged_list_of_batches_served_ahead_is_refused(tmp_path):
 ])
 def test_served_batches(start, ahead, count, out_of_order, expected):
     assert served_batches(start, ahead, count, out_of_order) == expected
+
+
+@pytest.mark.parametrize("workers", [{}, {"use_threading": True}], ids=["processes", "threads"])
+def test_a_stream_is_served_out_of_turn_and_resumes_exactly(tmp_path, workers):
+    # Worker 1 waits at its gate: in torch's turn its first batch would hold the epoch up; out of turn,
+    # worker 0's batches come meanwhile. The state counts each copy's batches: a copy that keeps no state
+    # is iterated again up to there, and each sample is served once.
+    from .streams.stream_datasets import Gated
+
+    gate = tmp_path / "gate"
+
+    def make() -> CachedLoader:
+        return CachedLoader(Gated(12, str(gate)), batch_size=None, num_workers=2, in_order=False, timeout=60,
+                            **workers)
+
+    with make() as loader:
+        it = iter(loader)
+        first = [int(next(it)) for _ in range(3)]
+        state = loader.state_dict()
+    assert first == [0, 2, 4]
+    assert state["stream"]["taken"] == [3, 0]
+    gate.touch()
+    with make() as loader:
+        loader.load_state_dict(state)
+        rest = [int(x) for x in loader]
+        assert sorted(first + rest) == list(range(12))
+        assert sorted(int(x) for x in loader) == list(range(12))  # the next epoch: all of it

@@ -102,7 +102,8 @@ class StreamEpoch(EpochKind[StreamPlan]):
         # read_transform needs the samples (seeded by their arrival position): collated here, then
         transforms = self.ctx.settings.read_transform is not None and plan.transform_seed is not None
         for _worker, count, batch in streams.items(plan.epoch, collate=not transforms, resume=plan.resume,
-                                                   reseed=epoch_reseed(plan.seed, plan.epoch)):
+                                                   reseed=epoch_reseed(plan.seed, plan.epoch),
+                                                   in_order=self.ctx.settings.in_order):
             stats.computed += count
             served += 1
             arrived += count
