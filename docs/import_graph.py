@@ -48,6 +48,8 @@ ROOMS = [
     ("loader.attributes", "loader (facade)"),
     ("loader.arguments", "loader (facade)"),
     ("loader.state", "loader (facade)"),
+    ("loader.lengths", "loader (facade)"),
+    ("loader.resuming", "loader (facade)"),
     ("loader.device", "loader (facade)"),
     ("loader.epochs", "loader/epochs"),
     ("loader.cache", "loader/cache"),

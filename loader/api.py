@@ -14,31 +14,27 @@ from typing import Iterable, Iterator, NoReturn, Sequence
 
 from cachestore import Store
 
-from .arguments import DEFAULT_QUEUE, Arguments, Unbatched, parse_arguments, resolve_aliases, warn_excessive_workers
+from .arguments import DEFAULT_QUEUE, Arguments, parse_arguments, resolve_aliases, warn_excessive_workers
 from .attributes import LoaderAttributes, TorchArguments
 from .cache.scope import consumer_layout, decide_scope
-from .cache.streams import committed_length, controller_length, wait_for_writer
+from .checks import int_at_least
 from .dataset import Batch, BatchFn, CollateFn, Dataset, ReadTransform, WorkerInitFn
 from .device import make_mover
 from .distributed import ConsumerLayout
 from .errors import NotPicklableError
-from .epochs.order import sampled_length
 from .epochs.plan import EpochStats
-from .epochs.rotation import batch_sizes
-from .epochs.context import left_by_iteration
 from .epochs.runner import EpochRunner
 from .executors.process.shm import sweep_dead_segments
-from .executors.positions import StreamAt, stream_start
 from .executors.producer import BatchProducer
 from .resources import Resources, interrupts_deferred
-from .checks import int_at_least
+from .resuming import ResumableLoader
 from .settings import CacheSettings, Device, RotationSettings
-from .state import EpochCursor, check_state, known_length, make_state, stream_length, take_identity
+from .state import EpochCursor, known_length, take_identity
 
 log = logging.getLogger(__name__)
 
 
-class CachedLoader(LoaderAttributes):
+class CachedLoader(ResumableLoader, LoaderAttributes):
     """Batches of an expensive dataset, computed by workers and cached between epochs.
 
     Parameters
@@ -218,50 +214,6 @@ class CachedLoader(LoaderAttributes):
         if s.worker_init_fn is not None and s.nb_worker > 0 and not s.dataset.stream:
             self._runner.ctx.host.start_ready()
 
-    def _data_length(self, wait: bool = False) -> int:
-        """The dataset's length; a stream's is what its newest committed generation holds (0: none yet,
-        its next epoch iterates it). With `wait`, before the first epoch, what another job writing the
-        store now commits counts too (it is waited for)."""
-        s = self.settings
-        if not s.dataset.stream:
-            return len(self.dataset)
-        if s.rotation is not None:  # each epoch rotates through this many samples of each rank's own stream
-            return (s.rotation.stream_samples or len(self.dataset)) * s.nb_consumer
-        if s.cache is None:
-            return 0
-        if self._runner is not None and self._runner.ctx.cache is not None:
-            return controller_length(self._runner.ctx.cache)
-        layout = self._layout(0)
-        # Another job writing this stream: its result (not another rank of the node: they write it together).
-        if wait and self._runner is None and layout.local_ranks == 1:
-            wait_for_writer(s.cache, layout, s.timeout)
-        return committed_length(s.cache, layout, s.dataset, remote=wait)
-
-    def _follow_length(self) -> None:
-        """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built
-        gets a new runner, whose layout, fingerprint (the length is part of it: another store's
-        samples) and workers (with the dataset as it is) are its own; the old one's parts are
-        released as at close (a generation being written is kept as a partial one)."""
-        n = self._data_length(wait=True)
-        if n == self.num_samples:
-            return
-        if self._cursor.loaded is not None:
-            raise RuntimeError(f"the dataset has {n} samples, the state given to load_state_dict was taken with "
-                               f"{self.num_samples}: load it into a loader of the dataset it was taken with")
-        log.info("the dataset has %d samples, %d when the loader was built: the next epoch serves them all", n,
-                 self.num_samples)
-        seed = self.seed  # a loaded state's stays
-        self._cursor.close_active()
-        started = self._runner is not None
-        if started:
-            self._res.release()
-            self._runner = None
-        self.num_samples = n
-        if started:
-            self._start()  # fingerprinted anew: it changed
-            assert self._runner is not None
-            self._runner.state.seed = seed
-
     # ------------------------------------------------------------------ what it serves
     @property
     def seed(self) -> int:
@@ -274,35 +226,6 @@ class CachedLoader(LoaderAttributes):
     def rotation(self) -> RotationSettings | None:
         """The rotation window epochs go through (``on_budget_exceeded="rotate"`` may switch to one)."""
         return self._runner.state.rotation if self._runner is not None else self.settings.rotation
-
-    @property
-    def samples_per_epoch(self) -> int:
-        """Samples this consumer serves per epoch (before rotation repeats them)."""
-        return self._layout().per_consumer
-
-    def __len__(self) -> int:
-        """Batches of the next epoch; the dataset's length is asked each time, as torch does (one that grew
-        serves more from the next ``iter()`` on)."""
-        n = self._batches()
-        if self.settings.dataset.stream and not self._data_length():
-            # torch warns when a stream yields more than this said (NOTE [ IterableDataset and __len__ ])
-            self._len_told = len(self.dataset)
-            if self._runner is not None:
-                self._runner.ctx.stream_len_called = self._len_told
-        return n
-
-    def _batches(self) -> int:
-        """``len(self)``, told nobody."""
-        s, rotation = self.settings, self.rotation
-        if s.dataset.stream and not self._data_length():
-            return stream_length(self.dataset, s.batch_size if not isinstance(s.collate_fn, Unbatched) else None,
-                                 s.drop_last)
-        if s.sampling is not None and rotation is None:
-            return sampled_length(s.sampling, s.batch_size, s.drop_last)
-        layout = self._layout(self._data_length())
-        if rotation is not None:
-            return len(batch_sizes(layout.per_consumer, rotation.rotation, s.batch_size, s.drop_last))
-        return layout.batches(s.batch_size, s.drop_last)
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches of the next epoch.
@@ -328,74 +251,6 @@ class CachedLoader(LoaderAttributes):
         self._runner.prime(epoch, skip)
         return self._cursor.iterate(epoch, skip, self._runner.run(epoch, skip, ahead), known_length(self._batches),
                                     owner=self, ahead=ahead)
-
-    # ------------------------------------------------------------------ resuming
-    @property
-    def epoch(self) -> int:
-        """The epoch being served (or, before its ``iter()``, the one the next ``iter()`` serves)."""
-        return self._cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` serve `epoch` (as ``DistributedSampler.set_epoch``).
-
-        The order, the generation read or written and the partition all
-        follow from the epoch number, so calling this with the loop's own
-        counter keeps every rank, and a resumed run, in step.
-        """
-        self._cursor.set_epoch(int_at_least("epoch", epoch, 0))
-
-    def state_dict(self) -> dict[str, object]:
-        """Where the run is, as a small dict of plain values (picklable, JSON-able).
-
-        Taken between epochs or in the middle of one: a new loader built with
-        the same arguments continues after :meth:`load_state_dict` exactly
-        where this one was, batch for batch, generation for generation.
-        Samples are not in it: a generation being written survives in the
-        store's staging area.
-        """
-        epoch, served, ahead = self._cursor.served(self._runner.out_of_order if self._runner is not None
-                                                   else lambda epoch: [])
-        r, runner = self._cursor.loaded, self._runner
-        history: tuple[tuple[int, int], ...] = ()
-        blocks = False
-        if r is not None:  # loaded, not iterated yet: still the loaded plan
-            cache, fallback, window, generating = r.cache, r.rotation_fallback, r.rotation_window, r.generating
-            history, blocks = r.history, r.blocks
-        elif runner is not None:
-            (cache, fallback), window, generating = runner.snapshot(), runner.window_path(), runner.generating(epoch)
-            history, blocks = runner.ranks_history(epoch), runner.in_blocks(epoch)
-        else:
-            cache, fallback, window, generating = None, None, None, False
-        stream = self._stream_position(epoch, served)
-        return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
-                          fallback, window, stream.plain() if stream is not None else None, generating and served > 0,
-                          ahead, history, blocks)
-
-    def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
-        """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until
-        iterated), ``None`` where the stream is iterated again up to there (see :mod:`loader.state`)."""
-        loaded = self._cursor.loaded
-        if loaded is not None:
-            return loaded.stream
-        at, s = self._runner.ctx.stream_at if self._runner is not None else None, self.settings
-        if s.nb_worker == 0 and s.dataset.stream and s.dataset.instance is not None and self._runner is not None:
-            left_by_iteration(s.dataset.instance)  # as this process's iteration has it now: the same identity
-        if at is not None and at[:2] == (epoch, served):
-            return at[2]
-        # A stream this process iterates, not begun yet: as it is now (torchdata's).
-        return stream_start(s.dataset.instance) if served == 0 and s.nb_worker == 0 and s.dataset.stream else None
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Continue the run `state` was taken from, at the next ``iter()`` (as torchdata's loader: on a new
-        loader, or on one that has iterated, whose live iterator ends).
-
-        Raises
-        ------
-        ValueError
-            The state comes from a loader with other arguments (it says which).
-        """
-        self._follow_length()  # a stream's, committed by the node's ranks: known once their scope is decided
-        self._cursor.load(check_state(state, self.settings, self.num_samples, self.samples_per_epoch, self._layout()))
 
     # ------------------------------------------------------------------ info & shutdown
     @property

@@ -41,6 +41,7 @@ from cachestore.errors import FingerprintError
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource
 from . import buffers, files, pipelines, reach, shared_state, taken
+from .flat import FLAT, LENGTHS, PAIR_HEAD, SMALL_INTS, TAGS, TUPLE_TAG, flat
 
 #: Nesting deeper than this is taken for a runaway structure, not dataset parameters.
 MAX_DEPTH = 200
@@ -84,28 +85,6 @@ def _deep_code_refused(what: str) -> Iterator[None]:
 
 #: Values hashed where they stand, never remembered by id (cheap, and ids of ints are reused).
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
-#: Items ``_ValueHasher._items`` writes itself, with the type tags :meth:`_ValueHasher.tag` writes.
-_FLAT: frozenset[type] = frozenset({str, int, bool, float, type(None)})
-_TAGS = {kind: len(kind.__name__).to_bytes(8, "little") + kind.__name__.encode() for kind in _FLAT}
-_TUPLE_TAG = (5).to_bytes(8, "little") + b"tuple"
-#: What an image folder's (path, class) pair starts with: ``tag("tuple", 2)`` and a string's tag.
-_PAIR_HEAD = _TUPLE_TAG + (1).to_bytes(8, "little") + b"2" + _TAGS[str]
-#: The bytes of small lengths and of the small ints labels are, written once (see ``_items``).
-_LENGTHS = [n.to_bytes(8, "little") for n in range(4097)]
-_SMALL_INTS = {k: _TAGS[int] + len(str(k)).to_bytes(8, "little") + str(k).encode() for k in range(-1, 4096)}
-
-
-def _flat(item: Any, kind: type, chunks: list[bytes], paths: list[str]) -> None:
-    """Append what ``tag(kind.__name__, item)`` hashes for a plain scalar; a string may name a file."""
-    if kind is str:
-        data = item.encode("utf-8", "surrogatepass")
-    else:  # a float by its exact value, as feed() tags it
-        data = (item.hex() if kind is float else str(item)).encode()
-    chunks += (_TAGS[kind], len(data).to_bytes(8, "little"), data)
-    if kind is str:
-        paths.append(item)
-
-
 def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -151,9 +130,9 @@ class _ValueHasher:
         hash apart (a cache computed once more, never a stale one served).
         """
         kind = type(obj)
-        if kind in _FLAT:  # what _digest computes, without a hasher of its own: a dict's keys and labels
+        if kind in FLAT:  # what _digest computes, without a hasher of its own: a dict's keys and labels
             chunks: list[bytes] = []
-            _flat(obj, kind, chunks, self.walk.paths)
+            flat(obj, kind, chunks, self.walk.paths)
             return hashlib.sha256(b"".join(chunks)).digest()
         key = id(obj)
         if kind in _SCALARS or key in self._active:
@@ -265,21 +244,21 @@ class _ValueHasher:
                 # of these is the common large dataset, and building each one's tags took half its time.
                 path, label = item
                 data = path.encode("utf-8", "surrogatepass")
-                tail = _SMALL_INTS.get(label)
+                tail = SMALL_INTS.get(label)
                 if tail is None:
                     digits = str(label).encode()
-                    tail = _TAGS[int] + len(digits).to_bytes(8, "little") + digits
+                    tail = TAGS[int] + len(digits).to_bytes(8, "little") + digits
                 size = len(data)
-                chunks += (_PAIR_HEAD, _LENGTHS[size] if size <= 4096 else size.to_bytes(8, "little"), data, tail)
+                chunks += (PAIR_HEAD, LENGTHS[size] if size <= 4096 else size.to_bytes(8, "little"), data, tail)
                 paths.append(path)
-            elif kind in _FLAT:
-                _flat(item, kind, chunks, paths)
-            elif kind is tuple and (len(item) == 2 and type(item[0]) in _FLAT and type(item[1]) in _FLAT
-                                    or 0 < len(item) <= 8 and all(type(x) in _FLAT for x in item)):
+            elif kind in FLAT:
+                flat(item, kind, chunks, paths)
+            elif kind is tuple and (len(item) == 2 and type(item[0]) in FLAT and type(item[1]) in FLAT
+                                    or 0 < len(item) <= 8 and all(type(x) in FLAT for x in item)):
                 digits = str(len(item)).encode()  # tag("tuple", n)
-                chunks += (_TUPLE_TAG, len(digits).to_bytes(8, "little"), digits)
+                chunks += (TUPLE_TAG, len(digits).to_bytes(8, "little"), digits)
                 for x in item:
-                    _flat(x, type(x), chunks, paths)
+                    flat(x, type(x), chunks, paths)
             else:
                 self.h.update(b"".join(chunks))
                 chunks = []
