@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec, safefs
-from ..claims import shard_tag
-from ..safefs import fsync_dir
+from ..format import codec
+from ..guard import safefs
+from ..guard.claims import shard_tag
+from ..guard.safefs import fsync_dir
 from .base import ShardWriter, StagingToken
-from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .manifest import Manifest
 from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, generation_schema, load_schema,
@@ -29,6 +29,7 @@ from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, g
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
 from .memmap_staging import StagingRecords
+from .reading import GenerationData, StagingData
 from .staging import check_complete, in_range
 
 

@@ -9,7 +9,7 @@ Inside a generation directory:
   written with ``pwrite`` (an ``ENOSPC`` is an exception there; through a
   shared mapping it would be a SIGBUS). A batch read is then one gather per
   leaf straight into the caller's buffer.
-* ``<shard>.seg`` - append-only records (see :mod:`cachestore.codec`) for
+* ``<shard>.seg`` - append-only records (see :mod:`cachestore.format.codec`) for
   samples of any other structure, and for every sample when compressed.
 * ``<shard>.idx`` - one :data:`INDEX_DTYPE` row per sample a shard wrote,
   appended after the data at each flush. A writer killed mid-flush leaves at
@@ -17,7 +17,7 @@ Inside a generation directory:
 * ``index.npy`` / ``shards.json`` - written at commit: rows ordered by index.
 
 Reading a committed generation opens each of them without following a symlink and only as
-a regular file, and checks what it holds before it is used (:mod:`cachestore.untrusted`):
+a regular file, and checks what it holds before it is used (:mod:`cachestore.guard.untrusted`):
 a store is untrusted input (docs/ARCHITECTURE.md, "Untrusted stores").
 """
 
@@ -33,9 +33,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, safefs, untrusted
-from ..codec import TreeDef
 from ..errors import MalformedFileError
+from ..format import codec
+from ..format.codec import TreeDef
+from ..format.structure import parse_treedef
+from ..guard import safefs, untrusted
 from .manifest import MANIFEST_NAME, Manifest
 
 #: One row per sample: where its bytes lie (a shard's segment, or the columns) and their checksum.
@@ -66,7 +68,7 @@ def load_schema(directory: Path) -> TreeDef | None:
     """
     path = directory / SCHEMA
     try:
-        schema = untrusted.parse_treedef(untrusted.read_document(path, "a generation schema", SCHEMA_BYTES), str(path))
+        schema = parse_treedef(untrusted.read_document(path, "a generation schema", SCHEMA_BYTES), str(path))
     except FileNotFoundError:
         return None
     if not codec.is_stackable(schema):
@@ -90,7 +92,7 @@ def generation_schema(directory: Path, manifest: Manifest) -> TreeDef | None:
     on_disk = load_schema(directory)
     if manifest.get("schema") is None:
         return on_disk
-    recorded = untrusted.parse_treedef(manifest["schema"], f"{directory / MANIFEST_NAME} ('schema')")
+    recorded = parse_treedef(manifest["schema"], f"{directory / MANIFEST_NAME} ('schema')")
     if on_disk != recorded:
         raise MalformedFileError(f"{directory / SCHEMA} does not match the schema the manifest recorded "
                                  "at commit: it was changed since (its values would be read as another type)")
@@ -172,7 +174,7 @@ def check_index(path: Path, num_samples: int) -> None:
 
 def read_index(path: Path, num_samples: int, num_shards: int) -> IndexRows:
     """The `num_samples` rows of the index file `path`, each checked
-    (:func:`cachestore.untrusted.check_index_rows`) against the `num_shards` shards listed."""
+    (:func:`cachestore.guard.untrusted.check_index_rows`) against the `num_shards` shards listed."""
     fd = open_data(path)
     nbytes = num_samples * INDEX_DTYPE.itemsize
     try:

@@ -5,7 +5,7 @@ opened, and before it reads through a mapping it checks (``fstat``) that the fil
 bytes the read needs. A file truncated under an open generation (by anyone: a store is untrusted
 input, docs/ARCHITECTURE.md, "Untrusted stores") would otherwise be a SIGBUS on the first page
 beyond its new end, which kills the process. The compiled gather needs no such check: it catches
-the SIGBUS itself (``cachestore/_gather.c``, "guard"), so a batch costs no system call; a file
+the SIGBUS itself (``cachestore/format/_gather.c``, "guard"), so a batch costs no system call; a file
 cut in the middle of a read of the pure-Python paths is the one case left to the kernel. Views
 handed out with ``copy=False`` are the caller's to read, and fault as any mapping does.
 """
@@ -23,17 +23,17 @@ from typing import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, records
-from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
 from ..errors import CacheStoreError, CorruptSampleError, exhausted
-from ..native import native_gather
-from ..room import fits
-from .reading import BatchLayout, GenerationData
+from ..format import codec, records
+from ..format.checksums import checksum, first_mismatch, flat_rows, row_checksums
+from ..format.codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..format.collate import stack_samples
+from ..format.native import native_gather
+from ..space.room import fits
 from .batch import Indices, batch_indices, gather_columns
 from .manifest import Manifest
 from .memmap_files import COLUMN, IndexRows, col_name, generation_schema, open_data, read_index, read_shard_ids
+from .reading import BatchLayout, GenerationData
 
 #: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
 #: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
@@ -395,7 +395,7 @@ class MemmapGeneration(GenerationData):
         Batch reads go over the whole generation, and a page touched for the first time in a
         process costs a fault there (each worker's, the training process's), which slowed the
         first read epoch; mapped in one call (``MADV_POPULATE_READ``), it reads at full speed
-        from the start. Only for a generation that fits the memory room (:mod:`cachestore.room`):
+        from the start. Only for a generation that fits the memory room (:mod:`cachestore.space.room`):
         a larger one would be read from disk up front, and thrash.
         """
         self._mapped_in = True

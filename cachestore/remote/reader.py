@@ -25,20 +25,21 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .. import codec
+from . import layout
 from ..backends.batch import Indices, batch_indices
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE
 from ..backends.reading import BatchLayout, GenerationData
-from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
+from ..backends.spec import StoreSpec
 from ..errors import CorruptSampleError
-from ..reader import Reader
-from ..spec import StoreSpec
-from ..records import decode_record
-from ..room import sample_limit
-from ..untrusted import parse_json, parse_shard_ids, parse_treedef
-from . import layout
+from ..format import codec
+from ..format.checksums import checksum, first_mismatch, flat_rows, row_checksums
+from ..format.codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..format.collate import stack_samples
+from ..format.records import decode_record
+from ..format.structure import parse_treedef
+from ..guard.untrusted import parse_json, parse_shard_ids
+from ..read.reader import Reader
+from ..space.room import sample_limit
 from .client import runtime_started
 from .errors import RemoteManifestError
 from .leases import ReaderLease

@@ -20,7 +20,7 @@ import tempfile
 from typing import Any
 
 from cachestore.errors import CorruptSampleError
-from cachestore.scratch import pid_alive
+from cachestore.space.scratch import pid_alive
 
 from ...settings import EpochMode
 from .. import messages as m
