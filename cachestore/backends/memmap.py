@@ -3,7 +3,8 @@
 The files and their layout are described in :mod:`.memmap_files`; a shard writes
 them (:mod:`.memmap_shard`), a reader maps a committed generation
 (:mod:`.memmap_generation`), a resuming writer reads a staging area back
-(:mod:`.memmap_staging`). This module is the catalog side: the commit's merge of the
+(:mod:`.memmap_staging`), and a generation is read by byte ranges where its files are not local
+(:mod:`.memmap_ranges`: the remote tier's direct reads). This module is the catalog side: the commit's merge of the
 shards' indexes, the adoption of a partial generation, the checks of a listing.
 """
 

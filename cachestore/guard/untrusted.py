@@ -238,18 +238,19 @@ def parse_shard_ids(obj: object, path: str) -> list[str]:
     return names
 
 
-def check_index_rows(rows: npt.NDArray[np.void], num_samples: int, num_shards: int, path: str) -> None:
-    """Rows of a generation's index (fields ``index``, ``shard``, ``offset``, ``length``, ``raw``):
-    row ``i`` is sample ``i``; its shard is ``-1`` (the columns) or one of the `num_shards`
-    listed; offsets, lengths and raw sizes are >= 0 and an offset plus its length stays inside
-    an int64. Vectorised: a check of a million rows costs milliseconds, once per opening."""
+def check_index_rows(rows: npt.NDArray[np.void], num_samples: int, num_shards: int, path: str,
+                     first: int = 0) -> None:
+    """Rows of a generation's index (fields ``index``, ``shard``, ``offset``, ``length``, ``raw``), or
+    of the part of one that holds its samples from `first` on: row ``i`` is sample ``first + i``; its
+    shard is ``-1`` (the columns) or one of the `num_shards` listed; offsets, lengths and raw sizes
+    are >= 0 and an offset plus its length stays inside an int64. Vectorised: a check of a million rows costs milliseconds, once per opening."""
     if len(rows) != num_samples:
         raise MalformedFileError(f"{path} has {len(rows)} rows, the generation {num_samples} samples")
     if not len(rows):
         return
     why = None
-    if not np.array_equal(rows["index"], np.arange(num_samples)):
-        why = "its rows are not samples 0..n-1 in order"
+    if not np.array_equal(rows["index"], np.arange(first, first + num_samples)):
+        why = f"its rows are not samples {first}..{first + num_samples - 1} in order"
     elif rows["shard"].min() < -1 or rows["shard"].max() >= num_shards:
         bad = rows["shard"][(rows["shard"] < -1) | (rows["shard"] >= num_shards)][0]
         why = f"a row names shard {bad}, and the generation has {num_shards} (shards.json)"
