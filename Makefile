@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test check typecheck chaos parity peer-torch bench clean
 
-# setup.py and the C source: an install rebuilds the compiled gather (cachestore/_gather.c).
-$(STAMP): pyproject.toml setup.py cachestore/_gather.c
+# setup.py and the C source: an install rebuilds the compiled gather (cachestore/format/_gather.c).
+$(STAMP): pyproject.toml setup.py cachestore/format/_gather.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: 2.13.0 is available locally; other versions download gigabytes.
@@ -65,4 +65,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info cachestore/*.so
+	rm -rf $(VENV) build *.egg-info cachestore/format/*.so

@@ -33,7 +33,7 @@ def _meta(argv: list[str], quick: bool) -> dict:
     import psutil
     import torch
 
-    from cachestore.native import native_gather
+    from cachestore.format.native import native_gather
 
     from .common import llc_bytes
 

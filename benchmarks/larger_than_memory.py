@@ -38,7 +38,7 @@ Without root, or when the kernel refuses the cgroup, mode ``evict``: no limit,
 the store's pages are dropped before every measurement (``os.sync``, then
 ``POSIX_FADV_DONTNEED`` on each of its files, never ``drop_caches``, which
 would empty the whole machine's cache), and the reading processes are told a
-memory room of ``limit`` bytes (``cachestore.room.memory_room`` replaced, in
+memory room of ``limit`` bytes (``cachestore.space.room.memory_room`` replaced, in
 the loader's workers too), so the loader reads as it would under the limit: the
 store does not fit, it is not mapped in, and streamed reads drop their pages.
 Reads through a mapping (torch, lmdb, zstd) keep their pages for the rest of
@@ -141,9 +141,9 @@ def _room_in_worker(worker_id: int = 0) -> None:
     """Mode ``evict``: report the memory room of :data:`ROOM_ENV` (a worker_init_fn; the main process calls it too)."""
     room = os.environ.get(ROOM_ENV)
     if room:
-        import cachestore.room
+        import cachestore.space.room
 
-        cachestore.room.memory_room = lambda *args, **kwargs: int(room)  # type: ignore[assignment]
+        cachestore.space.room.memory_room = lambda *args, **kwargs: int(room)  # type: ignore[assignment]
 
 
 def _loader(args: dict, setting: dict) -> Any:
@@ -241,7 +241,7 @@ def _workers_started(loader: Any, timeout: float = 15.0) -> None:
 
 def _epoch(args: dict) -> dict:
     """One cached epoch of a loader over the committed store, cold, stopped after the budget."""
-    from cachestore.room import memory_room
+    from cachestore.space.room import memory_room
 
     _room_in_worker()
     n = args["n"]

@@ -131,7 +131,7 @@ def steady_epochs(epochs: list[dict]) -> list[int]:
 
 def _limit_process(rank: int, n: int, workers: int, batch_size: int, barrier: Any, out: Any) -> None:
     """One process of the transform's limit: its share of the batches, over images it holds."""
-    from cachestore.collate import stack_samples
+    from cachestore.format.collate import stack_samples
 
     order = np.random.default_rng(rank).permutation(n)
     batches = [order[b:b + batch_size] for b in range(0, n, batch_size)][rank::workers]

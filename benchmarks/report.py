@@ -269,7 +269,7 @@ def markdown(results: dict, rows: list[TargetRow], png_name: str | None) -> str:
     out = [f"# Benchmarks, {meta['date']}", "",
            f"`{meta['command']}` on {_machine(meta)}. Took {meta['duration_s'] / 60:.1f} min. Figures are medians "
            "over repetitions, ± half the min-max range; ours and torch run alternately, so a neighbour's load "
-           "hits both." + (f" Verified reads use the {meta['verified_gather']} gather (cachestore/_gather.c)."
+           "hits both." + (f" Verified reads use the {meta['verified_gather']} gather (cachestore/format/_gather.c)."
                            if "verified_gather" in meta else ""), ""]
     if "memcpy" in results:
         out += [_memcpy(results), ""]

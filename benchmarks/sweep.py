@@ -2,7 +2,7 @@
 
 A hyper-parameter sweep starts several training jobs on the same dataset at
 once. With ``cache_setting["shared"]=True`` (the default) the jobs that write
-the same generation of one prefix write it together (cachestore/shared.py):
+the same generation of one prefix write it together (cachestore/write/shared.py):
 each sample is claimed before it is computed, a job that needs a sample
 another is computing waits for it and reads it back, the last job out commits.
 

@@ -61,7 +61,7 @@ class CorruptSampleError(CacheStoreError, ValueError):
 class MalformedFileError(CacheStoreError, ValueError):
     """A file of a store does not hold what the store writes there (a field of the wrong type or out
     of range, a name that is not the store's, a document too large or nested too deeply); the
-    message names the file (see :mod:`cachestore.untrusted`)."""
+    message names the file (see :mod:`cachestore.guard.untrusted`)."""
 
 
 class PickleRefusedError(CacheStoreError, PermissionError):

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Protocol
 
 from .backends.base import Backend, GenerationInfo, ProducerRecord
-from .disk import allocated_bytes, parse_size
 from .errors import StoreLockedError
-from .locking import LOCK_NAME, WriterLock, lock_holder
-from .scratch import is_window_name
+from .guard.locking import LOCK_NAME, WriterLock, lock_holder
+from .space.disk import allocated_bytes, parse_size
+from .space.scratch import is_window_name
 
 
 class Prunable(Protocol):

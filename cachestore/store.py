@@ -2,30 +2,30 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterable, TypeAlias, cast
+from typing import Callable, Iterable, TypeAlias
 
 import xxhash
 
-from . import untrusted
 from .backends import get_backend
 from .backends.base import Backend, GenerationInfo, ProducerRecord, StoreMeta
-from .budget import Budget
-from .disk import allocated_bytes, free_bytes, parse_size
+from .backends.spec import StoreSpec
 from .errors import (CacheStoreError, CorruptSampleError, FingerprintMismatchError, GenerationNotFoundError,
                      MalformedFileError, NotAStoreError, StoreLockedError)
-from .locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
+from .guard import untrusted
+from .guard.locking import SharedWriterLock, WriterLease, WriterLock, lock_holder
+from .guard.trust import Trust, warn_if_shared
 from .pruning import Removed, prune_store
-from .reader import Reader
-from .room import memory_room, sample_limit
-from .shared import SharedWriter
-from .spec import StoreSpec
-from .trust import Trust, warn_if_shared
-from .writer import GenerationWriter
+from .read.readable import ReadableStore
+from .read.reader import Reader
+from .space.budget import Budget
+from .space.disk import allocated_bytes, free_bytes, parse_size
+from .space.room import memory_room, sample_limit
+from .write.shared import SharedWriter
+from .write.writer import GenerationWriter
 
 #: 2: LMDB generations of fixed-shape samples are stored by column (stores made as 1 keep writing
 #: records, which the cachestore that made them reads; see cachestore/backends/lmdb_columns.py).
@@ -33,9 +33,6 @@ FORMAT_VERSION = 2
 COMPRESSIONS = (None, "zstd")
 #: RAM the memory backend leaves to everything else.
 RAM_RESERVE_FRACTION = 0.10
-#: What opens an ``s3://`` or ``file://`` URL: the remote tier, imported by name on first use (it sits
-#: above the store, and needs the ``remote`` extra), as the backend registry imports backends.
-REMOTE_OPENER = "cachestore.remote:open_remote"
 #: What identifies the producer of a store's samples (the loader's dataset fingerprint): JSON values.
 Fingerprint: TypeAlias = dict[str, object]
 
@@ -49,7 +46,7 @@ def _read_existing_backend(path: str) -> str | None:
     return backend if isinstance(backend, str) else None
 
 
-def _sample_bytes(value: int | str | None) -> int | None:
+def sample_bytes(value: int | str | None) -> int | None:
     """``max_sample_bytes`` as bytes (``None``: not given), checked."""
     limit = parse_size(value)
     if limit is not None and limit < 1:
@@ -57,8 +54,9 @@ def _sample_bytes(value: int | str | None) -> int | None:
     return limit
 
 
-class Store:
-    """Generations of samples under one path. Create with :func:`open_store`."""
+class Store(ReadableStore):
+    """Generations of samples under one path, which this process may also write (see
+    :class:`~cachestore.read.readable.ReadableStore`). Create with :func:`open_store`."""
 
     def __init__(self, path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                  disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
@@ -81,7 +79,7 @@ class Store:
         self.readonly = readonly
         self.allow_pickle = allow_pickle
         self.verify_reads = verify
-        limit = _sample_bytes(max_sample_bytes)
+        limit = sample_bytes(max_sample_bytes)
         if limit is None:
             limit = sample_limit(self.disk_budget)
         self.spec = StoreSpec.of(self.path, backend, compression, allow_pickle, verify,
@@ -138,6 +136,11 @@ class Store:
         return (_reopen, (self.spec, self.disk_budget, self.readonly))
 
     @property
+    def writable(self) -> bool:
+        """Whether this process may write generations here (not opened ``readonly``)."""
+        return not self.readonly
+
+    @property
     def fingerprint(self) -> Fingerprint | None:
         """What produced the samples, as recorded in ``store.json`` (``None``: not recorded)."""
         fingerprint = self.meta.get("fingerprint")
@@ -182,7 +185,7 @@ class Store:
         The processes (ranks of a node, concurrent jobs) share one staging area
         and claim each sample before computing it, so each is written once;
         the first one to leave with every sample in commits (see
-        :mod:`cachestore.shared`). Needs a
+        :mod:`cachestore.write.shared`). Needs a
         fingerprint (what makes the other writers' samples this producer's)
         and a backend that supports it (memmap).
 
@@ -250,7 +253,7 @@ class Store:
         """Pid of the live process writing this store, else ``None``.
 
         -1 when it has not written its pid yet;
-        :data:`~cachestore.locking.SHARED_WRITERS` (-2) when processes write
+        :data:`~cachestore.guard.locking.SHARED_WRITERS` (-2) when processes write
         one generation together (:meth:`join`), and no single pid is the writer.
         """
         if self.writing:
@@ -289,11 +292,6 @@ class Store:
         generation is opened (see :meth:`Backend.open_generation`).
         """
         return self.backend.generations()
-
-    def latest(self) -> int | None:
-        """Id of the newest committed generation, ``None`` when there is none."""
-        committed = [g.id for g in self.generations() if g.committed]
-        return max(committed) if committed else None
 
     def reader(self, generation: int | None = None) -> Reader:
         """A read-only view of a committed generation (the newest when ``None``)."""
@@ -373,12 +371,6 @@ class Store:
         if not self.backend.persistent:
             self.backend.close()
 
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"Store({self.path!r}, backend={self.backend_name!r})"
 
@@ -389,12 +381,12 @@ def _reopen(spec: StoreSpec, disk_budget: int | None, readonly: bool) -> Store:
                  trusted_gids=spec.trust.gids, max_sample_bytes=spec.max_sample_bytes)
 
 
-def open_store(path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
+def open_local(path: str | os.PathLike[str], backend: str | None = None, *, compression: str | None = None,
                disk_budget: int | str | None = None, allow_pickle: bool = False, readonly: bool = False,
                fingerprint: Fingerprint | None = None, producer: dict[str, object] | None = None,
                verify: bool = True, trusted_uids: Iterable[int] | None = None,
                trusted_gids: Iterable[int] | None = None, max_sample_bytes: int | str | None = None) -> Store:
-    """Open (or create) the store at `path`.
+    """Open (or create) the local store at `path` (:func:`cachestore.open_store` also opens a URL).
 
     Parameters
     ----------
@@ -437,16 +429,7 @@ def open_store(path: str | os.PathLike[str], backend: str | None = None, *, comp
     Returns
     -------
     Store
-        For an ``s3://`` or ``file://`` URL, a read-only :class:`cachestore.remote.RemoteStore`
-        (``reader()`` reads straight from the remote; endpoint and credentials from the
-        ``AWS_*`` environment variables; needs the ``remote`` extra).
     """
-    if isinstance(path, str) and path.split("://", 1)[0] in ("s3", "file") and "://" in path:
-        module, _, attr = REMOTE_OPENER.partition(":")
-        opener = getattr(importlib.import_module(module), attr)
-        return cast(Store, opener(path, fingerprint=fingerprint, backend=backend or "memmap",
-                                  allow_pickle=allow_pickle, verify=verify,
-                                  max_sample_bytes=_sample_bytes(max_sample_bytes)))
     return Store(path, backend, compression=compression, disk_budget=disk_budget, allow_pickle=allow_pickle,
                  readonly=readonly, fingerprint=fingerprint, producer=producer, verify=verify,
                  trusted_uids=trusted_uids, trusted_gids=trusted_gids, max_sample_bytes=max_sample_bytes)

@@ -14,7 +14,7 @@ prints them top-down: a room imports only rooms printed below it. It fails
 * a module that reads another module's private name: ``from x import _name``,
   or ``obj._name`` where ``_name`` is private to another module of the project
   (a module-level name, or an attribute its classes define) and not to this one.
-  A package may import its own private submodules (``cachestore._gather``), and a
+  A package may import its own private submodules (``cachestore.format._gather``), and a
   class may use what its bases define for subclasses (``self._name``).
   Test modules (``tests/``) may read the private names of the code they test
   (white-box checks, fault injection), not those of other test modules.
@@ -41,7 +41,7 @@ ALLOWED: dict[str, str] = {}
 #: Rooms by module prefix, the longest prefix first. The loader's top level holds its facade
 #: (which builds everything) and the small modules every room shares (settings, errors, ...).
 #: Package modules (``__init__``) that belong to a room of their own, not their prefix's.
-EXACT = {"loader": "loader (facade)", "cachestore": "cachestore (store)"}
+EXACT = {"loader": "loader (facade)", "cachestore": "cachestore (api)"}
 ROOMS = [
     ("loader.compat", "loader/compat"),
     ("loader.api", "loader (facade)"),
@@ -72,14 +72,15 @@ ROOMS = [
     ("cachestore.cli", "cachestore (cli)"),
     ("cachestore.remote", "cachestore/remote"),
     ("cachestore.__main__", "cachestore (cli)"),
+    ("cachestore.opening", "cachestore (api)"),
     ("cachestore.store", "cachestore (store)"),
-    ("cachestore.reader", "cachestore (store)"),
-    ("cachestore.writer", "cachestore (store)"),
-    ("cachestore.sink", "cachestore (store)"),
-    ("cachestore.spec", "cachestore (store)"),
-    ("cachestore.shared", "cachestore (store)"),
     ("cachestore.pruning", "cachestore (store)"),
+    ("cachestore.write", "cachestore/write"),
+    ("cachestore.read", "cachestore/read"),
     ("cachestore.backends", "cachestore/backends"),
+    ("cachestore.format", "cachestore/format"),
+    ("cachestore.guard", "cachestore/guard"),
+    ("cachestore.space", "cachestore/space"),
     ("cachestore", "cachestore (core)"),
 ]
 
@@ -132,7 +133,7 @@ def room_of(module: str) -> str:
 
 def graph(sources: tuple[str, ...] = PACKAGES) -> tuple[dict[str, set[str]], set[str]]:
     """Each module of `sources` and the repository modules it imports."""
-    # Stubs stand for compiled modules (cachestore._gather).
+    # Stubs stand for compiled modules (cachestore.format._gather).
     modules = {module_name(p): p for package in sources for p in sorted((ROOT / package).rglob("*.py*"))
                if p.suffix in (".py", ".pyi")}
     edges: dict[str, set[str]] = {}

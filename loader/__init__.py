@@ -3,7 +3,7 @@
 >>> from loader import CachedLoader   # doctest: +SKIP
 """
 
-from cachestore.collate import stack_samples as default_collate
+from cachestore.format.collate import stack_samples as default_collate
 
 from .api import CachedLoader
 from .epochs.plan import EpochStats

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from cachestore.errors import MalformedFileError
-from cachestore.safefs import require_real_dir, write_json_atomic, write_new
-from cachestore.trust import OWN
-from cachestore.untrusted import read_document
+from cachestore.guard.safefs import require_real_dir, write_json_atomic, write_new
+from cachestore.guard.trust import OWN
+from cachestore.guard.untrusted import read_document
 
 from .errors import RanksTimeoutError
 

@@ -14,7 +14,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from cachestore.codec import LeafSpec
+from cachestore.format.codec import LeafSpec
 
 
 #: Every leaf starts at a multiple of this many bytes (a cache line).

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, Union
 
 from cachestore.backends import available_backends
-from cachestore.disk import parse_size
-from cachestore.trust import Trust
+from cachestore.guard.trust import Trust
+from cachestore.space.disk import parse_size
 
 from .checks import check_choice, check_int, check_keys
 from .dataset import BatchFn, CollateFn, DatasetSource, ReadTransform

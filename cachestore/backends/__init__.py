@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Union
 
-from ..budget import Budget
+from ..space.budget import Budget
 from .base import Backend, GenerationInfo, ShardWriter
 from .reading import GenerationData
 
@@ -44,7 +44,7 @@ def register_backend(name: str, backend: Union[str, type[Backend]]) -> None:
 
 def backend_origin(name: str) -> str | None:
     """Where the backend registered as `name` comes from, as ``"module:Class"``: what another process
-    registers it by (:class:`cachestore.spec.StoreSpec` carries it to workers). ``None`` for the
+    registers it by (:class:`cachestore.backends.spec.StoreSpec` carries it to workers). ``None`` for the
     built-in backends and unknown names."""
     entry = _REGISTRY.get(name)
     if entry is None or isinstance(entry, str) and entry.startswith("cachestore.backends."):

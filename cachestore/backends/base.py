@@ -15,7 +15,7 @@ Concrete helpers built on the abstract methods (the budget checks of every put)
 live here so a backend only implements storage. Around it:
 :class:`~.reading.GenerationData`, with its index checks and generic batch read,
 and :class:`~.reading.StagingData` are in :mod:`.reading`, the budget is
-:mod:`cachestore.budget`, checksums :mod:`cachestore.checksums`, batch helpers
+:mod:`cachestore.space.budget`, checksums :mod:`cachestore.format.checksums`, batch helpers
 :mod:`.batch`, staging names and producer records :mod:`.staging`. The
 conformance suite in ``tests/cachestore/test_conformance.py`` runs unchanged
 against every backend.
@@ -37,11 +37,11 @@ from typing import ClassVar, Collection, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec
-from ..budget import Budget
-from ..codec import Leaf, Sample, TreeDef
-from ..trust import OWN, Trust
 from ..errors import BudgetExceededError, CacheStoreError
+from ..format import codec
+from ..format.codec import Leaf, Sample, TreeDef
+from ..guard.trust import OWN, Trust
+from ..space.budget import Budget
 from .reading import GenerationData, StagingData
 
 #: A store's metadata document (``store.json``): plain JSON values.
@@ -97,7 +97,7 @@ class StagingToken:
     num_samples: int | None
     compress: bool
     allow_pickle: bool
-    #: A shared staging area (:mod:`cachestore.shared`): its writers claim each sample first.
+    #: A shared staging area (:mod:`cachestore.write.shared`): its writers claim each sample first.
     shared: bool = False
 
     def write_budget(self) -> Budget:
@@ -256,7 +256,7 @@ class Backend(ABC):
     supports_zero_copy: ClassVar[bool] = False
     #: Data lives in files under the store path (so other processes can read it).
     persistent: ClassVar[bool] = True
-    #: Several processes can write one staging area together, claiming samples (:mod:`cachestore.shared`).
+    #: Several processes can write one staging area together, claiming samples (:mod:`cachestore.write.shared`).
     supports_shared_write: ClassVar[bool] = False
     #: A fixed-layout generation larger than memory is best read with explicit I/O
     #: (``GenerationData.read_range``/``read_rows``: large reads ahead of the loop), not page faults.

@@ -7,7 +7,7 @@ from typing import Sequence, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from ..codec import Leaf, LeafSpec
+from ..format.codec import Leaf, LeafSpec
 
 #: The indices of a batch: ints, or an integer numpy array.
 Indices: TypeAlias = Sequence[int] | npt.NDArray[np.integer]

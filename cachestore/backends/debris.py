@@ -5,7 +5,7 @@ one of another producer), a shared area nobody is a member of any more whose com
 short or whose producer is another (``.shared-<generation>-<hash>`` and its ``.members``
 lock file), a temp file of a dead pid (``.<name>.<pid>.<hex>.tmp``, ``.shared-tmp-<pid>-*``)
 and a rotation window of a dead pid (``rotation-<pid>-<hex>``). Names are read strictly
-(ASCII digits, :mod:`cachestore.untrusted`): a name the store did not make is never debris,
+(ASCII digits, :mod:`cachestore.guard.untrusted`): a name the store did not make is never debris,
 whatever it looks like, and is left alone. A partial generation of the producer a caller
 names is data, not debris (see :mod:`.directory`, "Partial generations").
 """
@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 from typing import Collection
 
-from .. import safefs
-from ..disk import allocated_bytes
-from ..safefs import TEMP_NAME
-from ..scratch import dead_windows, pid_alive
+from ..guard import safefs
+from ..guard.safefs import TEMP_NAME
+from ..space.disk import allocated_bytes
+from ..space.scratch import dead_windows, pid_alive
 from .base import ProducerRecord
 from .staging import (MEMBERS_SUFFIX, SHARED_PREFIX, has_members, matches, members_path, parse_shared,
                       parse_staging, staging_record, tmp_owner)

@@ -6,7 +6,7 @@ Layout of a store directory::
     writer.lock                    present while a writer lives (see locking.py)
     gen-000003/                    a committed generation: manifest.json + data
     .staging-000004-<pid>-<hex>/   a generation being written (or a partial one kept); never read as one
-    rotation-<pid>-<hex>/          a process's rotation window (see cachestore/scratch.py)
+    rotation-<pid>-<hex>/          a process's rotation window (see cachestore/space/scratch.py)
 
 Commit protocol (why each step): data files are fsync'ed first, so the
 manifest never names bytes still in the page cache only; the manifest is
@@ -63,18 +63,18 @@ from typing import Collection
 import numpy as np
 import numpy.typing as npt
 
-from .. import safefs, untrusted
-from ..budget import Budget
-from ..claims import CLAIMS_NAME, DONE_NAME, done_map
-from ..disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from ..errors import (BudgetExceededError, CacheStoreError, CorruptSampleError, GenerationCommitted,
                       GenerationNotFoundError, MalformedFileError)
-from ..safefs import TEMP_NAME, fsync_dir, write_json_atomic
+from ..guard import safefs, untrusted
+from ..guard.claims import CLAIMS_NAME, DONE_NAME, done_map
+from ..guard.safefs import TEMP_NAME, fsync_dir, write_json_atomic
+from ..space.budget import Budget
+from ..space.disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
 from .debris import find_debris
-from .reading import GenerationData
 from .manifest import MANIFEST_NAME, Manifest, check_generation, manifest_checksum, manifest_int
+from .reading import GenerationData
 from .staging import (STAGING_META, has_members, idle_shared_areas, mark_committing, matches, members_path,
                       parse_shared, parse_staging, staging_dirname, staging_record, unshared_record)
 

@@ -30,21 +30,22 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, records, safefs
-from ..budget import Budget
-from ..checksums import checksum
-from ..codec import Leaf, Sample, TreeDef
-from ..disk import allocated_bytes, is_out_of_space, out_of_space
-from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-from ..safefs import fsync_dir, write_json_atomic
-from ..untrusted import parse_shard_stats, read_document
 from . import lmdb_columns
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from ..format import codec, records
+from ..format.checksums import checksum
+from ..format.codec import Leaf, Sample, TreeDef
+from ..guard import safefs
+from ..guard.safefs import fsync_dir, write_json_atomic
+from ..guard.untrusted import parse_shard_stats, read_document
+from ..space.budget import Budget
+from ..space.disk import allocated_bytes, is_out_of_space, out_of_space
 from .base import ShardWriter, StagingToken
-from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .lmdb_generation import (ENVS, ENVS_LOCK, KEY, SUM, LmdbGeneration, acquire_env, open_env, record_key,
                               release_env)
 from .manifest import Manifest
+from .reading import GenerationData, StagingData
 from .staging import check_complete, in_range
 
 MAP_SIZE = 1 << 40  # address space only: the file grows with what is written

@@ -11,7 +11,7 @@ chunks of ``chunk_rows`` samples:
   record key): the raw rows of that leaf for samples
   ``chunk * chunk_rows ..`` (the last chunk is shorter);
 * key ``C | 0xFFFFFFFF | chunk``: one little-endian ``u64`` checksum per row,
-  :func:`~cachestore.checksums.checksum` of the row's leaves (as memmap's index holds it).
+  :func:`~cachestore.format.checksums.checksum` of the row's leaves (as memmap's index holds it).
 
 A batch is then one ``get`` per chunk touched and array (values are read in
 place from LMDB's map), one fancy-index copy per chunk and leaf, and one hash
@@ -50,12 +50,12 @@ import lmdb
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, records
 from ..errors import MalformedFileError
-from ..untrusted import parse_treedef
-from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Leaf, LeafSpec, TreeDef, row_bytes
-from ..disk import is_out_of_space
+from ..format import codec, records
+from ..format.checksums import checksum, first_mismatch, flat_rows, row_checksums
+from ..format.codec import Leaf, LeafSpec, TreeDef, row_bytes
+from ..format.structure import parse_treedef
+from ..space.disk import is_out_of_space
 from .manifest import Manifest
 
 CHUNK_KEY = struct.Struct(">cIQ")

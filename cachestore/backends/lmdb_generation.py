@@ -26,22 +26,23 @@ import lmdb
 import numpy as np
 import xxhash
 
-from .. import codec, records, safefs
-from ..checksums import checksum
-from ..codec import Batch, Leaf, Sample, TreeDef
-from ..collate import stack_samples
-from ..errors import CacheStoreError, CorruptSampleError, exhausted
-from ..native import native_gather
-from ..room import fits
 from . import lmdb_columns
-from .reading import BatchLayout, GenerationData
+from ..errors import CacheStoreError, CorruptSampleError, exhausted
+from ..format import codec, records
+from ..format.checksums import checksum
+from ..format.codec import Batch, Leaf, Sample, TreeDef
+from ..format.collate import stack_samples
+from ..format.native import native_gather
+from ..guard import safefs
+from ..space.room import fits
 from .batch import Indices, batch_indices
 from .manifest import Manifest, manifest_int
+from .reading import BatchLayout, GenerationData
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-    from ..native import Bytes
+    from ..format.native import Bytes
 
 KEY = struct.Struct(">Q")  # a record's key: its index, big-endian so the key order is the index order
 SUM = struct.Struct("<Q")  # the checksum a record's value starts with
@@ -311,7 +312,7 @@ class LmdbGeneration(GenerationData):
         no per-sample copy, decode, sample object or ``np.stack``, each of which cost as much
         as the copy itself. The copies are ``memoryview`` slice assignments: a ``frombuffer``
         and a numpy row assignment per leaf and sample cost more than the copy of a large
-        sample; with the compiled gather (``cachestore/_gather.c``) the records
+        sample; with the compiled gather (``cachestore/format/_gather.c``) the records
         after the first are checked, hashed and copied in one call without the GIL. A record that
         differs sends the batch to the general path.
         """

@@ -16,9 +16,11 @@ from typing import Any, Callable, TypeAlias
 
 import xxhash
 
-from .. import codec, safefs, untrusted
 from ..errors import MalformedFileError
-from ..trust import OWN, Trust
+from ..format import codec
+from ..format.structure import parse_treedef
+from ..guard import safefs, untrusted
+from ..guard.trust import OWN, Trust
 
 MANIFEST_NAME = "manifest.json"
 
@@ -34,7 +36,7 @@ def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path
 
     A generation another user made is damage unless `trust` names that user: in a prefix others
     can write, one put in place of the job's own (correct checksums, other values) would
-    otherwise be served (see :mod:`cachestore.trust`); the job writes its own instead.
+    otherwise be served (see :mod:`cachestore.guard.trust`); the job writes its own instead.
 
     A generation directory is only ever made by a commit (a rename of a finished
     staging area), so one without a readable manifest, or whose files do not have
@@ -64,11 +66,12 @@ def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path
         return {}, f"{path} is a symlink" if os.path.islink(path) else f"{path} is unreadable ({exc})"
     try:
         manifest = untrusted.parse_manifest(manifest, str(path), generation)
+        schema = parse_treedef(manifest["schema"], f"{path} ('schema')") if "schema" in manifest else None
     except MalformedFileError as exc:
         partial = manifest if isinstance(manifest, dict) else {}
         return partial, f"{path} is invalid: {exc}"
-    if max_sample_bytes is not None and "schema" in manifest:
-        one = sum(codec.row_bytes(codec.leaf_specs(untrusted.parse_treedef(manifest["schema"], str(path)))))
+    if max_sample_bytes is not None and schema is not None:
+        one = sum(codec.row_bytes(codec.leaf_specs(schema)))
         if one > max_sample_bytes:
             return manifest, (f"{path}: a sample of its schema takes {one} bytes, more than the store's "
                               f"max_sample_bytes ({max_sample_bytes}): pass a larger one to read it")

@@ -3,7 +3,8 @@
 The files and their layout are described in :mod:`.memmap_files`; a shard writes
 them (:mod:`.memmap_shard`), a reader maps a committed generation
 (:mod:`.memmap_generation`), a resuming writer reads a staging area back
-(:mod:`.memmap_staging`). This module is the catalog side: the commit's merge of the
+(:mod:`.memmap_staging`), and a generation is read by byte ranges where its files are not local
+(:mod:`.memmap_ranges`: the remote tier's direct reads). This module is the catalog side: the commit's merge of the
 shards' indexes, the adoption of a partial generation, the checks of a listing.
 """
 
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec, safefs
-from ..claims import shard_tag
-from ..safefs import fsync_dir
+from ..format import codec
+from ..guard import safefs
+from ..guard.claims import shard_tag
+from ..guard.safefs import fsync_dir
 from .base import ShardWriter, StagingToken
-from .reading import GenerationData, StagingData
 from .directory import DirectoryBackend
 from .manifest import Manifest
 from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, generation_schema, load_schema,
@@ -29,6 +30,7 @@ from .memmap_files import (COLUMN, INDEX_DTYPE, SCHEMA, check_index, col_name, g
 from .memmap_generation import MemmapGeneration
 from .memmap_shard import MemmapShard
 from .memmap_staging import StagingRecords
+from .reading import GenerationData, StagingData
 from .staging import check_complete, in_range
 
 

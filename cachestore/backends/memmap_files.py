@@ -9,7 +9,7 @@ Inside a generation directory:
   written with ``pwrite`` (an ``ENOSPC`` is an exception there; through a
   shared mapping it would be a SIGBUS). A batch read is then one gather per
   leaf straight into the caller's buffer.
-* ``<shard>.seg`` - append-only records (see :mod:`cachestore.codec`) for
+* ``<shard>.seg`` - append-only records (see :mod:`cachestore.format.codec`) for
   samples of any other structure, and for every sample when compressed.
 * ``<shard>.idx`` - one :data:`INDEX_DTYPE` row per sample a shard wrote,
   appended after the data at each flush. A writer killed mid-flush leaves at
@@ -17,8 +17,11 @@ Inside a generation directory:
 * ``index.npy`` / ``shards.json`` - written at commit: rows ordered by index.
 
 Reading a committed generation opens each of them without following a symlink and only as
-a regular file, and checks what it holds before it is used (:mod:`cachestore.untrusted`):
-a store is untrusted input (docs/ARCHITECTURE.md, "Untrusted stores").
+a regular file, and checks what it holds before it is used (:mod:`cachestore.guard.untrusted`):
+a store is untrusted input (docs/ARCHITECTURE.md, "Untrusted stores"). The parsing of the
+index and the schema and the decoding of a row work on bytes (:func:`index_start`,
+:func:`index_rows`, :func:`schema_of`, :func:`record_leaves`), so the same code reads a
+generation by byte ranges of objects on a remote (:mod:`.memmap_ranges`).
 """
 
 from __future__ import annotations
@@ -29,14 +32,19 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, safefs, untrusted
-from ..codec import TreeDef
-from ..errors import MalformedFileError
+from ..errors import CorruptSampleError, MalformedFileError
+from ..format import codec, records
+from ..format.checksums import checksum
+from ..format.codec import Leaf, TreeDef
+from ..format.structure import parse_treedef
+from ..guard import safefs, untrusted
 from .manifest import MANIFEST_NAME, Manifest
+from .reading import GenerationData
 
 #: One row per sample: where its bytes lie (a shard's segment, or the columns) and their checksum.
 INDEX_DTYPE = np.dtype([("index", "<i8"), ("shard", "<i4"), ("pad", "<i4"), ("offset", "<i8"),
@@ -48,6 +56,9 @@ SCHEMA_BYTES = 4 << 20
 
 #: Rows of :data:`INDEX_DTYPE`.
 IndexRows = npt.NDArray[np.void]
+
+if TYPE_CHECKING:
+    from ..format.native import Bytes
 
 
 def col_name(k: int) -> str:
@@ -66,11 +77,22 @@ def load_schema(directory: Path) -> TreeDef | None:
     """
     path = directory / SCHEMA
     try:
-        schema = untrusted.parse_treedef(untrusted.read_document(path, "a generation schema", SCHEMA_BYTES), str(path))
+        return schema_of(untrusted.read_document(path, "a generation schema", SCHEMA_BYTES), str(path))
     except FileNotFoundError:
         return None
+
+
+def schema_of(obj: object, where: str) -> TreeDef:
+    """The structure a ``schema.json`` (`obj`, as parsed, read from `where`) gives the columns.
+
+    Raises
+    ------
+    MalformedFileError
+        It is no structure a shard writes: a bad node, or leaves that are not stacked in columns.
+    """
+    schema = parse_treedef(obj, where)
     if not codec.is_stackable(schema):
-        raise MalformedFileError(f"{path} names leaves that are not stacked in columns (str, bytes or None)")
+        raise MalformedFileError(f"{where} names leaves that are not stacked in columns (str, bytes or None)")
     return schema
 
 
@@ -90,7 +112,7 @@ def generation_schema(directory: Path, manifest: Manifest) -> TreeDef | None:
     on_disk = load_schema(directory)
     if manifest.get("schema") is None:
         return on_disk
-    recorded = untrusted.parse_treedef(manifest["schema"], f"{directory / MANIFEST_NAME} ('schema')")
+    recorded = parse_treedef(manifest["schema"], f"{directory / MANIFEST_NAME} ('schema')")
     if on_disk != recorded:
         raise MalformedFileError(f"{directory / SCHEMA} does not match the schema the manifest recorded "
                                  "at commit: it was changed since (its values would be read as another type)")
@@ -138,19 +160,19 @@ def open_data(path: Path) -> int:
 _HEADERS = threading.Lock()
 
 
-def _index_start(fd: int, path: Path, num_samples: int) -> int:
-    """Where the rows of the index file `fd` begin, once its header and size are checked against
-    the `num_samples` rows its manifest promises (:class:`MalformedFileError` else)."""
-    with os.fdopen(fd, "rb", closefd=False) as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            with _HEADERS:
-                shape, _, dtype = read_header(f)
-        except (ValueError, OSError, SyntaxError, TypeError, KeyError) as exc:
-            raise MalformedFileError(f"{path} is unreadable ({exc})") from None
-        start, size = f.tell(), os.fstat(fd).st_size
+def index_start(f: BinaryIO, size: int, path: Path | str, num_samples: int) -> int:
+    """Where the rows of the index file `f` (of `size` bytes, read from `path`: a file, or the bytes
+    of one) begin, once its header and size are checked against the `num_samples` rows its
+    manifest promises (:class:`MalformedFileError` else)."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        with _HEADERS:
+            shape, _, dtype = read_header(f)
+    except (ValueError, OSError, SyntaxError, TypeError, KeyError) as exc:
+        raise MalformedFileError(f"{path} is unreadable ({exc})") from None
+    start = f.tell()
     if dtype != INDEX_DTYPE or len(shape) != 1:
         raise MalformedFileError(f"{path} is not an index of this format (dtype {dtype}, shape {shape})")
     if shape[0] != num_samples:
@@ -165,26 +187,36 @@ def check_index(path: Path, num_samples: int) -> None:
     """Check the header and size of the index file `path` (no rows read: listing runs this)."""
     fd = open_data(path)
     try:
-        _index_start(fd, path, num_samples)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            index_start(f, os.fstat(fd).st_size, path, num_samples)
     finally:
         os.close(fd)
 
 
 def read_index(path: Path, num_samples: int, num_shards: int) -> IndexRows:
     """The `num_samples` rows of the index file `path`, each checked
-    (:func:`cachestore.untrusted.check_index_rows`) against the `num_shards` shards listed."""
+    (:func:`cachestore.guard.untrusted.check_index_rows`) against the `num_shards` shards listed."""
     fd = open_data(path)
     nbytes = num_samples * INDEX_DTYPE.itemsize
     try:
-        start = _index_start(fd, path, num_samples)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            start = index_start(f, os.fstat(fd).st_size, path, num_samples)
         data = _read_mapped(fd, nbytes, start)
     finally:
         os.close(fd)
-    rows = np.frombuffer(data, dtype=INDEX_DTYPE, count=len(data) // INDEX_DTYPE.itemsize)
+    return index_rows(data, num_samples, num_shards, path)
+
+
+def index_rows(data: bytes | memoryview | mmap.mmap, num_samples: int, num_shards: int, path: Path | str,
+               first: int = 0) -> IndexRows:
+    """The rows of samples ``first..first + num_samples - 1`` that `data` (read from `path`) holds,
+    read-only, each checked (:func:`cachestore.guard.untrusted.check_index_rows`) against the
+    `num_shards` shards listed."""
+    rows: IndexRows = np.frombuffer(data, dtype=INDEX_DTYPE, count=len(data) // INDEX_DTYPE.itemsize)
     rows.flags.writeable = False
     if len(rows) != num_samples:
         raise MalformedFileError(f"{path} is truncated: it ended while its rows were read")
-    untrusted.check_index_rows(rows, num_samples, num_shards, str(path))
+    untrusted.check_index_rows(rows, num_samples, num_shards, str(path), first)
     return rows
 
 
@@ -237,3 +269,25 @@ def reserve(path: Path, size: int) -> None:
                     raise
     finally:
         os.close(fd)
+
+
+def record_leaves(data: GenerationData, i: int, rec: Bytes, row: np.void, verify: bool,
+                  copy: bool) -> tuple[TreeDef, list[Leaf]]:
+    """Sample `i` of `data` as ``(treedef, leaves)`` from its record `rec` (its index row: `row`),
+    its checksum checked when `verify`; decompressed no further than the row's raw size and the
+    generation's bound (never unpickled)."""
+    if verify and checksum([rec]) != row["checksum"]:
+        raise data.corrupt(i, "checksum mismatch")
+    try:
+        return records.decode_record(rec, copy=copy, raw=int(row["raw"]), limit=data.max_sample_bytes)
+    except CorruptSampleError as exc:
+        if exc.index is not None or exc.generation is not None:
+            raise
+        raise data.corrupt(i, str(exc)) from None
+
+
+def check_row(data: GenerationData, i: int, leaves: list[Leaf], expected: int) -> None:
+    """Raise unless the leaves of sample `i` of `data` (a row of its columns) have its checksum."""
+    if checksum(leaves) != expected:
+        raise data.corrupt(i, "checksum mismatch")
+

@@ -5,7 +5,7 @@ opened, and before it reads through a mapping it checks (``fstat``) that the fil
 bytes the read needs. A file truncated under an open generation (by anyone: a store is untrusted
 input, docs/ARCHITECTURE.md, "Untrusted stores") would otherwise be a SIGBUS on the first page
 beyond its new end, which kills the process. The compiled gather needs no such check: it catches
-the SIGBUS itself (``cachestore/_gather.c``, "guard"), so a batch costs no system call; a file
+the SIGBUS itself (``cachestore/format/_gather.c``, "guard"), so a batch costs no system call; a file
 cut in the middle of a read of the pure-Python paths is the one case left to the kernel. Views
 handed out with ``copy=False`` are the caller's to read, and fault as any mapping does.
 """
@@ -23,17 +23,18 @@ from typing import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec, records
-from ..checksums import checksum, first_mismatch, flat_rows, row_checksums
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
 from ..errors import CacheStoreError, CorruptSampleError, exhausted
-from ..native import native_gather
-from ..room import fits
-from .reading import BatchLayout, GenerationData
+from ..format import codec
+from ..format.checksums import first_mismatch, flat_rows, row_checksums
+from ..format.codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..format.collate import stack_samples
+from ..format.native import native_gather
+from ..space.room import fits
 from .batch import Indices, batch_indices, gather_columns
 from .manifest import Manifest
-from .memmap_files import COLUMN, IndexRows, col_name, generation_schema, open_data, read_index, read_shard_ids
+from .memmap_files import (COLUMN, IndexRows, check_row, col_name, generation_schema, open_data, read_index,
+                           read_shard_ids, record_leaves)
+from .reading import BatchLayout, GenerationData
 
 #: Rows gathered, then hashed, per block of a verified batch read: small enough to stay in this
 #: core's L2 between the two, so the data crosses the memory bus once (gather), not twice.
@@ -213,35 +214,26 @@ class MemmapGeneration(GenerationData):
         exc.generation = self.generation
         return exc
 
-    def _record(self, i: int, row: np.void, verify: bool) -> npt.NDArray[np.uint8]:
+    def _record(self, i: int, row: np.void) -> npt.NDArray[np.uint8]:
         shard = int(row["shard"])  # one of the shards listed: checked when the index was read
         seg, held = self.segments[shard], self._seg_files[shard]
         start, length = int(row["offset"]), int(row["length"])
         if seg is None or held is None or start + length > seg.size:
             raise self.corrupt(i, "its record lies beyond the end of the data file (truncated?)")
         self._check_file(held[0], held[1], start + length)
-        rec: npt.NDArray[np.uint8] = seg[start:start + length]
-        if verify and checksum([rec]) != row["checksum"]:
-            raise self.corrupt(i, "checksum mismatch")
-        return rec
+        return seg[start:start + length]
 
     def _leaves(self, i: int, copy: bool, verify: bool) -> tuple[TreeDef, list[Leaf]]:
         """Sample `i` as ``(treedef, leaves)``, its checksum checked when `verify` (never unpickled)."""
         row = self.rows[i] if self.rows is not None else None
         if row is not None and row["shard"] != COLUMN:
-            try:
-                return records.decode_record(self._record(i, row, verify), copy=copy, raw=int(row["raw"]),
-                                             limit=self.max_sample_bytes)
-            except CorruptSampleError as exc:
-                if exc.index is not None or exc.generation is not None:
-                    raise
-                raise self.corrupt(i, str(exc)) from None
+            return record_leaves(self, i, self._record(i, row), row, verify, copy)
         if self.schema is None:
             raise self.corrupt(i, "its index row names the columns, which this generation does not have")
         self._check_columns()
         leaves = [col[i, ...] for col in self.columns]
-        if verify and checksum(leaves) != self._sums[i]:
-            raise self.corrupt(i, "checksum mismatch")
+        if verify:
+            check_row(self, i, leaves, int(self._sums[i]))
         return self.schema, [np.array(leaf) for leaf in leaves] if copy else leaves
 
     def read(self, index: int, copy: bool = True) -> Sample:
@@ -395,7 +387,7 @@ class MemmapGeneration(GenerationData):
         Batch reads go over the whole generation, and a page touched for the first time in a
         process costs a fault there (each worker's, the training process's), which slowed the
         first read epoch; mapped in one call (``MADV_POPULATE_READ``), it reads at full speed
-        from the start. Only for a generation that fits the memory room (:mod:`cachestore.room`):
+        from the start. Only for a generation that fits the memory room (:mod:`cachestore.space.room`):
         a larger one would be read from disk up front, and thrash.
         """
         self._mapped_in = True

@@ -16,19 +16,21 @@ from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 
-from .. import codec, records, safefs, untrusted
-from ..checksums import checksum
-from ..codec import Leaf, TreeDef
-from ..disk import allocated_bytes, is_out_of_space, out_of_space
 from ..errors import BudgetExceededError, MalformedFileError
-from ..room import fits
+from ..format import codec, records
+from ..format.checksums import checksum
+from ..format.codec import Leaf, TreeDef
+from ..format.structure import parse_treedef
+from ..guard import safefs, untrusted
+from ..space.disk import allocated_bytes, is_out_of_space, out_of_space
+from ..space.room import fits
 from .base import ShardWriter, StagingToken
 from .memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, SCHEMA_BYTES, col_name
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-    from ..native import Bytes
+    from ..format.native import Bytes
 
 #: A shard of a generation larger than the memory room writes its pages back after this many bytes.
 WRITEBACK_BYTES = 64 << 20
@@ -125,7 +127,7 @@ class MemmapShard(ShardWriter):
         finally:
             os.close(fd)
         where = str(self.dir / SCHEMA)
-        schema = untrusted.parse_treedef(untrusted.parse_json(data, where, SCHEMA_BYTES), where)
+        schema = parse_treedef(untrusted.parse_json(data, where, SCHEMA_BYTES), where)
         if not codec.is_stackable(schema):
             raise MalformedFileError(f"{where} names leaves that are not stacked in columns (str, bytes or None)")
         return schema

@@ -2,9 +2,9 @@
 
 The files still grow while they are read (workers write on), so they are read with
 ``pread`` through the shards' index rows, never mapped. In a shared staging area
-(:mod:`cachestore.shared`) a sample may be logged twice, by a member killed between
+(:mod:`cachestore.write.shared`) a sample may be logged twice, by a member killed between
 flushing it and marking it done and by the one that computed it again: only the copy the
-done map names is read (:mod:`cachestore.claims`).
+done map names is read (:mod:`cachestore.guard.claims`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import codec, records, safefs
-from ..checksums import checksum
-from ..claims import done_map, shard_tag
-from ..codec import Leaf, LeafSpec, Sample, TreeDef
 from ..errors import CacheStoreError, CorruptSampleError
-from .reading import StagingData
+from ..format import codec, records
+from ..format.checksums import checksum
+from ..format.codec import Leaf, LeafSpec, Sample, TreeDef
+from ..guard import safefs
+from ..guard.claims import done_map, shard_tag
 from .memmap_files import COLUMN, col_name, load_schema, read_rows
+from .reading import StagingData
 
 
 class StagingRecords(StagingData):

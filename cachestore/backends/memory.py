@@ -21,15 +21,15 @@ from typing import Collection
 import numpy as np
 import numpy.typing as npt
 
-from .. import codec
-from ..budget import Budget
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
 from ..errors import CacheStoreError, GenerationCommitted, GenerationNotFoundError
+from ..format import codec
+from ..format.codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..format.collate import stack_samples
+from ..space.budget import Budget
 from .base import (Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken, StoreMeta,
                    missing_generation)
-from .reading import BatchLayout, GenerationData, StagingData
 from .batch import Indices, batch_indices, gather_columns
+from .reading import BatchLayout, GenerationData, StagingData
 from .staging import check_complete
 
 _tokens = itertools.count()

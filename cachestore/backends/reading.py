@@ -9,10 +9,10 @@ from typing import TypeAlias
 
 import numpy as np
 
-from .. import codec
-from ..codec import Batch, Leaf, LeafSpec, Sample, TreeDef
-from ..collate import stack_samples
 from ..errors import CorruptSampleError, PickleRefusedError
+from ..format import codec
+from ..format.codec import Batch, Leaf, LeafSpec, Sample, TreeDef
+from ..format.collate import stack_samples
 from .batch import Indices
 
 #: ``(treedef, leaf specs)`` of a generation whose batches are gathered column-wise.
@@ -108,7 +108,7 @@ class GenerationData(ABC):
         return None
 
     def read_batch(self, indices: Indices, out: list[Leaf] | None = None) -> Batch:
-        """The samples at `indices`, stacked (see :func:`cachestore.collate.stack_samples`).
+        """The samples at `indices`, stacked (see :func:`cachestore.format.collate.stack_samples`).
 
         `out` - only when :meth:`batch_layout` is not ``None`` - gives one
         array of shape ``(len(indices), *shape)`` per leaf to gather into.
@@ -121,7 +121,7 @@ class GenerationData(ABC):
 
     def reads_explicitly(self) -> bool:
         """Whether this generation is read with explicit I/O (:meth:`read_range`), not page faults:
-        it does not fit the memory room (:mod:`cachestore.room`)."""
+        it does not fit the memory room (:mod:`cachestore.space.room`)."""
         return False
 
     def read_range(self, start: int, stop: int, out: list[Leaf]) -> None:

@@ -7,7 +7,7 @@ store's fingerprint): the next writer of the same generation whose record matche
 adopts it (:meth:`~.base.Backend.adopt`); any other is debris. A commit first marks
 the record ``committing`` (:func:`mark_committing`), since from then on the area is
 no partial generation any more. Processes that write one generation together share
-``.shared-<generation>-<fingerprint hash>`` instead (:mod:`cachestore.shared`); one
+``.shared-<generation>-<fingerprint hash>`` instead (:mod:`cachestore.write.shared`); one
 with no member left is a partial generation too, or debris when its producer differs.
 
 :func:`check_complete` is the rule every backend's commit applies (the in-RAM one
@@ -25,10 +25,10 @@ from typing import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .. import safefs
 from ..errors import CacheStoreError
-from ..trust import Trust
-from ..untrusted import decimal, read_document
+from ..guard import safefs
+from ..guard.trust import Trust
+from ..guard.untrusted import decimal, read_document
 from .base import ProducerRecord
 
 STAGING_PREFIX = ".staging-"
@@ -42,7 +42,7 @@ def staging_dirname(generation: int, pid: int | None = None) -> str:
 
 def parse_staging(name: str) -> tuple[int, int] | None:
     """``(generation, pid)`` of a staging directory name, ``None`` if it is not one (ASCII digits only:
-    see :func:`cachestore.untrusted.decimal`)."""
+    see :func:`cachestore.guard.untrusted.decimal`)."""
     if not name.startswith(STAGING_PREFIX):
         return None
     parts = name[len(STAGING_PREFIX):].split("-")
@@ -55,7 +55,7 @@ def parse_staging(name: str) -> tuple[int, int] | None:
 def staging_record(staging: Path, trust: Trust | None = None) -> ProducerRecord | None:
     """The producer record of a staging area (``staging.json``), ``None`` when absent or unreadable,
     or (given `trust`) when another user than those it trusts owns the area or its record: such an
-    area is nobody's to adopt or join (see :mod:`cachestore.trust`)."""
+    area is nobody's to adopt or join (see :mod:`cachestore.guard.trust`)."""
     try:
         if trust is not None and trust.why_not(staging, staging.lstat(), "the staging area") is not None:
             return None
@@ -104,7 +104,7 @@ def matches(found: ProducerRecord | None, wanted: ProducerRecord) -> bool:
     return all(found.get(f) == value for f, value in wanted.items() if f != "kept")
 
 
-#: Shared staging areas (:mod:`cachestore.shared`): ``.shared-<generation>-<fingerprint hash>``, made under
+#: Shared staging areas (:mod:`cachestore.write.shared`): ``.shared-<generation>-<fingerprint hash>``, made under
 #: ``.shared-tmp-<pid>-<hex>``; their members hold the lock file beside it (``<area>.members``) shared.
 SHARED_PREFIX = ".shared-"
 SHARED_TMP_PREFIX = ".shared-tmp-"

@@ -32,15 +32,15 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .. import __version__
 from . import remote
+from .. import __version__
 from ..backends.directory import META_NAME
-from ..disk import format_size, parse_size, remove_paths
 from ..errors import CacheStoreError, NotAStoreError
-from ..locking import lock_holder
+from ..guard.locking import lock_holder
 from ..pruning import Removed
-from ..scratch import dead_windows, list_windows, pid_alive
-from ..store import Store, open_store
+from ..space.disk import format_size, parse_size, remove_paths
+from ..space.scratch import dead_windows, list_windows, pid_alive
+from ..store import Store, open_local
 from .describe import Doc, describe_store, describe_window, served_epochs
 from .render import problems, prune_table, render_store, window_table
 
@@ -203,7 +203,7 @@ def _prune(args: argparse.Namespace, roots: list[str], is_parent: bool) -> int:
     would = "would remove" if args.dry_run else "removed"
     for n, root in enumerate(roots):
         try:
-            with open_store(root, trusted_uids=args.trusted_uids) as store:
+            with open_local(root, trusted_uids=args.trusted_uids) as store:
                 removed = store.prune(keep=args.keep, dry_run=args.dry_run, max_bytes=args.max_bytes,
                                       partial=args.partial)
                 kept = _kept(store, {r.path for r in removed})

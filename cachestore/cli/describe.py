@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from .. import safefs, untrusted
 from ..backends.base import GenerationInfo
-from ..locking import LOCK_NAME, SHARED_WRITERS, lock_holder
-from ..scratch import list_windows, pid_alive
-from ..store import open_store
+from ..guard import safefs, untrusted
+from ..guard.locking import LOCK_NAME, SHARED_WRITERS, lock_holder
+from ..space.scratch import list_windows, pid_alive
+from ..store import open_local
 
 #: A JSON document of ``inspect`` or ``prune`` (what ``--json`` prints).
 Doc: TypeAlias = dict[str, Any]
@@ -25,7 +25,7 @@ Doc: TypeAlias = dict[str, Any]
 def describe_store(path: str, verify: bool = False, trusted_uids: list[int] | None = None) -> Doc:
     """Everything ``inspect`` shows about the store at `path`, as JSON-ready data (read-only); generations of
     users other than this one and `trusted_uids` show as damaged."""
-    with open_store(path, readonly=True, verify=True, trusted_uids=trusted_uids) as store:
+    with open_local(path, readonly=True, verify=True, trusted_uids=trusted_uids) as store:
         holder = lock_holder(path) if store.backend.persistent else None
         meta = store.meta
         lock_file = Path(path) / LOCK_NAME

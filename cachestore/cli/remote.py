@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from ..disk import format_size
 from ..errors import CacheStoreError
 from ..remote.url import is_remote_url
+from ..space.disk import format_size
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
@@ -137,9 +137,9 @@ def _prune(args: argparse.Namespace) -> int:
 
 def _push(args: argparse.Namespace) -> int:
     from ..remote import open_remote
-    from ..store import open_store
+    from ..store import open_local
 
-    local = open_store(args.path, readonly=True)
+    local = open_local(args.path, readonly=True)
     remote = open_remote(args.url, local=local)
     t0 = time.perf_counter()
     handle = remote.publish(local, args.generation, background=False)
@@ -154,11 +154,11 @@ def _push(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     from ..remote import open_remote
-    from ..store import open_store
+    from ..store import open_local
 
     remote = open_remote(args.path)
     meta = remote.doc()
-    local = open_store(args.prefix, meta["backend"], compression=meta["compression"], fingerprint=meta["fingerprint"])
+    local = open_local(args.prefix, meta["backend"], compression=meta["compression"], fingerprint=meta["fingerprint"])
     t0 = time.perf_counter()
     info = remote.fetch(local, args.generation)
     doc = {"url": remote.path, "prefix": args.prefix, "generation": info.id, "num_samples": info.num_samples,

@@ -9,9 +9,9 @@ import os
 import time
 from typing import Any
 
-from ..disk import format_size
-from ..locking import LOCK_NAME
+from ..guard.locking import LOCK_NAME
 from ..pruning import Removed
+from ..space.disk import format_size
 from .describe import Doc
 
 

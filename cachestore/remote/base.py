@@ -3,7 +3,7 @@
 :class:`RemoteBase` is what every verb of the remote tier works on (:mod:`.publish`,
 :mod:`.fetch`, :mod:`.parts`, :mod:`.reader`, :mod:`.leases`, :mod:`.pruning`): the settings,
 the store's key and URL, this process's client, ``store.json`` and the generations'
-manifests. :class:`~.store.RemoteStore` adds the :class:`~cachestore.Store` interface and the
+manifests. :class:`~.store.RemoteStore` adds the :class:`~cachestore.ReadableStore` interface and the
 verbs on top, so the verbs' modules never import the store's (no import circle).
 """
 

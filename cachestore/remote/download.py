@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Callable
 
 import xxhash
 
-from .. import safefs
-from ..errors import CacheStoreError
 from . import layout
+from ..errors import CacheStoreError
+from ..guard import safefs
 from .errors import RemoteCorruptError
 from .manifest import FileSet, check_sizes
 

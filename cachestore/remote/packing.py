@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from .. import safefs
+from ..guard import safefs
 from .manifest import FileEntry, FileSet
 
 PACK_BYTES = 64 << 20

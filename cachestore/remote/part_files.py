@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .. import codec, safefs
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name, read_rows
-from ..checksums import row_checksums
 from ..errors import CacheStoreError
-from ..untrusted import parse_treedef, read_document
+from ..format import codec
+from ..format.checksums import row_checksums
+from ..format.structure import parse_treedef
+from ..guard import safefs
+from ..guard.untrusted import read_document
 from .packing import Source
 
 

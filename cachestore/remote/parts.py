@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..claims import DONE_NAME, Claims
-from ..errors import CacheStoreError, GenerationNotFoundError
-from ..store import Store
 from . import layout
+from ..errors import CacheStoreError, GenerationNotFoundError
+from ..guard.claims import DONE_NAME, Claims
+from ..store import Store
 from .errors import ObjectNotFoundError, RemoteManifestError
 from .manifest import (MAX_DOC_BYTES, GenerationManifest, PartManifest, encode, generation_doc, parse_part,
                        part_doc)
@@ -221,7 +221,7 @@ def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int
     into
         A memmap staging area of the generation (the caller's writer's, or a shared area): the
         parts are placed into it as shards, for the caller's commit (in an area written together,
-        :mod:`cachestore.shared`, their samples are marked done there). ``None``: every part is
+        :mod:`cachestore.write.shared`, their samples are marked done there). ``None``: every part is
         fetched into a new writer's staging area, which is committed.
     parts
         Which parts (default: all). A part already placed into `into` is skipped.
@@ -262,7 +262,7 @@ def fetch_parts(remote: "RemoteBase", local: Store, generation: int, nparts: int
 
 
 def _mark_done(area: Path, pm: PartManifest, shard: str) -> None:
-    """In an area written together (:mod:`cachestore.shared`), mark the placed part's samples done in
+    """In an area written together (:mod:`cachestore.write.shared`), mark the placed part's samples done in
     `shard`: its commit keeps, for each sample, the copy the done map names."""
     if not (area / DONE_NAME).exists():
         return

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
-from .. import codec, safefs
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
-from ..checksums import checksum, row_checksums
-from ..records import encode_record
+from ..format import codec
+from ..format.checksums import checksum, row_checksums
+from ..format.records import encode_record
+from ..format.structure import parse_treedef
+from ..guard import safefs
+from ..guard.untrusted import parse_json
 from ..store import Store
-from ..untrusted import parse_json, parse_treedef
 from .download import download_set, object_sizes
 from .errors import RemoteManifestError
 from .manifest import PartManifest

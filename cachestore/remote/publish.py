@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .. import safefs
+from . import layout
 from ..backends.base import GenerationInfo
 from ..errors import CacheStoreError, GenerationNotFoundError
+from ..guard import safefs
 from ..store import Store
-from . import layout
 from .manifest import FileSet, GenerationManifest, encode, generation_doc
 from .packing import PackedObject, Source, file_set, plan, read_object
 

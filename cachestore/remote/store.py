@@ -1,9 +1,10 @@
 """A store on a remote: its key below the root, its documents, its generations.
 
 :func:`open_remote` finds the store (from a local store's fingerprint, a fingerprint, an
-explicit key, or the only store under the root) and returns a :class:`RemoteStore`. It is
-read-only as a :class:`~cachestore.Store` (``generations()``, ``latest()``, ``reader()``,
-``prune()``), and the remote tier's verbs live on it as thin methods over their modules:
+explicit key, or the only store under the root) and returns a :class:`RemoteStore`. It is a
+:class:`~cachestore.ReadableStore` (``generations()``, ``latest()``, ``reader()``, ``verify()``;
+not ``writable``: a local store is written, then published) with ``prune()``, and the remote
+tier's verbs live on it as thin methods over their modules:
 :meth:`~RemoteStore.publish` (:mod:`.publish`), :meth:`~RemoteStore.fetch` (:mod:`.fetch`),
 :meth:`~RemoteStore.claim_part`, :meth:`~RemoteStore.publish_part`,
 :meth:`~RemoteStore.fetch_parts` (:mod:`.parts`), :meth:`~RemoteStore.prune` (:mod:`.pruning`).
@@ -11,10 +12,11 @@ read-only as a :class:`~cachestore.Store` (``generations()``, ``latest()``, ``re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..backends.base import GenerationInfo
 from ..errors import CacheStoreError, GenerationNotFoundError
+from ..read.readable import ReadableStore
 from ..store import Store
 from . import layout
 from .base import RemoteBase, fingerprint_hash, local_key
@@ -31,16 +33,18 @@ from .url import RemoteURL
 
 if TYPE_CHECKING:
     from ..pruning import Removed
-    from ..writer import GenerationWriter
     from .manifest import PartManifest
 
 __all__ = ["RemoteStore", "fingerprint_hash", "local_key", "open_remote"]
 
 
-class RemoteStore(RemoteBase, Store):
+class RemoteStore(RemoteBase, ReadableStore):
     """One store on a remote root (see the module docstring); pickles without credentials."""
 
-    def __reduce__(self) -> tuple[Callable[..., RemoteStore], tuple[object, ...]]:  # type: ignore[override]
+    #: Written by publishing a local store (:meth:`publish`), never through a writer of its own.
+    writable = False
+
+    def __reduce__(self) -> tuple[Callable[..., RemoteStore], tuple[object, ...]]:
         return (_reopen, (self.settings, self.key, self.allow_pickle, self.verify_reads, self.max_sample_bytes))
 
     @property
@@ -48,16 +52,7 @@ class RemoteStore(RemoteBase, Store):
         fp = self.doc().get("fingerprint")
         return fp if isinstance(fp, dict) else None
 
-    @property
-    def meta(self) -> dict[str, object]:  # type: ignore[override]
-        return dict(self.doc())
-
-    @property
-    def compression(self) -> str | None:  # type: ignore[override]
-        value = self.doc().get("compression")
-        return value if isinstance(value, str) else None
-
-    # the read side of a Store --------------------------------------------------
+    # the ReadableStore interface ------------------------------------------------
     def generations(self) -> list[GenerationInfo]:
         infos = []
         for g in self.generation_ids():
@@ -78,10 +73,10 @@ class RemoteStore(RemoteBase, Store):
                 raise GenerationNotFoundError(f"{self.path} has no complete generation yet")
         return RemoteReader(self, generation)
 
-    def verify(self) -> list[Any]:
+    def verify(self) -> list[CacheStoreError]:
         """Check every chunk and record of every published generation (reads all of them twice): what a
         pull would refuse (objects, chunk checksums), then the records' own checksums."""
-        bad: list[Any] = []
+        bad: list[CacheStoreError] = []
         for g in self.generation_ids():
             bad.extend(chunk_errors(self, g))  # what a pull checks: reading alone never looks at chunks
             with self.reader(g) as reader:
@@ -98,16 +93,6 @@ class RemoteStore(RemoteBase, Store):
         if max_bytes is not None:
             raise CacheStoreError("prune of a remote store takes --keep, not --max-bytes")
         return prune_remote(self, keep, dry_run, partial)
-
-    def writer(self, generation: int, num_samples: int | None = None, resume: bool = False) -> "GenerationWriter":
-        raise CacheStoreError(f"{self.path} is a remote store: write a local store and publish it "
-                              "(RemoteStore.publish, or `cachestore push PREFIX URL`)")
-
-    def join(self, generation: int, num_samples: int) -> Any:
-        return self.writer(generation, num_samples)
-
-    def lock_holder(self) -> int | None:
-        return None
 
     def close(self) -> None:
         self._client = None
@@ -174,7 +159,7 @@ def open_remote(url: str | RemoteURL, storage_options: Mapping[str, object] | No
         Seconds to wait for the remote to answer at all; :class:`RemoteError` after them.
     max_sample_bytes
         Bytes one sample read from the remote may take (a record declaring more is damage); default
-        :func:`cachestore.room.sample_limit`.
+        :func:`cachestore.space.room.sample_limit`.
 
     Raises
     ------

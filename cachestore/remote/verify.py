@@ -15,16 +15,18 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .. import codec, safefs
 from ..backends.base import Backend
 from ..backends.manifest import check_generation
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
 from ..backends.reading import GenerationData
-from ..checksums import checksum
-from ..codec import TreeDef
 from ..errors import CorruptSampleError
-from ..records import decode_record
-from ..untrusted import parse_treedef, read_document
+from ..format import codec
+from ..format.checksums import checksum
+from ..format.codec import TreeDef
+from ..format.records import decode_record
+from ..format.structure import parse_treedef
+from ..guard import safefs
+from ..guard.untrusted import read_document
 from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
@@ -109,7 +111,7 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
                     np.zeros((n, width), dtype=np.uint8))
     idx = np.flatnonzero(in_cols)
     block = max(1, BLOCK_BYTES // max(1, sum(widths)))
-    from ..checksums import row_checksums
+    from ..format.checksums import row_checksums
 
     for lo in range(0, idx.size, block):
         chosen = idx[lo:lo + block]

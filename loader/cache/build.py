@@ -24,11 +24,12 @@ from typing import Protocol
 
 import numpy as np
 
-from cachestore import GenerationInfo, Writer, codec
-from cachestore.records import decode_record
+from cachestore import GenerationInfo, Writer
 from cachestore.backends import ShardWriter
 from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
+from cachestore.format import codec
+from cachestore.format.records import decode_record
 
 from ..executors import messages as m
 from ..executors.base import Executor

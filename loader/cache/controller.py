@@ -16,12 +16,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from cachestore import GenerationInfo, Store, Writer, open_store
+from cachestore import GenerationInfo, Store, Writer
+from cachestore.store import open_local as open_store
 from cachestore.backends import get_backend
-from cachestore.disk import format_size, read_only
 from cachestore.errors import (BudgetExceededError, CacheStoreError, CorruptSampleError,
                                FingerprintMismatchError, GenerationNotFoundError, NotAStoreError, StoreLockedError)
-from cachestore.room import fits, memory_room
+from cachestore.space.disk import format_size, read_only
+from cachestore.space.room import fits, memory_room
 
 from ..dataset import DatasetSource
 from ..distributed import ConsumerLayout

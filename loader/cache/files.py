@@ -27,7 +27,7 @@ from typing import Iterable
 
 import xxhash
 
-from cachestore.native import native_gather
+from cachestore.format.native import native_gather
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def files_identity(paths: Iterable[str]) -> tuple[int, str] | None:
 
 def _stat_all(paths: list[str]) -> tuple[int, int]:
     """:func:`_stat_part` of `paths`: in the compiled module's threads without the GIL where it is built
-    (``cachestore/_gather.c``, ``stat_digest``: the system call takes microseconds, about what the
+    (``cachestore/format/_gather.c``, ``stat_digest``: the system call takes microseconds, about what the
     interpreter spends around each ``os.stat``, and threads that hold the GIL ran slower than one);
     else in this thread."""
     native = native_gather()

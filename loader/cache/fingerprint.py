@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from cachestore import codec
 from cachestore.errors import FingerprintError
+from cachestore.format import codec
 
 from ..datapipes import identity_state, is_datapipe
 from ..dataset import DatasetSource

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from cachestore import Store
-from cachestore.claims import DONE_NAME, done_map
 from cachestore import GenerationInfo
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError, StoreLockedError
+from cachestore.guard.claims import DONE_NAME, done_map
 from cachestore.remote import RemoteError, RemoteManifestError, RemoteStore, open_remote, redact
 from cachestore.remote.parts import part_range, published_parts
 from cachestore.remote.publish import PublishHandle

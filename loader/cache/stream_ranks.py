@@ -42,13 +42,13 @@ from typing import Any, Sequence
 from cachestore import Store
 from cachestore.backends.base import ShardWriter, StagingToken
 from cachestore.backends.staging import parse_staging
-from cachestore.codec import Sample
 from cachestore.errors import CacheStoreError
-from cachestore.safefs import is_real_dir, write_json_atomic
-from cachestore.scratch import pid_alive
-from cachestore.trust import OWN
-from cachestore.untrusted import is_file_name, read_document
-from cachestore.writer import ShardSpec
+from cachestore.format.codec import Sample
+from cachestore.guard.safefs import is_real_dir, write_json_atomic
+from cachestore.guard.trust import OWN
+from cachestore.guard.untrusted import is_file_name, read_document
+from cachestore.space.scratch import pid_alive
+from cachestore.write.writer import ShardSpec
 
 from ..distributed import RANK_FILE_BYTES, check_rendezvous
 from ..errors import RankFailedError, RanksTimeoutError

@@ -13,7 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable
 
-from cachestore import open_store
+from cachestore.store import open_local as open_store
 from cachestore.errors import CacheStoreError
 
 from ..dataset import DatasetSource

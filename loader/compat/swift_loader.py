@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any, Callable, Iterator
 
-from cachestore.collate import stack_samples
+from cachestore.format.collate import stack_samples
 
 from ..api import CachedLoader
 from ..errors import add_note

@@ -13,8 +13,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cachestore import GenerationWriter, Store, codec, records
+from cachestore import GenerationWriter, Store
 from cachestore.errors import FingerprintError
+from cachestore.format import codec, records
 
 from ..cache.build import CacheResources, GenerationBuild
 from ..cache import taken

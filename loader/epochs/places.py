@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from cachestore import Store
-from cachestore.collate import stack_samples
+from cachestore.format.collate import stack_samples
 
 from ..cache.build import GenerationBuild
 from ..cache.pending import keep_or_commit

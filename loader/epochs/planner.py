@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from cachestore.locking import SHARED_WRITERS
+from cachestore.guard.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
 from ..cache.read_order import read_order

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from cachestore.collate import stack_samples
+from cachestore.format.collate import stack_samples
 
 from ..cache.refresh import BackgroundRefresh
 from ..dataset import Batch, CollateFn, Sample

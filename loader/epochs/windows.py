@@ -18,14 +18,15 @@ from typing import Protocol
 
 import numpy as np
 
-from cachestore import codec, records, safefs
-from cachestore.codec import TreeDef
-from cachestore.disk import format_size, is_out_of_space, out_of_space, remove_paths
 from cachestore.errors import BudgetExceededError, CacheStoreError, UnsupportedSampleError
-from cachestore.room import fits, memory_room
-from cachestore.scratch import dead_windows, new_window_dir
-from cachestore.trust import OWN, warn_if_shared
-from cachestore.untrusted import parse_json
+from cachestore.format import codec, records
+from cachestore.format.codec import TreeDef
+from cachestore.guard import safefs
+from cachestore.guard.trust import OWN, warn_if_shared
+from cachestore.guard.untrusted import parse_json
+from cachestore.space.disk import format_size, is_out_of_space, out_of_space, remove_paths
+from cachestore.space.room import fits, memory_room
+from cachestore.space.scratch import dead_windows, new_window_dir
 
 from ..dataset import Sample
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeAlias, Union
 import numpy as np
 
 from cachestore import ShardSpec, StoreSpec
-from cachestore.codec import LeafSpec, TreeDef
+from cachestore.format.codec import LeafSpec, TreeDef
 
 from ..dataset import Batch, CollateFn, DatasetSource, ReadTransform, WorkerInitFn
 

@@ -16,10 +16,11 @@ from typing import Iterable
 
 import numpy as np
 
-from cachestore import Put, PutResult, Reader, SampleSink, codec
-from cachestore.records import encode_record
-from cachestore.collate import stack_samples
+from cachestore import Put, PutResult, Reader, SampleSink
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from cachestore.format import codec
+from cachestore.format.collate import stack_samples
+from cachestore.format.records import encode_record
 
 from ..dataset import Batch, CollateFn, Dataset, ReadTransform, Sample, is_stream
 from ..errors import SampleError, add_note, tag_sample_index

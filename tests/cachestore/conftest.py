@@ -12,7 +12,7 @@ import os
 import pytest
 
 from cachestore import open_store
-from cachestore import native as native_module
+from cachestore.format import native as native_module
 
 from .helpers import SPAWN, WAIT, spawn
 
@@ -90,7 +90,7 @@ def native():
     if os.environ.get("CACHESTORE_NATIVE") == "0":
         pytest.skip("CACHESTORE_NATIVE=0 turns the compiled gather off")
     if native_module.NATIVE is None:
-        pytest.fail("cachestore._gather is not built: `pip install -e .` builds it with the machine's C "
+        pytest.fail("cachestore.format._gather is not built: `pip install -e .` builds it with the machine's C "
                     "compiler (reads fall back to the pure-Python gather without it)")
     return native_module.NATIVE
 

@@ -304,7 +304,7 @@ def read_truncated(path: str, victim: str, read: str, gather: str, conn: Any) ->
     """Open the newest generation of `path`, read from it, cut its file `victim` to a quarter under
     the open reader, then `read` again (``batch``, ``sample``, ``verify``, ``rows``); report
     ``(error type, message)`` or ``("returned", "")``. A SIGBUS kills this process instead."""
-    from cachestore import native as native_module
+    from cachestore.format import native as native_module
 
     if gather == "python":
         native_module.NATIVE = None
@@ -337,7 +337,7 @@ def fault_unguarded(path: str, faulthandler_after: bool, conn: Any) -> None:
     to it and it back to the guard)."""
     import faulthandler
 
-    from cachestore import native as native_module
+    from cachestore.format import native as native_module
 
     gather = native_module.NATIVE
     data = np.memmap(path, dtype=np.uint8, mode="r")

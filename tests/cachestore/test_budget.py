@@ -12,7 +12,7 @@ import pytest
 
 from cachestore import BudgetExceededError, open_store
 from cachestore.backends.base import ShardWriter
-from cachestore.disk import allocated_bytes
+from cachestore.space.disk import allocated_bytes
 
 from ..fullfs import mounted_tmpfs
 from .helpers import check_generation, fixed_sample, leftovers, write_generation

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from cachestore import MalformedFileError, codec, named, open_store, stack_samples, untrusted
+from cachestore import MalformedFileError, open_store, stack_samples
+from cachestore.format import codec, named, structure
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 
@@ -75,7 +76,7 @@ def test_a_nested_tensor_is_stored_as_its_components(store, layout):
 
 def test_an_empty_nested_tensor_keeps_its_dtype():
     treedef, leaves = codec.flatten(torch.nested.nested_tensor([], dtype=torch.float64))
-    back = codec.unflatten(untrusted.parse_treedef(codec.treedef_to_json(treedef), "here"), leaves)
+    back = codec.unflatten(structure.parse_treedef(codec.treedef_to_json(treedef), "here"), leaves)
     assert back.is_nested and back.dtype == torch.float64 and back.unbind() == ()
 
 
@@ -162,7 +163,7 @@ SAMPLES = [lambda: Point(1, 2.0), lambda: labelled(3), lambda: {"p": [Point(np.z
 @pytest.mark.parametrize("make", SAMPLES, ids=range(len(SAMPLES)))
 def test_every_namedtuple_and_nested_tensor_the_codec_writes_parses_back(make):
     treedef, _ = codec.flatten(make())
-    assert untrusted.parse_treedef(codec.treedef_to_json(treedef), "here") == treedef
+    assert structure.parse_treedef(codec.treedef_to_json(treedef), "here") == treedef
 
 
 _T = ["t", "<f4", [2]]
@@ -183,4 +184,4 @@ BAD = {
 @pytest.mark.parametrize("name", list(BAD))
 def test_a_malformed_namedtuple_or_nested_tensor_node_is_refused(name):
     with pytest.raises(MalformedFileError, match="^here"):
-        untrusted.parse_treedef(BAD[name], "here")
+        structure.parse_treedef(BAD[name], "here")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cachestore import StoreLockedError, open_store
-from cachestore.locking import SharedWriterLock, WriterLock
+from cachestore.guard.locking import SharedWriterLock, WriterLock
 
 from .helpers import (WAIT, check_generation, contend_writer, fill_shard, fixed_sample, iterate_generation, leftovers,
                       recv, write_generation)

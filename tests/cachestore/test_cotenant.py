@@ -204,7 +204,7 @@ def test_another_users_staging_area_is_not_adopted(shared_prefix):
 
 
 def test_one_warning_for_a_prefix_others_can_write(shared_prefix, caplog, tmp_path):
-    with caplog.at_level(logging.WARNING, logger="cachestore.trust"):
+    with caplog.at_level(logging.WARNING, logger="cachestore.guard.trust"):
         open_store(shared_prefix, "memmap").close()
         open_store(shared_prefix, "memmap").close()
     said = [r.getMessage() for r in caplog.records if str(shared_prefix) in r.getMessage()]
@@ -214,7 +214,7 @@ def test_one_warning_for_a_prefix_others_can_write(shared_prefix, caplog, tmp_pa
     sticky.mkdir(mode=0o777)
     sticky.chmod(0o1777)
     try:
-        with caplog.at_level(logging.WARNING, logger="cachestore.trust"):
+        with caplog.at_level(logging.WARNING, logger="cachestore.guard.trust"):
             open_store(sticky / "store", "memmap").close()
         assert not caplog.records
     finally:

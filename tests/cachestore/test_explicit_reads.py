@@ -14,7 +14,7 @@ import pytest
 
 from cachestore import CacheStoreError, CorruptSampleError, open_store
 from cachestore.backends import memmap_generation
-from cachestore.checksums import flat_rows
+from cachestore.format.checksums import flat_rows
 
 from .helpers import fixed_sample, pattern_sample, write_generation
 

@@ -327,7 +327,7 @@ def test_a_shared_area_that_cannot_be_made_leaves_no_lock_file(small_fs):
 
 def _mark_in_a_sparse_done_map(directory: str, mount_point: str, conn) -> None:
     """In a child: claim files made sparse (as an older version made them), a full disk, a mark; report."""
-    from cachestore.claims import CLAIMS_NAME, DONE_NAME, Claims
+    from cachestore.guard.claims import CLAIMS_NAME, DONE_NAME, Claims
     for name, size in ((CLAIMS_NAME, 4096), (DONE_NAME, 4 * 4096)):
         with open(os.path.join(directory, name), "wb") as f:
             f.truncate(size)

@@ -1,6 +1,6 @@
-"""The compiled verified gather (``cachestore/_gather.c``) against the pure-Python one it replaces.
+"""The compiled verified gather (``cachestore/format/_gather.c``) against the pure-Python one it replaces.
 
-Both must give the same bytes and the same checksums as :func:`cachestore.checksums.checksum`
+Both must give the same bytes and the same checksums as :func:`cachestore.format.checksums.checksum`
 (the xxh3 records were written with), and name the same first bad row.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cachestore import CorruptSampleError, open_store
-from cachestore import checksums, native as native_module
+from cachestore.format import checksums, native as native_module
 
 # Leaf widths in bytes: one leaf, tiny rows, a label beside an image, leaves of 0 bytes, rows just
 # under and over the one-hash assembly limit (4 KiB) and the streamed-copy limit, unaligned widths.
@@ -227,15 +227,15 @@ def test_pread_rows_reads_rows_into_their_slots_and_refuses_bad_arguments(native
 
 
 def test_a_compiled_gather_older_than_its_callers_is_not_used(monkeypatch):
-    import cachestore
+    import cachestore.format
 
-    stale = types.ModuleType("cachestore._gather")
+    stale = types.ModuleType("cachestore.format._gather")
     stale.__file__ = "_gather.stale.so"
     # Built before explicit reads of scattered rows: everything but pread_rows.
     for name in ("MAX_LEAVES", "GUARDED", "populate", "row_checksums", "gather_verified", "gather_records"):
         setattr(stale, name, object())
-    monkeypatch.setitem(sys.modules, "cachestore._gather", stale)
-    monkeypatch.setattr(cachestore, "_gather", stale, raising=False)
+    monkeypatch.setitem(sys.modules, "cachestore.format._gather", stale)
+    monkeypatch.setattr(cachestore.format, "_gather", stale, raising=False)
     monkeypatch.delenv("CACHESTORE_NATIVE", raising=False)
     with pytest.warns(RuntimeWarning, match="lacks pread_rows"):
         assert native_module._load_native() is None

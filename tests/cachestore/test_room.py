@@ -7,7 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cachestore.room import cgroup_room, memory_room
+from cachestore.space.room import cgroup_room, memory_room
 
 GiB = 1 << 30
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cachestore import CorruptSampleError, open_store
-from cachestore.room import memory_room
+from cachestore.space.room import memory_room
 
 from .helpers import reseal, variable_sample, write_generation
 from .test_tampered import BOMB_BYTES, N, bomb, plant_lmdb, plant_memmap
@@ -106,7 +106,7 @@ def test_the_default_bound_is_a_quarter_of_the_memory_room_at_most_the_budget(st
 def test_the_default_bound_of_a_generation_of_one_schema_is_that_schema(store_path, backend):
     # Derived from the schema and the budget: a fixed-layout generation's samples take exactly its
     # schema's bytes, whatever room the store allows; a generation of variable samples keeps the store's.
-    from cachestore import codec
+    from cachestore.format import codec
 
     with open_store(store_path, backend, disk_budget="64MiB") as store:
         write_generation(store, 0, N)

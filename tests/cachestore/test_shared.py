@@ -1,4 +1,4 @@
-"""Generations written together by several processes (cachestore.shared, cachestore.claims)."""
+"""Generations written together by several processes (cachestore.write.shared, cachestore.guard.claims)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from cachestore import GenerationCommitted, PutResult, StoreLockedError, open_store
 from cachestore.backends.staging import has_members, members_path
-from cachestore.claims import Claims, create_claim_files, done_map, shard_tag
+from cachestore.guard.claims import Claims, create_claim_files, done_map, shard_tag
 
 pytestmark = pytest.mark.timeout(120)
 FP = {"dataset": "shared-test"}

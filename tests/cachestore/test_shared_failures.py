@@ -1,4 +1,4 @@
-"""Processes writing one generation together (cachestore.shared) when something fails on the way.
+"""Processes writing one generation together (cachestore.write.shared) when something fails on the way.
 
 Each test runs one member in this process and makes one step fail: joining after the area was
 made, making its shard, publishing, cleaning up after a failed publish. Whatever fails, the
@@ -17,8 +17,8 @@ import pytest
 
 from cachestore import CacheStoreError, GenerationCommitted, PutResult, open_store
 from cachestore.backends.staging import has_members, members_path
-from cachestore.claims import DONE_NAME, Claims, create_claim_files
-from cachestore.disk import remove_paths
+from cachestore.guard.claims import DONE_NAME, Claims, create_claim_files
+from cachestore.space.disk import remove_paths
 
 pytestmark = pytest.mark.timeout(60)
 FP = {"dataset": "shared-failures"}

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cachestore import CacheStoreError, open_store, safefs
+from cachestore import CacheStoreError, open_store
 from cachestore.cli import main
-from cachestore.locking import lock_holder
+from cachestore.guard import safefs
+from cachestore.guard.locking import lock_holder
 from loader.epochs.windows import DiskWindow
 
 from .helpers import check_generation, fixed_sample, write_generation

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from cachestore import CacheStoreError, CorruptSampleError, MalformedFileError, open_store
-from cachestore.checksums import checksum
 from cachestore.cli import main
+from cachestore.format.checksums import checksum
 
 from .helpers import as_older_store, check_generation, fixed_sample, reseal, variable_sample, write_generation
 

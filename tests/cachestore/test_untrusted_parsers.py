@@ -1,4 +1,4 @@
-"""The strict parsers of store files (cachestore/untrusted.py): what the store writes passes, the rest is refused."""
+"""The strict parsers of store files (cachestore/guard/untrusted.py): what the store writes passes, the rest is refused."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from cachestore import MalformedFileError, PickleRefusedError, codec, untrusted
+from cachestore import MalformedFileError, PickleRefusedError
+from cachestore.backends.manifest import MANIFEST_NAME, check_generation
 from cachestore.backends.memmap_files import INDEX_DTYPE
+from cachestore.format import codec, structure
+from cachestore.guard import untrusted
 
 from .helpers import Opaque, fixed_sample, variable_sample
 
@@ -47,7 +50,7 @@ SAMPLES = [fixed_sample(0, 3), variable_sample(1, 4), {"s": "text", "b": b"\x00b
 def test_every_structure_the_codec_writes_parses_back(sample):
     treedef, _ = codec.flatten(sample)
     as_json = json.loads(json.dumps(codec.treedef_to_json(treedef)))
-    assert untrusted.parse_treedef(as_json, "here") == treedef
+    assert structure.parse_treedef(as_json, "here") == treedef
 
 
 def _nested(depth: int) -> list:
@@ -73,13 +76,13 @@ BAD_STRUCTURES = {
 @pytest.mark.parametrize("name", list(BAD_STRUCTURES))
 def test_a_malformed_structure_is_refused(name):
     with pytest.raises(MalformedFileError, match="^here"):
-        untrusted.parse_treedef(BAD_STRUCTURES[name], "here")
+        structure.parse_treedef(BAD_STRUCTURES[name], "here")
 
 
 def test_a_structure_of_too_many_nodes_is_refused():
-    wide = ["l", [["n"]] * (untrusted.MAX_NODES + 1)]
+    wide = ["l", [["n"]] * (structure.MAX_NODES + 1)]
     with pytest.raises(MalformedFileError, match="larger or deeper"):
-        untrusted.parse_treedef(wide, "here")
+        structure.parse_treedef(wide, "here")
 
 
 @pytest.mark.parametrize("data, why", [(b"[" * 10_000 + b"]" * 10_000, "nested"), (b"{\"a\": [1,", "not JSON"),
@@ -114,11 +117,21 @@ def test_a_manifest_the_store_writes_passes():
                                      {"num_samples": True}, {"num_samples": 1 << 41}, {"created": "now"},
                                      {"created": float("nan")}, {"layout": "other"}, {"files": []},
                                      {"files": {"../x": 1}}, {"files": {"a": -1}}, {"raw_bytes": 1.5},
-                                     {"extra": []}, {"checksum": 5}, {"schema": ["q"]}, {"chunk_rows": 0}],
+                                     {"extra": []}, {"checksum": 5}, {"chunk_rows": 0}],
                          ids=str)
 def test_a_malformed_manifest_field_is_refused(changes):
     with pytest.raises(MalformedFileError, match="^m"):
         untrusted.parse_manifest(_manifest(**changes), "m", 3)
+
+
+def test_a_manifest_with_a_malformed_schema_is_damage(tmp_path):
+    # The manifest's fields are checked by untrusted.parse_manifest, its schema (a sample's
+    # structure) by the format's own parser: the generation is damaged either way.
+    gen_dir = tmp_path / "gen-000003"
+    gen_dir.mkdir()
+    (gen_dir / MANIFEST_NAME).write_text(json.dumps(_manifest(files=..., schema=["q"])))
+    _, why = check_generation(gen_dir, 3, lambda *_: None)
+    assert why is not None and "is invalid" in why and "('schema')" in why
 
 
 @pytest.mark.parametrize("meta", [[], "x", {"format": "2"}, {"format": -1}, {"backend": 1},
@@ -199,8 +212,8 @@ def test_unflatten_loads_a_pickled_leaf_only_when_told():
 @pytest.mark.parametrize("dtype", ["<U3", "<M8[s]", ">f4", "|S2"])
 def test_a_tensor_leaf_holds_numbers_only(dtype):
     with pytest.raises(MalformedFileError, match="no tensor has"):
-        untrusted.parse_treedef(["t", dtype, [2]], "here")
-    assert untrusted.parse_treedef(["a", dtype, [2]], "here") == ("a", dtype, (2,))
+        structure.parse_treedef(["t", dtype, [2]], "here")
+    assert structure.parse_treedef(["a", dtype, [2]], "here") == ("a", dtype, (2,))
 
 
 @pytest.mark.parametrize("planted", [b'["' + b"a" * (16 << 20) + b'"]', b'{"a": 1}', b"[1, 2"],

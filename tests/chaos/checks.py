@@ -71,7 +71,7 @@ NOT_FOUND_ERROR = "cachestore.errors.GenerationNotFoundError"
 STORE_ERROR = "cachestore.errors.CacheStoreError"
 CORRUPT_ERROR = "cachestore.errors.CorruptSampleError"
 #: What the store and the loader say of a write into a generation whose files went away (a worker's write:
-#: loader/executors/producer.py; a commit: cachestore/safefs.py, lmdb_backend.py).
+#: loader/executors/producer.py; a commit: cachestore/guard/safefs.py, lmdb_backend.py).
 WRITE_REMOVED = r"was the cache directory removed while it was written|staging area \S+ is gone"
 #: The note the loader adds to a GenerationNotFoundError of a read epoch (loader/epochs/runner.py).
 READ_REMOVED = "was removed while epoch"

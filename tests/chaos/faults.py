@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from cachestore import open_store
-from cachestore.disk import read_only
 from cachestore.errors import CacheStoreError, CorruptSampleError
+from cachestore.space.disk import read_only
 
 #: Files of a generation that hold no record bytes.
 _NOT_DATA = {"manifest.json", "index.npy", "shards.json", "schema.json", "lock.mdb"}

@@ -66,7 +66,7 @@ WEIGHTS = {"worker-kill": 3, "hang": 2, "raise": 2, "train-sigkill": 2, "train-s
 KILLS = ("train-sigkill", "train-sigterm", "double-sigint")
 #: Faults of cooperating runs (one per scenario; they include a concurrent run of their own).
 COOP = ("coop-kill-claim", "coop-kill-commit", "coop-disk-full")
-#: Steps of a shared commit (cachestore/shared.py) at which coop-kill-commit kills the committing member:
+#: Steps of a shared commit (cachestore/write/shared.py) at which coop-kill-commit kills the committing member:
 #: right after its record is marked ``committing``, after the copies the done map does not name are dropped,
 #: just before the backend's commit (claim files gone), right after it (the generation is published, the
 #: members' lock file not yet removed).

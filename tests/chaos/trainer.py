@@ -262,8 +262,8 @@ def kill_in_commit(stage: str, ctl: str, log: EventLog) -> None:
     """Make this process SIGKILL its process group at step `stage` of a shared commit
     (:data:`tests.chaos.scenario.COMMIT_STAGES`), if it is the first member of the scenario to get
     there (it renames ``ctl/arm/killcommit`` into ``ctl/fired``). The steps are reached through
-    the names ``cachestore.shared`` calls; an exclusive writer's commit is left alone."""
-    import cachestore.shared as shared
+    the names ``cachestore.write.shared`` calls; an exclusive writer's commit is left alone."""
+    import cachestore.write.shared as shared
     from cachestore.backends.directory import DirectoryBackend
     from cachestore.backends.staging import parse_shared
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore import (CacheStoreError, NotRegularFileError, SymlinkError, UnsupportedSampleError,
-                        UntrustedOwnerError, codec, records)
+from cachestore import CacheStoreError, NotRegularFileError, SymlinkError, UnsupportedSampleError, UntrustedOwnerError
 from cachestore.errors import MalformedFileError
+from cachestore.format import codec, records
 from loader import CachedLoader
 from loader import distributed
 from loader.epochs.windows import DiskWindow

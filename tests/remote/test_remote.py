@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from cachestore import CorruptSampleError, GenerationNotFoundError, open_store
+from cachestore import CorruptSampleError, GenerationNotFoundError, ReadableStore, Store, open_store
 from cachestore.remote import RemoteError, RemoteManifestError, open_remote
 from cachestore.remote import layout, packing
 from cachestore.remote.errors import RemoteCorruptError
 from cachestore.remote.manifest import encode, load
-from cachestore.room import sample_limit
+from cachestore.space.room import sample_limit
 
 from .conftest import KEY, SECRET, make_store, options, same
 from .proxy import FaultProxy
@@ -42,6 +42,18 @@ def test_publish_then_fetch_into_another_prefix(tmp_path, weed, remote_url, back
     _equal_stores(local, other, 50)
     assert not [e for e in os.listdir(tmp_path / "b") if e.startswith(".staging")]
     assert other.verify() == []
+
+
+def test_both_tiers_are_readable_stores_and_only_the_local_one_is_writable(tmp_path, s3_env, remote_url):
+    local = make_store(tmp_path / "a", n=4)
+    open_remote(remote_url, local=local).publish(local, background=False).wait()
+    with open_store(remote_url) as remote:
+        assert isinstance(remote, ReadableStore) and not isinstance(remote, Store)
+        assert (remote.writable, local.writable) == (False, True)
+        assert not hasattr(remote, "writer") and not hasattr(remote, "join")
+        assert remote.fingerprint == local.fingerprint and remote.latest() == local.latest() == 0
+        assert [g.id for g in remote.generations()] == [0] and remote.verify() == []
+    assert not open_store(tmp_path / "a", readonly=True).writable
 
 
 def test_direct_reader_is_a_map_style_dataset(tmp_path, s3_env, remote_url):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from cachestore.collate import stack_samples
+from cachestore.format.collate import stack_samples
 
 from ...dataset import Batch
 from ..plan import EpochStats, RotatePlan

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from cachestore import Reader, Store
+from cachestore import ReadableStore, Reader, Store
 
 from ...executors import messages as m
 from ...executors.producer import BatchProducer
@@ -57,7 +57,7 @@ class ReadPaths:
         self._reader: Reader | None = None
         self._reader_at: float | None = None  # when its generation was committed (ReadPlan.committed_at)
 
-    def reader(self, store: Store, generation: int, committed_at: float | None = None) -> Reader:
+    def reader(self, store: ReadableStore, generation: int, committed_at: float | None = None) -> Reader:
         """A reader of `generation` in this process, kept from epoch to epoch (as workers keep theirs).
 
         A reader opened per epoch would map the store afresh, so every page an
@@ -102,7 +102,7 @@ class ReadPaths:
             return main
         return Placed(self.placement, (store.path, plan.generation, self.batch_size), main, pool, threads)
 
-    def remote(self, plan: ReadPlan, stats: EpochStats, store: Store) -> ReadPath:
+    def remote(self, plan: ReadPlan, stats: EpochStats, store: ReadableStore) -> ReadPath:
         """The read path of a read epoch served from the cache's remote `store` directly."""
         reader = self.reader(store, plan.generation or 0, plan.committed_at)
         stats.extra["gather"] = "remote"

@@ -28,8 +28,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from cachestore import CorruptSampleError, Reader, codec
-from cachestore.codec import Leaf, LeafSpec
+from cachestore import CorruptSampleError, Reader
+from cachestore.format import codec
+from cachestore.format.codec import Leaf, LeafSpec
 
 from ...dataset import Batch
 from ...errors import SampleError

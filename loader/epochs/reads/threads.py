@@ -1,7 +1,7 @@
 """Cached-epoch batches gathered by threads of the training process, ahead of the loop.
 
 Why threads: a fixed-layout gather from a memmap store is one call into the
-compiled gather (``cachestore/_gather.c``), which releases the GIL for the whole
+compiled gather (``cachestore/format/_gather.c``), which releases the GIL for the whole
 batch (without it, numpy copies and xxh3 hashes, which release it call by call),
 so two threads gather side by side. Against the workers, a batch then costs no
 hand-off (no task message, no process woken, no slot mapped as arrays, no

@@ -13,7 +13,8 @@ from typing import Iterable
 
 import numpy as np
 
-from cachestore import Reader, codec
+from cachestore import Reader
+from cachestore.format import codec
 
 from ...dataset import Batch
 from ...errors import too_many_open_files

@@ -43,8 +43,8 @@ import os
 import sys
 import tempfile
 
-from cachestore.scratch import pid_alive
-from cachestore.untrusted import decimal
+from cachestore.guard.untrusted import decimal
+from cachestore.space.scratch import pid_alive
 
 from ...leaves import round_up
 

@@ -60,7 +60,7 @@ import threading
 import weakref
 from typing import Iterable
 
-from cachestore import codec
+from cachestore.format import codec
 
 from ...dataset import Batch
 from ...errors import too_many_open_files

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from cachestore.errors import CorruptSampleError
-from cachestore.scratch import pid_alive
+from cachestore.space.scratch import pid_alive
 
 from ...settings import EpochMode
 from .. import messages as m

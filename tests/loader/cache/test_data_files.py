@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachestore.native import native_gather
+from cachestore.format.native import native_gather
 from loader.cache import files
 from loader.cache.fingerprint import dataset_fingerprint
 from loader.dataset import DatasetSource

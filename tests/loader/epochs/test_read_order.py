@@ -143,7 +143,7 @@ READER = """
 import json, sys
 from loader import CachedLoader
 from tests.loader.datasets import ArangeDataset
-from cachestore.room import memory_room
+from cachestore.space.room import memory_room
 
 with CachedLoader(ArangeDataset(int(sys.argv[2]), shape=(3, 64, 64)), batch_size=64, nb_worker=0, seed=0,
                   cache_setting={"prefix": sys.argv[1]}) as loader:

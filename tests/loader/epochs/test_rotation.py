@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from cachestore.cli import main as cli
-from cachestore.disk import allocated_bytes
 from cachestore.errors import BudgetExceededError
+from cachestore.space.disk import allocated_bytes
 from loader import CachedLoader
 from loader.epochs.rotation import rotation_schedule
 
@@ -194,11 +194,11 @@ def test_budget_rotate_switches_to_a_disk_window_that_fits(no_leaks, caplog):
 
 
 def test_memory_window_larger_than_the_memory_room_is_refused(tmp_path, monkeypatch):
-    import cachestore.room
+    import cachestore.space.room
     import loader.epochs.windows as windows
 
     room = (64 * 64 * 4 + 8) * 30  # room for 30 samples (x float32, y int64); half of it for 15
-    monkeypatch.setattr(cachestore.room, "memory_room", lambda *a, **k: room)
+    monkeypatch.setattr(cachestore.space.room, "memory_room", lambda *a, **k: room)
     monkeypatch.setattr(windows, "memory_room", lambda *a, **k: room)
     with CachedLoader(ArangeDataset, {"n": 100, "shape": (64, 64)}, batch_size=4, nb_worker=0,
                       rotation_setting={"medium": "memory", "rotation": 2, "size": 20}) as loader:

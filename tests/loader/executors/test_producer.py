@@ -10,8 +10,8 @@ import pytest
 from cachestore import BudgetExceededError, open_store
 from cachestore.backends import memmap_staging
 from cachestore.backends.staging import mark_committing, members_path
-from cachestore.claims import CLAIMS_NAME, DONE_NAME
-from cachestore.disk import remove_paths
+from cachestore.guard.claims import CLAIMS_NAME, DONE_NAME
+from cachestore.space.disk import remove_paths
 from loader.executors import messages as m
 from loader.executors.producer import BatchProducer
 

@@ -929,7 +929,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cachestore._gather",
+    PyModuleDef_HEAD_INIT, "cachestore.format._gather",
     "Verified batch gather for fixed-layout generations, without the GIL.", -1, methods,
 };
 
@@ -938,7 +938,7 @@ PyMODINIT_FUNC PyInit__gather(void)
     if (load_xxh3() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    /* GUARDED: reads of a truncated mapping are reported, not a SIGBUS (cachestore/native.py
+    /* GUARDED: reads of a truncated mapping are reported, not a SIGBUS (cachestore/format/native.py
      * uses no build without it). */
     if (m != NULL && (PyModule_AddIntConstant(m, "MAX_LEAVES", MAX_LEAVES) < 0
                       || PyModule_AddIntConstant(m, "GUARDED", 1) < 0))

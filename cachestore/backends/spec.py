@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backends import backend_origin, get_backend
-from .backends.base import Backend
-from .trust import OWN, Trust
+from . import backend_origin, get_backend
+from ..guard.trust import OWN, Trust
+from .base import Backend
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StoreSpec:
         spawned worker) registers it from there. Taken from the process that made the spec,
         never from a store's files.
     trust
-        Whose generations and staging areas besides this user's are read (:mod:`cachestore.trust`).
+        Whose generations and staging areas besides this user's are read (:mod:`cachestore.guard.trust`).
     max_sample_bytes
         The most bytes one sample may take when read back (decompressed, or by its schema).
     """

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import BudgetExceededError
 from .disk import format_size
-from .errors import BudgetExceededError
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,17 @@ from typing import Callable, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from . import untrusted
-from .backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
-from .backends.reading import StagingData
-from .budget import Budget
-from .codec import Sample
-from .disk import allocated_bytes
-from .errors import BudgetExceededError, CacheStoreError
-from .locking import WriterLease
+from ..backends.base import Backend, GenerationInfo, ProducerRecord, ShardWriter, StagingToken
+from ..backends.reading import StagingData
+from ..backends.spec import StoreSpec
+from ..errors import BudgetExceededError, CacheStoreError
+from ..format.codec import Sample
+from ..guard import untrusted
+from ..guard.locking import WriterLease
+from ..guard.untrusted import MAX_DECIMAL as MAX_GENERATION
+from ..space.budget import Budget
+from ..space.disk import allocated_bytes
 from .sink import PutResult, SampleSink
-from .spec import StoreSpec
-from .untrusted import MAX_DECIMAL as MAX_GENERATION
 
 
 class ShardSpec:
@@ -55,13 +55,13 @@ class ShardSpec:
     def sink(self, shard_id: str, stop_when_full: bool = False) -> SampleSink:
         """Where a producer puts the samples it computes, claimed first where processes write the
         generation together; each put says whether the sample was written, is already there, or must
-        be waited for (see :mod:`cachestore.sink`)."""
+        be waited for (see :mod:`cachestore.write.sink`)."""
         return SampleSink(self, shard_id, stop_when_full)
 
 
 class Writer(Protocol):
     """A writer of one generation: :class:`GenerationWriter` (this process holds the store's writer lock)
-    or :class:`cachestore.shared.SharedWriter` (processes write the generation together).
+    or :class:`cachestore.write.shared.SharedWriter` (processes write the generation together).
 
     What a loader holds while it writes a generation: it hands :meth:`shard_spec` to the processes that
     compute samples (each puts them through :meth:`ShardSpec.sink`), and commits, keeps or aborts.

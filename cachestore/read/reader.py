@@ -6,13 +6,13 @@ import os
 
 import numpy as np
 
-from .backends.batch import Indices
-from .backends.reading import BatchLayout, GenerationData
-from .checksums import check_contiguous
-from .codec import Batch, Leaf, Sample
-from .collate import stack_samples
-from .errors import BatchStackError, CacheStoreError, CorruptSampleError
-from .spec import StoreSpec
+from ..backends.batch import Indices
+from ..backends.reading import BatchLayout, GenerationData
+from ..backends.spec import StoreSpec
+from ..errors import BatchStackError, CacheStoreError, CorruptSampleError
+from ..format.checksums import check_contiguous
+from ..format.codec import Batch, Leaf, Sample
+from ..format.collate import stack_samples
 
 
 class Reader:

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import TypeGuard
 
-from .errors import BudgetExceededError
+from ..errors import BudgetExceededError
 
 _UNITS = {
     "": 1, "b": 1,

@@ -11,15 +11,15 @@ Treedef nodes (nested tuples, so they hash and compare cheaply)::
 
     ("d", keys, children)   dict with str keys      ("l", children)  list
     ("u", children)         tuple                   ("n",)           None
-    ("k", module, qualname, fields, children)       namedtuple (see :mod:`cachestore.named`)
+    ("k", module, qualname, fields, children)       namedtuple (see :mod:`cachestore.format.named`)
     ("v", layout, dtype, children)                  nested torch tensor: its components ("t")
     ("a", dtype, shape)     numpy array             ("t", dtype, shape) torch tensor
     ("g", dtype)            numpy scalar            ("i",) ("f",) ("b",) int / float / bool
     ("s", n) ("y", n)       str (utf-8) / bytes of n bytes
     ("p", n)                pickled object (only with ``allow_pickle``)
 
-The byte form of one sample (a *record*) is :mod:`cachestore.records`; a treedef read
-back from a store is parsed by :func:`cachestore.untrusted.parse_treedef`. A pickled leaf
+The byte form of one sample (a *record*) is :mod:`cachestore.format.records`; a treedef read
+back from a store is parsed by :func:`cachestore.format.structure.parse_treedef`. A pickled leaf
 is loaded only where the caller says so (``allow_pickle``): unpickling runs code of whoever
 wrote the bytes (docs/ARCHITECTURE.md, "Untrusted stores").
 """
@@ -36,12 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from . import named
-from .errors import MalformedFileError, PickleRefusedError, UnsupportedSampleError
+from ..errors import MalformedFileError, PickleRefusedError, UnsupportedSampleError
 
 #: A sample (see above; with ``allow_pickle`` anything picklable): ``object``, since torch is
 #: never imported here and pickle takes anything.
 Sample: TypeAlias = object
-#: A batch: samples stacked as :func:`cachestore.collate.stack_samples` stacks them.
+#: A batch: samples stacked as :func:`cachestore.format.collate.stack_samples` stacks them.
 Batch: TypeAlias = object
 #: A treedef node (see above): its tag, then a dtype string, a size, a shape, keys or children.
 TreeDef: TypeAlias = tuple[Union[str, int, tuple[int, ...], tuple[str, ...], tuple["TreeDef", ...]], ...]
@@ -254,7 +254,7 @@ def unflatten(treedef: TreeDef, leaves: Sequence[Leaf], allow_pickle: bool = Fal
     `allow_pickle` says the bytes are this program's own (or a trusted writer's): pickled leaves
     load, and a namedtuple's module may be imported to find its class (as pickle would); without
     it a namedtuple is rebuilt without running code of the store's choosing
-    (:func:`cachestore.named.rebuild`).
+    (:func:`cachestore.format.named.rebuild`).
 
     Raises
     ------
@@ -273,7 +273,7 @@ def unflatten_batch(treedef: TreeDef, leaves: Sequence[Leaf]) -> Batch:
     Arrays stay stacked (numpy as numpy, torch as torch); Python scalars become
     one numpy array per leaf; str, bytes, None and pickled leaves become lists;
     a namedtuple is one of batches.
-    This is exactly what :func:`cachestore.collate.stack_samples` produces from
+    This is exactly what :func:`cachestore.format.collate.stack_samples` produces from
     the individual samples.
     """
     it = iter(leaves)

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import NotRegularFileError, StoreLockedError, SymlinkError
-from .disk import is_out_of_space, out_of_space
+from ..errors import NotRegularFileError, StoreLockedError, SymlinkError
+from ..space.disk import is_out_of_space, out_of_space
 from .safefs import open_nofollow, unlink_name
 from .untrusted import decimal
 
@@ -36,7 +36,7 @@ PROBE_GRACE = 0.2
 BRIEF_GRACE = 60.0
 #: What a brief holder writes after its pid.
 BRIEF = "brief"
-#: What :func:`lock_holder` says when the writers are processes writing together (:mod:`cachestore.shared`).
+#: What :func:`lock_holder` says when the writers are processes writing together (:mod:`cachestore.write.shared`).
 SHARED_WRITERS = -2
 
 

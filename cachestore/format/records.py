@@ -1,13 +1,13 @@
 """Records: the self-describing byte form of one sample, used by the variable-size layouts.
 
-A record is a 16-byte header, the sample's structure (its treedef, :mod:`cachestore.codec`) as
+A record is a 16-byte header, the sample's structure (its treedef, :mod:`cachestore.format.codec`) as
 JSON, then each leaf, 16-byte aligned so leaves can be viewed in place without a copy. The
 header holds a magic number, flags (zstd), the length of the structure JSON and the bytes of
 the sample's leaves (0 where they do not fit 32 bits, and in records written before it was
 recorded). With zstd, everything after the header is one compressed frame.
 
 A record is read back from a store, which anyone may have written (docs/ARCHITECTURE.md,
-"Untrusted stores"): its structure is parsed strictly (:func:`cachestore.untrusted.parse_treedef`),
+"Untrusted stores"): its structure is parsed strictly (:func:`cachestore.format.structure.parse_treedef`),
 every leaf must lie inside the record, and a compressed body is never decompressed beyond the
 size its index (or header) gives, however large a size its frame declares.
 """
@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
+from ..errors import CorruptSampleError, MalformedFileError, UnsupportedSampleError
+from ..guard.untrusted import parse_json
 from .codec import Leaf, TreeDef, leaf_bytes, leaf_specs, treedef_to_json
-from .errors import CorruptSampleError, MalformedFileError, UnsupportedSampleError
-from .untrusted import parse_json, parse_treedef
+from .structure import parse_treedef
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

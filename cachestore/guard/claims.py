@@ -1,6 +1,6 @@
 """Who computes which sample of a generation that several processes write together.
 
-A shared staging area (:mod:`cachestore.shared`) holds two small files:
+A shared staging area (:mod:`cachestore.write.shared`) holds two small files:
 
 ``claims``
     One byte per sample, never written: a process that computes sample ``i``
@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import safefs
-from .disk import is_out_of_space, out_of_space
+from ..space.disk import is_out_of_space, out_of_space
 
 CLAIMS_NAME = "claims"
 DONE_NAME = "done"

@@ -1,4 +1,4 @@
-"""The compiled verified gather (``cachestore/_gather.c``), when it is built and not turned off.
+"""The compiled verified gather (``cachestore/format/_gather.c``), when it is built and not turned off.
 
 The module is optional: ``pip install`` builds it with the machine's C compiler, and without it
 (or with ``CACHESTORE_NATIVE=0``) every read uses the pure-Python gather, with the same
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Gather(Protocol):
-    """What the readers use of ``cachestore._gather`` (its stub, ``_gather.pyi``, is checked against this)."""
+    """What the readers use of ``cachestore.format._gather`` (its stub, ``_gather.pyi``, is checked against this)."""
 
     MAX_LEAVES: int
     GUARDED: int
@@ -47,7 +47,7 @@ class Gather(Protocol):
     def stat_digest(self, paths: list[str], threads: int) -> tuple[int, int]: ...
 
 
-#: What the readers call of the module: a build older than one of them (``cachestore/_gather.c``
+#: What the readers call of the module: a build older than one of them (``cachestore/format/_gather.c``
 #: changed, the extension not rebuilt) is not used at all, rather than half. ``GUARDED``: its loops
 #: over a mapping report a truncated file instead of dying of SIGBUS (docs/ARCHITECTURE.md,
 #: "Untrusted stores"), and say so with the return values the readers expect.
@@ -71,7 +71,7 @@ def _load_native() -> Gather | None:
     return _gather
 
 
-#: The compiled verified gather (``cachestore/_gather.c``), or ``None`` where it is not built or
+#: The compiled verified gather (``cachestore/format/_gather.c``), or ``None`` where it is not built or
 #: ``CACHESTORE_NATIVE=0`` turned it off; reads then use the pure-Python gather, same checksums.
 NATIVE = _load_native()
 

@@ -1,11 +1,11 @@
 """Putting samples into a generation being written: the claim protocol, in one place.
 
 Whoever computes samples for a generation (a loader's worker, the training
-process, the owner of a :class:`~cachestore.shared.SharedWriter`) puts each one
+process, the owner of a :class:`~cachestore.write.shared.SharedWriter`) puts each one
 through a :class:`SampleSink` opened on the generation's
 :class:`~cachestore.ShardSpec`, and hands it a way to compute the sample rather
 than the sample: in a shared staging area a sample is claimed *before* it is
-computed (:mod:`cachestore.claims`), so that it is computed once, whoever needs
+computed (:mod:`cachestore.guard.claims`), so that it is computed once, whoever needs
 it first. :meth:`SampleSink.put` answers with a :class:`PutResult`:
 
 ``WRITTEN``
@@ -38,16 +38,16 @@ import os
 import secrets
 from typing import Callable, NamedTuple, Protocol
 
-from . import safefs
-from .backends.base import ShardWriter, StagingToken
-from .backends.reading import StagingData
-from .backends.staging import members_path
-from .claims import Claims, byte_lock, byte_unlock
-from .codec import Sample
-from .disk import is_out_of_space, out_of_space
-from .errors import BudgetExceededError, CacheStoreError, CorruptSampleError
-from .reader import Reader
-from .spec import StoreSpec
+from ..backends.base import ShardWriter, StagingToken
+from ..backends.reading import StagingData
+from ..backends.spec import StoreSpec
+from ..backends.staging import members_path
+from ..errors import BudgetExceededError, CacheStoreError, CorruptSampleError
+from ..format.codec import Sample
+from ..guard import safefs
+from ..guard.claims import Claims, byte_lock, byte_unlock
+from ..read.reader import Reader
+from ..space.disk import is_out_of_space, out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class SampleSink:
     def _committed_meanwhile(self) -> bool:
         """Whether the shared area is gone because another process writing it together committed it (its
         files moved into the generation). A member publishing it now is waited for: it holds the commit
-        lock (see :mod:`cachestore.shared`), and the area lacks its claim files meanwhile."""
+        lock (see :mod:`cachestore.write.shared`), and the area lacks its claim files meanwhile."""
         try:
             fd = safefs.open_nofollow(members_path(self.token.path), os.O_RDONLY)
         except FileNotFoundError:

@@ -10,7 +10,7 @@ files or the data of whoever reads them. So nothing a store reads is taken as it
 * **documents** (``store.json``, manifests, schemas, shard lists, record structures) are bounded
   in size before they are parsed and in depth after (:func:`parse_json`), and every field is
   checked for its type and range (:func:`parse_store_meta`, :func:`parse_manifest`,
-  :func:`parse_treedef`, :func:`parse_shard_ids`);
+  :func:`parse_shard_ids`; a sample's structure by :func:`cachestore.format.structure.parse_treedef`);
 * **index rows** name only shards that exist and only offsets and sizes that can be
   (:func:`check_index_rows`), so that no size is allocated before it is checked.
 
@@ -27,15 +27,13 @@ import json
 import math
 import os
 import re
-import warnings
-from typing import Any, Sequence, TypeGuard, cast
+from typing import Any, Sequence, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
-from . import named, safefs
-from .codec import BFLOAT16, TreeDef
-from .errors import MalformedFileError
+from . import safefs
+from ..errors import MalformedFileError
 from .trust import Trust
 
 #: The bytes a document of the store may take: a manifest lists every data file, and shard lists grow
@@ -44,17 +42,10 @@ DOCUMENT_BYTES = 16 << 20
 #: Nesting of a document (or of a sample's structure) beyond which it is refused, so that no parser
 #: (nor ``json.dumps`` of a fingerprint, nor ``inspect``) recurses into a RecursionError.
 MAX_DEPTH = 64
-#: Nodes of one sample's structure, dimensions of one array, samples of one generation.
-MAX_NODES = 1 << 18
-MAX_DIMS = 32
+#: Samples of one generation.
 MAX_SAMPLES = 1 << 40
 #: Bytes of one leaf of one sample: beyond any disk, and far inside an int64.
 MAX_LEAF_BYTES = 1 << 48
-#: Array dtype kinds a store holds (bool, ints, floats, complex, datetimes, fixed bytes and text);
-#: never objects (references, which the codec pickles instead) or records.
-DTYPE_KINDS = "biufcmMSU"
-#: What a tensor leaf holds: numbers in this machine's byte order (as torch hands them to numpy).
-TENSOR_KINDS = "biufc"
 _DIGITS = re.compile(r"[0-9]{1,18}", re.ASCII)
 #: The largest number a name of the store holds (generation ids, pids): 18 digits.
 MAX_DECIMAL = 10 ** 18 - 1
@@ -86,9 +77,9 @@ def is_file_name(name: object) -> TypeGuard[str]:
 def file_name(name: object, where: str) -> str:
     """`name` (read from `where`) when it can name a file of the store (:func:`is_file_name`);
     else :class:`MalformedFileError`. Only a name inside the store's directory, which the store
-    then opens without following a symlink (:mod:`cachestore.safefs`)."""
+    then opens without following a symlink (:mod:`cachestore.guard.safefs`)."""
     if not is_file_name(name):
-        raise MalformedFileError(f"{where} names {_show(name)}, which is no file of the store "
+        raise MalformedFileError(f"{where} names {shown(name)}, which is no file of the store "
                                  "(a path outside its directory?); the store is damaged or was tampered with")
     return name
 
@@ -147,13 +138,16 @@ def read_document(path: str | os.PathLike[str], what: str = "", limit: int = DOC
     return parse_json(data, str(path), limit)
 
 
-def _int(value: object, where: str, name: str, low: int = 0, high: int = MAX_LEAF_BYTES) -> int:
+def integer_in(value: object, where: str, name: str, low: int = 0, high: int = MAX_LEAF_BYTES) -> int:
+    """`value` when it is an int (not a bool) in ``low..high``, else a :class:`MalformedFileError`
+    naming `where` and the field `name`."""
     if type(value) is not int or not low <= value <= high:
-        raise MalformedFileError(f"{where}: {name!r} is {_show(value)}, not an integer in {low}..{high}")
+        raise MalformedFileError(f"{where}: {name!r} is {shown(value)}, not an integer in {low}..{high}")
     return value
 
 
-def _show(value: object) -> str:
+def shown(value: object) -> str:
+    """`value` as a message shows it: its repr, cut to 80 characters (the value is anyone's)."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -162,7 +156,7 @@ def _optional(doc: dict[str, Any], key: str, types: tuple[type, ...], where: str
     value = doc.get(key)
     if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
         kinds = " or ".join(t.__name__ for t in types)
-        raise MalformedFileError(f"{where}: {key!r} is {_show(value)}, not {kinds}")
+        raise MalformedFileError(f"{where}: {key!r} is {shown(value)}, not {kinds}")
 
 
 def parse_store_meta(obj: object, path: str) -> dict[str, object]:
@@ -173,13 +167,13 @@ def parse_store_meta(obj: object, path: str) -> dict[str, object]:
     """
     if not isinstance(obj, dict):
         raise MalformedFileError(f"{path} holds a {type(obj).__name__}, not the store's metadata (a JSON object)")
-    _int(obj.get("format", 0), path, "format", 0, 1 << 16)
+    integer_in(obj.get("format", 0), path, "format", 0, 1 << 16)
     _optional(obj, "backend", (str,), path)
     _optional(obj, "fingerprint", (dict,), path)
     _optional(obj, "producer", (dict,), path)
     _optional(obj, "created", (int, float), path)
     if obj.get("compression") not in COMPRESSIONS:
-        raise MalformedFileError(f"{path}: 'compression' is {_show(obj.get('compression'))}, not one of "
+        raise MalformedFileError(f"{path}: 'compression' is {shown(obj.get('compression'))}, not one of "
                                  f"{COMPRESSIONS} (written by a newer cachestore?)")
     return obj
 
@@ -195,28 +189,26 @@ def parse_manifest(obj: object, path: str, generation: int) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise MalformedFileError(f"{path} holds a {type(obj).__name__}, not a manifest (a JSON object)")
     if type(obj.get("generation")) is not int or obj["generation"] != generation:
-        raise MalformedFileError(f"{path}: 'generation' is {_show(obj.get('generation'))}, "
+        raise MalformedFileError(f"{path}: 'generation' is {shown(obj.get('generation'))}, "
                                  f"not {generation} (the generation its directory names)")
-    _int(obj.get("num_samples"), path, "num_samples", 0, MAX_SAMPLES)
+    integer_in(obj.get("num_samples"), path, "num_samples", 0, MAX_SAMPLES)
     if not isinstance(obj.get("created"), (int, float)) or isinstance(obj.get("created"), bool) \
             or not math.isfinite(obj["created"]):
-        raise MalformedFileError(f"{path}: 'created' is {_show(obj.get('created'))}, not a time")
+        raise MalformedFileError(f"{path}: 'created' is {shown(obj.get('created'))}, not a time")
     for key in ("raw_bytes", "stored_bytes", "chunk_rows"):
         if key in obj:
-            _int(obj[key], path, key, 1 if key == "chunk_rows" else 0)
+            integer_in(obj[key], path, key, 1 if key == "chunk_rows" else 0)
     if obj.get("layout") not in LAYOUTS:
-        raise MalformedFileError(f"{path}: 'layout' is {_show(obj.get('layout'))}, not one of {LAYOUTS}")
+        raise MalformedFileError(f"{path}: 'layout' is {shown(obj.get('layout'))}, not one of {LAYOUTS}")
     _optional(obj, "extra", (dict,), path)
     _optional(obj, "checksum", (str,), path)
     _optional(obj, "lmdb_layout", (str,), path)
     files = obj.get("files", {})
     if not isinstance(files, dict):
-        raise MalformedFileError(f"{path}: 'files' is {_show(files)}, not an object of file sizes")
+        raise MalformedFileError(f"{path}: 'files' is {shown(files)}, not an object of file sizes")
     for name, size in files.items():
         file_name(name, f"{path} ('files')")
-        _int(size, path, f"files.{name}", 0, 1 << 62)
-    if "schema" in obj:
-        parse_treedef(obj["schema"], f"{path} ('schema')")
+        integer_in(size, path, f"files.{name}", 0, 1 << 62)
     return obj
 
 
@@ -227,131 +219,38 @@ def parse_shard_stats(obj: object, path: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise MalformedFileError(f"{path} holds a {type(obj).__name__}, not a shard's totals (a JSON object)")
     for key in ("raw_bytes", "stored_bytes"):
-        _int(obj.get(key), path, key)
-    _int(obj.get("count", 0), path, "count", 0, MAX_SAMPLES)
+        integer_in(obj.get(key), path, key)
+    integer_in(obj.get("count", 0), path, "count", 0, MAX_SAMPLES)
     layout = obj.get("layout")
     if not (layout is None or isinstance(layout, str)
             or (isinstance(layout, list) and len(layout) == 2 and type(layout[0]) is int)):
-        raise MalformedFileError(f"{path}: 'layout' is {_show(layout)}, not a record layout")
+        raise MalformedFileError(f"{path}: 'layout' is {shown(layout)}, not a record layout")
     return obj
 
 
 def parse_shard_ids(obj: object, path: str) -> list[str]:
     """``shards.json``: the list of a generation's shard names, each a file name of the store."""
     if not isinstance(obj, list):
-        raise MalformedFileError(f"{path} holds {_show(obj)}, not a list of shard names")
+        raise MalformedFileError(f"{path} holds {shown(obj)}, not a list of shard names")
     names = [file_name(name, str(path)) for name in obj]
     if len(set(names)) != len(names):
         raise MalformedFileError(f"{path} names a shard twice")
     return names
 
 
-def parse_dtype(text: object, where: str) -> np.dtype[np.generic]:
-    """The numpy dtype a leaf's structure names: plain numbers, dates, fixed bytes or text."""
-    if not isinstance(text, str) or len(text) > 32:
-        raise MalformedFileError(f"{where}: dtype {_show(text)} is not a dtype string")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a deprecated spelling is no dtype the codec writes
-            dtype = np.dtype(text)
-    except (TypeError, ValueError, SyntaxError, Warning):
-        raise MalformedFileError(f"{where}: dtype {_show(text)} is not a numpy dtype") from None
-    if dtype.kind not in DTYPE_KINDS or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None \
-            or dtype.itemsize < 1:
-        raise MalformedFileError(f"{where}: dtype {text!r} is not one a store holds (numbers, dates, bytes, text)")
-    return dtype
-
-
-def parse_shape(obj: object, itemsize: int, where: str) -> tuple[int, ...]:
-    """An array shape: a list of at most :data:`MAX_DIMS` sizes >= 0, one leaf at most
-    :data:`MAX_LEAF_BYTES` bytes."""
-    if not isinstance(obj, list) or len(obj) > MAX_DIMS or \
-            not all(type(d) is int and 0 <= d <= MAX_LEAF_BYTES for d in obj):
-        raise MalformedFileError(f"{where}: shape {_show(obj)} is not a list of sizes >= 0")
-    if math.prod(obj) * itemsize > MAX_LEAF_BYTES:
-        raise MalformedFileError(f"{where}: shape {obj} takes more than {MAX_LEAF_BYTES} bytes")
-    return tuple(obj)
-
-
-def parse_treedef(obj: object, where: str) -> TreeDef:
-    """A sample structure (see :mod:`cachestore.codec`) from its JSON form, every node checked:
-    known tags, str keys once each, dtypes a store holds, shapes and sizes in range, at most
-    :data:`MAX_DEPTH` deep and :data:`MAX_NODES` nodes."""
-    budget = [MAX_NODES]
-    return _node(obj, where, 1, budget)
-
-
-def _node(obj: object, where: str, depth: int, budget: list[int]) -> TreeDef:
-    budget[0] -= 1
-    if depth > MAX_DEPTH or budget[0] < 0:
-        raise MalformedFileError(f"{where}: the sample structure is larger or deeper than a store writes")
-    if not isinstance(obj, list) or not obj or not isinstance(obj[0], str):
-        raise MalformedFileError(f"{where}: {_show(obj)} is not a node of a sample structure")
-    tag, rest = obj[0], obj[1:]
-    if tag == "d" and len(rest) == 2 and isinstance(rest[0], list) and isinstance(rest[1], list):
-        keys, children = rest
-        if len(keys) != len(children) or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
-            raise MalformedFileError(f"{where}: a dict node's keys are not distinct strings, one per child")
-        return ("d", tuple(keys), tuple(_node(c, where, depth + 1, budget) for c in children))
-    if tag in ("l", "u") and len(rest) == 1 and isinstance(rest[0], list):
-        return (tag, tuple(_node(c, where, depth + 1, budget) for c in rest[0]))
-    if tag == "k" and len(rest) == 4 and isinstance(rest[2], list) and isinstance(rest[3], list):
-        return _namedtuple(rest, where, depth, budget)
-    if tag == "v" and len(rest) == 3 and isinstance(rest[2], list):
-        return _nested_tensor(rest, where, depth, budget)
-    if tag in ("a", "t") and len(rest) == 2:
-        if tag == "t" and rest[0] == BFLOAT16:
-            return (tag, BFLOAT16, parse_shape(rest[1], 2, where))
-        dtype = parse_dtype(rest[0], where)
-        if tag == "t" and (dtype.kind not in TENSOR_KINDS or not dtype.isnative):
-            raise MalformedFileError(f"{where}: a tensor of dtype {rest[0]!r}, which no tensor has")
-        return (tag, str(rest[0]), parse_shape(rest[1], dtype.itemsize, where))
-    if tag == "g" and len(rest) == 1:
-        parse_dtype(rest[0], where)
-        return (tag, str(rest[0]))
-    if tag in ("n", "i", "f", "b") and not rest:
-        return (tag,)
-    if tag in ("s", "y", "p") and len(rest) == 1:
-        return (tag, _int(rest[0], where, f"size of a {tag!r} leaf"))
-    raise MalformedFileError(f"{where}: {_show(obj)} is not a node of a sample structure")
-
-
-def _namedtuple(rest: list[Any], where: str, depth: int, budget: list[int]) -> TreeDef:
-    """A namedtuple node: names a reader may look up and ``collections.namedtuple`` may compile
-    (:func:`cachestore.named.valid`), one field per child."""
-    module, qualname, fields, kids = rest
-    if not isinstance(module, str) or not isinstance(qualname, str) or len(fields) != len(kids) \
-            or not named.valid(module, qualname, fields):
-        raise MalformedFileError(f"{where}: a namedtuple node whose names are not a class's and its fields'")
-    return ("k", module, qualname, tuple(fields), tuple(_node(c, where, depth + 1, budget) for c in kids))
-
-
-def _nested_tensor(rest: list[Any], where: str, depth: int, budget: list[int]) -> TreeDef:
-    """A nested tensor node: a layout torch has, and components that are tensors of its dtype and
-    one number of dimensions (a jagged one's differ in their first only), as the codec writes them."""
-    layout, dtype, kids = rest
-    parts = [_node(c, where, depth + 1, budget) for c in kids]
-    shapes = [cast("tuple[int, ...]", p[2]) for p in parts if p[0] == "t" and p[1] == dtype]
-    if layout not in ("strided", "jagged") or len(shapes) != len(parts) or len({len(s) for s in shapes}) > 1 \
-            or (layout == "jagged" and (not shapes or not shapes[0] or len({s[1:] for s in shapes}) > 1)):
-        raise MalformedFileError(f"{where}: a nested tensor node that is none the codec writes")
-    if not parts:
-        _node(["t", dtype, [0]], where, depth + 1, budget)  # its dtype is one a tensor has
-    return ("v", layout, dtype, tuple(parts))
-
-
-def check_index_rows(rows: npt.NDArray[np.void], num_samples: int, num_shards: int, path: str) -> None:
-    """Rows of a generation's index (fields ``index``, ``shard``, ``offset``, ``length``, ``raw``):
-    row ``i`` is sample ``i``; its shard is ``-1`` (the columns) or one of the `num_shards`
-    listed; offsets, lengths and raw sizes are >= 0 and an offset plus its length stays inside
-    an int64. Vectorised: a check of a million rows costs milliseconds, once per opening."""
+def check_index_rows(rows: npt.NDArray[np.void], num_samples: int, num_shards: int, path: str,
+                     first: int = 0) -> None:
+    """Rows of a generation's index (fields ``index``, ``shard``, ``offset``, ``length``, ``raw``), or
+    of the part of one that holds its samples from `first` on: row ``i`` is sample ``first + i``; its
+    shard is ``-1`` (the columns) or one of the `num_shards` listed; offsets, lengths and raw sizes
+    are >= 0 and an offset plus its length stays inside an int64. Vectorised: a check of a million rows costs milliseconds, once per opening."""
     if len(rows) != num_samples:
         raise MalformedFileError(f"{path} has {len(rows)} rows, the generation {num_samples} samples")
     if not len(rows):
         return
     why = None
-    if not np.array_equal(rows["index"], np.arange(num_samples)):
-        why = "its rows are not samples 0..n-1 in order"
+    if not np.array_equal(rows["index"], np.arange(first, first + num_samples)):
+        why = f"its rows are not samples {first}..{first + num_samples - 1} in order"
     elif rows["shard"].min() < -1 or rows["shard"].max() >= num_shards:
         bad = rows["shard"][(rows["shard"] < -1) | (rows["shard"] >= num_shards)][0]
         why = f"a row names shard {bad}, and the generation has {num_shards} (shards.json)"

@@ -30,8 +30,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .disk import is_out_of_space, out_of_space
-from .errors import CacheStoreError, NotRegularFileError, SymlinkError
+from ..errors import CacheStoreError, NotRegularFileError, SymlinkError
+from ..space.disk import is_out_of_space, out_of_space
 
 #: Temp names made by :func:`write_json_atomic`: ``.<name>.<pid>.<hex>.tmp``.
 TEMP_NAME = re.compile(r"\A\..+\.([0-9]{1,18})\.[0-9a-f]+\.tmp\Z", re.ASCII)

@@ -5,7 +5,7 @@ Every process that writes generation ``g`` of a store with the same producer
 ``.shared-<g>-<fingerprint hash>/``, instead of making its own:
 
 * Each process writes its own shards into it (as a loader's workers always
-  did), and claims every sample before computing it (:mod:`cachestore.claims`):
+  did), and claims every sample before computing it (:mod:`cachestore.guard.claims`):
   a sample is computed once, whoever needs it first; a process that needs a
   sample another one is computing waits for it, then reads it back.
 * Membership is a shared ``flock`` on ``<area>.members``, held from joining to
@@ -41,17 +41,17 @@ from typing import Callable
 import numpy as np
 import numpy.typing as npt
 
-from . import safefs
-from .backends.base import Backend, GenerationInfo, ProducerRecord, StagingToken
-from .backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
-                               staging_record)
-from .claims import CLAIMS_NAME, DONE_NAME, byte_lock, byte_unlock, create_claim_files, done_map
-from .codec import Sample
-from .disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
-from .errors import BudgetExceededError, CacheStoreError, FingerprintMismatchError, GenerationCommitted
-from .locking import WriterLease
+from ..backends.base import Backend, GenerationInfo, ProducerRecord, StagingToken
+from ..backends.spec import StoreSpec
+from ..backends.staging import (SHARED_TMP_PREFIX, STAGING_META, mark_committing, members_path, shared_dirname,
+                                staging_record)
+from ..errors import BudgetExceededError, CacheStoreError, FingerprintMismatchError, GenerationCommitted
+from ..format.codec import Sample
+from ..guard import safefs
+from ..guard.claims import CLAIMS_NAME, DONE_NAME, byte_lock, byte_unlock, create_claim_files, done_map
+from ..guard.locking import WriterLease
+from ..space.disk import allocated_bytes, is_out_of_space, out_of_space, remove_paths
 from .sink import PutResult, SampleSink
-from .spec import StoreSpec
 from .writer import BudgetSource, ShardSpec
 
 #: Tries to join before giving up (each one saw the area committed, or removed, under it).
@@ -79,7 +79,7 @@ def _create(root: Path, name: str, generation: int, num_samples: int, record: Pr
 class SharedWriter:
     """This process's membership of a shared staging area (see the module docstring).
 
-    A :class:`~cachestore.writer.Writer`, as :class:`~cachestore.GenerationWriter`
+    A :class:`~cachestore.write.writer.Writer`, as :class:`~cachestore.GenerationWriter`
     is (``put``, ``present``, ``shard_spec``, ``commit``, ``keep``, ``abort``), with
     three differences: :meth:`put` claims the sample first and may find it written
     by another member (``PRESENT``);
@@ -208,7 +208,7 @@ class SharedWriter:
     def put(self, index: int, sample: Sample) -> PutResult:
         """Write `sample` at `index` unless another member has (or is writing) it: ``WRITTEN`` (and
         flushed: the others see it done), ``PRESENT`` (written by another member, waited for), or
-        ``UNWRITTEN`` (the area went away or broke under this member: see :mod:`cachestore.sink`)."""
+        ``UNWRITTEN`` (the area went away or broke under this member: see :mod:`cachestore.write.sink`)."""
         self._check_open()
         if self._sink is None or self._sink.closed:
             self._sink = SampleSink(self.shard_spec(), "owner")
@@ -338,7 +338,7 @@ class SharedWriter:
         return self._holds_area()
 
     def _keep_canonical(self) -> None:
-        """Drop every logged copy of a sample but the one the done map names (see :mod:`cachestore.claims`)."""
+        """Drop every logged copy of a sample but the one the done map names (see :mod:`cachestore.guard.claims`)."""
         tags = done_map(self.path, self.num_samples)
         self.backend.keep_logged(self.token, tags)
 

@@ -1,4 +1,4 @@
-# Stub of the compiled verified gather (cachestore/_gather.c); the C docstrings give the contract.
+# Stub of the compiled verified gather (cachestore/format/_gather.c); the C docstrings give the contract.
 from typing import TypeAlias
 
 import numpy as np

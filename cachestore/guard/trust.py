@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .errors import UntrustedOwnerError
+from ..errors import UntrustedOwnerError
 
 log = logging.getLogger(__name__)
 

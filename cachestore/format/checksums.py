@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from .errors import CorruptSampleError
+from ..errors import CorruptSampleError
 from .native import native_gather
 
 if TYPE_CHECKING:
