@@ -111,7 +111,7 @@ def _gather_by_files(value: Any, ranks: int, rank: int, prefix: str) -> list[Any
 def check_rendezvous(where: Path) -> None:
     """Refuse a rendezvous directory that is not this user's own: in a prefix others can write, one
     made (or swapped in) by another user would let them answer for a rank, or have the ranks write
-    through a symlink (see :mod:`cachestore.trust`).
+    through a symlink (see :mod:`cachestore.guard.trust`).
 
     Raises
     ------

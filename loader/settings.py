@@ -172,7 +172,7 @@ class CacheSettings:
     node_rank: int | None = None
     stream_buffer: int = 1000
     stream_samples: int | None = None
-    trusted_uids: tuple[int, ...] = ()  # other users (and groups) whose generations are served (cachestore.trust)
+    trusted_uids: tuple[int, ...] = ()  # other users (and groups) whose generations are served (cachestore.guard.trust)
     trusted_gids: tuple[int, ...] = ()
     max_sample_bytes: int | str | None = None
 

@@ -75,3 +75,10 @@ def test_a_private_name_read_across_modules_is_found(graph):
         "pkg.b:1: from pkg.a import _LIMIT", "pkg.b:4: a._hidden", "pkg.b:4: a._step",
         # a test reads the internals of what it tests, not those of other tests
         "tests.test_a:2: from tests.helpers import _fill", "tests.test_a:6: h._fill"]
+
+
+def test_the_loader_never_reads_a_staging_areas_claims_itself(graph):
+    # What a generation being written holds is the writer's to say (SharedWriter.present), not a file of
+    # its staging area the loader would parse.
+    edges, _ = graph.graph()
+    assert [m for m, targets in edges.items() if m.startswith("loader") and "cachestore.guard.claims" in targets] == []

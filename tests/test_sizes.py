@@ -30,3 +30,15 @@ def test_a_long_function_is_found(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "m.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
     assert long_functions(tmp_path, tmp_path) == ["m.py:5 long (81 lines)"]
+
+
+MAX_MODULE_LINES = 450
+#: The facade: what a reader opens first stays short enough to read whole.
+MAX_FACADE_LINES = 300
+
+
+def test_no_module_is_longer_than_450_lines_and_the_facade_300():
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for root in ("cachestore", "loader")
+            for p in sorted((ROOT / root).rglob("*.py")) if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == []
+    assert len((ROOT / "loader" / "api.py").read_text().splitlines()) <= MAX_FACADE_LINES

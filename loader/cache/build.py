@@ -201,7 +201,7 @@ class GenerationBuild:
 
     def commit(self, extra: dict) -> GenerationInfo | None:
         """Publish the generation (after :meth:`finish`); ``None`` when it is written together with
-        other processes and left to them, or committed by one (:class:`cachestore.shared.SharedWriter`)."""
+        other processes and left to them, or committed by one (:class:`cachestore.write.shared.SharedWriter`)."""
         self.detach()
         return self.writer.commit(extra=extra)
 

@@ -247,7 +247,7 @@ class CacheController:
         """How the read epochs of `generation` go: their order, and whether they read with explicit I/O.
 
         ``read_order="auto"``: random when the generation fits the memory room
-        (:mod:`cachestore.room`), block otherwise, said in one log line per
+        (:mod:`cachestore.space.room`), block otherwise, said in one log line per
         generation. A generation that does not fit is read with explicit I/O
         where the backend can (``supports_streaming``, fixed layout).
         """
@@ -334,7 +334,7 @@ class CacheController:
 
     def shares(self, readable_staging: bool = True) -> bool:
         """Whether generations are written together with the other processes that write them (ranks of a
-        node, concurrent jobs: :mod:`cachestore.shared`): ``cache_setting["shared"]``, a backend that can
+        node, concurrent jobs: :mod:`cachestore.write.shared`): ``cache_setting["shared"]``, a backend that can
         (memmap), and writers that read back what others wrote (`readable_staging`: not Ray's actors)."""
         return (self.settings.shared and self.store.backend.supports_shared_write and readable_staging
                 and self.store.fingerprint is not None)

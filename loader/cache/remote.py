@@ -32,7 +32,6 @@ import numpy as np
 from cachestore import Store
 from cachestore import GenerationInfo
 from cachestore.errors import BudgetExceededError, CacheStoreError, CorruptSampleError, StoreLockedError
-from cachestore.guard.claims import DONE_NAME, done_map
 from cachestore.remote import RemoteError, RemoteManifestError, RemoteStore, open_remote, redact
 from cachestore.remote.parts import part_range, published_parts
 from cachestore.remote.publish import PublishHandle
@@ -265,8 +264,9 @@ class RemoteTier:
         except (RemoteError, RemoteManifestError, CorruptSampleError) as exc:
             # The remote went away, or holds a damaged part: this node computes what the area lacks, as
             # without a remote.
-            area, n = Path(build.writer.token.path), len(build.have)
-            missing = np.flatnonzero(done_map(area, n) == 0) if (area / DONE_NAME).exists() else np.zeros(0, np.int64)
+            n = len(build.have)
+            missing = np.setdiff1d(np.arange(n, dtype=np.int64), build.writer.present()) if build.shared else \
+                np.zeros(0, np.int64)
             log.warning("exchanging parts of generation %d through %s failed (%s): computing the %d samples this "
                         "node lacks", build.generation, self.where, exc, len(missing))
             if len(missing):
@@ -277,7 +277,7 @@ class RemoteTier:
         g, n, area = build.generation, len(build.have), Path(build.writer.token.path)
         start, stop = part_range(n, self.node, self.nodes)
         timeout = self.settings.part_timeout
-        _wait_done(area, n, start, stop, timeout)
+        _wait_done(build, start, stop, timeout)
         self.remote.publish_part(self.store, str(area), g, n, self.node, self.nodes)
         pending = set(range(self.nodes)) - {self.node}
         deadline = time.monotonic() + timeout
@@ -295,7 +295,7 @@ class RemoteTier:
                     log.warning("part %d of generation %d was not published within part_timeout=%g s: this node "
                                 "computes it", part, g, timeout)
                     compute(np.arange(lo, hi, dtype=np.int64))
-                    _wait_done(area, n, lo, hi, timeout)
+                    _wait_done(build, lo, hi, timeout)
                     self.remote.publish_part(self.store, str(area), g, n, part, self.nodes)
                     pending.discard(part)
             time.sleep(PART_POLL)  # other machines: no event to wait on
@@ -330,13 +330,17 @@ def published_length(settings: CacheSettings, fingerprint: dict[str, object]) ->
         remote.close()
 
 
-def _wait_done(area: Path, n: int, start: int, stop: int, timeout: float) -> None:
-    """Wait until samples ``start..stop-1`` are written into the shared staging area `area` (by any of the
-    node's ranks), within `timeout` seconds."""
-    if not (area / DONE_NAME).exists():
+def _wait_done(build: "GenerationBuild", start: int, stop: int, timeout: float) -> None:
+    """Wait until samples ``start..stop-1`` are written into `build`'s staging area (by any of the node's
+    ranks), within `timeout` seconds."""
+    if not build.shared:
         return  # an area of one writer: its samples are in once the epoch's tasks are
     deadline = time.monotonic() + timeout
-    while not np.all(done_map(area, n)[start:stop]):
+    while True:
+        present = build.writer.present()
+        if np.count_nonzero((present >= start) & (present < stop)) == stop - start:
+            return
         if time.monotonic() > deadline:
-            raise CacheStoreError(f"samples {start}..{stop - 1} of {area} were not written within {timeout:g} s")
+            raise CacheStoreError(f"samples {start}..{stop - 1} of {build.writer.token.path} were not written "
+                                  f"within {timeout:g} s")
         time.sleep(PART_POLL)

@@ -75,7 +75,7 @@ class MemoryWindow:
     """The window in this process's RAM: one sample (own copy) per slot.
 
     Its first sample tells what the whole window will take; a window that would
-    not fit in half of :func:`cachestore.room.memory_room` (a container's limit
+    not fit in half of :func:`cachestore.space.room.memory_room` (a container's limit
     included) is refused then, rather than swapped or killed later.
     """
 
@@ -136,7 +136,7 @@ class DiskWindow:
     says how far its epoch got), and otherwise removed at the next loader's
     first rotation epoch, or by ``cachestore prune``.
 
-    The prefix may be a folder other users write to (see :mod:`cachestore.trust`): the
+    The prefix may be a folder other users write to (see :mod:`cachestore.guard.trust`): the
     directory is this user's alone (mode 0700) and every slot is reached through the fd
     it was made with, so a window renamed aside and replaced by someone else's is never
     read; slots are records of the codec, unpickled only with `allow_pickle` (the user's).

@@ -66,7 +66,7 @@ class SlotBatch:
     """Where a batch lies in its shared-memory slot, and how to rebuild it there.
 
     ``stacked``: `treedef` is one sample's and every leaf is stacked along a
-    first axis (a gather from the store), as :func:`cachestore.codec.unflatten_batch`
+    first axis (a gather from the store), as :func:`cachestore.format.codec.unflatten_batch`
     rebuilds it; otherwise `treedef` is the batch's own.
     """
 

@@ -170,7 +170,7 @@ class BatchProducer:
         Each sample is put through the store's :class:`~cachestore.SampleSink`, which computes it only
         when it is this process's to write, and says otherwise that it is in the generation already
         (read back) or that another process computes it now: those are waited for once this task's
-        own samples are written and flushed (nothing is held while waiting; see :mod:`cachestore.sink`).
+        own samples are written and flushed (nothing is held while waiting; see :mod:`cachestore.write.sink`).
         """
         if task.keys:
             return self._whole(task)

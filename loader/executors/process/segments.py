@@ -118,7 +118,7 @@ def gather_batch(segments: WorkerSegments, slot: int, name: str, size: int, read
 
     The slot holds each leaf stacked along a first axis; the training process
     rebuilds the batch from the *sample's* treedef (``stacked``), as the reader
-    itself would (:func:`cachestore.codec.unflatten_batch`).
+    itself would (:func:`cachestore.format.codec.unflatten_batch`).
     """
     layout = reader.batch_layout()
     if layout is None:
