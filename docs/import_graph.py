@@ -287,6 +287,19 @@ def find_private_reads(sources: dict[str, tuple[ast.Module | str, bool]]) -> lis
     return found
 
 
+def layer_lines(edges: dict[str, set[str]]) -> list[str]:
+    """The layers as ARCHITECTURE.md draws them: each room and the rooms it imports, top-down."""
+    rooms: dict[str, set[str]] = defaultdict(set)
+    for module, targets in edges.items():
+        rooms[room_of(module)].update(room_of(t) for t in targets if room_of(t) != room_of(module))
+    lines: list[str] = []
+    for level in layers(edges):
+        if lines:
+            lines.append("   |")
+        lines += [f"{room:<28} imports {', '.join(sorted(rooms[room])) or '-'}" for room in level]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", action="store_true", help="list each module's repository imports")
@@ -296,15 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         for module in sorted(every):
             print(f"{module}: {', '.join(sorted(every[module])) or '-'}")
         return 0
-    edges, _ = graph()
-    rooms: dict[str, set[str]] = defaultdict(set)
-    for module, targets in edges.items():
-        rooms[room_of(module)].update(room_of(t) for t in targets if room_of(t) != room_of(module))
-    for level in layers(edges):
-        for room in level:
-            below = ", ".join(sorted(rooms[room])) or "-"
-            print(f"{room:<28} imports {below}")
-        print("   |")
+    print("\n".join(layer_lines(graph()[0])))
+    print("   |")
     print("numpy, lmdb, zstandard, psutil, xxhash (torch and ray only where asked for)")
     circles = [c for c in cycles(graph(SOURCES)[0]) if not all(allowed(m) for m in c)]
     reads = private_reads()

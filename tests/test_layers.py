@@ -82,3 +82,10 @@ def test_the_loader_never_reads_a_staging_areas_claims_itself(graph):
     # its staging area the loader would parse.
     edges, _ = graph.graph()
     assert [m for m, targets in edges.items() if m.startswith("loader") and "cachestore.guard.claims" in targets] == []
+
+
+def test_architecture_draws_the_layers_the_imports_make(graph):
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    drawn = text.split("Today it prints:\n\n```\n", 1)[1].split("```", 1)[0].rstrip("\n").splitlines()
+    assert drawn == graph.layer_lines(graph.graph()[0]), \
+        "docs/ARCHITECTURE.md's layer graph is not the code's: paste `python docs/import_graph.py`'s output there"
