@@ -137,17 +137,32 @@ def test_damaged_object_is_named_and_read_again_once(tmp_path, weed, remote_url,
     # A transient flip (one bad read): read again, it matches.
     other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
     r2 = open_remote(remote_url, options(weed), local=other)
-    real, flips = r2.client.get_ranges, []
+    real, flips = r2.client.stream_range, []
 
-    def flaky(k, starts, ends):
-        bufs = real(k, starts, ends)
-        if not flips:
-            flips.append(k)
-            bufs[0] = memoryview(bytes([bufs[0][0] ^ 1]) + bytes(bufs[0][1:]))
-        return bufs
-    monkeypatch.setattr(r2.client, "get_ranges", flaky)
+    def flaky(k, start, end, piece):
+        for buf in real(k, start, end, piece):
+            if not flips:
+                flips.append(k)
+                buf = memoryview(bytes([buf[0] ^ 1]) + bytes(buf[1:]))
+            yield buf
+    monkeypatch.setattr(r2.client, "stream_range", flaky)
     r2.fetch(other)
     assert flips and other.latest() == 0
+    _equal_stores(local, other, 30)
+    # An answer that ends early: the chunks it did not bring are read again on their own.
+    fourth = open_store(tmp_path / "d", fingerprint=local.fingerprint)
+    r4 = open_remote(remote_url, options(weed), local=fourth)
+    cut = []
+
+    def short(k, start, end, piece):
+        for buf in real(k, start, end, piece):
+            cut.append(k)
+            yield buf[:len(buf) // 2]
+            return
+    monkeypatch.setattr(r4.client, "stream_range", short)
+    r4.fetch(fourth)
+    assert cut and fourth.latest() == 0
+    _equal_stores(local, fourth, 30)
     # Damaged for good: a checksum error naming the object, nothing left locally.
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0xFF
