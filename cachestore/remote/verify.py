@@ -10,6 +10,8 @@ array is made from it.
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +22,7 @@ from ..backends.base import Backend
 from ..backends.manifest import check_generation
 from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
 from ..backends.reading import GenerationData
-from ..checksums import checksum
+from ..checksums import checksum, row_checksums
 from ..codec import TreeDef
 from ..errors import CorruptSampleError
 from ..records import decode_record
@@ -29,6 +31,10 @@ from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
 BLOCK_BYTES = 16 << 20
+#: Bytes of the rows :class:`ColumnCheck` hashes at once (read into a buffer the size of the core's cache).
+LANDING_BYTES = 1 << 20
+#: The index of a memmap generation (what :class:`ColumnCheck` needs first, with the schema).
+INDEX = "index.npy"
 _KINDS = {*codec.CONTAINERS, "n", "a", "t", "g", "i", "f", "b", "s", "y", "p"}
 
 
@@ -55,10 +61,12 @@ def check_treedef(treedef: TreeDef, allow_pickle: bool, where: str) -> None:
                                  "unless the store is opened with allow_pickle=True (pickle runs code)")
 
 
-def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int | None = None) -> None:
+def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int | None = None,
+                      columns_checked: bool = False) -> None:
     """Check every record of the memmap generation in `gen_dir` (files checked by the caller); none is
-    decompressed past its index row's size nor `limit` (the store's ``max_sample_bytes``)."""
-    rows = _load_index(gen_dir / "index.npy", where)
+    decompressed past its index row's size nor `limit` (the store's ``max_sample_bytes``). The rows in
+    columns are skipped when `columns_checked` (a :class:`ColumnCheck` of this directory finished)."""
+    rows = _load_index(gen_dir / INDEX, where)
     n = len(rows)
     if not np.array_equal(rows["index"], np.arange(n)):
         raise CorruptSampleError(f"{where}: its index does not list samples 0..{n - 1} in order")
@@ -70,7 +78,7 @@ def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int 
                                                for s in shards):
         raise CorruptSampleError(f"{where}: shards.json is not a list of shard names")
     in_cols = rows["shard"] == COLUMN
-    if np.any(in_cols):
+    if np.any(in_cols) and not columns_checked:
         _verify_columns(gen_dir, rows, in_cols, allow_pickle, where)
     for k, shard in enumerate(shards):
         mine = np.flatnonzero(rows["shard"] == k)
@@ -109,8 +117,6 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
                     np.zeros((n, width), dtype=np.uint8))
     idx = np.flatnonzero(in_cols)
     block = max(1, BLOCK_BYTES // max(1, sum(widths)))
-    from ..checksums import row_checksums
-
     for lo in range(0, idx.size, block):
         chosen = idx[lo:lo + block]
         a, b = int(chosen[0]), int(chosen[-1]) + 1
@@ -120,6 +126,104 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
         bad = np.flatnonzero(sums != rows["checksum"][chosen])
         if bad.size:
             raise CorruptSampleError(f"{where}: sample {int(chosen[bad[0]])} fails its checksum")
+
+
+class ColumnCheck:
+    """Every column row of a memmap generation checked against its index as its bytes land.
+
+    Made once ``index.npy`` and ``schema.json`` are in `gen_dir` (downloaded first); the download
+    then tells :meth:`landed` of each verified chunk of the columns, and the rows whose bytes are
+    all in are hashed at once, in blocks of about :data:`LANDING_BYTES`, by the download thread that
+    completed them: while the other requests are in flight, and from the processor's cache the chunk
+    just went through. The columns are not read a second time after the download (that pass read the
+    whole generation back from memory, the fetch waiting). :meth:`finish` checks what never landed whole (a
+    column shorter than its rows), :meth:`close` gives the files back.
+    """
+
+    def __init__(self, gen_dir: Path, allow_pickle: bool, where: str) -> None:
+        rows = _load_index(gen_dir / INDEX, where)
+        try:
+            schema = parse_treedef(read_document(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise CorruptSampleError(f"{where}: its schema is unreadable ({exc})") from None
+        check_treedef(schema, allow_pickle, where)
+        self.dir, self.where = gen_dir, where
+        self.widths = codec.row_bytes(codec.leaf_specs(schema))
+        self.n = len(rows)
+        self.sums = rows["checksum"].copy()
+        self.in_cols = rows["shard"] == COLUMN
+        self.rows = max(1, LANDING_BYTES // max(1, sum(self.widths)))  # rows per block
+        starts = np.arange(0, self.n, self.rows)
+        per_block = np.minimum(starts + self.rows, self.n) - starts
+        # Bytes of each (column, block) still to land; a block is checked when its column is all zero.
+        self.missing = np.array([per_block * w for w in self.widths], dtype=np.int64).reshape(len(self.widths), -1)
+        self.checked = np.zeros(starts.size, dtype=bool)
+        self.lock = threading.Lock()
+        self.fds: dict[int, int] = {}
+
+    def landed(self, name: str, at: int, n: int) -> None:
+        """Bytes ``at..at+n-1`` of file `name` are in (verified); check the blocks they complete."""
+        if not (name.startswith("col-") and name.endswith(".bin") and name[4:-4].isdigit()):
+            return
+        k = int(name[4:-4])
+        if k >= len(self.widths) or not self.widths[k] or not self.n:
+            return
+        span = self.rows * self.widths[k]
+        end = min(at + n, self.n * self.widths[k])
+        ready = []
+        with self.lock:
+            for j in range(at // span, -(-end // span)):
+                self.missing[k, j] -= max(0, min(end, (j + 1) * span) - max(at, j * span))
+                if not self.checked[j] and not self.missing[:, j].any():
+                    self.checked[j] = True
+                    ready.append(j)
+        for j in ready:
+            self._check(j)
+
+    def finish(self) -> None:
+        """Check every block not checked yet (a column shorter than its rows is damage)."""
+        for k, w in enumerate(self.widths):
+            st = safefs.lstat_or_none(self.dir / col_name(k))
+            if w and self.n and (st is None or st.st_size < self.n * w):
+                raise CorruptSampleError(f"{self.where}: {col_name(k)} is truncated")
+        for j in np.flatnonzero(~self.checked).tolist():
+            self.checked[j] = True
+            self._check(j)
+
+    def close(self) -> None:
+        """Give the column files back."""
+        with self.lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
+
+    def _check(self, j: int) -> None:
+        a, b = j * self.rows, min(self.n, (j + 1) * self.rows)
+        parts = []
+        for k, w in enumerate(self.widths):
+            buf = np.empty((b - a, w), dtype=np.uint8)
+            if w:
+                _pread_into(self._fd(k), buf.data.cast("B"), a * w, self.where)
+            parts.append(buf)
+        sums = np.array(row_checksums(parts, b - a), dtype=np.uint64)
+        bad = np.flatnonzero((sums != self.sums[a:b]) & self.in_cols[a:b])
+        if bad.size:
+            raise CorruptSampleError(f"{self.where}: sample {a + int(bad[0])} fails its checksum")
+
+    def _fd(self, k: int) -> int:
+        with self.lock:
+            if k not in self.fds:
+                self.fds[k] = safefs.open_nofollow(self.dir / col_name(k), os.O_RDONLY)
+            return self.fds[k]
+
+
+def _pread_into(fd: int, dest: memoryview, offset: int, where: str) -> None:
+    done = 0
+    while done < len(dest):
+        got = os.preadv(fd, [dest[done:]], offset + done)
+        if not got:
+            raise CorruptSampleError(f"{where}: a column ends before its rows")
+        done += got
 
 
 def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str, limit: int | None) -> None:
@@ -153,8 +257,9 @@ def check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str], raw: 
 
 
 def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samples: int, allow_pickle: bool,
-                      where: str) -> None:
-    """Check a generation directory fetched from a remote as a commit would have left it, then every record.
+                      where: str, columns_checked: bool = False) -> None:
+    """Check a generation directory fetched from a remote as a commit would have left it, then every record
+    (those in columns already, when `columns_checked`: a :class:`ColumnCheck` of `gen_dir` finished).
 
     Raises
     ------
@@ -171,7 +276,7 @@ def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samp
         raise RemoteManifestError(f"{where}: the generation holds {manifest.get('num_samples')} samples, its remote "
                                   f"manifest announced {num_samples}")
     if backend.name == "memmap":
-        verify_memmap_dir(gen_dir, allow_pickle, where, backend.max_sample_bytes)
+        verify_memmap_dir(gen_dir, allow_pickle, where, backend.max_sample_bytes, columns_checked)
         return
     opener = getattr(backend, "_open")
     data: GenerationData = opener(gen_dir, manifest)

@@ -174,6 +174,40 @@ def test_damaged_object_is_named_and_read_again_once(tmp_path, weed, remote_url,
     assert third.latest() is None and not [e for e in os.listdir(tmp_path / "c") if e.startswith(".staging")]
 
 
+@pytest.mark.parametrize("records", [False, True])
+def test_fetch_in_small_chunks_and_requests_checks_every_record_as_it_lands(tmp_path, weed, remote_url, monkeypatch,
+                                                                          records):
+    # Chunks, objects, requests and the blocks checked as they land all much smaller than a sample's
+    # rows, so every boundary falls inside a row; then a sample damaged before it was published (its
+    # chunks' checksums match the damage) is refused, naming it, and nothing is left.
+    from cachestore.remote import download, verify
+
+    monkeypatch.setattr(packing, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(packing, "PACK_BYTES", 3000)
+    monkeypatch.setattr(download, "REQUEST_BYTES", 3000)
+    monkeypatch.setattr(download, "PIECE_BYTES", 700)
+    monkeypatch.setattr(verify, "LANDING_BYTES", 2000)
+    local = make_store(tmp_path / "a", n=40, records=records)
+    remote = open_remote(remote_url, options(weed), local=local)
+    remote.publish(local, background=False).wait()
+    assert len(remote.manifest(0).sets[0].objects) > 2
+    other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
+    open_remote(remote_url, options(weed), local=other).fetch(other)
+    _equal_stores(local, other, 40)
+    gen = tmp_path / "a" / "gen-000000"
+    data = gen / ("col-0.bin" if not records else next(p.name for p in gen.iterdir() if p.suffix == ".seg"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) * 3 // 4] ^= 0xFF
+    os.chmod(data, 0o644)
+    data.write_bytes(bytes(raw))
+    damaged = open_remote(f"{remote_url.rstrip('/')}-damaged", options(weed), local=local)
+    damaged.publish(local, background=False).wait()
+    third = open_store(tmp_path / "c", fingerprint=local.fingerprint)
+    with pytest.raises(CorruptSampleError, match="fails its checksum"):
+        open_remote(f"{remote_url.rstrip('/')}-damaged", options(weed), local=third).fetch(third)
+    assert third.latest() is None and not [e for e in os.listdir(tmp_path / "c") if e.startswith(".staging")]
+
+
 def test_slowdown_and_dropped_connections_are_retried(tmp_path, weed, remote_url):
     proxy = FaultProxy(weed.ports["s3.port"], slowdown_every=3, drop_every=5)
     try:
