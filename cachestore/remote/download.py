@@ -4,15 +4,16 @@
 staging area). The chunks of one object that lie side by side travel in one streamed request
 of about :data:`REQUEST_BYTES`, several requests in flight, and each request's bytes are
 handed over as they arrive, in pieces of :data:`PIECE_BYTES`: a piece is hashed and written
-while it is still in the core's cache, and no buffer of a whole request is ever made (that
-was fresh memory for the kernel to fault in, then read back cold for the hash and the write,
-and a raw GET of the same bytes pays it once where a fetch paid it twice). Each chunk's xxh3
-is checked against the manifest when its last byte has landed; one that does not match (or
-that the answer ended before) is read again once and written over, then the object is
-reported damaged (:class:`~.errors.RemoteCorruptError` naming it). File names come from the
-manifest, checked to be plain names, and every file is created new (``O_EXCL | O_NOFOLLOW``)
-in the staging area, so nothing is ever written outside it. Used by :mod:`.fetch` (a whole
-generation) and :mod:`.placing` (a part).
+while it is still in the core's cache, and no buffer of a whole request is ever made (fresh
+memory for the kernel to fault in, then read back cold for the hash and the write: a second
+copy of the generation that a raw GET of the same bytes does not pay; see
+docs/ARCHITECTURE.md, "The remote tier"). Each chunk's xxh3 is checked against the manifest
+when its last byte has landed; one that does not match (or that the answer ended before) is
+read again once and written over, then the object is reported damaged
+(:class:`~.errors.RemoteCorruptError` naming it); the chunk's writeback starts then, and the
+caller is told (:data:`Landed`). File names come from the manifest, checked to be plain names,
+and every file is created new (``O_EXCL | O_NOFOLLOW``) in the staging area, so nothing is
+ever written outside it. Used by :mod:`.fetch` (a whole generation) and :mod:`.placing` (a part).
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Bytes of one request (side-by-side chunks of one object, cut into requests of about equal size).
-#: Streamed, a request holds no more memory when it is larger; fewer requests cost the server less
-#: (``benchmarks/measurements.md``), and an object store still serves several in flight.
+#: Streamed, a larger request holds no more memory; a generation of a few objects still has a few
+#: requests in flight (see docs/ARCHITECTURE.md, "The remote tier").
 REQUEST_BYTES = 64 << 20
 #: Bytes handed over at a time by a streamed request: they stay in the core's cache (L2) while they
-#: are hashed and written.
+#: are hashed and written, and the buffer's memory is reused from piece to piece (a larger one is
+#: fresh memory again for each piece, which is what this path avoids).
 PIECE_BYTES = 1 << 20
 
 _EMPTY = xxhash.xxh3_64_intdigest(b"")

@@ -10,7 +10,6 @@ array is made from it.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,7 +30,7 @@ from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
 BLOCK_BYTES = 16 << 20
-#: Bytes of the rows :class:`ColumnCheck` hashes at once (read into a buffer the size of the core's cache).
+#: Bytes of the rows :class:`ColumnCheck` hashes at once.
 LANDING_BYTES = 1 << 20
 #: The index of a memmap generation (what :class:`ColumnCheck` needs first, with the schema).
 INDEX = "index.npy"
@@ -135,9 +134,9 @@ class ColumnCheck:
     then tells :meth:`landed` of each verified chunk of the columns, and the rows whose bytes are
     all in are hashed at once, in blocks of about :data:`LANDING_BYTES`, by the download thread that
     completed them: while the other requests are in flight, and from the processor's cache the chunk
-    just went through. The columns are not read a second time after the download (that pass read the
-    whole generation back from memory, the fetch waiting). :meth:`finish` checks what never landed whole (a
-    column shorter than its rows), :meth:`close` gives the files back.
+    just went through. The columns are not read a second time after the download (that pass read
+    the whole generation back from memory, the fetch waiting). :meth:`finish` checks what never
+    landed whole (a column shorter than its rows), :meth:`close` gives the files back.
     """
 
     def __init__(self, gen_dir: Path, allow_pickle: bool, where: str) -> None:
@@ -155,11 +154,11 @@ class ColumnCheck:
         self.rows = max(1, LANDING_BYTES // max(1, sum(self.widths)))  # rows per block
         starts = np.arange(0, self.n, self.rows)
         per_block = np.minimum(starts + self.rows, self.n) - starts
-        # Bytes of each (column, block) still to land; a block is checked when its column is all zero.
-        self.missing = np.array([per_block * w for w in self.widths], dtype=np.int64).reshape(len(self.widths), -1)
+        # Bytes of each (column, block) still to land: block j is checked once missing[:, j] is all zero.
+        self.missing = np.outer(np.array(self.widths, dtype=np.int64), per_block)
         self.checked = np.zeros(starts.size, dtype=bool)
         self.lock = threading.Lock()
-        self.fds: dict[int, int] = {}
+        self.maps: dict[int, Any] = {}
 
     def landed(self, name: str, at: int, n: int) -> None:
         """Bytes ``at..at+n-1`` of file `name` are in (verified); check the blocks they complete."""
@@ -191,39 +190,29 @@ class ColumnCheck:
             self._check(j)
 
     def close(self) -> None:
-        """Give the column files back."""
+        """Give the column files back (their mappings)."""
         with self.lock:
-            for fd in self.fds.values():
-                os.close(fd)
-            self.fds.clear()
+            self.maps.clear()
 
     def _check(self, j: int) -> None:
         a, b = j * self.rows, min(self.n, (j + 1) * self.rows)
-        parts = []
-        for k, w in enumerate(self.widths):
-            buf = np.empty((b - a, w), dtype=np.uint8)
-            if w:
-                _pread_into(self._fd(k), buf.data.cast("B"), a * w, self.where)
-            parts.append(buf)
+        parts = [self._column(k)[a:b] if w else np.zeros((b - a, 0), dtype=np.uint8)
+                 for k, w in enumerate(self.widths)]
         sums = np.array(row_checksums(parts, b - a), dtype=np.uint64)
         bad = np.flatnonzero((sums != self.sums[a:b]) & self.in_cols[a:b])
         if bad.size:
             raise CorruptSampleError(f"{self.where}: sample {a + int(bad[0])} fails its checksum")
 
-    def _fd(self, k: int) -> int:
+    def _column(self, k: int) -> Any:
+        """Column `k`'s rows, mapped (hashed where they lie: the chunk just went through the processor's cache)."""
         with self.lock:
-            if k not in self.fds:
-                self.fds[k] = safefs.open_nofollow(self.dir / col_name(k), os.O_RDONLY)
-            return self.fds[k]
-
-
-def _pread_into(fd: int, dest: memoryview, offset: int, where: str) -> None:
-    done = 0
-    while done < len(dest):
-        got = os.preadv(fd, [dest[done:]], offset + done)
-        if not got:
-            raise CorruptSampleError(f"{where}: a column ends before its rows")
-        done += got
+            if k not in self.maps:
+                path = self.dir / col_name(k)
+                st = safefs.lstat_or_none(path)
+                if st is None or st.st_size < self.n * self.widths[k]:
+                    raise CorruptSampleError(f"{self.where}: {col_name(k)} is truncated")
+                self.maps[k] = np.memmap(path, dtype=np.uint8, mode="r", shape=(self.n, self.widths[k]))
+            return self.maps[k]
 
 
 def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str, limit: int | None) -> None:
