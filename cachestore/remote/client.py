@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from types import ModuleType
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .errors import ExtraMissingError, ObjectNotFoundError, RemoteError, RemoteForkError, RemoteManifestError
 from .settings import RemoteSettings, redact
@@ -196,6 +196,20 @@ class Client:
         found = self._call("reading", key, lambda: self._ob.get_ranges(self._store, key, starts=list(starts),
                                                                          ends=list(ends)))
         return [memoryview(b) for b in found]
+
+    def stream_range(self, key: str, start: int, end: int, piece_bytes: int) -> Iterator[memoryview]:
+        """Bytes ``[start, end)`` of object `key` in one request, handed over as they arrive, in pieces of
+        at least `piece_bytes` (the last may be shorter); a dropped connection is resumed by obstore."""
+        check_key(key)
+        if end <= start:
+            return
+        found = self._call("reading", key, lambda: self._ob.get(self._store, key, options={"range": (start, end)}))
+        stream = iter(found.stream(min_chunk_size=piece_bytes))
+        while True:
+            buf = self._call("reading", key, lambda: next(stream, None))
+            if buf is None:
+                return
+            yield memoryview(buf)
 
     def head(self, key: str) -> ObjectInfo | None:
         """Size and modification time of object `key`, ``None`` when it is not there."""

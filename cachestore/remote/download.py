@@ -1,13 +1,19 @@
-"""Downloading a set of files from the remote, every chunk verified as it arrives.
+"""Downloading a set of files from the remote, every chunk verified as it lands.
 
 :func:`download_set` writes each file of a set into a directory the caller made for it (a
-staging area), by parallel ranged reads: the chunks of one object that lie side by side
-travel in one request of up to :data:`REQUEST_BYTES`, several requests in flight. Each
-chunk's xxh3 is checked against the manifest as it arrives; one that does not match is read
-again once, then the object is reported damaged (:class:`~.errors.RemoteCorruptError`
-naming it). File names come from the manifest, checked to be plain names, and every file is
-created new (``O_EXCL | O_NOFOLLOW``) in the staging area, so nothing is ever written
-outside it. Used by :mod:`.fetch` (a whole generation) and :mod:`.placing` (a part).
+staging area). The chunks of one object that lie side by side travel in one streamed request
+of about :data:`REQUEST_BYTES`, several requests in flight, and each request's bytes are
+handed over as they arrive, in pieces of :data:`PIECE_BYTES`: a piece is hashed and written
+while it is still in the core's cache, and no buffer of a whole request is ever made (fresh
+memory for the kernel to fault in, then read back cold for the hash and the write: a second
+copy of the generation that a raw GET of the same bytes does not pay; see
+docs/ARCHITECTURE.md, "The remote tier"). Each chunk's xxh3 is checked against the manifest
+when its last byte has landed; one that does not match (or that the answer ended before) is
+read again once and written over, then the object is reported damaged
+(:class:`~.errors.RemoteCorruptError` naming it); the chunk's writeback starts then, and the
+caller is told (:data:`Landed`). File names come from the manifest, checked to be plain names,
+and every file is created new (``O_EXCL | O_NOFOLLOW``) in the staging area, so nothing is
+ever written outside it. Used by :mod:`.fetch` (a whole generation) and :mod:`.placing` (a part).
 """
 
 from __future__ import annotations
@@ -33,10 +39,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Bytes of one ranged request (consecutive chunks of one object). One chunk (8 MiB) per request: a
-#: generation of a few large objects is then read by as many requests in flight as the client allows
-#: (measured with ``python -m benchmarks.remote``: 32 MiB requests left most of them idle).
-REQUEST_BYTES = 8 << 20
+#: Bytes of one request (side-by-side chunks of one object, cut into requests of about equal size).
+#: Streamed, a larger request holds no more memory; a generation of a few objects still has a few
+#: requests in flight (see docs/ARCHITECTURE.md, "The remote tier").
+REQUEST_BYTES = 64 << 20
+#: Bytes handed over at a time by a streamed request: they stay in the core's cache (L2) while they
+#: are hashed and written, and the buffer's memory is reused from piece to piece (a larger one is
+#: fresh memory again for each piece, which is what this path avoids).
+PIECE_BYTES = 1 << 20
+
+_EMPTY = xxhash.xxh3_64_intdigest(b"")
+#: A chunk to download: (offset in its object, length, file index, offset in the file, xxh3).
+Chunk = tuple[int, int, int, int, int]
 
 
 def object_sizes(remote: "RemoteBase", generation: int, fs: FileSet) -> None:
@@ -50,16 +64,20 @@ def object_sizes(remote: "RemoteBase", generation: int, fs: FileSet) -> None:
 #: created new is made with ``O_EXCL``; another (a part's column slice, placed into the staging
 #: area's full column) is opened as it is, never truncated (other writers may be writing it).
 Placement = Callable[[str], tuple[Path, int, bool]]
+#: Told of each chunk once it is verified and in its file: ``(file name, offset there, length)``; called from
+#: the download threads (see :class:`.verify.ColumnCheck`).
+Landed = Callable[[str, int, int], None]
 
 
 def download_set(remote: "RemoteBase", generation: int, fs: FileSet, dest: Path,
-                 place: Placement | None = None) -> None:
-    """Write every file of `fs` into the directory `dest` (or where `place` says), verified chunk by chunk."""
+                 place: Placement | None = None, landed: Landed | None = None) -> None:
+    """Write every file of `fs` into the directory `dest` (or where `place` says), verified chunk by chunk;
+    `landed` is told of each chunk once it is."""
     safefs.require_real_dir(dest, "download directory")
     prefix = layout.data_prefix(remote.key, generation, fs.name)
     fds: list[int] = []
     try:
-        tasks: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        tasks: dict[int, list[Chunk]] = {}
         for k, f in enumerate(fs.files):
             path, base, new = place(f.name) if place is not None else (dest / f.name, 0, True)
             if path.parent != dest:
@@ -74,36 +92,89 @@ def download_set(remote: "RemoteBase", generation: int, fs: FileSet, dest: Path,
             for start, obj, off, n, c in zip(f.starts.tolist(), f.objects.tolist(), f.offsets.tolist(),
                                              f.lengths.tolist(), f.checksums.tolist()):
                 tasks.setdefault(obj, []).append((off, n, k, base + start, c))
-        requests = []
-        for obj, chunks in tasks.items():
-            chunks.sort()
-            batch: list[tuple[int, int, int, int, int]] = []
-            for chunk in chunks:
-                if batch and sum(c[1] for c in batch) + chunk[1] > REQUEST_BYTES:
-                    requests.append((obj, batch))
-                    batch = []
-                batch.append(chunk)
-            if batch:
-                requests.append((obj, batch))
-
-        def one(request: tuple[int, list[tuple[int, int, int, int, int]]]) -> None:
-            obj, batch = request
-            key = f"{prefix}/{fs.objects[obj][0]}"
-            bufs = remote.client.get_ranges(key, [c[0] for c in batch], [c[0] + c[1] for c in batch])
-            for (off, n, k, start, checksum), buf in zip(batch, bufs):
-                if len(buf) != n or xxhash.xxh3_64_intdigest(buf) != checksum:
-                    buf = _again(remote, key, off, n, checksum)
-                _pwrite(fds[k], buf, start)
-                _start_writeback(fds[k], start, len(buf))
-
-        with ThreadPoolExecutor(max_workers=remote.settings.concurrency, thread_name_prefix="cachestore-fetch") as pool:
-            for future in [pool.submit(one, r) for r in requests]:
+        pool = ThreadPoolExecutor(max_workers=remote.settings.concurrency, thread_name_prefix="cachestore-fetch")
+        try:
+            names = [f.name for f in fs.files]
+            told = (lambda k, at, n: landed(names[k], at, n)) if landed is not None else None
+            futures = [pool.submit(_land, remote, f"{prefix}/{fs.objects[obj][0]}", batch, fds, told)
+                       for obj, batch in _requests(tasks)]
+            for future in futures:
                 future.result()
+        finally:
+            pool.shutdown(cancel_futures=True)  # after an error, the requests not started yet are not made
         for fd in fds:
             os.fsync(fd)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _requests(tasks: dict[int, list[Chunk]]) -> list[tuple[int, list[Chunk]]]:
+    """The requests for `tasks` (each object's chunks): runs of side-by-side chunks, a run cut at chunk
+    boundaries into requests of about equal size, none much over :data:`REQUEST_BYTES`."""
+    requests: list[tuple[int, list[Chunk]]] = []
+    for obj, chunks in tasks.items():
+        runs: list[list[Chunk]] = []
+        for chunk in sorted(chunks):
+            if runs and runs[-1][-1][0] + runs[-1][-1][1] == chunk[0]:
+                runs[-1].append(chunk)
+            else:
+                runs.append([chunk])
+        for run in runs:
+            total = sum(c[1] for c in run)
+            target = total / max(1, -(-total // REQUEST_BYTES))
+            batch: list[Chunk] = []
+            size = 0
+            for chunk in run:
+                batch.append(chunk)
+                size += chunk[1]
+                if size >= target:
+                    requests.append((obj, batch))
+                    batch, size = [], 0
+            if batch:
+                requests.append((obj, batch))
+    return requests
+
+
+def _land(remote: "RemoteBase", key: str, batch: list[Chunk], fds: list[int],
+          told: Callable[[int, int, int], None] | None) -> None:
+    """Stream the side-by-side chunks `batch` of object `key` into their files, each piece hashed and
+    written as it arrives, each chunk checked when its last byte has landed (see the module docstring)."""
+    todo = batch[::-1]  # the chunk being received is the last
+    digest = xxhash.xxh3_64()
+    got = 0  # bytes of todo[-1] landed
+    for buf in remote.client.stream_range(key, batch[0][0], batch[-1][0] + batch[-1][1], PIECE_BYTES):
+        pos = 0
+        while pos < len(buf) or (todo and todo[-1][1] == got):
+            if not todo:
+                err = RemoteCorruptError(f"reading {remote.settings.url}/{key} gave more bytes than were asked")
+                err.key = key
+                raise err
+            _, n, k, at, _ = todo[-1]
+            take = min(len(buf) - pos, n - got)
+            piece = buf[pos:pos + take]
+            digest.update(piece)
+            _pwrite(fds[k], piece, at + got)
+            got += take
+            pos += take
+            if got == n:
+                _landed(remote, key, todo.pop(), digest.intdigest(), fds, told)
+                digest.reset()
+                got = 0
+    for chunk in todo[::-1]:  # the answer ended before them: each is read again on its own
+        _landed(remote, key, chunk, _EMPTY if chunk[1] == 0 else None, fds, told)
+
+
+def _landed(remote: "RemoteBase", key: str, chunk: Chunk, digest: int | None, fds: list[int],
+            told: Callable[[int, int, int], None] | None) -> None:
+    """A chunk whose last byte is in its file: read again and written over when `digest` is not its
+    checksum; its writeback started, then `told`."""
+    off, n, k, at, checksum = chunk
+    if digest != checksum:
+        _pwrite(fds[k], _again(remote, key, off, n, checksum), at)
+    _start_writeback(fds[k], at, n)
+    if told is not None:
+        told(k, at, n)
 
 
 def _again(remote: "RemoteBase", key: str, off: int, n: int, checksum: int) -> memoryview:

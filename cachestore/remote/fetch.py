@@ -1,24 +1,28 @@
 """Fetching a published generation into a local store, every byte and record verified.
 
-The files are downloaded into a staging area by parallel ranged reads, each chunk checked
-as it arrives (:mod:`.download`). :func:`fetch` then checks the generation as a commit would
-have left it and every record with the store's checksums (:mod:`.verify`), and installs it:
+The files are downloaded into a staging area by parallel streamed reads, each chunk checked
+as it lands (:mod:`.download`); a memmap generation's column rows are checked against the
+store's checksums as they land too (:class:`~.verify.ColumnCheck`). :func:`fetch` then checks
+the generation as a commit would have left it and every other record (:mod:`.verify`), and installs it:
 the staging area is renamed ``gen-NNNNNN`` under the store's writer lease, as a commit does.
 A generation published as parts is assembled from them instead (:mod:`.parts`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..backends.base import GenerationInfo
+from ..backends.memmap_files import SCHEMA
 from ..errors import CacheStoreError, GenerationNotFoundError
 from ..store import Store
 from .download import download_set, object_sizes
 from .leases import ReaderLease
+from .manifest import FileSet
 from .parts import fetch_parts
-from .verify import verify_generation
+from .verify import INDEX, ColumnCheck, verify_generation
 
 if TYPE_CHECKING:
     from .base import RemoteBase
@@ -61,11 +65,29 @@ def fetch(remote: "RemoteBase", local: Store, generation: int | None = None) -> 
             total = sum(f.size for f in fs.files)
             if m.num_samples:
                 writer.token.write_budget().check_projection(generation, total / m.num_samples, m.num_samples)
+            where = f"generation {generation} from {remote.path}"
             staging = Path(writer.token.path)
-            download_set(remote, generation, fs, staging)
-            verify_generation(local.backend, staging, generation, m.num_samples, local.allow_pickle,
-                              f"generation {generation} from {remote.path}")
+            checked = _download(remote, local, generation, fs, staging, where)
+            verify_generation(local.backend, staging, generation, m.num_samples, local.allow_pickle, where, checked)
             return writer.install()
         except BaseException:
             writer.abort()
             raise
+
+
+def _download(remote: "RemoteBase", local: Store, generation: int, fs: FileSet, staging: Path, where: str) -> bool:
+    """Download `fs` into `staging`; whether its column rows were checked as they landed (a memmap
+    generation with columns: its index and schema are downloaded first, for a :class:`ColumnCheck`)."""
+    first = tuple(f for f in fs.files if f.name in (INDEX, SCHEMA))
+    if local.backend_name != "memmap" or len(first) != 2:
+        download_set(remote, generation, fs, staging)
+        return False
+    rest = tuple(f for f in fs.files if f.name not in (INDEX, SCHEMA))
+    download_set(remote, generation, replace(fs, files=first), staging)
+    check = ColumnCheck(staging, local.allow_pickle, where)
+    try:
+        download_set(remote, generation, replace(fs, files=rest), staging, landed=check.landed)
+        check.finish()
+    finally:
+        check.close()
+    return True

@@ -10,6 +10,7 @@ array is made from it.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,7 +22,7 @@ from ..backends.memmap_files import COLUMN, INDEX_DTYPE, SCHEMA, col_name
 from ..backends.reading import GenerationData
 from ..errors import CorruptSampleError
 from ..format import codec
-from ..format.checksums import checksum
+from ..format.checksums import checksum, row_checksums
 from ..format.codec import TreeDef
 from ..format.records import decode_record
 from ..format.structure import parse_treedef
@@ -31,6 +32,10 @@ from .errors import RemoteManifestError
 
 #: Rows verified per read of a fixed-layout generation.
 BLOCK_BYTES = 16 << 20
+#: Bytes of the rows :class:`ColumnCheck` hashes at once.
+LANDING_BYTES = 1 << 20
+#: The index of a memmap generation (what :class:`ColumnCheck` needs first, with the schema).
+INDEX = "index.npy"
 _KINDS = {*codec.CONTAINERS, "n", "a", "t", "g", "i", "f", "b", "s", "y", "p"}
 
 
@@ -57,10 +62,12 @@ def check_treedef(treedef: TreeDef, allow_pickle: bool, where: str) -> None:
                                  "unless the store is opened with allow_pickle=True (pickle runs code)")
 
 
-def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int | None = None) -> None:
+def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int | None = None,
+                      columns_checked: bool = False) -> None:
     """Check every record of the memmap generation in `gen_dir` (files checked by the caller); none is
-    decompressed past its index row's size nor `limit` (the store's ``max_sample_bytes``)."""
-    rows = _load_index(gen_dir / "index.npy", where)
+    decompressed past its index row's size nor `limit` (the store's ``max_sample_bytes``). The rows in
+    columns are skipped when `columns_checked` (a :class:`ColumnCheck` of this directory finished)."""
+    rows = _load_index(gen_dir / INDEX, where)
     n = len(rows)
     if not np.array_equal(rows["index"], np.arange(n)):
         raise CorruptSampleError(f"{where}: its index does not list samples 0..{n - 1} in order")
@@ -72,7 +79,7 @@ def verify_memmap_dir(gen_dir: Path, allow_pickle: bool, where: str, limit: int 
                                                for s in shards):
         raise CorruptSampleError(f"{where}: shards.json is not a list of shard names")
     in_cols = rows["shard"] == COLUMN
-    if np.any(in_cols):
+    if np.any(in_cols) and not columns_checked:
         _verify_columns(gen_dir, rows, in_cols, allow_pickle, where)
     for k, shard in enumerate(shards):
         mine = np.flatnonzero(rows["shard"] == k)
@@ -111,8 +118,6 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
                     np.zeros((n, width), dtype=np.uint8))
     idx = np.flatnonzero(in_cols)
     block = max(1, BLOCK_BYTES // max(1, sum(widths)))
-    from ..format.checksums import row_checksums
-
     for lo in range(0, idx.size, block):
         chosen = idx[lo:lo + block]
         a, b = int(chosen[0]), int(chosen[-1]) + 1
@@ -122,6 +127,94 @@ def _verify_columns(gen_dir: Path, rows: Any, in_cols: Any, allow_pickle: bool, 
         bad = np.flatnonzero(sums != rows["checksum"][chosen])
         if bad.size:
             raise CorruptSampleError(f"{where}: sample {int(chosen[bad[0]])} fails its checksum")
+
+
+class ColumnCheck:
+    """Every column row of a memmap generation checked against its index as its bytes land.
+
+    Made once ``index.npy`` and ``schema.json`` are in `gen_dir` (downloaded first); the download
+    then tells :meth:`landed` of each verified chunk of the columns, and the rows whose bytes are
+    all in are hashed at once, in blocks of about :data:`LANDING_BYTES`, by the download thread that
+    completed them: while the other requests are in flight, and from the processor's cache the chunk
+    just went through. The columns are not read a second time after the download (that pass read
+    the whole generation back from memory, the fetch waiting). :meth:`finish` checks what never
+    landed whole (a column shorter than its rows), :meth:`close` gives the files back.
+    """
+
+    def __init__(self, gen_dir: Path, allow_pickle: bool, where: str) -> None:
+        rows = _load_index(gen_dir / INDEX, where)
+        try:
+            schema = parse_treedef(read_document(gen_dir / SCHEMA), str(gen_dir / SCHEMA))
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise CorruptSampleError(f"{where}: its schema is unreadable ({exc})") from None
+        check_treedef(schema, allow_pickle, where)
+        self.dir, self.where = gen_dir, where
+        self.widths = codec.row_bytes(codec.leaf_specs(schema))
+        self.n = len(rows)
+        self.sums = rows["checksum"].copy()
+        self.in_cols = rows["shard"] == COLUMN
+        self.rows = max(1, LANDING_BYTES // max(1, sum(self.widths)))  # rows per block
+        starts = np.arange(0, self.n, self.rows)
+        per_block = np.minimum(starts + self.rows, self.n) - starts
+        # Bytes of each (column, block) still to land: block j is checked once missing[:, j] is all zero.
+        self.missing = np.outer(np.array(self.widths, dtype=np.int64), per_block)
+        self.checked = np.zeros(starts.size, dtype=bool)
+        self.lock = threading.Lock()
+        self.maps: dict[int, Any] = {}
+
+    def landed(self, name: str, at: int, n: int) -> None:
+        """Bytes ``at..at+n-1`` of file `name` are in (verified); check the blocks they complete."""
+        if not (name.startswith("col-") and name.endswith(".bin") and name[4:-4].isdigit()):
+            return
+        k = int(name[4:-4])
+        if k >= len(self.widths) or not self.widths[k] or not self.n:
+            return
+        span = self.rows * self.widths[k]
+        end = min(at + n, self.n * self.widths[k])
+        ready = []
+        with self.lock:
+            for j in range(at // span, -(-end // span)):
+                self.missing[k, j] -= max(0, min(end, (j + 1) * span) - max(at, j * span))
+                if not self.checked[j] and not self.missing[:, j].any():
+                    self.checked[j] = True
+                    ready.append(j)
+        for j in ready:
+            self._check(j)
+
+    def finish(self) -> None:
+        """Check every block not checked yet (a column shorter than its rows is damage)."""
+        for k, w in enumerate(self.widths):
+            st = safefs.lstat_or_none(self.dir / col_name(k))
+            if w and self.n and (st is None or st.st_size < self.n * w):
+                raise CorruptSampleError(f"{self.where}: {col_name(k)} is truncated")
+        for j in np.flatnonzero(~self.checked).tolist():
+            self.checked[j] = True
+            self._check(j)
+
+    def close(self) -> None:
+        """Give the column files back (their mappings)."""
+        with self.lock:
+            self.maps.clear()
+
+    def _check(self, j: int) -> None:
+        a, b = j * self.rows, min(self.n, (j + 1) * self.rows)
+        parts = [self._column(k)[a:b] if w else np.zeros((b - a, 0), dtype=np.uint8)
+                 for k, w in enumerate(self.widths)]
+        sums = np.array(row_checksums(parts, b - a), dtype=np.uint64)
+        bad = np.flatnonzero((sums != self.sums[a:b]) & self.in_cols[a:b])
+        if bad.size:
+            raise CorruptSampleError(f"{self.where}: sample {a + int(bad[0])} fails its checksum")
+
+    def _column(self, k: int) -> Any:
+        """Column `k`'s rows, mapped (hashed where they lie: the chunk just went through the processor's cache)."""
+        with self.lock:
+            if k not in self.maps:
+                path = self.dir / col_name(k)
+                st = safefs.lstat_or_none(path)
+                if st is None or st.st_size < self.n * self.widths[k]:
+                    raise CorruptSampleError(f"{self.where}: {col_name(k)} is truncated")
+                self.maps[k] = np.memmap(path, dtype=np.uint8, mode="r", shape=(self.n, self.widths[k]))
+            return self.maps[k]
 
 
 def _verify_records(seg: Path, rows: Any, allow_pickle: bool, where: str, limit: int | None) -> None:
@@ -155,8 +248,9 @@ def check_record(rec: Any, allow_pickle: bool, where: str, seen: set[str], raw: 
 
 
 def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samples: int, allow_pickle: bool,
-                      where: str) -> None:
-    """Check a generation directory fetched from a remote as a commit would have left it, then every record.
+                      where: str, columns_checked: bool = False) -> None:
+    """Check a generation directory fetched from a remote as a commit would have left it, then every record
+    (those in columns already, when `columns_checked`: a :class:`ColumnCheck` of `gen_dir` finished).
 
     Raises
     ------
@@ -173,7 +267,7 @@ def verify_generation(backend: Backend, gen_dir: Path, generation: int, num_samp
         raise RemoteManifestError(f"{where}: the generation holds {manifest.get('num_samples')} samples, its remote "
                                   f"manifest announced {num_samples}")
     if backend.name == "memmap":
-        verify_memmap_dir(gen_dir, allow_pickle, where, backend.max_sample_bytes)
+        verify_memmap_dir(gen_dir, allow_pickle, where, backend.max_sample_bytes, columns_checked)
         return
     opener = getattr(backend, "_open")
     data: GenerationData = opener(gen_dir, manifest)

@@ -149,17 +149,32 @@ def test_damaged_object_is_named_and_read_again_once(tmp_path, weed, remote_url,
     # A transient flip (one bad read): read again, it matches.
     other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
     r2 = open_remote(remote_url, options(weed), local=other)
-    real, flips = r2.client.get_ranges, []
+    real, flips = r2.client.stream_range, []
 
-    def flaky(k, starts, ends):
-        bufs = real(k, starts, ends)
-        if not flips:
-            flips.append(k)
-            bufs[0] = memoryview(bytes([bufs[0][0] ^ 1]) + bytes(bufs[0][1:]))
-        return bufs
-    monkeypatch.setattr(r2.client, "get_ranges", flaky)
+    def flaky(k, start, end, piece):
+        for buf in real(k, start, end, piece):
+            if not flips:
+                flips.append(k)
+                buf = memoryview(bytes([buf[0] ^ 1]) + bytes(buf[1:]))
+            yield buf
+    monkeypatch.setattr(r2.client, "stream_range", flaky)
     r2.fetch(other)
     assert flips and other.latest() == 0
+    _equal_stores(local, other, 30)
+    # An answer that ends early: the chunks it did not bring are read again on their own.
+    fourth = open_store(tmp_path / "d", fingerprint=local.fingerprint)
+    r4 = open_remote(remote_url, options(weed), local=fourth)
+    cut = []
+
+    def short(k, start, end, piece):
+        for buf in real(k, start, end, piece):
+            cut.append(k)
+            yield buf[:len(buf) // 2]
+            return
+    monkeypatch.setattr(r4.client, "stream_range", short)
+    r4.fetch(fourth)
+    assert cut and fourth.latest() == 0
+    _equal_stores(local, fourth, 30)
     # Damaged for good: a checksum error naming the object, nothing left locally.
     bad = bytearray(good)
     bad[len(bad) // 2] ^= 0xFF
@@ -168,6 +183,40 @@ def test_damaged_object_is_named_and_read_again_once(tmp_path, weed, remote_url,
     with pytest.raises(RemoteCorruptError, match=obj[0]) as err:
         open_remote(remote_url, options(weed), local=third).fetch(third)
     assert err.value.key == key
+    assert third.latest() is None and not [e for e in os.listdir(tmp_path / "c") if e.startswith(".staging")]
+
+
+@pytest.mark.parametrize("records", [False, True])
+def test_fetch_in_small_chunks_and_requests_checks_every_record_as_it_lands(tmp_path, weed, remote_url, monkeypatch,
+                                                                          records):
+    # Chunks, objects, requests and the blocks checked as they land all much smaller than a sample's
+    # rows, so every boundary falls inside a row; then a sample damaged before it was published (its
+    # chunks' checksums match the damage) is refused, naming it, and nothing is left.
+    from cachestore.remote import download, verify
+
+    monkeypatch.setattr(packing, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(packing, "PACK_BYTES", 3000)
+    monkeypatch.setattr(download, "REQUEST_BYTES", 3000)
+    monkeypatch.setattr(download, "PIECE_BYTES", 700)
+    monkeypatch.setattr(verify, "LANDING_BYTES", 2000)
+    local = make_store(tmp_path / "a", n=40, records=records)
+    remote = open_remote(remote_url, options(weed), local=local)
+    remote.publish(local, background=False).wait()
+    assert len(remote.manifest(0).sets[0].objects) > 2
+    other = open_store(tmp_path / "b", fingerprint=local.fingerprint)
+    open_remote(remote_url, options(weed), local=other).fetch(other)
+    _equal_stores(local, other, 40)
+    gen = tmp_path / "a" / "gen-000000"
+    data = gen / ("col-0.bin" if not records else next(p.name for p in gen.iterdir() if p.suffix == ".seg"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) * 3 // 4] ^= 0xFF
+    os.chmod(data, 0o644)
+    data.write_bytes(bytes(raw))
+    damaged = open_remote(f"{remote_url.rstrip('/')}-damaged", options(weed), local=local)
+    damaged.publish(local, background=False).wait()
+    third = open_store(tmp_path / "c", fingerprint=local.fingerprint)
+    with pytest.raises(CorruptSampleError, match="fails its checksum"):
+        open_remote(f"{remote_url.rstrip('/')}-damaged", options(weed), local=third).fetch(third)
     assert third.latest() is None and not [e for e in os.listdir(tmp_path / "c") if e.startswith(".staging")]
 
 
