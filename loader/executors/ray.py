@@ -386,14 +386,18 @@ class RayExecutor(DeathListeners):
         self.closed = True
         ray = self.ray
         workers, self.workers = self.workers, []
+        starting = {ref: w for ref, (w, task) in self._pending.items() if task is None and not w.dead}
         self._pending.clear()
         self._local.clear()
         self._stream_calls.clear()
         self._stream_done.clear()
         try:
             # Nothing of an actor's is worth waiting for (it writes nothing on the training node) but its
-            # end: a process of this machine is gone when the executor is (ray.kill only asks for it).
+            # end: a process of this machine is gone when the executor is (ray.kill only asks for it). An
+            # actor still starting is let start first: killed before, the process Ray started for it
+            # stays in Ray's pool of idle workers.
             if ray.is_initialized():
+                self._started(starting)
                 here = ray.get_runtime_context().get_node_id()
                 local = [w.pid for w in workers if w.pid is not None and w.node_id == here]
                 for worker in workers:
@@ -406,6 +410,18 @@ class RayExecutor(DeathListeners):
             if self._connected:
                 self._connected = False
                 CONNECTION.release(ray)
+
+    def _started(self, starting: dict[Any, ActorHandle]) -> None:
+        """Wait (up to ``ACTOR_EXIT_WAIT``) for the actors of `starting` (their ``ready`` calls) to start,
+        taking their pids and nodes."""
+        if not starting:
+            return
+        done, _ = self.ray.wait(list(starting), num_returns=len(starting), timeout=ACTOR_EXIT_WAIT)
+        for ref in done:
+            try:
+                starting[ref].pid, starting[ref].node_id, _failure = self.ray.get(ref)
+            except Exception:  # it died starting: nothing of it is left to wait for
+                pass
 
     def kill(self) -> None:
         """Same as :meth:`shutdown`: actors are killed at once either way."""

@@ -135,6 +135,9 @@ class StreamTurn:
         while not any(self._held[w] for w in workers):
             if self.closed:  # by another thread (a background refresh stopped under its wait)
                 raise WorkerError(f"the stream's workers were stopped while epoch {epoch} waited for {workers}")
+            if deadline is not None and any(self.executor.worker_pid(w) is None for w in workers):
+                # Not started yet (a Ray actor waiting for its node): the executor says when that is too long.
+                deadline = time.monotonic() + self.timeout  # type: ignore[operator]
             left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
             if left <= 0:
                 pids = [self.executor.worker_pid(w) for w in workers]
