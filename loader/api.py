@@ -162,6 +162,7 @@ class CachedLoader(ResumableLoader, LoaderAttributes):
         self._cursor = EpochCursor()
         self._runner: EpochRunner | None = None
         self._len_told: int | None = None  # what len(loader) said of a stream not written yet
+        self._pinned_plan: dict[str, object] | None = None  # the cache plan a state before the start holds
         # Built here too: its length and fingerprint are needed, and a constructor
         # that fails should fail now, not in a worker.
         self.dataset = s.dataset.build()
@@ -211,6 +212,8 @@ class CachedLoader(ResumableLoader, LoaderAttributes):
         sweep_dead_segments()
         self._runner = EpochRunner(s, self._layout(), self._producer, self._res, make_mover(s), self.epoch_stats)
         self._runner.ctx.stream_len_called = self._len_told
+        if self._pinned_plan is not None and self._runner.ctx.cache is not None:
+            self._runner.ctx.cache.restore(self._pinned_plan)  # what a state taken before now says
         if s.worker_init_fn is not None and s.nb_worker > 0 and not s.dataset.stream:
             self._runner.ctx.host.start_ready()
 

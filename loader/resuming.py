@@ -5,6 +5,12 @@ constructor and the iteration, ``docs/ARCHITECTURE.md``)."""
 
 from __future__ import annotations
 
+import os
+
+from cachestore.backends import get_backend
+from cachestore.errors import NotAStoreError
+from cachestore.store import open_local
+
 from .checks import int_at_least
 from .epochs.context import left_by_iteration
 from .executors.positions import StreamAt, stream_start
@@ -14,6 +20,8 @@ from .state import check_state, make_state
 
 class ResumableLoader(LoaderLengths):
     """The resuming part of :class:`~loader.api.CachedLoader` (see the module docstring)."""
+
+    _pinned_plan: dict[str, object] | None
 
     @property
     def epoch(self) -> int:
@@ -50,11 +58,31 @@ class ResumableLoader(LoaderLengths):
             (cache, fallback), window, generating = runner.snapshot(), runner.window_path(), runner.generating(epoch)
             history, blocks = runner.ranks_history(epoch), runner.in_blocks(epoch)
         else:
-            cache, fallback, window, generating = None, None, None, False
+            cache, fallback, window, generating = self._plan_before_start(), None, None, False
         stream = self._stream_position(epoch, served)
         return make_state(self.settings, self._layout(), self.seed, self.num_samples, epoch, served, cache,
                           fallback, window, stream.plain() if stream is not None else None, generating and served > 0,
                           ahead, history, blocks)
+
+    def _plan_before_start(self) -> dict[str, object] | None:
+        """The cache plan of a state taken before the first ``iter()``: the generation the first epoch
+        starts from, pinned for this loader too, so that the state says what the run reads from here on
+        even when another loader on the prefix commits a newer generation meanwhile (torchdata's meaning:
+        a state is where the run is). ``None`` without a cache, or with a remote (whose newest generation
+        is asked for at the start)."""
+        s = self.settings
+        if s.cache is None or s.cache.remote is not None or not get_backend(s.cache.backend).persistent:
+            return None
+        if self._pinned_plan is None:
+            path, newest = self._layout().store_path(s.cache.prefix), None
+            if os.path.isdir(path):
+                try:
+                    with open_local(path, readonly=True) as store:
+                        newest = store.latest()
+                except NotAStoreError:
+                    pass
+            self._pinned_plan = {"base": newest if newest is not None else 0, "off": False, "refresh_off": False}
+        return dict(self._pinned_plan)
 
     def _stream_position(self, epoch: int, served: int) -> StreamAt | None:
         """Where a stateful stream's copies were after batch `served` of `epoch` (a loaded state's, until

@@ -26,7 +26,7 @@ from .epochs.rotation import batch_sizes
 from .executors.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
 from .state_bounds import check_bounds
-from .state_fields import check_ahead, check_blocks, check_field, check_history, natural
+from .state_fields import check_ahead, check_blocks, check_field, check_history, natural, torchdata_view
 
 #: 2: a stream copy's position is ``[its dataset's state, its iterator's]`` (1: the dataset's alone). A
 #: version 1 state without a stream position means the same in both, and loads.
@@ -115,11 +115,14 @@ def make_state(settings: LoaderSettings, layout: ConsumerLayout, seed: int, num_
     identity = _identity(settings, num_samples, layout)
     if rotation_fallback is not None:
         identity["rotation_setting"] = None  # the fallback replaced the cache during the run
-    return {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "batches_ahead": list(ahead or []),
-            "seed": seed, "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
-            "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
-            "ranks_history": [list(leg) for leg in history], "block_order": blocks,
-            "stream": stream, "stream_generate": generating}
+    state = {"version": STATE_VERSION, "epoch": epoch, "batches_served": served, "batches_ahead": list(ahead or []),
+             "seed": seed, "arguments": identity, "cache": cache, "rotation_fallback": rotation_fallback,
+             "rotation_window": window, "ranks": layout.local_ranks if layout.node_scope else None,
+             "ranks_history": [list(leg) for leg in history], "block_order": blocks,
+             "stream": stream, "stream_generate": generating}
+    if stream is not None and settings.nb_worker > 0:
+        state["_snapshot"] = torchdata_view(stream)
+    return state
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,18 @@ def check_blocks(state: dict) -> bool:
     blocks = state.get("block_order", True)
     check_field(state, "block_order", isinstance(blocks, bool), "a bool")
     return bool(blocks)
+
+
+def torchdata_view(stream: dict[str, object]) -> dict[str, object]:
+    """Where a stream's worker copies are (``state["stream"]``), as torchdata's ``StatefulDataLoader`` lays
+    out its workers' snapshots (``_snapshot``): a view for code written against that layout (which reads
+    whether a worker's stream ended, or its iterator's state). It is not read back: ``state["stream"]``
+    is what a load continues from."""
+    states, ended = stream["states"], stream["ended"]
+    assert isinstance(states, list) and isinstance(ended, list)
+    workers = {}
+    for i, (at, done) in enumerate(zip(states, ended)):
+        ds, it = at if isinstance(at, list) and len(at) == 2 else (None, None)
+        workers[f"worker_{i}"] = {"worker_id": i, "dataset_state": ds,
+                                  "fetcher_state": {"dataset_iter_state": it, "fetcher_ended": done}}
+    return {"_worker_snapshots": workers}

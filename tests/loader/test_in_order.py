@@ -102,14 +102,18 @@ def test_served_batches(start, ahead, count, out_of_order, expected):
     assert served_batches(start, ahead, count, out_of_order) == expected
 
 
-@pytest.mark.parametrize("workers", [{}, {"use_threading": True}], ids=["processes", "threads"])
+@pytest.mark.parametrize("workers", [{}, {"use_threading": True}, {"cache_setting": "prefix"}],
+                         ids=["processes", "threads", "processes-generate-epoch"])
 def test_a_stream_is_served_out_of_turn_and_resumes_exactly(tmp_path, workers):
     # Worker 1 waits at its gate: in torch's turn its first batch would hold the epoch up; out of turn,
     # worker 0's batches come meanwhile. The state counts each copy's batches: a copy that keeps no state
     # is iterated again up to there, and each sample is served once.
     from .streams.stream_datasets import Gated
 
+    # With a cache, the first epoch writes the generation as the copies' samples arrive.
     gate = tmp_path / "gate"
+    if "cache_setting" in workers:
+        workers = {"cache_setting": {"prefix": str(tmp_path / "cache"), "update_frequency": 2}}
 
     def make() -> CachedLoader:
         return CachedLoader(Gated(12, str(gate)), batch_size=None, num_workers=2, in_order=False, timeout=60,
@@ -121,6 +125,9 @@ def test_a_stream_is_served_out_of_turn_and_resumes_exactly(tmp_path, workers):
         state = loader.state_dict()
     assert first == [0, 2, 4]
     assert state["stream"]["taken"] == [3, 0]
+    # torchdata's layout of its workers' snapshots, as a view (code written against it reads it)
+    copies = state["_snapshot"]["_worker_snapshots"]
+    assert [copies[f"worker_{i}"]["fetcher_state"]["fetcher_ended"] for i in (0, 1)] == [False, False]
     gate.touch()
     with make() as loader:
         loader.load_state_dict(state)

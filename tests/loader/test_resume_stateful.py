@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import cachestore
+
 from loader import CachedLoader
 
 from .stateful_datasets import CountsEpochs, OwnIterator, RandomMap, SetsUpInIter, StateMadeInIter
@@ -119,3 +121,26 @@ def test_a_stream_whose_position_is_set_up_in_iter_resumes_there(workers):
         loader.load_state_dict(state)
         served += [s[0] for b in values(loader) for s in b]
     assert sorted(served) == list(range(40))
+
+
+def test_a_state_taken_before_the_first_iter_pins_the_generation_another_writer_then_commits(tmp_path):
+    # torchdata's meaning: a state is where the run is. Taken before the first iter(), it says which
+    # generation the first epoch reads, and both this loader and one restored from it read that one,
+    # though another writer of the prefix committed a newer generation in between (before, both moved
+    # on to the newer one: the state did not say).
+    def make():
+        return CachedLoader(RandomMap(24), batch_size=4, num_workers=2, shuffle=True, seed=5, device="cpu",
+                            cache_setting={"prefix": str(tmp_path), "update_frequency": 2})
+
+    with make() as loader:
+        first = values(loader)  # epoch 0 writes generation 0
+    with make() as loader:
+        state = loader.state_dict()
+        with cachestore.open_store(str(tmp_path)) as store, store.writer(1, num_samples=24) as writer:
+            for i in range(24):
+                writer.put(i, [i, 1000 + i])  # numbers RandomMap never draws
+            writer.commit()
+        assert values(loader) == first
+    with make() as restored:
+        restored.load_state_dict(state)
+        assert values(restored) == first

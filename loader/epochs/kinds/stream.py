@@ -239,7 +239,8 @@ class StreamGenerateEpoch(StreamEpoch):
         written, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
         try:
             for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
-                                                          reseed=epoch_reseed(plan.seed, plan.epoch)):
+                                                          reseed=epoch_reseed(plan.seed, plan.epoch),
+                                                          in_order=s.in_order):
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and written >= plan.limit:
