@@ -39,13 +39,15 @@ from .mismatch import describe_mismatch, describe_params
 log = logging.getLogger(__name__)
 
 
-def write_together(cache: CacheSettings, executor: str) -> str | None:
-    """Why the ranks of a node cannot write one store together, ``None`` when they can."""
+def write_together(cache: CacheSettings, executor: str, stream: bool = False) -> str | None:
+    """Why the ranks of a node cannot write one store together, ``None`` when they can. A stream's
+    samples are written by the rank that takes them from its copies (``loader.cache.stream_ranks``), so its
+    workers may run anywhere; a map-style dataset's workers write the node's staging area themselves."""
     if not get_backend(cache.backend).supports_shared_write:
         return f"the {cache.backend!r} backend does not support writing together"
     if cache.shared is not True:
         return "shared=False"
-    if not executor_class(executor).writes_local_store:
+    if not stream and not executor_class(executor).writes_local_store:
         return f"the {executor!r} executor's workers do not write this machine's store"
     return None
 
@@ -65,7 +67,8 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
     cache, consumers = settings.cache, settings.nb_consumer
     if cache is None or (cache.scope == "rank" and not (settings.dataset.stream and consumers > 1)):
         return settings
-    why_not = "scope='rank'" if cache.scope == "rank" else write_together(cache, settings.executor)
+    why_not = "scope='rank'" if cache.scope == "rank" else write_together(cache, settings.executor,
+                                                                                 settings.dataset.stream)
     if why_not is None and settings.partition != "equal":
         why_not = f"partition={settings.partition!r} keeps each consumer's part in a store of its own"
     if why_not is None and consumers > 1 and not settings.deferred_start:

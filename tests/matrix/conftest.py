@@ -32,7 +32,7 @@ def ray_address() -> Iterator[str]:
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
         cluster = Cluster(initialize_head=True, head_node_args={
             "node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20, "include_dashboard": False,
-            "num_cpus": 2})
+            "num_cpus": 8})  # logical: two ranks, their actors, the last phase's ending
         try:
             yield str(cluster.address)
         finally:

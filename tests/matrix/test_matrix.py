@@ -55,7 +55,7 @@ def serve(out: Path, config: dict, phase: str, topology: str) -> list[dict]:
     else:
         before = {p.pid for p in live_children()}  # the servers (SeaweedFS, Ray)
         results = [cell.run(config, out, phase) | {"ranks": 1}]
-        assert not [p for p in live_children() if p.pid not in before], "worker processes left behind"
+        assert not ended_or_left([p for p in live_children() if p.pid not in before]), "worker processes left behind"
         assert not my_segments(), "shared memory left behind"
     for result in results:
         assert result["error"] is None, result["error"]
@@ -64,6 +64,20 @@ def serve(out: Path, config: dict, phase: str, topology: str) -> list[dict]:
         assert not segments_of(result.get("pid", os.getpid())) or topology == "ranks"
     assert not leftovers(str(out)), leftovers(str(out))
     return results
+
+
+def ended_or_left(new: list[psutil.Process]) -> list[psutil.Process]:
+    """Of the processes started during a cell, those that stay: the Ray cluster's raylet ends the workers
+    of a job (``ray::IDLE``, those it started for the job's actors) once the job's driver disconnected, in
+    its own time, so those get a minute to end; any other process must have ended already."""
+    def ray_worker(p: psutil.Process) -> bool:
+        try:
+            return p.name().startswith("ray::") or any(a.startswith("ray::") for a in p.cmdline()[:1])
+        except psutil.NoSuchProcess:
+            return False
+
+    _, alive = psutil.wait_procs([p for p in new if ray_worker(p)], timeout=60)
+    return [p for p in new if not ray_worker(p)] + alive
 
 
 def across(results: list[dict], epoch: int) -> collections.Counter:

@@ -322,3 +322,14 @@ def test_a_rank_that_comes_after_rank_0_broke_off_and_moved_on_serves_unwritten(
     with pytest.raises(RankFailedError, match="does not name a staging area"):
         late.ticket(store)
     store.close()
+
+
+def test_a_streams_node_store_takes_ray_actors_as_its_workers(tmp_path, monkeypatch):
+    # The rank writes what its stream copies give it: the copies may run on Ray's actors (refused before,
+    # as a map-style dataset's workers, which write the node's staging area themselves, must be local).
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "ray")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    loader = CachedLoader(Counting(8), nb_consumer=2, consumer_index=0, executor="ray",
+                          cache_setting={"prefix": str(tmp_path)})
+    assert loader.settings.cache.scope == "node"
+    loader.close()
