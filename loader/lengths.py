@@ -86,13 +86,16 @@ class LoaderLengths:
             return (s.rotation.stream_samples or len(self.dataset)) * s.nb_consumer
         if s.cache is None:
             return 0
-        if self._runner is not None and self._runner.ctx.cache is not None:
-            return controller_length(self._runner.ctx.cache)
         layout = self._layout(0)
+        # Ranks on several nodes: each node's store holds its own ranks' streams, which the layout takes
+        # as every nodes-th sample of a dataset that many times as long.
+        nodes = layout.nodes if layout.node_scope and not layout.whole else 1
+        if self._runner is not None and self._runner.ctx.cache is not None:
+            return controller_length(self._runner.ctx.cache) * nodes
         # Another job writing this stream: its result (not another rank of the node: they write it together).
         if wait and self._runner is None and layout.local_ranks == 1:
             wait_for_writer(s.cache, layout, s.timeout)
-        return committed_length(s.cache, layout, s.dataset, remote=wait)
+        return committed_length(s.cache, layout, s.dataset, remote=wait) * nodes
 
     def _follow_length(self) -> None:
         """Serve the dataset as long as it is now: one that grew (or shrank) since the runner was built

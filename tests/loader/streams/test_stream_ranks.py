@@ -21,6 +21,7 @@ from loader.cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter, i
 from loader.errors import RankFailedError, RanksTimeoutError
 
 from ...marks import long
+from ...remote.server import free_port
 from .stream_datasets import Counting
 
 SCRIPT = Path(__file__).with_name("ranks_script.py")
@@ -43,7 +44,7 @@ def test_moves_fill_the_holes_below_the_end(counts, block):
 
 
 @pytest.mark.parametrize("local,cache,refused", [
-    ("1", {}, "ranks on several nodes"),
+    ("1", {"remote": "s3://bucket/streams"}, "several nodes' streams in one remote are not supported"),
     ("2", {"scope": "rank"}, "which they cannot here: scope='rank'"),
     ("2", {"backend": "lmdb"}, "the 'lmdb' backend does not support writing together"),
 ])
@@ -62,8 +63,34 @@ def _torchrun(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env=env)
 
 
-def _results(out: Path) -> list[dict]:
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def _results(out: Path, ranks: int = 2) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.timeout(150)
+@needs_torchrun
+def test_ranks_on_two_nodes_cache_their_streams_each_in_its_nodes_store(tmp_path):
+    # Two torchrun invocations (--nnodes=2 on 127.0.0.1), two ranks each: every node's store holds its
+    # own ranks' streams, its read epochs deal them between its ranks (refused before: one node only).
+    port, sizes = free_port(), [30, 20, 12, 17]
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=2", f"--node_rank={k}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                               str(SCRIPT), str(tmp_path), "--sizes", ",".join(map(str, sizes)), "--epochs", "3",
+                               "--workers", "1"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+    ranks = _results(tmp_path, 4)
+    for r in ranks:
+        assert "error" not in r, r["error"]
+        assert r["computed"][1:] == [0, 0], "epochs 1 and 2 read the node's store"
+    for node in range(2):
+        mine = ranks[2 * node:2 * node + 2]
+        expected = sorted(r * 1000 + k for r in (2 * node, 2 * node + 1) for k in range(sizes[r]))
+        for epoch in range(3):
+            assert sorted(i for r in mine for i in r["epochs"][epoch]) == expected, (node, epoch)
+    assert sorted(os.listdir(tmp_path / "cache")) == ["node-0-of-2", "node-1-of-2"]
 
 
 @pytest.mark.timeout(150)
