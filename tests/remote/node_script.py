@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--part-timeout", type=float, default=120.0)
     parser.add_argument("--n", type=int, default=48)
+    parser.add_argument("--k", type=float, default=None)  # update_frequency (the default: never rewrite)
     parser.add_argument("--start-timeout", type=float, default=20.0)
     parser.add_argument("--retry-timeout", type=float, default=None)
     args = parser.parse_args()
@@ -57,6 +58,8 @@ def main() -> None:
         dataset, params["kill_at"] = KillSelfDataset, args.kill_at
     cache = {"prefix": args.prefix, "remote": args.remote, "fingerprint": "nodes-test", "part_timeout": args.part_timeout,
              "start_timeout": args.start_timeout, **nodes}
+    if args.k is not None:
+        cache["update_frequency"] = int(args.k)
     if args.retry_timeout is not None:  # the endpoint and credentials still come from the environment
         cache["storage_options"] = {"retry_timeout": args.retry_timeout, "max_retries": 2}
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=11, cache_setting=cache, **ranks)

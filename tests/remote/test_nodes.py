@@ -88,6 +88,34 @@ def test_two_torchrun_nodes_compute_each_sample_once_and_hold_the_whole_generati
     stores_hold_everything(prefixes)
 
 
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_generations_after_the_first_are_computed_in_parts_too(tmp_path, weed, remote_url):
+    # update_frequency=2 with workers: no node refreshes in the background while nodes compute in parts
+    # (no node can compute the next generation alone; the loader logs so): epoch 2 computes generation
+    # 1 in parts as epoch 0 did generation 0, each sample once per generation across the nodes.
+    port = free_port()
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+                               "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                               str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, "--epochs", "4",
+                               "--k", "2", "--workers", "2"],
+                              env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    for code, err in finish(procs):
+        assert code == 0, err[-3000:]
+    results = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(2)]
+    calls = sorted(c for r in results for c in r["calls"])
+    assert calls == sorted(list(range(N)) * 2), "each sample once per generation, across the nodes"
+    for epoch in range(4):
+        assert sorted(i for r in results for i in r["epochs"][epoch]) == list(range(N)), epoch
+    for k, r in enumerate(results):
+        assert r["modes"] == ["generate", "read", "generate", "read"]
+        assert sorted(r["calls"]) == sorted(list(range(k * N // 2, (k + 1) * N // 2)) * 2), "each node its part"
+    for prefix in prefixes:
+        with open_store(prefix, readonly=True) as store:
+            assert [(g.id, g.num_samples) for g in store.generations() if g.committed] == [(1, N)]
+
+
 def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_path, weed, remote_url):
     prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
 
