@@ -11,7 +11,7 @@ too). Fixed-layout generations (memmap, memory) gather into ``out=`` arrays
 reused across batches, as the loader does; lmdb batches are new arrays. The
 memory backend keeps no checksums, so it has nothing to verify.
 
-Targets (docs/ARCHITECTURE.md, performance targets): memmap and memory reach at
+Targets (docs/ARCHITECTURE.md, "Performance targets"): memmap and memory reach at
 least 0.5x memcpy, lmdb at least 0.25x.
 
 Run ``python -m benchmarks.store_read`` (``--samples 2000`` for a quick run).

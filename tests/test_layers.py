@@ -1,10 +1,12 @@
 """The layers of docs/ARCHITECTURE.md hold in the code: no cycle between rooms, the store never
 imports the loader, no import circle anywhere in the repository, and no module reads another's
-private name (docs/import_graph.py)."""
+private name (docs/import_graph.py). The sections the code cites, and the links between the docs,
+exist."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,87 @@ def test_architecture_draws_the_layers_the_imports_make(graph):
     drawn = text.split("Today it prints:\n\n```\n", 1)[1].split("```", 1)[0].rstrip("\n").splitlines()
     assert drawn == graph.layer_lines(graph.graph()[0]), \
         "docs/ARCHITECTURE.md's layer graph is not the code's: paste `python docs/import_graph.py`'s output there"
+
+
+#: A section of the architecture page cited by title: its file name, then a comma or a space (and
+#: maybe the word "section"), then the title in double quotes, on one line or wrapped.
+CITATION = re.compile(r'ARCHITECTURE\.md`{0,2}(?:,\s*|\s+)(?:section\s+)?"([^"]+)"')
+#: A line break inside a comment or docstring: the next line's indent and comment marks.
+WRAP = re.compile(r"\n[ \t]*(?:#+:?|\*|//)?[ \t]*")
+#: Where citations are looked for, and in which files.
+CITING = ("loader", "cachestore", "benchmarks", "tests", "docs", "README.md")
+CITING_SUFFIXES = (".py", ".pyi", ".c", ".md")
+
+
+def cited_sections(text: str) -> list[str]:
+    """The titles of the architecture page's sections that `text` cites."""
+    return [" ".join(title.split()) for title in CITATION.findall(WRAP.sub(" ", text))]
+
+
+def headings(markdown: str) -> list[str]:
+    """The titles of `markdown`'s headings, outside its code blocks."""
+    titles, fenced = [], False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6}\s+(.+?)\s*#*\s*$", line)):
+            titles.append(m.group(1))
+    return titles
+
+
+def citing_files() -> list[Path]:
+    found = []
+    for name in CITING:
+        root = ROOT / name
+        found += [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.suffix in CITING_SUFFIXES and p.is_file())
+    return [p for p in found if p != ROOT / "docs" / "ARCHITECTURE.md"]
+
+
+def test_every_section_the_code_cites_exists():
+    titles = set(headings((ROOT / "docs" / "ARCHITECTURE.md").read_text()))
+    cited = {(str(p.relative_to(ROOT)), title) for p in citing_files() for title in cited_sections(p.read_text())}
+    assert len(cited) > 50  # the scan finds the citations
+    assert sorted(f"{path}: {title!r}" for path, title in cited if title not in titles) == []
+
+
+def test_a_cited_section_is_found_wrapped_or_not():
+    page = "ARCHITECTURE" + ".md"  # spelled apart: this file is scanned too
+    text = (f'(see docs/{page}, "Untrusted stores")\n'
+            f'    # the checksums (docs/{page},\n    # "Verified\n    # reads") and\n'
+            f'    #: first (``docs/{page}``,\n    #: "Resuming")\n'
+            f' * (docs/{page} "The path of a batch"); docs/{page}, section "Layers"\n'
+            f'see docs/{page} for the rest; "not a citation"')
+    assert cited_sections(text) == ["Untrusted stores", "Verified reads", "Resuming", "The path of a batch", "Layers"]
+    assert headings("# Top\n## Untrusted stores\n```\n# not a heading\n```\n### Verified reads ##\n") == \
+        ["Top", "Untrusted stores", "Verified reads"]
+
+
+def slug(title: str, taken: dict[str, int]) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as dashes; a
+    repeated one gets ``-1``, ``-2``, ..."""
+    base = re.sub(r"[^\w\- ]", "", title.lower().replace("`", "")).replace(" ", "-")
+    n = taken.get(base, 0)
+    taken[base] = n + 1
+    return f"{base}-{n}" if n else base
+
+
+def anchors(markdown: str) -> set[str]:
+    taken: dict[str, int] = {}
+    return {slug(title, taken) for title in headings(markdown)} | set(re.findall(r'<a id="([^"]+)"', markdown))
+
+
+def test_every_link_between_the_docs_resolves():
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert broken == []

@@ -6,7 +6,8 @@ construction, before anything is written. ``"node"`` needs three things:
 * ranks that *can* write one store together: a backend that says so
   (:attr:`cachestore.backends.base.Backend.supports_shared_write`), ``cache_setting["shared"]``,
   and workers that write and read back the node's staging area themselves (an executor whose
-  ``writes_local_store`` is true: not Ray's actors);
+  ``writes_local_store`` is true: not Ray's actors; a stream's samples are written by the rank
+  that takes them from its copies, so its workers may be Ray actors);
 * the ``"equal"`` partition (``"contiguous"`` runs are pinned per consumer);
 * ranks of a node whose datasets are the same: one store has one producer (its fingerprint).
   Ranks whose ``dataset_params`` hold a per-rank value (a log path with the rank in it, a

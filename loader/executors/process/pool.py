@@ -21,7 +21,7 @@ not a staging directory, and no wait may hang.
   run by the loader's ``weakref.finalize`` (garbage collection, interpreter
   exit).
 
-``docs/ARCHITECTURE.md`` (Shutdown) puts these rules next to the others.
+``docs/ARCHITECTURE.md``, "Shutdown rules", puts these rules next to the others.
 """
 
 from __future__ import annotations
