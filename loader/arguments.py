@@ -252,18 +252,15 @@ def _stream_checks(a: Arguments, cache: CacheSettings | None, rotation: Rotation
                          "__len__, or rotation_setting={..., 'stream_samples': N} (required for an endless stream)")
     consumers = a.nb_consumer if a.nb_consumer is not None else distributed_defaults()[0]
     if cache is not None and isinstance(consumers, int) and consumers > 1:
-        # The ranks of each node write their streams into one generation of the node's store, meeting there
-        # under the key of torchrun's run (loader.cache.stream_ranks): ranks started by torchrun.
+        # Each node's ranks write one generation of its store, meeting under torchrun's run id (stream_ranks).
         if not os.environ.get("TORCHELASTIC_RUN_ID"):
             raise ValueError(f"a cache of an iterable dataset with several consumers (nb_consumer={consumers}) is "
                              "written by the ranks of each node together, started by torchrun (they meet under its "
                              "run id): consumers given by hand are not supported. Without a cache each rank "
                              "iterates its own stream, as with torch's DataLoader")
         if cache.remote is not None and ranks_per_node(consumers) != consumers:
-            raise ValueError("a cache of an iterable dataset on several nodes keeps each node's streams in the "
-                             "node's own store, and cache_setting['remote'] holds one generation of one dataset: "
-                             "several nodes' streams in one remote are not supported. Leave 'remote' out (each "
-                             "node caches its own ranks' streams), or run the stream's ranks on one node")
+            raise ValueError("several nodes' streams in one cache_setting['remote'] are not supported (each node's "
+                             "store holds its own ranks' streams): leave 'remote' out, or run the ranks on one node")
     if cache is not None and cache.stream_samples is None and endless(dataset):
         raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
                          "a cache needs to know where its generation ends. Give cache_setting={..., "

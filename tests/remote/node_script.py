@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--part-timeout", type=float, default=120.0)
     parser.add_argument("--n", type=int, default=48)
     parser.add_argument("--k", type=float, default=None)  # update_frequency (the default: never rewrite)
+    parser.add_argument("--stop-after", type=int, default=None)  # batches of the first epoch, then state-<rank>.json
+    parser.add_argument("--resume", action="store_true")  # from state-<rank>.json; writes node<rank>-resumed.json
     parser.add_argument("--start-timeout", type=float, default=20.0)
     parser.add_argument("--retry-timeout", type=float, default=None)
     args = parser.parse_args()
@@ -64,6 +66,10 @@ def main() -> None:
         cache["storage_options"] = {"retry_timeout": args.retry_timeout, "max_retries": 2}
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=11, cache_setting=cache, **ranks)
     result: dict[str, object] = {"rank": rank, "len": len(loader), "epochs": [], "modes": [], "computed": []}
+    state_file = os.path.join(args.out, f"state-{rank}.json")
+    if args.resume:
+        with open(state_file) as f:
+            loader.load_state_dict(json.load(f))
     with loader:
         for _ in range(args.epochs):
             served: list[int] = []
@@ -71,12 +77,16 @@ def main() -> None:
                 served += batch["y"].tolist()
                 if synced:
                     dist.all_reduce(torch.tensor([len(batch["y"])]))  # lockstep, as a DDP step would be
+                if args.stop_after is not None and len(served) == args.stop_after * 4:
+                    with open(state_file, "w") as f:
+                        json.dump(loader.state_dict(), f)
+                    break
             result["epochs"].append(served)  # type: ignore[attr-defined]
             result["modes"].append(loader.epoch_stats[-1].mode.value)  # type: ignore[attr-defined]
             result["computed"].append(loader.epoch_stats[-1].computed)  # type: ignore[attr-defined]
         result["store"] = loader.store.path if loader.store is not None else None
     result["calls"] = sorted(read_calls(calls))
-    with open(os.path.join(args.out, f"node{rank}.json"), "w") as f:
+    with open(os.path.join(args.out, f"node{rank}{'-resumed' if args.resume else ''}.json"), "w") as f:
         json.dump(result, f)
     if synced:
         dist.barrier()

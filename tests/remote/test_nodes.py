@@ -116,6 +116,38 @@ def test_generations_after_the_first_are_computed_in_parts_too(tmp_path, weed, r
             assert [(g.id, g.num_samples) for g in store.generations() if g.committed] == [(1, N)]
 
 
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_a_generate_epoch_computed_in_parts_resumes_exactly_on_both_nodes(tmp_path, weed, remote_url):
+    # Both nodes stop after 3 batches of the generate epoch (each a state), and new processes resume: each
+    # node serves the rest of its part, computing only what it had not, and epoch 1 reads the whole.
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+
+    def run(*extra: str) -> None:
+        port = free_port()
+        procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+                                   "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                                   str(SCRIPT), str(tmp_path), str(prefixes[k]), remote_url, *extra],
+                                  env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for k in range(2)]
+        for code, err in finish(procs):
+            assert code == 0, err[-3000:]
+
+    run("--epochs", "1", "--stop-after", "3")
+    first = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(2)]
+    run("--epochs", "2", "--resume")
+    rest = [json.loads((tmp_path / f"node{r}-resumed.json").read_text()) for r in range(2)]
+    for k in range(2):
+        part = list(range(k * N // 2, (k + 1) * N // 2))
+        assert len(first[k]["epochs"][0]) == 12
+        assert sorted(first[k]["epochs"][0] + rest[k]["epochs"][0]) == part, "the rest of its part, once"
+        # The calls are counted in files both runs add to: those of the first run, and then of both.
+        assert sorted(rest[k]["calls"]) == part and first[k]["computed"][0] + rest[k]["computed"][0] == 24, \
+            "each sample of its part computed once"
+        assert rest[k]["modes"] == ["generate", "read"]
+    assert sorted(i for r in rest for i in r["epochs"][1]) == list(range(N))
+    stores_hold_everything(prefixes)
+
+
 def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_path, weed, remote_url):
     prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
 
