@@ -23,7 +23,7 @@ import numpy as np
 from .cache.refresh import decide_refresh
 from .datapipes import apply_shuffle, is_datapipe
 from .dataset import DatasetSource, endless, is_stream
-from .distributed import PARTITIONS, distributed_defaults, ranks_per_node
+from .distributed import PARTITIONS, distributed_defaults
 from .executors.ray_options import parse_executor
 from .checks import check_int, int_at_least
 from .settings import CacheSettings, LoaderSettings, RotationSettings, Sampling
@@ -258,9 +258,6 @@ def _stream_checks(a: Arguments, cache: CacheSettings | None, rotation: Rotation
                              "written by the ranks of each node together, started by torchrun (they meet under its "
                              "run id): consumers given by hand are not supported. Without a cache each rank "
                              "iterates its own stream, as with torch's DataLoader")
-        if cache.remote is not None and ranks_per_node(consumers) != consumers:
-            raise ValueError("several nodes' streams in one cache_setting['remote'] are not supported (each node's "
-                             "store holds its own ranks' streams): leave 'remote' out, or run the ranks on one node")
     if cache is not None and cache.stream_samples is None and endless(dataset):
         raise ValueError("this stream never ends (webdataset's resampled=True, or a pipeline repeated for ever): "
                          "a cache needs to know where its generation ends. Give cache_setting={..., "

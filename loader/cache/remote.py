@@ -61,7 +61,7 @@ class RemoteTier:
         self.remote = remote
         self.where = redact(str(settings.remote))
         self.nodes, self.node = (layout.nodes, layout.node) if layout.whole else (1, 0)
-        self.leader = not layout.whole or layout.local_rank == 0
+        self.leader = layout.local_rank == 0  # of the node's ranks (a store of its own: its one rank)
         self.handles: list[PublishHandle] = []
         self.direct: set[int] = set()  # generations read from the remote directly
 

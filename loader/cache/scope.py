@@ -29,7 +29,7 @@ from dataclasses import replace
 from cachestore.backends import get_backend
 
 from ..dataset import DatasetSource
-from ..distributed import ConsumerLayout, gather_across_ranks
+from ..distributed import ConsumerLayout, gather_across_ranks, ranks_per_node
 from ..errors import RankFailedError
 from ..remote_setting import node_of
 from ..executors.host import executor_class
@@ -75,7 +75,7 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
     if why_not is None and consumers > 1 and not settings.deferred_start:
         why_not = _differing_ranks(settings, num_samples)
     if why_not is None:
-        return replace(settings, cache=replace(cache, scope="node"))
+        return replace(settings, cache=_node_remote(replace(cache, scope="node"), settings))
     if settings.dataset.stream and consumers > 1:
         # A stream has no indices to split between stores of their own: the node's ranks write one generation.
         raise ValueError(f"a cache of an iterable dataset is written by the {consumers} ranks of the node together, "
@@ -89,11 +89,30 @@ def decide_scope(settings: LoaderSettings, num_samples: int) -> LoaderSettings:
     return replace(settings, cache=replace(cache, scope="rank"))
 
 
+def several_nodes(settings: LoaderSettings) -> bool:
+    """Whether the consumers are torchrun's ranks on several nodes."""
+    return ranks_per_node(settings.nb_consumer) != settings.nb_consumer
+
+
+def _node_remote(cache: CacheSettings, settings: LoaderSettings) -> CacheSettings:
+    """`cache` with a stream's remote on several nodes made the node's own (``<remote>/node-<k>-of-<m>``):
+    each node's store holds its own ranks' streams (its generations are not the other nodes'), so each
+    publishes and fetches its own."""
+    if cache.remote is None or not settings.dataset.stream or not several_nodes(settings):
+        return cache
+    local = ranks_per_node(settings.nb_consumer)
+    node, nodes = settings.consumer_index // local, settings.nb_consumer // local
+    return replace(cache, remote=f"{str(cache.remote).rstrip('/')}/node-{node}-of-{nodes}")
+
+
 def consumer_layout(settings: LoaderSettings, num_samples: int) -> ConsumerLayout:
     """This consumer's part of a dataset of `num_samples` (its scope decided): with a remote and the node
     scope, every node's store holds the whole dataset (``ConsumerLayout.whole``)."""
     s, cache = settings, settings.cache
-    whole = cache is not None and cache.remote is not None and cache.scope == "node"
+    # A remote makes every node's store hold the whole dataset (nodes compute parts), but for a stream
+    # on several nodes, whose nodes each hold their own ranks' streams (see _node_remote).
+    whole = (cache is not None and cache.remote is not None and cache.scope == "node"
+             and not (s.dataset.stream and several_nodes(s)))
     node = node_of(cache.nb_node, cache.node_rank, s.nb_consumer) if whole and cache is not None else None
     return ConsumerLayout(num_samples, s.nb_consumer, s.consumer_index, s.seed,
                           pinned=cache is not None or not s.shuffle, scheme=s.partition,

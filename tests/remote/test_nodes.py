@@ -148,6 +148,34 @@ def test_a_generate_epoch_computed_in_parts_resumes_exactly_on_both_nodes(tmp_pa
     stores_hold_everything(prefixes)
 
 
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_streams_on_two_nodes_publish_each_nodes_generation_and_a_second_job_computes_nothing(tmp_path, weed,
+                                                                                              remote_url):
+    # Each node's store holds its own ranks' streams, so each node publishes under its own place of the
+    # remote (<remote>/node-<k>-of-2); a second job on fresh local prefixes fetches its node's generation.
+    stream_script = Path(__file__).parents[1] / "loader" / "streams" / "ranks_script.py"
+
+    def job(name: str) -> list[dict]:
+        # One OUT for both (the stream's log path in it is part of its identity), a prefix each.
+        port, out = free_port(), tmp_path
+        procs = [subprocess.Popen([str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={k}",
+                                   "--master_addr=127.0.0.1", f"--master_port={port}", "--local_addr=127.0.0.1",
+                                   str(stream_script), str(out), "--sizes", "30,20", "--epochs", "2", "--workers", "1",
+                                   "--prefix", str(out / name / f"node{k}"), "--remote", remote_url],
+                                  env=node_env(weed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for k in range(2)]
+        for code, err in finish(procs):
+            assert code == 0, err[-3000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+    first, second = job("first"), job("second")
+    for r, size in enumerate((30, 20)):
+        mine = sorted(r * 1000 + k for k in range(size))
+        assert first[r]["computed"] == [size, 0]
+        assert second[r]["computed"] == [0, 0], "the second job fetched its node's generation"
+        assert [sorted(e) for e in first[r]["epochs"] + second[r]["epochs"]] == [mine] * 4
+
+
 def test_a_node_killed_before_publishing_has_its_part_computed_by_the_other(tmp_path, weed, remote_url):
     prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
 

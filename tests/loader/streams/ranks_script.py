@@ -1,7 +1,8 @@
 """Run under ``torchrun --nproc_per_node=2``: each rank caches its own stream into the node's store.
 
 Usage: ``torchrun ... ranks_script.py OUT_DIR --sizes 30,20 [--epochs E] [--workers W] [--k K]
-[--fail-rank R --fail-after N] [--break-rank R --break-after B] [--stop-after B] [--resume]``.
+[--fail-rank R --fail-after N] [--break-rank R --break-after B] [--stop-after B] [--resume]
+[--prefix P] [--remote URL]``.
 Every rank builds the same :class:`RankStream` (one fingerprint for the node's store); inside
 ``__iter__`` it takes its rank's samples, ``rank * 1000 + k``, split between its workers. Each rank
 writes ``rank<r>.json`` (``rank<r>-resumed.json`` with ``--resume``): per epoch the ids it served,
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--stop-after", type=int, default=0, help="each rank saves its state after this many "
                         "batches of epoch 0 and the job stops")
     parser.add_argument("--resume", action="store_true", help="each rank loads the state it saved")
+    parser.add_argument("--prefix", default=None, help="the cache's prefix (default: OUT/cache)")
+    parser.add_argument("--remote", default=None, help="cache_setting['remote']")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -73,8 +76,9 @@ def main() -> None:
         stream = RankStream([int(n) for n in args.sizes.split(",")], os.path.join(args.out, "iterations"),
                             args.fail_rank, args.fail_after)
         with CachedLoader(stream, batch_size=4, num_workers=args.workers, shuffle=True, seed=5, timeout=60,
-                          cache_setting={"prefix": os.path.join(args.out, "cache"),
-                                         **({"update_frequency": args.k} if args.k else {})}) as loader:
+                          cache_setting={"prefix": args.prefix or os.path.join(args.out, "cache"),
+                                         **({"update_frequency": args.k} if args.k else {}),
+                                         **({"remote": args.remote} if args.remote else {})}) as loader:
             if args.resume:
                 loader.load_state_dict(pickle.loads(Path(args.out, f"state{rank}.pkl").read_bytes()))
             serve(loader, args, rank, result)

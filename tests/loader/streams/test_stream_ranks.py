@@ -44,7 +44,6 @@ def test_moves_fill_the_holes_below_the_end(counts, block):
 
 
 @pytest.mark.parametrize("local,cache,refused", [
-    ("1", {"remote": "s3://bucket/streams"}, "several nodes' streams in one cache_setting\\[.remote.\\] are not supported"),
     ("2", {"scope": "rank"}, "which they cannot here: scope='rank'"),
     ("2", {"backend": "lmdb"}, "the 'lmdb' backend does not support writing together"),
 ])
