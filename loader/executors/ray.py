@@ -64,6 +64,7 @@ from .base import DeathListeners, StuckWorker
 from .producer import BatchProducer, task_failure
 from .ray_actor import RayWorker
 from .ray_connection import CONNECT_TIMEOUT, CONNECTION, import_ray
+from .ray_options import fits
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +366,12 @@ class RayExecutor(DeathListeners):
                     available = self.ray.available_resources()
                 except Exception:
                     available = "unknown"
+                if isinstance(available, dict) and fits(self.options.actor_options, available):
+                    raise WorkerError(f"Ray did not start loader actor {worker.worker_id} within {limit:.0f} s, "
+                                      f"though the cluster has room for its options "
+                                      f"{self.options.actor_options!r} now ({available!r}): its worker process "
+                                      "was slow to start (a loaded machine, or the actors of a loader that ended "
+                                      "still held the room). Raise executor_options['start_timeout']")
                 raise WorkerError(f"Ray did not start loader actor {worker.worker_id} within {limit:.0f} s: no node "
                                   f"offers the actor's options {self.options.actor_options!r} (resources "
                                   f"available now: {available!r}). Add such a node (ray start --address=... "

@@ -112,3 +112,17 @@ def _actor_options(actor_options: object) -> dict[str, object]:
         raise ValueError("executor_options['actor_options']['resources'] must map resource names to positive "
                          f"amounts, e.g. {{'producer': 1}}; got {resources!r}")
     return actor_options
+
+
+def fits(actor_options: dict[str, object], available: dict[str, object]) -> bool:
+    """Whether `available` (Ray's ``available_resources()``) holds what `actor_options` asks of a node."""
+    asked: dict[str, float] = {}
+    for option, resource in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+        value = actor_options.get(option)
+        if isinstance(value, (int, float)) and value > 0:
+            asked[resource] = float(value)
+    extra = actor_options.get("resources")
+    if isinstance(extra, dict):
+        asked.update({str(k): float(v) for k, v in extra.items() if isinstance(v, (int, float))})
+    return all(isinstance(available.get(k), (int, float)) and float(available[k]) >= v  # type: ignore[arg-type]
+               for k, v in asked.items())

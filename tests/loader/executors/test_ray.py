@@ -357,6 +357,18 @@ def test_an_actor_no_node_can_place_is_reported(cluster, tmp_path):
     assert_released(tmp_path)
 
 
+@pytest.mark.parametrize("asked, available, fit", [
+    ({"num_cpus": 0.5}, {"CPU": 6.0, "memory": 1e9}, True),  # room now: the actor was slow to start
+    ({"num_cpus": 0.5}, {"memory": 1e9}, False),  # the CPUs are taken
+    ({"num_gpus": 1, "resources": {"producer": 1}}, {"GPU": 1.0, "producer": 0.5}, False),
+    ({}, {}, True),
+])
+def test_an_actor_not_started_in_time_is_told_apart_from_one_no_node_can_place(asked, available, fit):
+    from loader.executors.ray_options import fits
+
+    assert fits(asked, available) is fit
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"executor": "dask"}, "executor must be one of"),
     ({"executor_options": {"num_workers": 2}}, "apply to executor='ray' only"),
