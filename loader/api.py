@@ -214,6 +214,7 @@ class CachedLoader(ResumableLoader, LoaderAttributes):
         self._runner.ctx.stream_len_called = self._len_told
         if self._pinned_plan is not None and self._runner.ctx.cache is not None:
             self._runner.ctx.cache.restore(self._pinned_plan)  # what a state taken before now says
+        self._pinned_plan = None  # once: a runner built again later (a stream grew) plans on from its own
         if s.worker_init_fn is not None and s.nb_worker > 0 and not s.dataset.stream:
             self._runner.ctx.host.start_ready()
 
