@@ -30,6 +30,9 @@ def ray_address() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as mp:
         # Actors import the matrix's datasets by module path; Ray's worker processes inherit this.
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        # On a loaded machine a worker process may take longer than Ray's default to register, and the
+        # raylet then kills it and starts another, which can keep an actor from starting within start_timeout.
+        mp.setenv("RAY_worker_register_timeout_seconds", "600")
         cluster = Cluster(initialize_head=True, head_node_args={
             "node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20, "include_dashboard": False,
             "num_cpus": 8})  # logical: two ranks, their actors, the last phase's ending

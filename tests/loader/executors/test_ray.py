@@ -53,6 +53,9 @@ def cluster():
     with pytest.MonkeyPatch.context() as mp:
         # Actors import the test datasets by module path; Ray's worker processes inherit this.
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        # On a loaded machine a worker process may take longer than Ray's default to register, and the
+        # raylet then kills it and starts another, which can keep an actor from starting within start_timeout.
+        mp.setenv("RAY_worker_register_timeout_seconds", "600")
         head = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 1})
         try:
             producer = head.add_node(**{k: v for k, v in NODE.items() if k != "include_dashboard"}, num_cpus=2,
