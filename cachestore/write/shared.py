@@ -364,6 +364,16 @@ class SharedWriter:
             self._remove()
         self._end("aborted")
 
+    def drop(self) -> None:
+        """Give the generation up: leave, and remove the area unless another process is a member now,
+        an area this writer kept or left (complete, a publish that failed before it changed anything)
+        a moment ago included. Unlike :meth:`abort`, which leaves a complete area to the next joiner:
+        for a caller that gives caching up (a disk too full to publish it), nothing may stay behind."""
+        if self.state in ("kept", "left"):
+            self._remove_if_alone()
+            self.state = "aborted"
+        self.abort()
+
     def _remove(self) -> None:
         self.backend.discard(self.token)
         safefs.unlink_name(members_path(self.path))

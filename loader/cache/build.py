@@ -30,6 +30,7 @@ from cachestore.backends.base import Backend
 from cachestore.errors import BudgetExceededError
 from cachestore.format import codec
 from cachestore.format.records import decode_record
+from cachestore.write.shared import SharedWriter
 
 from ..executors import messages as m
 from ..executors.base import Executor
@@ -211,6 +212,9 @@ class GenerationBuild:
         if self.writer.state == "kept" and not self.shared:
             # Kept a moment ago (the workers were stopped first), then found not worth keeping.
             self.writer.backend.discard(self.writer.token)
+        if isinstance(self.writer, SharedWriter):
+            self.writer.drop()  # a complete area whose publish failed too: the last member out removes it
+            return
         self.writer.abort()
 
     def keep(self) -> None:

@@ -190,3 +190,27 @@ def test_a_member_of_an_area_removed_under_it_does_not_publish_the_new_one(path)
         assert info is not None and info.committed
     assert committed_values(path) == list(range(N))
     assert sorted(os.listdir(path)) == ["gen-000000", "store.json"]
+
+
+def test_a_complete_area_whose_publish_found_the_disk_full_is_dropped_by_its_last_member(path, monkeypatch):
+    # The store's directory was removed and made again under two members; each member's publish has
+    # to write store.json again and finds the disk full. abort() would leave the complete area to the
+    # next joiner; drop(), for a caller that gives caching up, has the last member out remove it.
+    from cachestore import BudgetExceededError
+
+    with open_store(path, "memmap", fingerprint=FP) as store, open_store(path, "memmap", fingerprint=FP) as other:
+        first, second = store.join(0, N), other.join(0, N)
+        for i in range(N):
+            (first if i % 2 else second).put(i, sample(i))
+        full = BudgetExceededError("disk full while writing store.json")
+        for writer in (first, second):
+            monkeypatch.setattr(writer, "_current_fingerprint", fail(full))
+        with pytest.raises(BudgetExceededError):
+            first.commit()
+        first.drop()
+        assert shared_areas(path) == [first.path], "another member is still in"
+        with pytest.raises(BudgetExceededError):
+            second.commit()
+        second.drop()
+        assert shared_areas(path) == [] and first.state == second.state == "aborted"
+    assert sorted(os.listdir(path)) == ["store.json"]

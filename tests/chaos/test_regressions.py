@@ -67,6 +67,13 @@ def test_seed_20261130_processes_writing_together_onto_a_full_disk_die_of_no_sig
     check(20261130, tmp_path)
 
 
+def test_seed_712100_a_complete_area_whose_publish_found_the_disk_full_is_not_left_behind(tmp_path):
+    # The prefix was removed under two cooperating runs, which wrote generation 0 again; each one's
+    # publish had to write store.json again on the full disk, and gave caching up (policy "stream"),
+    # leaving the complete area, with no store.json beside it, to a next joiner.
+    check(712100, tmp_path)
+
+
 def test_seed_4112075_a_sample_read_back_from_an_area_removed_under_it_is_computed(tmp_path):
     # A member's commit failed on the full disk and removed the area while another read a sample back from
     # it: FileNotFoundError on an index file the read had just listed.
