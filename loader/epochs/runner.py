@@ -242,11 +242,13 @@ class EpochRunner:
         return str(window.path) if isinstance(window, DiskWindow) else None
 
     def prime(self, epoch: int, skip: int) -> None:
-        """At ``iter()``: a stream this process iterates in every epoch opens the epoch's iterator now,
-        as torch's single-process iterator does, so that a state taken before the first batch holds the
-        iterator's own state (torchdata's; :meth:`InlineStream.prime`)."""
+        """At ``iter()``: a stream this process iterates in this epoch (every epoch without a cache; with
+        one, while nothing is committed) opens the epoch's iterator now, as torch's single-process
+        iterator does, so that a state taken before the first batch holds the iterator's own state
+        (torchdata's; :meth:`InlineStream.prime`)."""
         ctx, s = self.ctx, self.ctx.settings
-        if (skip == 0 and s.nb_worker == 0 and s.dataset.stream and s.cache is None and s.rotation is None
+        iterates = s.cache is None or (ctx.cache is not None and not ctx.cache.off and not ctx.layout.num_samples)
+        if (skip == 0 and s.nb_worker == 0 and s.dataset.stream and iterates and s.rotation is None
                 and (self._stream_resume is None or self._stream_resume[0] != epoch)):
             streams = ctx.streams()
             assert isinstance(streams, InlineStream)

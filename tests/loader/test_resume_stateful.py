@@ -123,6 +123,21 @@ def test_a_stream_whose_position_is_set_up_in_iter_resumes_there(workers):
     assert sorted(served) == list(range(40))
 
 
+def test_a_cached_stream_iterated_here_has_its_iterator_from_iter_on(tmp_path):
+    # With a cache and nothing committed, the first epoch iterates the stream in this process: its
+    # iterator (whose state __iter__ makes) opens at iter(), as without a cache, so a state taken
+    # before the first batch asks it (the stream's own state_dict() failed before __iter__ had run).
+    stream = SetsUpInIter(12)
+    cache = {"prefix": str(tmp_path), "update_frequency": 2}
+    with CachedLoader(stream, batch_size=2, num_workers=0, device="cpu", cache_setting=cache) as loader:
+        iter(loader)
+        state = loader.state_dict()
+    assert state["stream"]["states"] == [[None, {"cursor": {"at": 0, "end": 12}, "iter_calls": 1}]]
+    with CachedLoader(SetsUpInIter(12), batch_size=2, num_workers=0, device="cpu", cache_setting=cache) as loader:
+        loader.load_state_dict(state)
+        assert sorted(s[0] for b in values(loader) for s in b) == list(range(12))
+
+
 def test_a_state_taken_before_the_first_iter_pins_the_generation_another_writer_then_commits(tmp_path):
     # torchdata's meaning: a state is where the run is. Taken before the first iter(), it says which
     # generation the first epoch reads, and both this loader and one restored from it read that one,
