@@ -282,12 +282,14 @@ class SharedWriter:
         found = staging_record(self.path, self.backend.trust) if os.path.lexists(self.path) else None
         return found is not None and not found.get("committing")
 
-    def _publish(self, extra: dict[str, object]) -> GenerationInfo:
+    def _publish(self, extra: dict[str, object]) -> GenerationInfo | None:
         """Commit the area (its commit lock held, every sample in).
 
         A failure before the commit changes the area (an interrupt, a damaged generation that cannot
         be removed) leaves it complete for the members still in, or the next joiner, to publish; one
-        after it began, or an area of another producer, removes the area.
+        after it began, or an area of another producer, removes the area. ``None`` where a sound
+        generation is committed already (by a member that died before it unlinked the members file):
+        the area, redundant, is removed.
         """
         changing = False
         try:
@@ -299,8 +301,14 @@ class SharedWriter:
             # A damaged gen-N is replaced, as a writer that does not share replaces it (only the holder
             # of the commit lock may: members run beside each other until here).
             if self.backend.clear_damaged(self.generation):
-                changing = True  # a sound one is there already: this area is redundant
-                raise CacheStoreError(f"generation {self.generation} of {self.spec.path} is already committed")
+                # A sound one is there already (a member published it and died before it unlinked the
+                # members file, and the members still in wrote the area again): committed by another
+                # member, this area is redundant.
+                changing = True
+                self.backend.discard(self.token)
+                safefs.unlink_name(members_path(self.path))
+                self._end("left")
+                return None
             # Marked first: a commit killed from here on leaves an area the next joiner removes.
             changing = True
             mark_committing(self.path)

@@ -214,3 +214,17 @@ def test_a_complete_area_whose_publish_found_the_disk_full_is_dropped_by_its_las
         second.drop()
         assert shared_areas(path) == [] and first.state == second.state == "aborted"
     assert sorted(os.listdir(path)) == ["store.json"]
+
+
+def test_an_area_written_again_after_its_generation_was_published_is_dropped_as_committed(path, monkeypatch):
+    # A member published generation 0 and was killed before it unlinked the members file; the members
+    # still in wrote the area again. The one that publishes it finds a sound generation 0 committed:
+    # committed by another member (None, as commit() says), not an error, and nothing left behind.
+    with open_store(path, "memmap", fingerprint=FP) as store:
+        writer = store.join(0, N)
+        for i in range(N):
+            writer.put(i, sample(i))
+        monkeypatch.setattr(store.backend, "clear_damaged", lambda generation: True)
+        assert writer.commit() is None
+        assert writer.state == "left"
+        assert shared_areas(path) == [] and not members_path(writer.path).exists()
