@@ -101,8 +101,8 @@ class EpochContext:
         self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
         self.refresh: BackgroundRefresh | None = None
-        #: A generation this run will not write again was committed: the next epoch renews the workers.
-        self.renew_workers = False
+        #: A generation this run will not write again was committed: the workers are retired as the epoch ends.
+        self.retire_workers = False
         #: What ``len(loader)`` said of a stream not cached yet (torch warns when more batches come).
         self.stream_len_called: int | None = None
         #: A stateful stream's position after the latest batch served: ``(epoch, batches served, where)``.

@@ -183,10 +183,8 @@ class OnWorkers(ComputePlace):
         s = self.ctx.settings
         # Reading a batch takes milliseconds: a deep queue would only hold memory.
         depth = min(s.max_queue_size, READ_AHEAD_PER_WORKER * s.nb_worker + 2)
-        run = self._run(plan, False, background)
-        run.max_in_flight = depth
         source: m.ReadSource = (store.spec, plan.generation or 0, plan.committed_at)
-        return WorkerReads(run, ReadWork(source))
+        return WorkerReads(lambda: self._run(plan, False, background), depth, ReadWork(source))
 
 
 def compute_place(ctx: EpochContext) -> ComputePlace:

@@ -28,6 +28,7 @@ from ..errors import FailedBatch, WorkerError
 from ..executors.positions import StreamAt
 from ..executors.stream_turn import InlineStream
 from ..executors.producer import BatchProducer
+from ..heap import trim_heap
 from ..progress import Progress
 from ..settings import EpochMode, LoaderSettings, RotationSettings
 from .context import EpochContext, EpochResources, RunState
@@ -182,13 +183,14 @@ class EpochRunner:
             ctx.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
         kind.begin(stats)
         yield from self._serve(kind, stats, start)
-        if ctx.renew_workers:
+        if ctx.retire_workers:
             # As the epoch ends (the loop may validate before the next one), once what it held here
             # (its plan, its build) is freed: fresh forks would share those pages, and keep them alive
             # after this process freed them (docs/ARCHITECTURE.md, "Memory with many workers").
             del kind, plan
-            ctx.renew_workers = False
-            ctx.host.renew()
+            ctx.retire_workers = False
+            ctx.host.retire()
+            trim_heap()  # what the epoch's batches freed, kept by the allocator (loader/heap.py)
 
     def _serve(self, kind: EpochKind, stats: EpochStats, start: float) -> Iterator[Batch]:
         """The batches `kind` yields, timed (the training loop's time is not the epoch's), moved."""

@@ -63,6 +63,9 @@ class ExecutorHost:
         self.settings = settings
         self.producer = producer
         self.res = res
+        # What workers receive was checked to be sendable: workers started again after a retire
+        # skip it (pickling a dataset of a million objects takes seconds and its bytes).
+        self._checked = False
 
     @property
     def executor(self) -> Executor | None:
@@ -74,11 +77,12 @@ class ExecutorHost:
         return self.res.slots
 
     def ensure(self, check: bool = True) -> Executor:
-        """The executor, started now when there is none (a first epoch, or after a kill); `check`: whether
-        what workers receive is checked to be sendable first (:meth:`renew` skips it: checked before)."""
+        """The executor, started now when there is none (a first epoch, after a kill or a :meth:`retire`);
+        `check`: whether what workers receive is checked to be sendable first (once per loader)."""
         s, res = self.settings, self.res
         if res.executor is None:
-            res.executor = self.make_executor(check)
+            res.executor = self.make_executor(check and not self._checked)
+            self._checked = True
         if res.slots is None:
             res.slots = SlotPool(min(s.max_queue_size, INITIAL_SLOTS))
         return res.executor
@@ -127,18 +131,18 @@ class ExecutorHost:
         assert self.res.slots is not None
         return self.res.slots
 
-    def renew(self) -> bool:
-        """Replace the workers by fresh forks of this process, where a new pool forks (``forks_afresh``):
-        workers that computed a generation hold their own copies of the pages of the dataset's objects
-        they read (reading an object writes its reference count), which readers of the committed
-        generation never need (``docs/ARCHITECTURE.md``, "Memory with many workers"). Returns whether
-        it did; called between epochs, when no task is in flight."""
+    def retire(self) -> bool:
+        """Stop the workers, where a new pool forks (``forks_afresh``): workers that computed a
+        generation hold their own copies of the pages of the dataset's objects they read (reading an
+        object writes its reference count), which readers of the committed generation never need
+        (``docs/ARCHITECTURE.md``, "Memory with many workers"). The next epoch that needs workers
+        starts fresh forks (:meth:`ensure`); one that gathers in this process starts none. Returns
+        whether it did; called between epochs, when no task is in flight."""
         executor = self.res.executor
         if not isinstance(executor, WorkerPool) or not forks_afresh(executor.use_threading, executor.start_method):
             return False
         self.res.executor = None
         executor.shutdown()
-        self.ensure(check=False)
         return True
 
     def kill(self) -> None:

@@ -137,9 +137,10 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             ctx.reads.drop_reader()
             # Written together with other processes, one of them commits it (maybe not this one).
             stats.committed = build.writer.state == "committed"
-            # No later epoch of this run computes: the next one starts with fresh workers, without the
-            # copies of the dataset's pages these made (docs/ARCHITECTURE.md, "Memory with many workers").
-            ctx.renew_workers = not ctx.cache.settings.rewrites
+            # No later epoch of this run computes: these workers go, with the copies of the dataset's
+            # pages they made; an epoch that needs workers again starts fresh forks
+            # (docs/ARCHITECTURE.md, "Memory with many workers").
+            ctx.retire_workers = not ctx.cache.settings.rewrites
         else:
             ctx.apply_policy(policy)
 

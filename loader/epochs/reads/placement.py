@@ -15,7 +15,12 @@ what the training loop waits for. The first read epochs of a store, generation
 and batch size measure each place, warm: the first gathers its first
 ``PROBE_BATCHES`` batches in the training process, timed on a second,
 undelivered gather of the same batches (once the store's pages are mapped), and
-the rest in the workers. Where threads may gather, the second and third are
+the rest in the workers, or, where threads may gather too, in the threads, timed.
+If the training process gathered faster than the threads handed batches over, it
+gathers from then on: a gather that cheap loses to any hand-off, and the workers'
+costs more than the threads' (a message and a slot for each batch), so no worker
+is started to read (``docs/ARCHITECTURE.md``, "Memory with many workers"). Else
+the second and third are
 shared in halves by the workers and the threads, the workers first in one and
 last in the other (the machine's speed drifts from epoch to epoch: each place
 then meets both ends of it), every half timed; without threads the second is the
@@ -94,7 +99,7 @@ class GatherPlacement:
         known = self.choices.get(key)
         if known is not None and known[0] == "pending":
             order = [parts[place] for place in ("workers", "threads") if place in parts]
-            return self._time(key, plan, stats, order, known[1], then_threads=len(order) > 1)
+            return self._time(key, plan, stats, order, known[1], then="pending-threads" if len(order) > 1 else None)
         if known is not None and known[0] == "pending-threads":
             order = [parts[place] for place in ("threads", "workers") if place in parts]
             return self._time(key, plan, stats, order, known[1])
@@ -110,12 +115,16 @@ class GatherPlacement:
                 return main.batches(plan, stats)
             stats.extra["gather"] = "workers"
             return workers.batches(plan, stats)
-        return self._probe(key, plan, stats, main, workers or threads)
+        return self._probe(key, plan, stats, main, threads or workers, workers is not None and threads is not None)
 
     def _probe(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath,
-               rest: ReadPath | None) -> Iterator[Batch]:
-        """First read epoch: time the training process's gather; `rest` (the workers; without them,
-        the threads) serves the rest."""
+               rest: ReadPath | None, workers_too: bool = False) -> Iterator[Batch]:
+        """First read epoch: time the training process's gather; `rest` (the threads; without them,
+        the workers) serves the rest. Where both may gather (`workers_too`), the threads' share is timed
+        too: if the training process gathers a batch faster than its threads hand one over, the
+        gather is too cheap for any hand-off, and the workers' (a message, a slot mapped, the
+        reorder) costs more than the threads'; the training process gathers from then on, and no
+        worker is started to read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
         if rest is None:
@@ -133,13 +142,23 @@ class GatherPlacement:
         # although the training process gathered them faster.
         for _ in timed(main.batches(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
-        yield from rest.batches(dataclasses.replace(plan, batches=batches[head:]), stats)
         # Median: one batch that meets a page-table or allocator hiccup must not decide.
-        self.choices[key] = ("pending" if rest.name == "workers" else "pending-threads",
-                             {"main": statistics.median(main_times)})
+        costs = {"main": statistics.median(main_times)}
+        if not workers_too:
+            yield from rest.batches(dataclasses.replace(plan, batches=batches[head:]), stats)
+            self.choices[key] = ("pending" if rest.name == "workers" else "pending-threads", costs)
+            return
+        self.choices[key] = ("pending", costs)
+        yield from self._time(key, dataclasses.replace(plan, batches=batches[head:]), stats, [rest], costs,
+                              then="pending")
+        decided = self.choices[key]
+        if decided[0] == "pending" and decided[1]["main"] <= decided[1]["threads"]:
+            del self.runs[key]
+            self.choices[key] = ("main", decided[1])
+            stats.extra.update(gather="main", gather_costs=decided[1], gather_probed=True)
 
     def _time(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, parts: list[ReadPath],
-              costs: dict[str, float], then_threads: bool = False) -> Iterator[Batch]:
+              costs: dict[str, float], then: str | None = None) -> Iterator[Batch]:
         """A later probe epoch: time each of `parts` (read paths) on its share of the
         batches, in order, now warm (the workers' first epoch mapped the store's pages and grew their
         slots, as the training process's timed gathers did not pay); then decide, or go on to the
@@ -178,8 +197,8 @@ class GatherPlacement:
         costs = dict(costs)
         for place, timed_runs in runs.items():
             costs[place] = min(mean for mean, _ in timed_runs) + min(start for _, start in timed_runs) / len(batches)
-        if then_threads:
-            self.choices[key] = ("pending-threads", costs)
+        if then is not None:  # another probe epoch follows
+            self.choices[key] = (then, costs)
             stats.extra["gather_costs"] = costs
             return
         del self.runs[key]

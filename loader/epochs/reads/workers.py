@@ -9,7 +9,7 @@ chunks are scheduled between the batch tasks, :mod:`loader.cache.refresh`).
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ...dataset import Batch
 from ..plan import EpochStats, ReadPlan
@@ -19,15 +19,22 @@ from .base import ReadPath
 
 
 class WorkerReads(ReadPath):
-    """Batches of a read epoch gathered by the executor's workers, as `run` says, from the generation
-    `work` names."""
+    """Batches of a read epoch gathered by the executor's workers, as the run `make_run` returns
+    says (at most `depth` batches in flight), from the generation `work` names.
+
+    The run, and with it the workers, starts only when batches are asked for: a read epoch that
+    gathers in the training process starts no worker (``docs/ARCHITECTURE.md``, "Memory with many
+    workers")."""
 
     name = "workers"
 
-    def __init__(self, run: PoolRun, work: ReadWork) -> None:
-        self.run = run
+    def __init__(self, make_run: Callable[[], PoolRun], depth: int, work: ReadWork) -> None:
+        self.make_run = make_run
+        self.depth = depth
         self.work = work
-        self.warmup = run.max_in_flight  # the batches queued ahead of the loop at the start
+        self.warmup = depth  # the batches queued ahead of the loop at the start
 
     def batches(self, plan: ReadPlan, stats: EpochStats) -> Iterator[Batch]:
-        return run_pool(plan, self.run, stats, self.work)
+        run = self.make_run()
+        run.max_in_flight = self.depth
+        return run_pool(plan, run, stats, self.work)

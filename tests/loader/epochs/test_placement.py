@@ -1,17 +1,22 @@
 """Where cached epochs gather: measured in the first read epochs of a store, generation and
-batch size (three where threads may gather, else two), then kept.
+batch size (three where threads may gather and beat the training process, else one or two), then
+kept.
 
-Which side wins depends on the machine, so these tests force it (through the
-recorded choice) and check that both sides serve the same batches.
+Which side wins depends on the machine, so these tests force it (a place made slower by a fixed
+cost per batch, or the recorded choice) and check that every side serves the same batches.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 
 from loader import CachedLoader
+from loader.epochs.reads.main import MainReads
 from loader.epochs.reads.placement import PROBE_BATCHES
+from loader.epochs.reads.threads import ThreadReads
 
 from ..datasets import ArangeDataset
 
@@ -28,23 +33,36 @@ def epoch_labels(loader) -> list[int]:
     return labels
 
 
+def slowed(monkeypatch, path: type) -> None:
+    """Make read path `path` cost 3 ms more per batch (a cost, not a synchronisation)."""
+    original = path.batches
+
+    def batches(self, plan, stats):
+        for batch in original(self, plan, stats):
+            time.sleep(0.003)
+            yield batch
+    monkeypatch.setattr(path, "batches", batches)
+
+
 @pytest.mark.parametrize("shape", [(2, 2), (64, 64)])  # a small batch and one gathered into a slot
-def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, shape):
+def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, shape, monkeypatch):
+    slowed(monkeypatch, MainReads)  # the threads beat the training process: the workers are timed too
     setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
     with CachedLoader(ArangeDataset, {"n": N, "shape": shape}, batch_size=BATCH, nb_worker=2, shuffle=True,
                       cache_setting=setting) as loader:
         epoch_labels(loader)  # generate
         allocated = []
-        for _ in range(3):  # the training process's gather timed, then the workers' and its threads', twice
-            probe = epoch_labels(loader)
+        for _ in range(3):  # the training process's and the threads' gathers timed, then the workers' and
+            probe = epoch_labels(loader)  # the threads', twice
             stats = loader.epoch_stats[-1]
             assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
             allocated.append(loader._runner.ctx.res.threads.buffers.allocated)
-        assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["workers", "workers"]
+        assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["threads", "workers"]
+        assert set(loader.epoch_stats[-3].extra["gather_costs"]) == {"main", "threads"}
         assert [s.extra.get("gather_split") for s in loader.epoch_stats[-3:]] == [
             None, ["workers", "threads"], ["threads", "workers"]]
-        # The threads' buffers outlive the split epochs: the third reuses the second's.
-        assert allocated[0] == 0 < allocated[1] and allocated[2] - allocated[1] <= allocated[1] // 2
+        # The threads' buffers outlive the probe epochs: the later ones reuse the first's.
+        assert 0 < allocated[0] and allocated[2] - allocated[0] <= allocated[0] // 2
         assert not any("gather_probed" in s.extra for s in loader.epoch_stats[-3:-1])
         # The second epoch was shared by the workers and the threads, half each, both timed.
         assert set(loader.epoch_stats[-2].extra["gather_costs"]) == {"main", "workers", "threads"}
@@ -64,14 +82,35 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
             assert stats.extra["gather"] == place and "gather_probed" not in stats.extra
 
 
-def test_a_short_epoch_reads_in_workers_without_a_verdict(tmp_path):
+def test_a_gather_cheaper_here_than_the_threads_hand_off_starts_no_worker_to_read(tmp_path, monkeypatch):
+    """The training process gathers faster than its threads hand batches over: it reads from the first
+    read epoch's probe on, and the workers that computed the generation, retired, are not replaced."""
+    slowed(monkeypatch, ThreadReads)
+    setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
+    with CachedLoader(ArangeDataset, {"n": N, "shape": (2, 2)}, batch_size=BATCH, nb_worker=2, shuffle=True,
+                      start_method="fork", cache_setting=setting) as loader:
+        assert sorted(epoch_labels(loader)) == list(range(N))  # generate
+        assert loader.worker_pids() == []  # retired: the run writes no other generation
+        assert sorted(epoch_labels(loader)) == list(range(N))
+        probed = loader.epoch_stats[-1]
+        assert probed.extra["gather"] == "main" and probed.extra["gather_probed"]
+        costs = probed.extra["gather_costs"]
+        assert set(costs) == {"main", "threads"} and costs["main"] <= costs["threads"]
+        for _ in range(2):
+            assert sorted(epoch_labels(loader)) == list(range(N))
+            assert loader.epoch_stats[-1].extra["gather"] == "main"
+        assert loader.worker_pids() == []
+
+
+def test_a_short_epoch_is_read_without_a_verdict(tmp_path):
     setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
     n = BATCH * (2 * PROBE_BATCHES + 1)
     with CachedLoader(ArangeDataset, {"n": n, "shape": (2, 2)}, batch_size=BATCH, nb_worker=2, cache_setting=setting) as loader:
         for _ in range(3):
             assert sorted(epoch_labels(loader)) == list(range(n))
         stats = loader.epoch_stats[-1]
-        assert stats.extra["gather"] == "workers" and "gather_costs" not in stats.extra
+        # The threads read it (the workers where threads may not): no process is started for it.
+        assert stats.extra["gather"] == "threads" and "gather_costs" not in stats.extra
 
 
 def test_without_workers_the_training_process_gathers(tmp_path):
