@@ -135,7 +135,7 @@ class ExecutorHost:
         """Stop the workers, where a new pool forks (``forks_afresh``): workers that computed a
         generation hold their own copies of the pages of the dataset's objects they read (reading an
         object writes its reference count), which readers of the committed generation never need
-        (``docs/ARCHITECTURE.md``, "Memory with many workers"). The next epoch that needs workers
+        (``docs/ARCHITECTURE.md``, "Memory with many workers"); their slots go too. The next epoch that needs workers
         starts fresh forks (:meth:`ensure`); one that gathers in this process starts none. Returns
         whether it did; called between epochs, when no task is in flight."""
         executor = self.res.executor
@@ -143,6 +143,11 @@ class ExecutorHost:
             return False
         self.res.executor = None
         executor.shutdown()
+        # The slots go with the workers (a batch the loop holds keeps its mapping until it dies): a
+        # read epoch gathered here needs none, and one read by workers makes its own.
+        slots, self.res.slots = self.res.slots, None
+        if slots is not None:
+            slots.close()
         return True
 
     def kill(self) -> None:

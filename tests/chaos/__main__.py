@@ -75,6 +75,11 @@ def main() -> int:
     print(table(results))
     failed = [r for r in results if r.problems]
     new = [r for r in failed if not r.known_bugs]
+    if not os.environ.get("CHAOS_DIR"):
+        try:
+            workdir.rmdir()  # every scenario removed its own directory: leave no empty one behind
+        except OSError:
+            pass  # a failing scenario's directory is kept for its logs
     print(f"\n{len(results)} scenarios in {wall:.0f} s (CHAOS_SEED={seed} CHAOS_N={n}): "
           f"{len(results) - len(failed)} passed or skipped, {len(failed)} failed "
           f"({len(failed) - len(new)} of them by known bugs only)")
