@@ -233,7 +233,8 @@ class DirectoryBackend(Backend):
         staging = Path(token.path)
         final = self.path / gen_dirname(token.generation)
         if os.path.lexists(final):
-            raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+            raise GenerationCommitted(f"generation {token.generation} of {self.path} is already committed (another "
+                                      "process installed or wrote it meanwhile)")
         safefs.require_real_dir(staging, "staging area")
         # Every writer has closed its shard by now: a temp file left is a killed writer's half-written
         # one (a rename that never came), not part of the generation.
@@ -282,7 +283,8 @@ class DirectoryBackend(Backend):
         staging = Path(token.path)
         final = self.path / gen_dirname(token.generation)
         if os.path.lexists(final):
-            raise CacheStoreError(f"generation {token.generation} of {self.path} is already committed")
+            raise GenerationCommitted(f"generation {token.generation} of {self.path} is already committed (another "
+                                      "process installed or wrote it meanwhile)")
         safefs.require_real_dir(staging, "staging area")
         _, damage = check_generation(staging, token.generation, self._check_files, self.trust)
         if damage is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.base import GenerationInfo
 from ..backends.memmap_files import SCHEMA
-from ..errors import CacheStoreError, GenerationNotFoundError
+from ..errors import CacheStoreError, GenerationCommitted, GenerationNotFoundError
 from ..store import Store
 from .download import download_set, object_sizes
 from .leases import ReaderLease
@@ -47,16 +47,36 @@ def fetch(remote: "RemoteBase", local: Store, generation: int | None = None) -> 
         generation = remote.latest()
         if generation is None:
             raise GenerationNotFoundError(f"{remote.path} has no complete generation to fetch")
-    existing = next((g for g in local.generations() if g.id == generation and g.committed), None)
+    existing = _committed(local, generation)
     if existing is not None:
         return existing
+    try:
+        return _fetch(remote, local, generation)
+    except GenerationCommitted:
+        # Another process on the same local store (a rank of the node, another job) fetched or wrote
+        # it meanwhile: it is there, as the caller wanted.
+        existing = _committed(local, generation)
+        if existing is None:
+            raise
+        return existing
+
+
+def _committed(local: Store, generation: int) -> GenerationInfo | None:
+    return next((g for g in local.generations() if g.id == generation and g.committed), None)
+
+
+def _fetch(remote: "RemoteBase", local: Store, generation: int) -> GenerationInfo:
+    """:func:`fetch` of a generation `local` did not hold when asked."""
     m = remote.manifest(generation)
     if m.backend != local.backend_name:
         raise CacheStoreError(f"generation {generation} on {remote.path} is a {m.backend} generation; "
                               f"{local.path} is a {local.backend_name} store")
     if m.layout == "parts":
         fetch_parts(remote, local, generation, len(m.sets))
-        return next(g for g in local.generations() if g.id == generation and g.committed)
+        info = _committed(local, generation)
+        if info is None:
+            raise GenerationNotFoundError(f"generation {generation} of {local.path} vanished as it was fetched")
+        return info
     fs = m.sets[0]
     with ReaderLease(remote, generation):
         object_sizes(remote, generation, fs)

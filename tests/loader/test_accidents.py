@@ -270,6 +270,38 @@ def test_a_generation_pruned_and_written_again_is_read_anew(no_leaks, backend, w
         assert values() == again
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_generation_another_run_replaces_as_an_epoch_opens_it_is_read_from_the_newer_one(no_leaks, workers):
+    """The ranks of a node share its store: one that ran ahead commits the next generation and prunes
+    the one another rank's epoch is about to open. That epoch reads the rest from the newer one."""
+    # No background refresh: the read epoch is the plain one, whose path opens the generation.
+    setting = {"prefix": str(no_leaks / "c"), "update_frequency": 2, "background_refresh": False}
+    params = {"n": 24}
+    with CachedLoader(ArangeDataset, params, batch_size=4, nb_worker=workers, shuffle=True,
+                      cache_setting=setting) as slow:
+        assert sorted(y for b in slow for y in b["y"].tolist()) == list(range(24))  # generation 0
+        reads = slow._runner.ctx.reads
+        choose = reads.choose
+
+        def ahead_then_choose(*args, **kwargs):
+            reads.choose = choose
+            with CachedLoader(ArangeDataset, params, batch_size=4, nb_worker=0, cache_setting=setting) as fast:
+                for _ in range(3):  # generation 0 read, then generation 1 written, committed, and 0 pruned
+                    list(fast)
+                assert [s.generation for s in fast.epoch_stats] == [0, 0, 1]
+            assert [g.id for g in slow.store.generations() if g.committed] == [1]
+            return choose(*args, **kwargs)
+
+        reads.choose = ahead_then_choose
+        batches = list(slow)
+        stats = slow.epoch_stats[-1]
+        assert sorted(y for b in batches for y in b["y"].tolist()) == list(range(24))
+        assert all(np.array_equal(np.asarray(b["x"])[:, 0], np.asarray(b["y"], dtype=np.float32)) for b in batches)
+        assert stats.mode.value == "read" and stats.generation == 1 and stats.extra["removed_while_read"] == 0
+        assert stats.computed == 0
+
+
 # ---------------------------------------------------------------------------- "~" in a prefix
 def test_a_prefix_starting_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -345,7 +377,9 @@ def test_close_releases_every_part_when_one_of_them_fails(no_leaks, monkeypatch)
 
     monkeypatch.setattr(SlotPool, "close", failing_close)
     prefix = str(no_leaks / "c")
-    loader = CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=2, cache_setting={"prefix": prefix})
+    # K=2: the workers and their slots stay for the next generation, so close() is what releases them.
+    loader = CachedLoader(ArangeDataset, {"n": 16}, batch_size=4, nb_worker=2,
+                          cache_setting={"prefix": prefix, "update_frequency": 2})
     assert sorted(int(y) for b in loader for y in b["y"]) == list(range(16))
     with pytest.raises(OSError, match="unmapped"):
         loader.close()

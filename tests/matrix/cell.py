@@ -136,7 +136,9 @@ def run(config: dict, out: Path, phase: str, rank: int = 0) -> dict:
                 result["modes"].append(loader.epoch_stats[-1].mode.value)
             result["pids"] = loader.worker_pids()
     except Exception as exc:
+        import traceback
         result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
     return result
 
 

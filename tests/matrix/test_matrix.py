@@ -58,7 +58,7 @@ def serve(out: Path, config: dict, phase: str, topology: str) -> list[dict]:
         assert not ended_or_left([p for p in live_children() if p.pid not in before]), "worker processes left behind"
         assert not my_segments(), "shared memory left behind"
     for result in results:
-        assert result["error"] is None, result["error"]
+        assert result["error"] is None, result.get("traceback") or result["error"]
         for pid in result["pids"]:
             assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
         assert not segments_of(result.get("pid", os.getpid())) or topology == "ranks"

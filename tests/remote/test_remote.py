@@ -44,6 +44,29 @@ def test_publish_then_fetch_into_another_prefix(tmp_path, weed, remote_url, back
     assert other.verify() == []
 
 
+def test_a_generation_another_process_fetched_meanwhile_is_taken_as_fetched(tmp_path, weed, remote_url, monkeypatch):
+    """The ranks of a node fetch into its one store: one that finds the generation committed by another
+    as it opens its staging area returns the committed one instead of failing."""
+    from cachestore.remote import fetch as fetching
+
+    local = make_store(tmp_path / "a", n=20)
+    open_remote(remote_url, options(weed), local=local).publish(local, background=False).wait()
+    other = open_store(tmp_path / "b", "memmap", fingerprint=local.fingerprint)
+    remote = open_remote(remote_url, options(weed), local=other)
+    manifest = remote.manifest
+
+    def meanwhile(generation):  # the other rank's whole fetch, between the look and the writer
+        monkeypatch.setattr(remote, "manifest", manifest)
+        fetching.fetch(remote, open_store(tmp_path / "b", "memmap"), 0)
+        return manifest(generation)
+
+    monkeypatch.setattr(remote, "manifest", meanwhile)
+    got = remote.fetch(other, 0)
+    assert got.committed and got.id == 0
+    _equal_stores(local, other, 20)
+    assert not [e for e in os.listdir(tmp_path / "b") if e.startswith(".staging")]
+
+
 def test_both_tiers_are_readable_stores_and_only_the_local_one_is_writable(tmp_path, s3_env, remote_url):
     local = make_store(tmp_path / "a", n=4)
     open_remote(remote_url, local=local).publish(local, background=False).wait()
