@@ -132,12 +132,12 @@ class ExecutorHost:
         return self.res.slots
 
     def retire(self) -> bool:
-        """Stop the workers, where a new pool forks (``forks_afresh``): workers that computed a
-        generation hold their own copies of the pages of the dataset's objects they read (reading an
-        object writes its reference count), which readers of the committed generation never need
-        (``docs/ARCHITECTURE.md``, "Memory with many workers"); their slots go too. The next epoch that needs workers
-        starts fresh forks (:meth:`ensure`); one that gathers in this process starts none. Returns
-        whether it did; called between epochs, when no task is in flight."""
+        """Stop the workers and drop their slots, where a new pool forks (``forks_afresh``): workers
+        that computed a generation hold their own copies of the pages of the dataset's objects they
+        read (reading an object writes its reference count), which readers of the committed
+        generation never need (``docs/ARCHITECTURE.md``, "Memory with many workers"). The next epoch
+        that needs workers starts fresh forks (:meth:`ensure`); one that gathers in this process
+        starts none. Returns whether it did; called between epochs, when no task is in flight."""
         executor = self.res.executor
         if not isinstance(executor, WorkerPool) or not forks_afresh(executor.use_threading, executor.start_method):
             return False

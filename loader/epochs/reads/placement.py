@@ -152,7 +152,7 @@ class GatherPlacement:
         yield from self._time(key, dataclasses.replace(plan, batches=batches[head:]), stats, [rest], costs,
                               then="pending")
         decided = self.choices[key]
-        if decided[0] == "pending" and decided[1]["main"] <= decided[1]["threads"]:
+        if decided[0] == "pending" and decided[1]["main"] <= decided[1].get("threads", float("inf")):
             del self.runs[key]
             self.choices[key] = ("main", decided[1])
             stats.extra.update(gather="main", gather_costs=decided[1], gather_probed=True)
