@@ -46,7 +46,7 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
     backend
         ``"memmap"``, ``"lmdb"`` or ``"memory"``.
     repeats
-        Timed epochs of each, after one untimed warm-up epoch each (ours: three, its first three
+        Timed epochs of each, after one untimed warm-up epoch each (ours: four, its first four
         read epochs measure where to gather; page
         mapping, slots, torch's worker start-up).
     """
@@ -70,7 +70,7 @@ def throughput_scenario(n: int, shape: tuple, batch_size: int, workers: int, bac
             raw = epoch_times(unverified, n, batch_size, repeats, seed=1)
             dl = tud.DataLoader(reader, batch_size=batch_size, shuffle=True, num_workers=workers,
                                 persistent_workers=workers > 0)
-            for _ in range(2):  # the first three read epochs measure where to gather (loader/epochs/reads/placement.py)
+            for _ in range(3):  # the first four read epochs measure where to gather (loader/epochs/reads/placement.py)
                 for _batch in loader:
                     pass
             # The same store read by a loader without workers, in the same rounds (a memory store

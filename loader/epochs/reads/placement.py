@@ -15,12 +15,12 @@ what the training loop waits for. The first read epochs of a store, generation
 and batch size measure each place, warm: the first gathers its first
 ``PROBE_BATCHES`` batches in the training process, timed on a second,
 undelivered gather of the same batches (once the store's pages are mapped), and
-the rest in the workers, or, where threads may gather too, in the threads, timed.
-If the training process gathered faster than the threads handed batches over, it
-gathers from then on: a gather that cheap loses to any hand-off, and the workers'
-costs more than the threads' (a message and a slot for each batch), so no worker
-is started to read (``docs/ARCHITECTURE.md``, "Memory with many workers"). Else
-the second and third are
+the rest in the workers, or, where threads may gather too, in the threads; the
+second is then the threads', timed. If the training process gathered faster than
+the threads hand batches over, it gathers from then on: a gather that cheap loses
+to any hand-off, and the workers' costs more than the threads' (a message and a
+slot for each batch), so no worker is started to read (``docs/ARCHITECTURE.md``,
+"Memory with many workers"). Else the third and fourth are
 shared in halves by the workers and the threads, the workers first in one and
 last in the other (the machine's speed drifts from epoch to epoch: each place
 then meets both ends of it), every half timed; without threads the second is the
@@ -103,6 +103,9 @@ class GatherPlacement:
         if known is not None and known[0] == "pending-threads":
             order = [parts[place] for place in ("threads", "workers") if place in parts]
             return self._time(key, plan, stats, order, known[1])
+        if known is not None and known[0] == "threads-then-workers":
+            assert threads is not None  # the key's reader and collate let threads gather in its first epoch
+            return self._threads_before_workers(key, plan, stats, threads, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
@@ -120,11 +123,9 @@ class GatherPlacement:
     def _probe(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, main: ReadPath,
                rest: ReadPath | None, workers_too: bool = False) -> Iterator[Batch]:
         """First read epoch: time the training process's gather; `rest` (the threads; without them,
-        the workers) serves the rest. Where both may gather (`workers_too`), the threads' share is timed
-        too: if the training process gathers a batch faster than its threads hand one over, the
-        gather is too cheap for any hand-off, and the workers' (a message, a slot mapped, the
-        reorder) costs more than the threads'; the training process gathers from then on, and no
-        worker is started to read (``docs/ARCHITECTURE.md``, "Memory with many workers")."""
+        the workers) serves the rest, untimed (the threads' first buffers fault their pages in).
+        Where both may gather (`workers_too`), the threads come first: see
+        :meth:`_threads_before_workers`."""
         batches = list(plan.batches)
         head = PROBE_BATCHES if len(batches) >= 2 * PROBE_BATCHES + 2 else 0
         if rest is None:
@@ -142,15 +143,21 @@ class GatherPlacement:
         # although the training process gathered them faster.
         for _ in timed(main.batches(probe, EpochStats(plan.epoch, plan.mode, plan.generation)), main_times):
             pass
+        yield from rest.batches(dataclasses.replace(plan, batches=batches[head:]), stats)
         # Median: one batch that meets a page-table or allocator hiccup must not decide.
         costs = {"main": statistics.median(main_times)}
-        if not workers_too:
-            yield from rest.batches(dataclasses.replace(plan, batches=batches[head:]), stats)
-            self.choices[key] = ("pending" if rest.name == "workers" else "pending-threads", costs)
-            return
-        self.choices[key] = ("pending", costs)
-        yield from self._time(key, dataclasses.replace(plan, batches=batches[head:]), stats, [rest], costs,
-                              then="pending")
+        then = "threads-then-workers" if workers_too else "pending" if rest.name == "workers" else "pending-threads"
+        self.choices[key] = (then, costs)
+
+    def _threads_before_workers(self, key: PlaceKey, plan: ReadPlan, stats: EpochStats, threads: ReadPath,
+                                costs: dict[str, float]) -> Iterator[Batch]:
+        """Second read epoch where both the threads and the workers may gather: the threads', timed
+        warm. A training process that gathers a batch faster than its threads hand one over gathers
+        from then on: a gather that cheap loses to any hand-off, and the workers' costs more than the
+        threads' (a message and a slot for each batch), so no worker is started to read
+        (``docs/ARCHITECTURE.md``, "Memory with many workers"). Else the workers are timed too, in
+        the next two epochs."""
+        yield from self._time(key, plan, stats, [threads], costs, then="pending")
         decided = self.choices[key]
         if decided[0] == "pending" and decided[1]["main"] <= decided[1].get("threads", float("inf")):
             del self.runs[key]

@@ -1,6 +1,6 @@
 """Where cached epochs gather: measured in the first read epochs of a store, generation and
-batch size (three where threads may gather and beat the training process, else one or two), then
-kept.
+batch size (four where threads may gather and beat the training process, two where they do not,
+two where threads may not gather), then kept.
 
 Which side wins depends on the machine, so these tests force it (a place made slower by a fixed
 cost per batch, or the recorded choice) and check that every side serves the same batches.
@@ -52,18 +52,21 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
                       cache_setting=setting) as loader:
         epoch_labels(loader)  # generate
         allocated = []
-        for _ in range(3):  # the training process's and the threads' gathers timed, then the workers' and
-            probe = epoch_labels(loader)  # the threads', twice
+        # The training process's gather timed (the threads serve the rest), the threads' timed, then the
+        # workers' and the threads', twice.
+        for _ in range(4):
+            probe = epoch_labels(loader)
             stats = loader.epoch_stats[-1]
             assert sorted(probe) == list(range(N)) and stats.read == N and stats.batches == N // BATCH
             allocated.append(loader._runner.ctx.res.threads.buffers.allocated)
-        assert [s.extra["gather"] for s in loader.epoch_stats[-3:-1]] == ["threads", "workers"]
+        assert [s.extra["gather"] for s in loader.epoch_stats[-4:-1]] == ["threads", "threads", "workers"]
+        assert "gather_costs" not in loader.epoch_stats[-4].extra
         assert set(loader.epoch_stats[-3].extra["gather_costs"]) == {"main", "threads"}
-        assert [s.extra.get("gather_split") for s in loader.epoch_stats[-3:]] == [
-            None, ["workers", "threads"], ["threads", "workers"]]
+        assert [s.extra.get("gather_split") for s in loader.epoch_stats[-4:]] == [
+            None, None, ["workers", "threads"], ["threads", "workers"]]
         # The threads' buffers outlive the probe epochs: the later ones reuse the first's.
-        assert 0 < allocated[0] and allocated[2] - allocated[0] <= allocated[0] // 2
-        assert not any("gather_probed" in s.extra for s in loader.epoch_stats[-3:-1])
+        assert 0 < allocated[0] and allocated[3] - allocated[0] <= allocated[0] // 2
+        assert not any("gather_probed" in s.extra for s in loader.epoch_stats[-4:-1])
         # The second epoch was shared by the workers and the threads, half each, both timed.
         assert set(loader.epoch_stats[-2].extra["gather_costs"]) == {"main", "workers", "threads"}
         first = loader.epoch_stats[-1]
@@ -83,15 +86,16 @@ def test_the_first_read_epoch_probes_and_later_ones_keep_the_choice(tmp_path, sh
 
 
 def test_a_gather_cheaper_here_than_the_threads_hand_off_starts_no_worker_to_read(tmp_path, monkeypatch):
-    """The training process gathers faster than its threads hand batches over: it reads from the first
-    read epoch's probe on, and the workers that computed the generation, retired, are not replaced."""
+    """The training process gathers faster than its threads hand batches over: it reads from the second
+    read epoch on, and the workers that computed the generation, retired, are not replaced."""
     slowed(monkeypatch, ThreadReads)
     setting = {"prefix": str(tmp_path / "c"), "update_frequency": float("inf")}
     with CachedLoader(ArangeDataset, {"n": N, "shape": (2, 2)}, batch_size=BATCH, nb_worker=2, shuffle=True,
                       start_method="fork", cache_setting=setting) as loader:
         assert sorted(epoch_labels(loader)) == list(range(N))  # generate
         assert loader.worker_pids() == []  # retired: the run writes no other generation
-        assert sorted(epoch_labels(loader)) == list(range(N))
+        for _ in range(2):  # the training process's gather timed, then the threads'
+            assert sorted(epoch_labels(loader)) == list(range(N))
         probed = loader.epoch_stats[-1]
         assert probed.extra["gather"] == "main" and probed.extra["gather_probed"]
         costs = probed.extra["gather_costs"]
