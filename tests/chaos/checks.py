@@ -127,6 +127,9 @@ class Epoch:
     version: int
     t_start: float
     t_end: float = 0.0
+    # When its last batch came: a generate epoch commits after it, before its end is recorded (which
+    # waits for the workers a run that will not write again retires).
+    t_last: float = 0.0
     served: list = field(default_factory=list)  # (index, version, nonce)
     batches: list = field(default_factory=list)  # the same, batch by batch
     bad: list = field(default_factory=list)
@@ -159,7 +162,7 @@ def epochs_of(run) -> list[Epoch]:
             e.served += e.batches[-1]
             e.bad += ev["bad"]
             e.waits.append(ev["wait"])
-            e.t_end = ev["t"]
+            e.t_end = e.t_last = ev["t"]
         elif kind == "error" and ev["epoch"] >= 0:
             out[-1].error, out[-1].t_end = ev, ev["t"]
         elif kind == "stats":
@@ -517,7 +520,9 @@ def live_flips(runs: list, paths: Paths) -> set[tuple[int, int]]:
     """(generation, index) of flipped records that no later commit of their generation replaced."""
     flips = [(ev["t"], ev["generation"], i) for _, ev in actions_of(runs, "flip")
              if ev.get("generation") is not None for i in ev["indices"]]
-    rewrites = [(e.t_end, e.generation) for run in runs for e in epochs_of(run)
+    # A commit's time is known to lie between the epoch's last batch and its end: a flip after the
+    # last batch may have come after the commit too, so it may stay.
+    rewrites = [(e.t_last or e.t_end, e.generation) for run in runs for e in epochs_of(run)
                 if e.stats and e.stats["committed"]]
     return {(g, i) for t, g, i in flips if not any(t2 > t and g2 == g for t2, g2 in rewrites)}
 
