@@ -97,15 +97,16 @@ class GatherPlacement:
         `threads`: ``None`` where they may not read this store (not both)."""
         parts = {path.name: path for path in (workers, threads) if path is not None}
         known = self.choices.get(key)
+        if known is not None and known[0] == "threads-then-workers":
+            if threads is not None:
+                return self._threads_before_workers(key, plan, stats, threads, known[1])
+            known = self.choices[key] = ("pending", known[1])  # threads may not gather now: the workers'
         if known is not None and known[0] == "pending":
             order = [parts[place] for place in ("workers", "threads") if place in parts]
             return self._time(key, plan, stats, order, known[1], then="pending-threads" if len(order) > 1 else None)
         if known is not None and known[0] == "pending-threads":
             order = [parts[place] for place in ("threads", "workers") if place in parts]
             return self._time(key, plan, stats, order, known[1])
-        if known is not None and known[0] == "threads-then-workers":
-            assert threads is not None  # the key's reader and collate let threads gather in its first epoch
-            return self._threads_before_workers(key, plan, stats, threads, known[1])
         if known is not None:
             place, costs = known
             stats.extra.update(gather=place, gather_costs=costs)
