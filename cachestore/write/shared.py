@@ -305,8 +305,7 @@ class SharedWriter:
                 # members file, and the members still in wrote the area again): committed by another
                 # member, this area is redundant.
                 changing = True
-                self.backend.discard(self.token)
-                safefs.unlink_name(members_path(self.path))
+                self._remove()
                 self._end("left")
                 return None
             # Marked first: a commit killed from here on leaves an area the next joiner removes.
