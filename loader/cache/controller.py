@@ -32,6 +32,7 @@ from .build import GenerationBuild, workers_can_write
 from .fingerprint import class_path, dataset_fingerprint
 from .mismatch import describe_mismatch, describe_params
 from .read_order import ReadChoice, block_size, generation_order
+from .view import Choice, StoreView
 
 if TYPE_CHECKING:
     from .remote import RemoteTier
@@ -174,8 +175,17 @@ class CacheController:
         """Committed generations by id."""
         return {g.id: g for g in self.store.generations() if g.committed}
 
-    def choose(self, epoch: int) -> tuple[int, EpochMode, dict]:
-        """The generation epoch `epoch` uses, whether it is read or generated, and notes for its stats.
+    def look(self) -> StoreView:
+        """The store as it is now: the one read of it an epoch's plan is decided from (see
+        :mod:`loader.cache.view`). A file system remounted read-only is noticed here."""
+        infos = self.store.generations()
+        damaged = {g.id: g.damaged for g in infos if g.damaged and not g.committed}
+        return StoreView({g.id: g for g in infos if g.committed}, {**self.damaged, **damaged},
+                         self.readonly or self.went_read_only(), self.store.lock_holder())
+
+    def decide(self, epoch: int, view: StoreView) -> Choice:
+        """The generation epoch `epoch` uses, whether it is read or generated, and notes for its stats:
+        decided from `view` alone (no I/O; :meth:`take` applies it).
 
         A committed generation that cannot be opened (damaged) is written
         again. When another run on the same prefix committed a newer
@@ -185,40 +195,33 @@ class CacheController:
         it: no past generation is written again, and the run's later epochs
         keep their generations.
         """
-        generation = self.generation_for(epoch)
-        infos = self.store.generations()
-        committed = {g.id for g in infos if g.committed}
+        generation, base = self.generation_for(epoch), self.base
+        got = view.fetched.get(generation)
+        if got == "direct":
+            return Choice(generation, EpochMode.READ, {"direct": generation}, base)
+        committed = view.committed
         if generation in committed:
-            problem = self._unreadable(generation)
-            if problem is None:
-                return generation, EpochMode.READ, {}
-            log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
-                        problem)
-            return generation, EpochMode.GENERATE, {"damaged": problem}
+            problem = view.unreadable.get(generation)
+            if problem is not None:
+                return Choice(generation, EpochMode.GENERATE, {"damaged": problem}, base)
+            notes = {"fetched": generation} if got == "fetched" else {}
+            # A fetch checked every chunk as it landed: not opened again.
+            return Choice(generation, EpochMode.READ, notes, base, check=not notes and generation not in self._sound)
         newer = [g for g in committed if g > generation]
         if newer and set(newer) <= self.mine:
-            replaced_by = min(newer)
-            log.info("epoch %d goes back to generation %d, which this run replaced by generation %d: it reads "
-                     "generation %d", epoch, generation, replaced_by, replaced_by)
-            return replaced_by, EpochMode.READ, {"went_back_to": replaced_by}
+            return Choice(min(newer), EpochMode.READ, {"went_back_to": min(newer)}, base)
         if newer:
-            ahead = max(newer)
-            log.info("another run on %s moved ahead to generation %d: epoch %d reads it instead of writing "
-                     "generation %d", self.store.path, ahead, epoch, generation)
-            self.base += ahead - generation
-            return ahead, EpochMode.READ, {"moved_to": ahead}
-        if self.readonly or self.went_read_only():
-            return self._read_only_choice(epoch, generation, committed)
-        damaged = next((g.damaged for g in infos if g.id == generation and g.damaged),
-                       self.damaged.get(generation))
+            return Choice(max(newer), EpochMode.READ, {"moved_to": max(newer)}, base + max(newer) - generation)
+        if view.read_only:
+            return self._read_only_choice(epoch, generation, view)
+        damaged = view.damaged.get(generation)
         if damaged is not None:
-            log.warning("generation %d of %s is damaged (%s): writing it again", generation, self.store.path,
-                        damaged)
-            return generation, EpochMode.GENERATE, {"damaged": damaged}
-        got = self.remote.fetch(generation) if self.remote is not None else None
-        if got is not None:  # fetched instead of computed, or read from the remote directly
-            return generation, EpochMode.READ, {got: generation}
-        return generation, EpochMode.GENERATE, {}
+            return Choice(generation, EpochMode.GENERATE, {"damaged": damaged}, base)
+        return Choice(generation, EpochMode.GENERATE, {}, base, fetch=self.remote is not None and got is None)
+
+    def take(self, choice: Choice) -> None:
+        """Go on with `choice` (its base: another run's newer generation moves the plan on)."""
+        self.base = choice.base
 
     def went_read_only(self) -> bool:
         """Whether the store's file system was remounted read-only (or made unwritable) during the run:
@@ -231,19 +234,16 @@ class CacheController:
         self.stop_refresh()
         return True
 
-    def _read_only_choice(self, epoch: int, generation: int, committed: set[int]) -> tuple[int, EpochMode, dict]:
+    def _read_only_choice(self, epoch: int, generation: int, view: StoreView) -> Choice:
         """On a read-only file system an epoch reads the newest committed generation: none can be written."""
-        if not committed:
+        newest = view.latest
+        if newest is None:
             raise CacheStoreError(f"epoch {epoch} needs generation {generation} of {self.store.path}, which holds "
                                   "none committed, and its file system is read-only: nothing can be written there. "
                                   "Give cache_setting['prefix'] a writable directory")
-        newest = max(committed)
-        if newest != generation:
-            log.info("epoch %d would write generation %d, but %s is read-only: it reads generation %d", epoch,
-                     generation, self.store.path, newest)
-        return newest, EpochMode.READ, {"read_only": newest}
+        return Choice(newest, EpochMode.READ, {"read_only": newest}, self.base)
 
-    def read_choice(self, generation: int) -> ReadChoice:
+    def read_choice(self, generation: int, view: StoreView) -> ReadChoice:
         """How the read epochs of `generation` go: their order, and whether they read with explicit I/O.
 
         ``read_order="auto"``: random when the generation fits the memory room
@@ -254,7 +254,7 @@ class CacheController:
         choice = self._choices.get(generation)
         if choice is not None:
             return choice
-        info = self.committed().get(generation)
+        info = view.committed.get(generation)
         if info is None and self.remote is not None and generation in self.remote.direct:
             info = self.remote.info(generation)
         nbytes = info.nbytes if info is not None else 0
@@ -270,8 +270,9 @@ class CacheController:
         choice = self._choices[generation] = ReadChoice(kind, block_size(record), stream)
         return choice
 
-    def _unreadable(self, generation: int) -> str | None:
-        """Why `generation` cannot be opened (damage found only on open), or ``None``."""
+    def unreadable(self, generation: int) -> str | None:
+        """Why committed `generation` cannot be opened (damage found only on open), or ``None``: opens it
+        once per run (the step a :class:`Choice` with ``check`` asks for before the epoch is planned)."""
         if generation in self._sound:
             return None
         try:

@@ -59,6 +59,15 @@ class GeneratePlan(EpochPlan):
     repeats: dict[int, Redraw] = field(default_factory=dict)
     fill: np.ndarray | None = None
 
+    def as_read(self, committed_at: float, order: str) -> ReadPlan:
+        """This epoch read instead, batch for batch: the processes writing the generation with this one
+        committed it as it was opened (the batches it served before a resume stay served, and those
+        served out of order (``ahead``) are left out, as a read plan leaves them)."""
+        assert self.generation is not None
+        batches = [b for k, b in enumerate(self.batches) if k not in self.ahead]
+        return ReadPlan(self.epoch, batches, self.indices, self.generation, {**self.notes, "committed_meanwhile": True},
+                        self.transform_seed, self.draws_seed, order=order, committed_at=committed_at)
+
 
 @dataclass
 class ReadPlan(EpochPlan):

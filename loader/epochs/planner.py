@@ -2,7 +2,8 @@
 
 The order is the seed's and the epoch's (:mod:`loader.epochs.order`); the
 cache controller says which generation the epoch uses and whether it is
-committed (:meth:`~loader.cache.controller.CacheController.choose`).
+committed (:meth:`~loader.cache.controller.CacheController.decide`, from the look
+:func:`loader.epochs.prepare.prepare` took). Planning does no I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cachestore.guard.locking import SHARED_WRITERS
 
 from ..cache.controller import CacheController
 from ..cache.read_order import read_order
+from ..cache.view import Prepared
 from ..distributed import ConsumerLayout
 from ..executors.host import executor_class
 from ..executors.positions import StreamAt
@@ -65,25 +67,25 @@ def _split(order_for: Callable[[int], np.ndarray], skip: int, settings: LoaderSe
     return mine, batches, 0, served[rank::count]
 
 
-def _unless_another_run_writes(cache: CacheController, s: LoaderSettings, epoch: int, generation: int,
-                               mode: EpochMode, notes: dict) -> tuple[int, EpochMode, dict]:
+def _unless_another_run_writes(cache: CacheController, s: LoaderSettings, epoch: int, prepared: Prepared
+                               ) -> tuple[int, EpochMode, dict]:
     """``(generation, mode, notes)`` of a generate epoch, or, where another run writes this prefix (and
     this one cannot write with it), a read of what that run committed rather than a wait or a failure."""
-    locked_by = cache.store.lock_holder()
-    newest = cache.store.latest()
+    choice, view = prepared.choice, prepared.view
+    locked_by, newest = view.lock_holder, view.latest
     # It writes the generation with them, where its workers read back what others wrote (Ray's actors
     # do not: they may run on other machines) or where it has none.
     readable = executor_class(s.executor).writes_local_store or s.nb_worker == 0
     joins = locked_by == SHARED_WRITERS and cache.shares(readable)
     if locked_by in (None, os.getpid()) or newest is None or joins:
-        return generation, mode, notes
+        return choice.generation, choice.mode, choice.notes
     log.info("another run (pid %s) is writing %s: epoch %d reads generation %d instead of writing "
-             "generation %d", locked_by, cache.store.path, epoch, newest, generation)
+             "generation %d", locked_by, cache.store.path, epoch, newest, choice.generation)
     return newest, EpochMode.READ, {"moved_to": newest}
 
 
 def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndarray, seed: int, rotates: bool,
-               cache: CacheController | None, refreshed: Callable[[int, int], bool],
+               cache: CacheController | None, ready: Prepared | None,
                ranks: tuple[int, int, tuple[tuple[int, int], ...], int] | None = None,
                shuffled_part: bool = False, blocks_before: bool = True) -> EpochPlan:
     """What epoch `epoch` does; the first `skip` batches were served before a resume.
@@ -98,8 +100,9 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         Epochs go through a rotation window (``rotation_setting``, or the budget's fallback).
     cache
         The cache controller, ``None`` without a cache.
-    refreshed
-        ``refreshed(generation, epoch)``: whether a background refresh computed `generation` (then read).
+    ready
+        The controller's choice and the store as the steps before the plan left it
+        (:func:`loader.epochs.prepare.prepare`); ``None`` where the epoch does not use the cache.
     ranks
         With a store shared by the ranks of a node: how many ranks split each epoch's order, which one
         this is, and how many there were when `skip` batches were served (see :func:`_split`).
@@ -128,15 +131,14 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         return RotatePlan(epoch, [], indices[order], skip=skip)
     if cache is None or cache.off:
         return EpochPlan(epoch, batches[skip:], indices)
-    generation, mode, notes = cache.choose(epoch)
-    if mode == EpochMode.GENERATE and refreshed(generation, epoch):
-        mode = EpochMode.READ
+    assert ready is not None, "an epoch that uses the cache is prepared first (loader.epochs.prepare)"
+    generation, mode, notes = ready.choice.generation, ready.choice.mode, ready.choice.notes
     # The node's ranks writing their streams together: the writer lock another rank holds is this job's.
     stream_ranks = s.dataset.stream and ranks is not None and ranks[0] > 1
     if mode == EpochMode.GENERATE and not notes.get("damaged") and not stream_ranks:
-        generation, mode, notes = _unless_another_run_writes(cache, s, epoch, generation, mode, notes)
+        generation, mode, notes = _unless_another_run_writes(cache, s, epoch, ready)
     if mode == EpochMode.READ:
-        choice = cache.read_choice(generation)
+        choice = ready.read_choice(generation)
         blocks = None
         # Read from the remote directly, blocks of consecutive records make one ranged read each.
         kind = read_order(choice, s, ranks, direct="direct" in notes)
@@ -144,7 +146,7 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
         if kind == "block":
             whole, blocks = block_order(len(indices), epoch, seed, choice.block)
             order, batches, skip, before = _split(lambda count: whole, resumed_at, s, ranks)
-        info = cache.committed().get(generation)
+        info = ready.info(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=kind,
                         committed_at=info.created if info is not None else None, blocks=blocks, stream=choice.stream,
                         remote="direct" in notes)
@@ -181,7 +183,7 @@ def _keys_plan(epoch: int, batches: list[np.ndarray], indices: np.ndarray, store
 
 
 def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.ndarray, seed: int,
-                       cache: CacheController, layout: ConsumerLayout) -> EpochPlan:
+                       cache: CacheController, layout: ConsumerLayout, ready: Prepared) -> EpochPlan:
     """An epoch of several nodes whose stores each hold the whole dataset (a cache with a remote).
 
     A read epoch deals a new order of the whole dataset to every rank of every node
@@ -192,12 +194,12 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     computes it all, serving as many batches as with the remote.
     """
     n, per_rank = len(indices), layout.batches(s.batch_size, s.drop_last)
-    generation, mode, notes = cache.choose(epoch)
+    generation, mode, notes = ready.choice.generation, ready.choice.mode, ready.choice.notes
     if mode == EpochMode.READ:
         deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
         _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
                                   per_rank, layout.even)
-        info, choice = cache.committed().get(generation), cache.read_choice(generation)
+        info, choice = ready.info(generation), ready.read_choice(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=read_order(choice, s, None, dealt=True),
                         committed_at=info.created if info is not None else None, stream=choice.stream,
                         remote="direct" in notes)

@@ -39,6 +39,7 @@ from .kinds.stream_refresh import settle_stream_refresh
 from .places import compute_place
 from .plan import EpochPlan, EpochStats, ReadPlan
 from .planner import plan_cluster_epoch, plan_epoch, stream_plan
+from .prepare import prepare
 from .windows import DiskWindow
 
 #: Epochs that show progress (see the ``progress`` argument) do once they take this many seconds.
@@ -96,15 +97,17 @@ class EpochRunner:
             ranks = (layout.local_ranks, layout.local_rank, before[1] if before is not None else
                      ((layout.local_ranks, skip),), layout.batches(s.batch_size, s.drop_last))
         unknown = s.dataset.stream and not layout.num_samples  # a stream not written yet: it skips by itself
-        if (layout.whole and layout.nodes > 1 and ctx.cache is not None and not ctx.cache.off
-                and ctx.state.rotation is None and s.sampling is None):
+        rotates = ctx.state.rotation is not None
+        # Every read of the store the plan needs, before it: planning itself does no I/O.
+        ready = prepare(ctx.cache, epoch, lambda generation: refreshed(ctx, generation, epoch)) \
+            if ctx.cache is not None and not ctx.cache.off and not rotates else None
+        if ready is not None and layout.whole and layout.nodes > 1 and s.sampling is None:
             # Several nodes whose stores each hold the whole dataset (a cache with a remote).
-            plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout)
+            assert ctx.cache is not None
+            plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout, ready)
         else:
-            plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed,
-                              ctx.state.rotation is not None, ctx.cache,
-                              lambda generation, at: refreshed(ctx, generation, at), ranks,
-                              shuffled_part=ctx.cache is None and layout.changes_per_epoch,
+            plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed, rotates, ctx.cache,
+                              ready, ranks, shuffled_part=ctx.cache is None and layout.changes_per_epoch,
                               blocks_before=self._blocks_before[1] if self._blocks_before is not None
                               and self._blocks_before[0] == epoch else True)
         if s.read_transform is not None:

@@ -25,6 +25,7 @@ from typing import Callable
 from cachestore.errors import BudgetExceededError, GenerationCommitted
 
 from ...cache.policy import give_up_caching
+from ...cache.read_order import ReadChoice, read_order
 from ..context import EpochContext
 from ..places import ComputePlace
 from ..plan import EpochPlan, GeneratePlan, ReadPlan, RotatePlan, StreamGeneratePlan, StreamPlan
@@ -44,25 +45,30 @@ __all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEp
 def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Callable[[], EpochPlan]) -> EpochKind:
     """The kind of the epoch `plan` describes: the one place it is chosen.
 
-    A generate epoch opens its generation here; when the budget has no room
-    for it (the budget policy applies) or the other processes writing it
-    committed it meanwhile, the epoch is planned `again` (it then computes,
-    rotates or reads).
+    A generate epoch opens its generation here, and a failed open is an event
+    the epoch handles: where the other processes writing the generation
+    committed it meanwhile, the epoch reads it, batch for batch; where the
+    budget has no room for it, its policy applies (caching given up, or a
+    rotation window) and the epoch is planned `again` under it, which reads
+    nothing (no cache is used).
     """
     if isinstance(plan, StreamPlan):
         return StreamGenerateEpoch.open(ctx, place, plan) if isinstance(plan, StreamGeneratePlan) else \
             StreamEpoch(ctx, place, plan)
     if isinstance(plan, GeneratePlan):
-        assert ctx.cache is not None
+        cache, generation = ctx.cache, plan.generation
+        assert cache is not None and generation is not None
         try:
             return GenerateEpoch.open(ctx, place, plan)
         except BudgetExceededError as exc:
-            ctx.apply_policy(give_up_caching(ctx.cache, exc))
+            ctx.apply_policy(give_up_caching(cache, exc))
+            plan = again()
+            assert not isinstance(plan, GeneratePlan), "caching is off once the budget policy applied"
         except GenerationCommitted:
-            pass  # the other processes writing it committed it: read it
-        plan = again()
-        if isinstance(plan, GeneratePlan):  # planned again and still to write: this epoch only computes
-            return GenerateEpoch(ctx, place, plan, None)
+            info = cache.committed().get(generation)
+            if info is None:  # it went away under the processes that committed it: computed, nothing written
+                return GenerateEpoch(ctx, place, plan, None)
+            plan = plan.as_read(info.created, read_order(ReadChoice("random", 1, False), ctx.settings, None))
     if isinstance(plan, RotatePlan):
         return RotateEpoch(ctx, place, plan)
     if isinstance(plan, ReadPlan) and StreamRefreshEpoch.applies(ctx, plan):

@@ -22,6 +22,7 @@ from ...dataset import Batch
 from ...errors import add_note
 from ...settings import EpochMode
 from ..plan import EpochStats, ReadPlan
+from ..prepare import prepare
 from ..reads.base import ReadPath
 from .base import EpochKind
 
@@ -72,12 +73,13 @@ class ReadEpoch(EpochKind[ReadPlan]):
         # Out of order, a state numbers the served batches in the plan's order: kept one plan per epoch.
         if cache is None or plan.remote or not self.ctx.settings.in_order:
             return False
-        generation, mode, notes = cache.choose(plan.epoch)
+        ready = prepare(cache, plan.epoch, fetch=False)
+        generation, mode, notes = ready.choice.generation, ready.choice.mode, ready.choice.notes
         if mode is not EpochMode.READ:
             return False
         batches = list(plan.batches)
         rest = batches[stats.batches - self._served_before:]  # in order: the first ones were served
-        info = cache.committed().get(generation)
+        info = ready.info(generation)
         self._served_before = stats.batches
         stats.generation = generation
         stats.extra.update(notes)
