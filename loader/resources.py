@@ -3,11 +3,14 @@
 Kept apart from the loader on purpose: the ``weakref.finalize`` that releases
 :class:`Resources` must not reference the loader, or the loader could never
 be garbage-collected (see the shutdown note in :mod:`loader.executors.process.pool`
-and ``docs/ARCHITECTURE.md``). Every room keeps its parts here; it sits with the
-facade, above them all: each room names the part it keeps as a ``typing.Protocol``
-of its own (:class:`~loader.executors.host.HostResources`,
-:class:`~loader.cache.build.CacheResources`, :class:`~loader.epochs.context.EpochResources`)
-and never imports this module. It names their types only: it imports none of them at run time.
+and ``docs/ARCHITECTURE.md``). Every room keeps here the parts that live as
+long as the loader; what an epoch opens (a generation it writes, a background
+refresh) stays its owner's, and is only registered in :class:`OpenWork`, which
+stops or keeps what is still open at the release. It sits with the facade,
+above them all: each room names the part it keeps as a ``typing.Protocol`` of
+its own (:class:`~loader.executors.host.HostResources`,
+:class:`~loader.epochs.context.EpochResources`) and never imports this module.
+It names their types only: it imports none of them at run time.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ if TYPE_CHECKING:
 
     from cachestore import Store
 
-    from .cache.build import GenerationBuild
     from .cache.remote import RemoteTier
     from .epochs.reads.threads import GatherThreads
     from .epochs.windows import RotationWindow
     from .executors.base import Executor
+    from .executors.host import Keepable, Stoppable
     from .executors.process.slots import SlotPool
 
 
@@ -61,8 +64,81 @@ def interrupts_deferred() -> Iterator[None]:
                 handler(*noted[0])
 
 
+class OpenWork:
+    """The work the epochs hold open while the loader lives, for its finalizer: stopped or kept if the
+    loader goes mid-epoch (closed, collected, at exit).
+
+    The work is its owners': an epoch holds the build or writer of the generation it writes, the
+    :class:`~loader.epochs.context.EpochContext` what lives across epochs (builds of broken-off
+    epochs, a background refresh). They register it here when they open it and :meth:`drop` it when
+    they commit, abort or keep it themselves: this registry only lets the finalizer, which must not
+    reference the loader, reach what they still hold (``docs/ARCHITECTURE.md``, "Shutdown rules").
+    """
+
+    def __init__(self) -> None:
+        # By identity, in the order registered.
+        self._running: dict[int, Stoppable] = {}  # stopped before a stream's workers close (they serve it)
+        self._writers: dict[int, Keepable] = {}  # written by this process alone: kept at the release
+        self._builds: dict[int, Keepable] = {}  # written by the workers too: kept when they are killed as well
+
+    def hold(self, work: Keepable, by_workers: bool = True) -> None:
+        """Hold `work`, a generation being written: kept as a partial one if its owner does not finish it
+        (`by_workers`: the loader's workers write into it, so that killing them keeps it too)."""
+        (self._builds if by_workers else self._writers)[id(work)] = work
+
+    def run(self, work: Stoppable) -> None:
+        """Hold `work`, running in the background over a stream's workers: stopped before they close."""
+        self._running[id(work)] = work
+
+    def drop(self, work: object) -> None:
+        """Its owner finished `work` itself (committed, aborted, kept, stopped)."""
+        for held in (self._running, self._writers, self._builds):
+            held.pop(id(work), None)
+
+    def holds(self, work: object) -> bool:
+        """Whether `work` is held: neither dropped by its owner nor kept after a kill."""
+        return any(id(work) in held for held in (self._running, self._writers, self._builds))
+
+    def stop(self) -> None:
+        """Stop the work running in the background (before the stream workers it uses close)."""
+        running, self._running = list(self._running.values()), {}
+        _each(running, lambda work: work.stop())
+
+    def keep_builds(self) -> None:
+        """Keep the generations the workers write into as partial ones: the workers must be stopped.
+
+        What they hold is not debris: the next attempt at the same generation,
+        in this run or a later one with the same fingerprint, adopts and
+        completes it (see ``docs/ARCHITECTURE.md``, "Resuming").
+        """
+        builds, self._builds = list(self._builds.values()), {}
+        _each(builds, lambda build: build.keep())
+
+    def keep(self) -> None:
+        """Keep every generation held (the loader's release): a stream's writers, then the builds."""
+        writers, self._writers = list(self._writers.values()), {}
+        builds, self._builds = list(self._builds.values()), {}
+        _each(writers + builds, lambda work: work.keep())
+
+
+def _each(parts: list[Any], release: Callable[[Any], None]) -> None:
+    """`release` each of `parts`, whatever happened to the one before; the first failure is raised."""
+    failed: BaseException | None = None
+    for part in parts:
+        try:
+            release(part)
+        except BaseException as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+
+
 class Resources:
-    """Everything that must be released: the shutdown path shared by close(), GC and exit."""
+    """Everything that must be released: the shutdown path shared by close(), GC and exit.
+
+    Only what lives as long as the loader: the work of an epoch is the epoch's
+    own, reached by the release through :attr:`open_work` only.
+    """
 
     def __init__(self) -> None:
         #: The process these belong to: a worker forked while the loader lives holds a copy of them,
@@ -70,53 +146,19 @@ class Resources:
         self.owner = os.getpid()
         self.executor: Executor | None = None
         self.slots: SlotPool | None = None
-        self.build: GenerationBuild | None = None  # the generation the current epoch writes
-        self.background: GenerationBuild | None = None  # the generation a background refresh writes
-        # Builds of broken-off epochs, kept once the workers finished the tasks that write into them.
-        self.pending: list[GenerationBuild] = []
         self.store: Store | None = None
         self.remote: RemoteTier | None = None  # the cache's remote: its publishes are waited for at close
         self.window: RotationWindow | None = None
         self.threads: GatherThreads | None = None  # cached epochs gathered in this process (loader.epochs.reads.threads)
         self.streams: Any = None  # a stream's workers (loader.executors.stream_turn)
-        self.stream_writer: Any = None  # the generation a stream's epoch writes: kept as a partial one
-        self.stream_refresh: Any = None  # a stream's next generation written in the background: aborted
-
-    def keep_builds(self) -> None:
-        """Keep the generations being written as partial ones (an error, shutdown): the writers must be stopped.
-
-        What they hold is not debris: the next attempt at the same generation,
-        in this run or a later one with the same fingerprint, adopts and
-        completes it (see ``docs/ARCHITECTURE.md``, "Resuming").
-        """
-        builds, self.pending = self.pending, []
-        for name in ("build", "background"):
-            build = getattr(self, name)
-            setattr(self, name, None)
-            if build is not None:
-                builds.append(build)
-        failed: BaseException | None = None
-        for build in builds:  # each one, whatever happened to the one before
-            try:
-                build.keep()
-            except BaseException as exc:
-                failed = failed or exc
-        if failed is not None:
-            raise failed
-
-    def keep_pending(self) -> None:
-        """Keep the builds of broken-off epochs (their workers are done with them)."""
-        pending, self.pending = self.pending, []
-        for build in pending:
-            build.keep()
+        #: What the epochs hold open: a background refresh to stop, generations being written to keep.
+        self.open_work = OpenWork()
 
     def stop_streams(self) -> None:
-        """Stop a stream's background refresh, then its workers (the refresh iterates the stream through them)."""
-        refresh, self.stream_refresh = self.stream_refresh, None
+        """Stop what runs in the background over a stream's workers (its refresh), then the workers."""
         streams, self.streams = self.streams, None
         try:
-            if refresh is not None:
-                refresh.stop()
+            self.open_work.stop()
         finally:
             if streams is not None:
                 streams.close()
@@ -130,9 +172,9 @@ class Resources:
             self._release()
 
     def _release(self) -> None:
-        # Order: stop the writers (workers) before keeping what they wrote into; before the store
-        # closes, no gather thread may still read it. Every step runs even when one before it
-        # failed (nothing may be left behind); the first failure is raised at the end.
+        # Order: stop the writers (workers, a stream's refresh) before keeping what they wrote into;
+        # before the store closes, no gather thread may still read it. Every step runs even when one
+        # before it failed (nothing may be left behind); the first failure is raised at the end.
         first: BaseException | None = None
 
         def step(take: str, release: Callable[[Any], None]) -> None:
@@ -147,15 +189,11 @@ class Resources:
                 first = first or exc
 
         step("executor", lambda executor: executor.shutdown())
-        try:
-            self.stop_streams()
-        except BaseException as exc:
-            first = first or exc
-        step("stream_writer", lambda writer: writer.keep())
-        try:
-            self.keep_builds()
-        except BaseException as exc:
-            first = first or exc
+        for release in (self.stop_streams, self.open_work.keep):  # a stream's writer first, then the builds
+            try:
+                release()
+            except BaseException as exc:
+                first = first or exc
         step("threads", lambda threads: threads.shutdown())
         step("slots", lambda slots: slots.close())
         step("window", lambda window: window.close())

@@ -48,7 +48,7 @@ def test_no_import_circle_in_the_repository(graph):
 
 def test_imports_under_type_checking_and_in_functions_count(graph):
     edges, _ = graph.graph()
-    assert {"loader.cache.build", "loader.epochs.windows"} <= edges["loader.resources"]  # TYPE_CHECKING
+    assert {"loader.cache.remote", "loader.epochs.windows"} <= edges["loader.resources"]  # TYPE_CHECKING
     assert "loader.executors.ray" in edges["loader.executors.host"]  # inside a function
 
 

@@ -20,7 +20,6 @@ of computing them, and never write them twice.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 import numpy as np
 
@@ -34,7 +33,6 @@ from cachestore.write.shared import SharedWriter
 
 from ..executors import messages as m
 from ..executors.base import Executor
-from ..executors.host import HostResources
 from ..settings import BudgetPolicy
 
 log = logging.getLogger(__name__)
@@ -236,13 +234,3 @@ class GenerationBuild:
             return
         self.writer.keep()
 
-
-class CacheResources(HostResources, Protocol):
-    """What the cache's rooms keep in the loader's resources (:class:`~loader.resources.Resources`,
-    which the loader's finalizer releases): the builds of a background refresh and of broken-off epochs."""
-
-    background: GenerationBuild | None
-    pending: list[GenerationBuild]
-
-    def keep_pending(self) -> None:
-        """Keep the builds of broken-off epochs (their workers are done with them)."""

@@ -2,7 +2,7 @@
 
 A ``break`` (or an error, or ``close()``) ends an epoch while the workers may
 still be running its tasks, which write into the epoch's generation. The
-build then waits in ``Resources.pending`` until :func:`settle` (at the next
+build then waits in the epoch context's ``pending`` until :func:`settle` (at the next
 ``iter()``) has let those tasks finish and every worker
 close its shard; :func:`keep_or_commit` then commits the generation when
 those last tasks completed it, and keeps it as a partial generation
@@ -15,8 +15,8 @@ import logging
 import time
 
 from ..executors import messages as m
-from ..executors.host import ExecutorHost
-from .build import CacheResources, GenerationBuild
+from ..executors.host import ExecutorHost, HostResources
+from .build import GenerationBuild
 from .controller import CacheController
 from .refresh import BackgroundRefresh
 
@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 SETTLE_TIMEOUT = 120.0
 
 
-def settle(host: ExecutorHost, res: CacheResources, cache: CacheController | None,
-           refresh: BackgroundRefresh | None, timeout: float | None, epoch: int) -> bool:
-    """Before `epoch` runs: keep or commit the builds of broken-off epochs, once the workers finished the
-    tasks that write into them, and let the tasks of a broken-off run of `epoch` itself finish.
+def settle(host: ExecutorHost, res: HostResources, cache: CacheController | None,
+           refresh: BackgroundRefresh | None, pending: list[GenerationBuild], timeout: float | None,
+           epoch: int) -> bool:
+    """Before `epoch` runs: keep or commit the builds of broken-off epochs (`pending`, emptied), once the
+    workers finished the tasks that write into them, and let the tasks of a broken-off run of `epoch`
+    itself finish.
 
     Workers run the tasks they were sent in order, so the abandoned epoch's
     results arrive first (their slots are freed as they come); then every
@@ -41,10 +43,11 @@ def settle(host: ExecutorHost, res: CacheResources, cache: CacheController | Non
     refresh is gone with them).
     """
     executor, slots = res.executor, res.slots
-    writing = executor is not None and any(b.in_workers for b in res.pending)
+    writing = executor is not None and any(b.in_workers for b in pending)
     same_epoch = executor is not None and slots is not None and slots.orphaned(epoch) > 0
     if not writing and not same_epoch:
-        res.keep_pending()
+        for build in _take(pending, res):
+            build.keep()
         return True
     assert executor is not None
     deadline = time.monotonic() + (timeout or SETTLE_TIMEOUT)
@@ -61,13 +64,23 @@ def settle(host: ExecutorHost, res: CacheResources, cache: CacheController | Non
             executor.flush_shards()
     except Exception as exc:
         log.info("stopping the workers of a broken-off epoch (generation(s) %s kept): %s",
-                 [b.generation for b in res.pending], exc)
+                 [b.generation for b in pending], exc)
         host.kill()  # keeps every build
+        pending.clear()
         return False
-    pending, res.pending = res.pending, []
-    for build in pending:
+    for build in _take(pending, res):
         keep_or_commit(build, cache)
     return True
+
+
+def _take(pending: list[GenerationBuild], res: HostResources) -> list[GenerationBuild]:
+    """The builds of `pending`, taken out of it and no longer held for the finalizer: the caller
+    commits or keeps them now."""
+    builds = pending[:]
+    pending.clear()
+    for build in builds:
+        res.open_work.drop(build)
+    return builds
 
 
 def keep_or_commit(build: GenerationBuild, cache: CacheController | None) -> None:

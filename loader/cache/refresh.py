@@ -35,9 +35,9 @@ from cachestore.errors import BudgetExceededError, CacheStoreError, GenerationCo
 
 from ..executors import messages as m
 from ..executors.base import Executor, worker_timeout
-from ..executors.host import ExecutorHost
+from ..executors.host import ExecutorHost, HostResources
 from ..settings import CacheSettings
-from .build import CacheResources, GenerationBuild
+from .build import GenerationBuild
 from .controller import CacheController
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def _discard(build: GenerationBuild) -> None:
         log.debug("discarding the refresh of generation %d: %s", build.generation, exc)
 
 
-def start_refresh(cache: CacheController, host: ExecutorHost, res: CacheResources, indices: np.ndarray,
+def start_refresh(cache: CacheController, host: ExecutorHost, res: HostResources, indices: np.ndarray,
                   read_generation: int, batch_size: int) -> BackgroundRefresh | None:
     """At a read epoch of `read_generation`, start computing the next one in the background, if it is due."""
     target = cache.refresh_target(read_generation)
@@ -221,12 +221,12 @@ def start_refresh(cache: CacheController, host: ExecutorHost, res: CacheResource
     except GenerationCommitted:
         return None  # other processes wrote it meanwhile: its epoch reads it
 
-    res.background = build
+    res.open_work.hold(build)  # kept, with what it computed, if the workers or the loader go first
     build.attach(executor)
     return BackgroundRefresh(build, indices, max(1, batch_size // CHUNK_DIVISOR), executor.nb_worker)
 
 
-def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, res: CacheResources,
+def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, res: HostResources,
                      epoch: int, timeout: float | None) -> bool:
     """The first epoch of the refreshed generation: finish and commit it; ``False`` to write it the usual way.
 
@@ -234,7 +234,7 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
     commit does not fit) gives up for the rest of the run, with a log line.
     """
     build = refresh.build
-    res.background = None
+    res.open_work.drop(build)
     executor = host.ensure()
     try:
         refresh.finish(executor, timeout)
@@ -258,6 +258,6 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
         return False
     except BaseException:
         if build.open:
-            res.background = build  # kept, with what it computed, once the workers are stopped
+            res.open_work.hold(build)  # kept, with what it computed, once the workers are stopped
         host.kill()
         raise

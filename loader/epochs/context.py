@@ -3,7 +3,11 @@
 One :class:`EpochContext` per started loader, made by the runner
 (:mod:`loader.epochs.runner`) and handed to each epoch's kind
 (:mod:`loader.epochs.kinds`) and to the place that computes samples
-(:mod:`loader.epochs.places`). It holds no epoch's state: that is the kind's.
+(:mod:`loader.epochs.places`). It holds no epoch's state: that is the kind's; it
+holds the work that lives across epochs (a background refresh, the builds of
+broken-off epochs), registered in the loader's ``Resources.open_work`` for
+its finalizer as an epoch registers its own (``docs/ARCHITECTURE.md``,
+"Shutdown rules").
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cachestore import GenerationWriter, Store
+from cachestore import Store
 from cachestore.errors import FingerprintError
 from cachestore.format import codec, records
 
-from ..cache.build import CacheResources, GenerationBuild
+from ..cache.build import GenerationBuild
 from ..cache import taken
 from ..cache.controller import CacheController
 from ..cache.fingerprint import state_hash
@@ -26,7 +30,7 @@ from ..cache.refresh import BackgroundRefresh
 from ..cache.stream_refresh import StreamRefresh
 from ..datapipes import epoch_seed, is_datapipe, ranks
 from ..distributed import ConsumerLayout
-from ..executors.host import ExecutorHost
+from ..executors.host import ExecutorHost, HostResources
 from ..executors.positions import StreamAt
 from ..executors.stream_turn import InlineStream, StreamTurn
 from ..executors.producer import BatchProducer
@@ -51,21 +55,19 @@ def left_by_iteration(dataset: object) -> None:
         pass  # not hashable by value: its identity is its class (loader.state)
 
 
-class EpochResources(CacheResources, ThreadsResource, Protocol):
+class EpochResources(HostResources, ThreadsResource, Protocol):
     """What the epochs keep in the loader's resources (:class:`~loader.resources.Resources`, which the
     loader's finalizer releases, and which no room below the facade imports): the store, the rotation
-    window and the generation the current epoch writes, besides what the rooms below keep there."""
+    window and a stream's workers, besides what the rooms below keep there. What an epoch writes is its
+    own, held in `open_work` for the finalizer."""
 
     store: Store | None
     window: RotationWindow | None
-    build: GenerationBuild | None
     remote: RemoteTier | None
     streams: StreamTurn | InlineStream | None  # a stream's workers, or its iterator in this process
-    stream_writer: GenerationWriter | None  # the generation a stream's epoch writes
-    stream_refresh: StreamRefresh | None  # a stream's next generation, written in the background
 
     def stop_streams(self) -> None:
-        """Stop `stream_refresh`, then `streams`."""
+        """Stop what `open_work` runs over a stream's workers (its refresh), then `streams`."""
 
 
 @dataclass
@@ -101,6 +103,11 @@ class EpochContext:
         self.reads = ReadPaths(producer, res, settings.nb_worker, settings.batch_size)
         #: The next generation, computed by idle workers while this one is read (loader.cache.refresh).
         self.refresh: BackgroundRefresh | None = None
+        #: A stream's next generation, written in the background (loader.epochs.kinds.stream_refresh).
+        self.stream_refresh: StreamRefresh | None = None
+        #: Builds of broken-off epochs, kept or committed once the workers finished the tasks that write
+        #: into them (loader.cache.pending).
+        self.pending: list[GenerationBuild] = []
         #: A generation this run will not write again was committed: the workers are retired as the epoch ends.
         self.retire_workers = False
         #: What ``len(loader)`` said of a stream not cached yet (torch warns when more batches come).
@@ -133,13 +140,15 @@ class EpochContext:
         """After a worker error: stop the workers now (the next epoch starts new ones), keep open builds."""
         self.host.kill()
         self.refresh = None
+        self.pending.clear()  # kept with the other builds
 
     def drop_workers(self) -> None:
         """After an epoch that a worker error ended: stop every worker, a stream's too; the next epoch starts
         new ones, as torch's next ``iter()`` does (a stream's copies cannot be taken up where one died), and
         the slots lent to tasks that will never answer are retired then (``ExecutorHost.shrink_slots``)."""
         self.kill_executor()
-        self.res.stop_streams()
+        self.stream_refresh = None
+        self.res.stop_streams()  # the refresh, then the workers it iterates the stream through
 
     # rotation ---------------------------------------------------------------
     def open_window(self) -> None:

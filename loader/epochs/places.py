@@ -109,6 +109,7 @@ class InProcess(ComputePlace):
         return None
 
     def break_off(self, build: GenerationBuild) -> None:
+        self.ctx.res.open_work.drop(build)
         self.ctx.producer.close_shard()
         keep_or_commit(build, self.ctx.cache)
 
@@ -164,14 +165,16 @@ class OnWorkers(ComputePlace):
         return self.ctx.res.executor
 
     def break_off(self, build: GenerationBuild) -> None:
-        res = self.ctx.res
-        if res.executor is None:  # killed: its workers are gone, what they wrote is whole on disk
-            self.ctx.producer.close_shard()
-            keep_or_commit(build, self.ctx.cache)
+        ctx = self.ctx
+        if ctx.res.executor is None:  # killed: its workers are gone, what they wrote is whole on disk
+            ctx.res.open_work.drop(build)
+            ctx.producer.close_shard()
+            keep_or_commit(build, ctx.cache)
             return
-        # Workers may still be running the epoch's tasks: kept (or committed) once they are done.
+        # Workers may still be running the epoch's tasks: kept (or committed) once they are done, still
+        # held for the finalizer meanwhile.
         build.detach()
-        res.pending.append(build)
+        ctx.pending.append(build)
 
     def can_read(self, store: Store) -> bool:
         return store.backend.persistent  # an in-RAM store lives in the training process

@@ -171,7 +171,7 @@ class EpochRunner:
         start = time.perf_counter()
         self._ahead = (epoch, skip, ahead)
         ctx = self.ctx
-        if not settle(ctx.host, ctx.res, ctx.cache, ctx.refresh, ctx.settings.timeout, epoch):
+        if not settle(ctx.host, ctx.res, ctx.cache, ctx.refresh, ctx.pending, ctx.settings.timeout, epoch):
             ctx.refresh = None
         if not self._slots_sized:  # the last epoch was broken off (or this is the first)
             ctx.host.shrink_slots()

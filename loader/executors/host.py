@@ -35,15 +35,51 @@ def executor_class(name: str) -> type[Executor]:
     return WorkerPool
 
 
+class Keepable(Protocol):
+    """A generation being written, which can be left as a partial one."""
+
+    def keep(self) -> None:
+        """Leave what was written for the next writer of the generation (idempotent)."""
+
+
+class Stoppable(Protocol):
+    """Work running in the background."""
+
+    def stop(self) -> None:
+        """End it now."""
+
+
+class HeldWork(Protocol):
+    """The work the epochs hold open, registered for the loader's finalizer
+    (:class:`~loader.resources.OpenWork`): its owners keep it as their own and drop it here when they
+    finish it themselves."""
+
+    def hold(self, work: Keepable, by_workers: bool = True) -> None:
+        """Hold `work`, a generation being written (`by_workers`: killing the workers keeps it too)."""
+
+    def run(self, work: Stoppable) -> None:
+        """Hold `work`, running in the background over a stream's workers."""
+
+    def drop(self, work: object) -> None:
+        """Its owner finished `work` itself."""
+
+    def holds(self, work: object) -> bool:
+        """Whether `work` is held: neither dropped by its owner nor kept after a kill."""
+
+    def keep_builds(self) -> None:
+        """Keep the generations the workers write into as partial ones (they are stopped)."""
+
+
 class HostResources(Protocol):
     """What the host keeps in the loader's resources: the executor and its slots; and, after a kill,
-    keeping the generations the stopped workers wrote into."""
+    keeping the generations the stopped workers wrote into (held in `open_work`)."""
 
     executor: Executor | None
     slots: SlotPool | None
 
-    def keep_builds(self) -> None:
-        """Keep the generations being written as partial ones."""
+    @property
+    def open_work(self) -> HeldWork:
+        """The work the epochs hold open (kept, the builds, when the workers are killed)."""
 
 
 class ExecutorHost:
@@ -155,7 +191,7 @@ class ExecutorHost:
         executor, self.res.executor = self.res.executor, None
         if executor is not None:
             executor.kill()
-        self.res.keep_builds()  # the workers are gone: what they wrote is whole on disk
+        self.res.open_work.keep_builds()  # the workers are gone: what they wrote is whole on disk
 
     def shrink_slots(self) -> None:
         """Between epochs: retire the shared-memory slots the last epoch did not need, here and in

@@ -305,7 +305,7 @@ def test_seed_266_a_shared_commit_that_fails_on_a_full_disk_leaves_no_lock_file(
 CTRL_C_IN_CLOSE = """
 import json, os, signal, sys, threading
 from loader import CachedLoader
-from loader.resources import Resources
+from loader.resources import OpenWork
 from tests.loader.datasets import ArangeDataset
 
 loader = CachedLoader(ArangeDataset, {"n": 24}, batch_size=4, nb_worker=0, seed=0,
@@ -318,15 +318,15 @@ press = threading.Event()
 presser = threading.Thread(target=lambda: (press.wait(), os.kill(os.getpid(), signal.SIGINT)), daemon=True)
 presser.start()
 kept = []
-keep_builds = Resources.keep_builds
+keep = OpenWork.keep
 
 def keeping(self):
     press.set()
     presser.join()
-    keep_builds(self)
+    keep(self)
     kept.append(True)
 
-Resources.keep_builds = keeping
+OpenWork.keep = keeping
 try:
     loader.close()
     print(json.dumps({"interrupted": False, "kept": bool(kept)}))

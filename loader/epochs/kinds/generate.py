@@ -64,12 +64,13 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             log.info("epoch %d writes generation %d: the background refresh of generation %d stops (what it "
                      "computed is kept)", plan.epoch, plan.generation, ctx.refresh.generation)
             ctx.kill_executor()
-        ctx.res.build = ctx.cache.open_build(plan.generation, ctx.settings.use_threading, executor=place.writer())
+        build = ctx.cache.open_build(plan.generation, ctx.settings.use_threading, executor=place.writer())
+        ctx.res.open_work.hold(build)  # kept if the loader goes before the epoch finishes it
         remote = ctx.cache.remote
-        if remote is not None and remote.parts and ctx.res.build.shared:
-            ctx.res.build.from_parts = True  # this node computes its part; the others come from the remote
+        if remote is not None and remote.parts and build.shared:
+            build.from_parts = True  # this node computes its part; the others come from the remote
             remote.claim_own(plan.generation)
-        return cls(ctx, place, plan, ctx.res.build)
+        return cls(ctx, place, plan, build)
 
     def begin(self, stats: EpochStats) -> None:
         build, plan = self.build, self.plan
@@ -84,6 +85,7 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
 
     def batches(self, stats: EpochStats) -> Iterator[Batch]:
         ctx, plan, build = self.ctx, self.plan, self.build
+        work = ctx.res.open_work
         filling = None
         if plan.fill is not None and len(plan.fill) and build is not None:
             # Indices the sampler does not draw, computed by workers with nothing else to do.
@@ -104,12 +106,13 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
             finished = True
         except BudgetExceededError:
             if build is not None:  # a generation that does not fit is not worth keeping
-                ctx.res.build = None
+                work.drop(build)
                 build.abort()
             raise
         finally:
-            if not finished and ctx.res.build is not None:
-                self._break_off(ctx.res.build)
+            # Not when a kill of the workers kept it already.
+            if not finished and build is not None and work.holds(build):
+                self._break_off(build)
 
     def _complete_fill(self, filling: BackgroundRefresh, stats: EpochStats) -> None:
         """What the sampler did not draw and idle workers have not computed yet, every worker computes
@@ -131,7 +134,7 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
         assert ctx.cache is not None
         if build.from_parts and ctx.cache.remote is not None:
             ctx.cache.remote.exchange(build, lambda positions: self._compute(positions, stats))
-        ctx.res.build = None
+        ctx.res.open_work.drop(build)
         policy = close_generation(build, ctx.cache, self.place.closer(), self.plan.epoch)
         if policy is None:
             ctx.reads.drop_reader()
@@ -156,6 +159,5 @@ class GenerateEpoch(EpochKind[GeneratePlan]):
     def _break_off(self, build: GenerationBuild) -> None:
         """A broken-off or failed epoch keeps what it wrote. Workers may still be running its tasks:
         the build is kept (or committed, when they complete it) once they are done."""
-        self.ctx.res.build = None
         build.epoch = self.plan.epoch
         self.place.break_off(build)

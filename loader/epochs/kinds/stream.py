@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from cachestore import GenerationWriter
 from cachestore.errors import BudgetExceededError, GenerationCommitted, StoreLockedError
 
 from ...cache.stream_ranks import Abandoned, NodeStream, NodeStreamWriter
@@ -163,6 +164,9 @@ class StreamGenerateEpoch(StreamEpoch):
     node: NodeStreamWriter | None = None
     #: Indices an adopted partial generation holds (a stateful stream's resumed epoch).
     kept: frozenset[int] = frozenset()
+    #: The generation this process writes (``None``: a node's rank other than 0, or finished): the epoch's
+    #: own, held in the loader's ``Resources.open_work`` so that a loader gone mid-epoch keeps it.
+    writer: GenerationWriter | None = None
 
     @classmethod
     def open(cls, ctx: EpochContext, place: ComputePlace, plan: StreamGeneratePlan) -> StreamGenerateEpoch:
@@ -184,7 +188,7 @@ class StreamGenerateEpoch(StreamEpoch):
             if plan.generation in ctx.cache.committed():
                 raise GenerationCommitted(f"generation {plan.generation} was committed by another job") from None
             writer = ctx.cache.store.writer(plan.generation, None, resume=resume)
-        ctx.res.stream_writer = writer
+        ctx.res.open_work.hold(writer, by_workers=False)
         if plan.resume is not None and len(writer.present()) < plan.resume.arrived:
             # The samples the stream yielded before the stop are not all kept (the partial generation was
             # pruned): iterated again from the start instead, as a stream without a state of its own is.
@@ -192,6 +196,7 @@ class StreamGenerateEpoch(StreamEpoch):
                      "is iterated again from its start", plan.epoch)
             plan = dataclasses.replace(plan, resume=None)
         epoch = cls(ctx, place, plan)
+        epoch.writer = writer
         # The samples written after the state was taken (a run that went on, then stopped) stay as they are.
         epoch.kept = frozenset(writer.present().tolist()) if writer.adopted else frozenset()
         return epoch
@@ -204,14 +209,17 @@ class StreamGenerateEpoch(StreamEpoch):
         assert ctx.cache is not None and plan.generation is not None
         store, layout = ctx.cache.store, ctx.layout
         node = NodeStream(store.path, plan.generation, plan.epoch, layout.local_ranks, layout.local_rank)
+        writer: GenerationWriter | None = None
         try:
             if node.rank == 0:
-                ctx.res.stream_writer = writer = store.writer(plan.generation, None)
+                writer = store.writer(plan.generation, None)
+                ctx.res.open_work.hold(writer, by_workers=False)
                 node.publish_ticket(writer.token)
                 spec = writer.shard_spec()
             else:
                 spec = node.ticket(store)
             epoch = cls(ctx, place, plan)
+            epoch.writer = writer
             epoch.node = NodeStreamWriter(node, spec, store)
         except BaseException as exc:
             node.fail(exc)
@@ -222,7 +230,7 @@ class StreamGenerateEpoch(StreamEpoch):
     def _put(self, k: int, sample: Sample) -> int:
         """Write the `k`-th sample to arrive (the one writer's: its index is `k`), unless an adopted partial
         generation holds it."""
-        writer = self.ctx.res.stream_writer
+        writer = self.writer
         assert writer is not None
         if k not in self.kept:
             writer.put(k, sample)
@@ -276,16 +284,22 @@ class StreamGenerateEpoch(StreamEpoch):
         except BaseException as exc:
             if node is not None:
                 node.fail(exc)  # first: the other ranks stop at their next look
-            if isinstance(exc, BudgetExceededError) and ctx.res.stream_writer is not None:
-                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+            if isinstance(exc, BudgetExceededError) and (writer := self._let_go()) is not None:
                 writer.abort()
             raise
         finally:
             if node is not None:
                 node.close()
-            if not finished and ctx.res.stream_writer is not None:
-                writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+            if not finished and (writer := self._let_go()) is not None:
                 writer.keep()
+
+    def _let_go(self) -> GenerationWriter | None:
+        """The epoch's writer, which it commits, aborts or keeps itself now (no longer held for the
+        finalizer); ``None`` when it has none (left)."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            self.ctx.res.open_work.drop(writer)
+        return writer
 
     def _end(self, count: int, stats: EpochStats) -> bool:
         """The end of this rank's stream, after `count` samples: the generation committed (by local rank 0
@@ -314,8 +328,7 @@ class StreamGenerateEpoch(StreamEpoch):
 
     def _commit(self, count: int, stats: EpochStats) -> None:
         """The end of the stream: the generation holds `count` samples."""
-        ctx = self.ctx
-        writer, ctx.res.stream_writer = ctx.res.stream_writer, None
+        ctx, writer = self.ctx, self._let_go()
         assert ctx.cache is not None and writer is not None
         if count == 0:
             writer.abort()

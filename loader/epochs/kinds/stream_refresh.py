@@ -33,17 +33,17 @@ class StreamRefreshEpoch(ReadEpoch):
     def applies(ctx: EpochContext, plan: ReadPlan) -> bool:
         """Whether read epoch `plan` of a stream may start a refresh (or one runs): refreshes are on."""
         return (ctx.settings.dataset.stream and ctx.cache is not None and ctx.settings.nb_worker > 0
-                and (ctx.res.stream_refresh is not None or not ctx.cache.refresh_off))
+                and (ctx.stream_refresh is not None or not ctx.cache.refresh_off))
 
     def path(self, stats: EpochStats) -> ReadPath:
         # The read path first: workers it starts are not forked while the refresh thread holds a lock.
         path = super().path(stats)
         ctx, plan = self.ctx, self.plan
         assert plan.generation is not None
-        if ctx.res.stream_refresh is None:
-            ctx.res.stream_refresh = start_stream_refresh(ctx, plan.generation, plan.epoch)
-        if ctx.res.stream_refresh is not None:
-            stats.extra["stream_refresh_of"] = ctx.res.stream_refresh.generation  # the generation it writes
+        if ctx.stream_refresh is None:
+            ctx.stream_refresh = start_stream_refresh(ctx, plan.generation, plan.epoch)
+        if ctx.stream_refresh is not None:
+            stats.extra["stream_refresh_of"] = ctx.stream_refresh.generation  # the generation it writes
         return path
 
 
@@ -69,18 +69,21 @@ def start_stream_refresh(ctx: EpochContext, generation: int, epoch: int) -> Stre
     def commit(done: GenerationWriter) -> GenerationInfo | None:
         return cache.commit(done, epoch, background=True, prune=False, stream=True)
 
-    return StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, commit,
-                         ctx.state.seed)
+    refresh = StreamRefresh(target, writer, streams, cache.settings.stream_samples, info.num_samples, commit,
+                            ctx.state.seed)
+    ctx.res.open_work.run(refresh)  # stopped before the stream workers close, if the loader goes first
+    return refresh
 
 
 def settle_stream_refresh(ctx: EpochContext, epoch: int) -> dict[str, object]:
     """Before `epoch` is planned: where it is the first epoch of the generation a stream's refresh writes,
     wait for the refresh; its generation is then committed (older ones pruned) and read, or the epoch
     iterates the stream itself. Notes for the epoch's stats."""
-    refresh, cache = ctx.res.stream_refresh, ctx.cache
+    refresh, cache = ctx.stream_refresh, ctx.cache
     if refresh is None or cache is None or cache.generation_for(epoch) < refresh.generation:
         return {}
-    ctx.res.stream_refresh = None
+    ctx.stream_refresh = None
+    ctx.res.open_work.drop(refresh)
     waited = refresh.wait()
     if refresh.info is None:
         log.warning("background refresh of generation %d of the stream failed (%s): epoch %d iterates the "
