@@ -6,8 +6,8 @@ running) and is read by the workers, whose spare time the refresh takes
 (:mod:`loader.cache.refresh` schedules its chunks between the batch tasks).
 When no refresh is due (the next generation is committed, or the budget has
 no room for it) the epoch reads as any read epoch does. The first epoch of
-``g + 1`` finishes the refresh and commits it (:func:`refreshed`, asked by
-the planner), then reads it.
+``g + 1`` finishes the refresh and commits it (:func:`refreshed`, a step
+before its plan: :mod:`loader.epochs.prepare`), then reads it.
 """
 
 from __future__ import annotations
