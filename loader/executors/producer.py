@@ -300,7 +300,7 @@ class BatchProducer:
             A record failed its checksum.
         """
         own = self.hands_out
-        if not task.collate or self.custom_collate or self.transforms(task):
+        if not self.gathers_whole(task):
             # A transform may change a sample in place: it gets the caller's own copy, never the store's.
             samples = self.transformed(task, self.rows(task, reader), fresh=True) if self.transforms(task) else \
                 [reader.get(int(i), copy=own) for i in task.stored_at]
@@ -334,6 +334,13 @@ class BatchProducer:
         log.warning("%s; computing this batch from the dataset instead", str(exc))
         samples = self.transformed(task, [self._call(index) for index in task.indices.tolist()])
         return self.collate(samples) if task.collate else samples
+
+    def gathers_whole(self, task: m.Task) -> bool:
+        """Whether the batch of read task `task` is what the store gives for its rows, collated by the
+        default collate: one verified gather of the whole batch (into a worker's slot, a thread's
+        buffer, new arrays), not sample by sample. The one place this is decided, for every read path
+        (docs/ARCHITECTURE.md, "The path of a batch")."""
+        return task.collate and not self.custom_collate and not self.transforms(task)
 
     def transforms(self, task: m.Task) -> bool:
         """Whether the samples of `task` go through ``read_transform``."""

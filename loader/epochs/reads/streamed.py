@@ -87,7 +87,7 @@ class StreamedReads(LocalReads):
 
 def _batch(task: m.Task, leaves: list[Leaf], treedef: codec.TreeDef, producer: BatchProducer) -> Batch:
     """The batch the default collate makes of `leaves` (stacked rows), or through the user's functions."""
-    if not producer.custom_collate and not producer.transforms(task):
+    if producer.gathers_whole(task):
         return codec.unflatten_batch(treedef, leaves)
     samples = [codec.unflatten(treedef, [leaf[i] for leaf in leaves]) for i in range(len(task.indices))]
     samples = producer.transformed(task, samples)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def run_task(producer: BatchProducer, segments: WorkerSegments, task: m.Task, worker_id: int) -> m.BatchDone:
     """Run one task and put its batch into the task's slot."""
-    if task.mode == EpochMode.READ and not producer.custom_collate and task.collate and not producer.transforms(task):
+    if task.mode == EpochMode.READ and producer.gathers_whole(task):
         try:
             meta = gather_batch(segments, task.slot, task.slot_name, task.slot_size,
                                 producer.reader(task.reader), task.stored_at)
