@@ -58,6 +58,23 @@ class GeneratePlan(EpochPlan):
     unserved: list[np.ndarray] = field(default_factory=list)
     repeats: dict[int, Redraw] = field(default_factory=dict)
     fill: np.ndarray | None = None
+    # The positions this consumer serves, in the epoch's order, and the batches of it served before a
+    # resume: what a rotation window goes through instead when the budget has no room (`as_rotate`).
+    order: np.ndarray | None = None
+    order_skip: int = 0
+
+    def as_compute(self) -> EpochPlan:
+        """This epoch computed instead, writing nothing, in the same batches: the budget had no room and
+        its policy gave caching up (``on_budget_exceeded="stream"``)."""
+        return EpochPlan(self.epoch, self.batches, self.indices, None, dict(self.notes), self.transform_seed,
+                         self.draws_seed, ahead=self.ahead)
+
+    def as_rotate(self) -> RotatePlan:
+        """This epoch served through a rotation window instead, over the same order: the budget had no
+        room and its policy switched to rotation (``on_budget_exceeded="rotate"``)."""
+        assert self.order is not None
+        return RotatePlan(self.epoch, [], self.indices[self.order], None, dict(self.notes), self.transform_seed,
+                          self.draws_seed, skip=self.order_skip)
 
     def as_read(self, committed_at: float, order: str) -> ReadPlan:
         """This epoch read instead, batch for batch: the processes writing the generation with this one

@@ -153,7 +153,8 @@ def plan_epoch(epoch: int, skip: int, settings: LoaderSettings, indices: np.ndar
     dropped = len(order) - sum(len(b) for b in batches)
     unserved = (batches[:skip] + ([before] if len(before) else [])
                 + ([order[len(order) - dropped:]] if dropped > 0 else []))
-    plan = GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
+    plan = GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved, order=order,
+                        order_skip=skip)
     if s.sampling is not None:
         # A generation holds every index once: what the sampler draws again is read back, what it never
         # draws is computed by idle workers (or after the served batches, without workers).
@@ -213,7 +214,8 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     served = sum(len(b) for b in batches)
     rest = np.concatenate([mine[served:], share[cap:]])
     unserved = batches[:skip] + split_batches(rest, s.batch_size, False)
-    return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved)
+    return GeneratePlan(epoch, batches[skip:], indices, generation, notes, unserved=unserved, order=share,
+                        order_skip=skip)
 
 
 def stream_plan(plan: EpochPlan, skip: int, settings: LoaderSettings, seed: int,

@@ -124,8 +124,7 @@ class EpochRunner:
 
     def choose(self, epoch: int, skip: int = 0) -> EpochKind:
         """Epoch `epoch`, planned, as an object of its kind (chosen here, once)."""
-        return kind_of(self.ctx, self.place, self._passed(self.plan(epoch, skip)),
-                       lambda: self._passed(self.plan(epoch, skip)))
+        return kind_of(self.ctx, self.place, self._passed(self.plan(epoch, skip)))
 
     def _passed(self, plan: EpochPlan) -> EpochPlan:
         """`plan` without the batches a resumed epoch served out of order before its stop (``in_order=False``):

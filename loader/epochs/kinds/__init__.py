@@ -20,8 +20,6 @@ epochs then read like any generation).
 
 from __future__ import annotations
 
-from typing import Callable
-
 from cachestore.errors import BudgetExceededError, GenerationCommitted
 
 from ...cache.policy import give_up_caching
@@ -42,15 +40,15 @@ __all__ = ["ComputeEpoch", "EpochKind", "GenerateEpoch", "ReadEpoch", "RefreshEp
            "StreamGenerateEpoch", "StreamRefreshEpoch", "kind_of"]
 
 
-def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Callable[[], EpochPlan]) -> EpochKind:
+def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan) -> EpochKind:
     """The kind of the epoch `plan` describes: the one place it is chosen.
 
     A generate epoch opens its generation here, and a failed open is an event
-    the epoch handles: where the other processes writing the generation
-    committed it meanwhile, the epoch reads it, batch for batch; where the
-    budget has no room for it, its policy applies (caching given up, or a
-    rotation window) and the epoch is planned `again` under it, which reads
-    nothing (no cache is used).
+    the epoch handles, never a second plan: where the other processes writing
+    the generation committed it meanwhile, the epoch reads it in the batches it
+    planned; where the budget has no room for it, its policy applies and the
+    epoch computes those batches (caching given up) or serves its order through
+    the rotation window the policy opened.
     """
     if isinstance(plan, StreamPlan):
         return StreamGenerateEpoch.open(ctx, place, plan) if isinstance(plan, StreamGeneratePlan) else \
@@ -62,8 +60,7 @@ def kind_of(ctx: EpochContext, place: ComputePlace, plan: EpochPlan, again: Call
             return GenerateEpoch.open(ctx, place, plan)
         except BudgetExceededError as exc:
             ctx.apply_policy(give_up_caching(cache, exc))
-            plan = again()
-            assert not isinstance(plan, GeneratePlan), "caching is off once the budget policy applied"
+            plan = plan.as_rotate() if ctx.state.rotation is not None else plan.as_compute()
         except GenerationCommitted:
             info = cache.committed().get(generation)
             if info is None:  # it went away under the processes that committed it: computed, nothing written
