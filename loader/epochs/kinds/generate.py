@@ -4,8 +4,8 @@ Its build (:class:`loader.cache.build.GenerationBuild`) is opened when the
 epoch is chosen (:meth:`GenerateEpoch.open`): a budget with no room applies
 its policy (the epoch computes or rotates instead), and ``g`` committed
 meanwhile by the other processes writing it is read instead
-(:func:`loader.epochs.kinds.kind_of`). A build that adopted a partial generation serves what it holds
-and computes the rest. At the end the generation is committed, or the budget
+(:func:`loader.epochs.kinds.kind_of`). A build that adopted a partial
+generation serves what it holds and computes the rest. At the end the generation is committed, or the budget
 policy applies (:mod:`loader.cache.policy`); an epoch broken off, or failed,
 keeps what it wrote (``docs/ARCHITECTURE.md``, "Resuming"). A sampler's epoch
 has idle workers compute what it never draws (``GeneratePlan.fill``); what
