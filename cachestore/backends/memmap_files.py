@@ -32,7 +32,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Generator
 
 import numpy as np
 import numpy.typing as npt
@@ -124,6 +124,23 @@ def read_rows(path: Path) -> IndexRows:
     data = safefs.read_bytes(path)
     usable = len(data) - len(data) % INDEX_DTYPE.itemsize  # a killed writer may leave half a row
     return np.frombuffer(data[:usable], dtype=INDEX_DTYPE)
+
+
+def iter_rows(path: Path, rows: int) -> Generator[IndexRows, None, None]:
+    """The index rows of a shard's ``.idx`` file, at most `rows` at a time, as :func:`read_rows` reads them
+    (a half-written last row left out) but never the whole file in memory at once: a commit merges the
+    shards' indexes a range of samples at a time (``MemmapBackend._finalize``)."""
+    fd = safefs.open_nofollow(path, os.O_RDONLY)
+    try:
+        rest = b""
+        while chunk := os.read(fd, rows * INDEX_DTYPE.itemsize):
+            data = rest + chunk
+            usable = len(data) - len(data) % INDEX_DTYPE.itemsize
+            rest = data[usable:]
+            if usable:
+                yield np.frombuffer(data, dtype=INDEX_DTYPE, count=usable // INDEX_DTYPE.itemsize)
+    finally:
+        os.close(fd)
 
 
 def truncate(path: Path, size: int) -> None:
