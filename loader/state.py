@@ -339,13 +339,15 @@ class EpochIterator:
 
     @property
     def _workers(self) -> list[object]:
-        """torch's iterator attribute that code written for it reads: the worker processes' handles (each
-        with its ``pid``), by worker id; empty without worker processes."""
+        """torch's iterator attribute that code written for it reads: the worker processes, by worker id
+        (``multiprocessing`` processes, as torch's: ``pid``, ``join``, ``is_alive``, ``exitcode``), or each
+        worker's handle with its ``pid`` where the executor has no such process; empty without worker
+        processes."""
         res = getattr(self._owner, "_res", None)
         streams = getattr(res, "streams", None)  # a stream's workers (loader.executors.stream_turn)
         executor = getattr(streams, "executor", None) or getattr(res, "executor", None)
         workers = getattr(executor, "workers", None)
-        return [w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
+        return [getattr(w, "os_process", None) or w for w in sorted(workers, key=lambda w: getattr(w, "worker_id", 0))
                 if getattr(w, "pid", None) is not None] if workers else []
 
     def end(self, superseded_by: int | None = None) -> None:

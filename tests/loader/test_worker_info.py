@@ -69,6 +69,25 @@ def test_the_iterator_names_its_workers_as_torchs_does():
         assert sorted(w.pid for w in it._workers) == sorted(loader.worker_pids())
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
+def test_the_iterators_workers_are_processes_that_end_when_the_loader_goes(stream):
+    # torch's test_iterable_style_dataset joins `iter(loader)._workers` once the loader is deleted, and
+    # checks each ended with exit code 0: they are multiprocessing's processes, as torch's are.
+    from .streams.stream_datasets import Counting
+
+    dataset = Counting(8) if stream else WorkerInfoDataset(4)
+    loader = CachedLoader(dataset, batch_size=2, nb_worker=2, start_method="fork")
+    it = iter(loader)
+    next(it)
+    workers = it._workers
+    assert len(workers) == 2 and sorted(w.pid for w in workers) == sorted(loader.worker_pids())
+    del it, loader
+    for w in workers:
+        w.join(60)
+        assert not w.is_alive() and w.exitcode == 0
+
+
 @pytest.mark.parametrize("workers", [{"start_method": "fork"}, {"use_threading": True}], ids=["fork", "threads"])
 def test_a_raising_worker_init_fn_raises_at_iter_and_leaves_no_worker(workers):
     import psutil
