@@ -246,11 +246,7 @@ class DirectoryBackend(Backend):
             summary = self._finalize(staging, num_samples)
             for entry in staging.iterdir():
                 if stat.S_ISREG(entry.lstat().st_mode):
-                    fd = safefs.open_nofollow(entry, os.O_RDONLY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    safefs.fsync_file(entry)
             # Sizes of the data files: opening (and listing) compares them, so a truncated
             # or replaced file is found without reading it.
             files = {entry.name: st.st_size for entry in staging.iterdir()
@@ -379,20 +375,26 @@ class DirectoryBackend(Backend):
     def open_generation(self, generation: int) -> GenerationData:
         gen_dir = self.path / gen_dirname(generation)
         try:
+            identity = safefs.identity(gen_dir)
             manifest, damage = check_generation(gen_dir, generation, self._check_files, self.trust,
                                                 self.max_sample_bytes)
         except FileNotFoundError:
-            staging = any((p := parse_staging(e.name)) and p[0] == generation
-                          for e in self.path.iterdir()) if self.path.is_dir() else False
-            raise GenerationNotFoundError(missing_generation(generation, str(self.path), staging)) from None
-        if damage is not None:
-            raise self._damaged(generation, damage)
+            raise self._missing(generation) from None
         try:
+            if damage is not None:
+                raise MalformedFileError(damage)
             data = self._open(gen_dir, manifest)
             data.bound_samples(self.max_sample_bytes)
             return data
-        except (CorruptSampleError, MalformedFileError) as exc:  # what only opening finds (an LMDB record count)
+        except (CorruptSampleError, MalformedFileError, FileNotFoundError) as exc:
+            # Or a removal racing this open (it renames the directory away first): not committed now.
+            if safefs.identity_or_none(gen_dir) != identity:
+                raise self._missing(generation) from None
             raise self._damaged(generation, str(exc)) from exc
+
+    def _missing(self, generation: int) -> GenerationNotFoundError:
+        staging = any(parsed[0] == generation for _, parsed in self._staging_entries())
+        return GenerationNotFoundError(missing_generation(generation, str(self.path), staging))
 
     def remove_generation(self, generation: int) -> int:
         gen_dir = self.path / gen_dirname(generation)

@@ -174,6 +174,19 @@ def lstat_or_none(path: str | os.PathLike[str]) -> os.stat_result | None:
         return None
 
 
+def identity(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Which file or directory `path` names now (device, inode), not following a symlink: a rename
+    takes the name away, and what is made under it later is another."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def identity_or_none(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """:func:`identity`, ``None`` when nothing is at `path`."""
+    st = lstat_or_none(path)
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
 def is_real_dir(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a directory itself (not a symlink to one)."""
     st = lstat_or_none(path)
@@ -227,6 +240,15 @@ def write_json_atomic(path: Path, obj: object) -> None:
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync the directory `path`, so the renames and creations in it survive a power cut."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync the regular file `path` (opened without following a symlink), so its bytes survive a power cut."""
+    fd = open_nofollow(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

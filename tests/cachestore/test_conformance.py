@@ -181,6 +181,27 @@ def test_reading_an_uncommitted_generation(store):
         store.reader(1)
 
 
+def test_a_generation_removed_while_it_is_opened_is_not_found_not_damaged(store, monkeypatch):
+    # A removal renames the directory away, then deletes it: an open between reading the manifest
+    # and the files it names found schema.json gone and called the generation damaged.
+    write_generation(store, 0, 4, stackable)
+    backend = store.backend
+    if not hasattr(backend, "_open"):
+        pytest.skip(f"{type(backend).__name__} opens a generation in one step: no open to race")
+    opened = backend._open
+
+    def removed_meanwhile(gen_dir, manifest):
+        assert backend.remove_generation(0) > 0
+        return opened(gen_dir, manifest)
+
+    monkeypatch.setattr(backend, "_open", removed_meanwhile)
+    with pytest.raises(GenerationNotFoundError, match="never committed, or was removed since"):
+        store.reader(0)
+    monkeypatch.undo()
+    write_generation(store, 0, 4, stackable)  # written again: its files are read, not the removed one's
+    check_generation(store.reader(0), 0, 4, stackable)
+
+
 def test_reader_pickles(store):
     write_generation(store, 0, 8)
     reader = store.reader()
