@@ -131,6 +131,10 @@ class StreamPlan(EpochPlan):
     samples through a shuffle buffer of that many samples; ``skip``: batches
     served before a resume (the stream is iterated again up to there, unless
     ``resume`` says where a stateful stream's copies were: they go on from it).
+    ``replay``: where a generate epoch iterates its copies again from their start
+    (the samples are written again), the batches each copy gave before the resume,
+    which are not served again: out of turn (``in_order=False``) the first
+    ``skip`` batches to arrive are not those.
     """
 
     mode: ClassVar[EpochMode] = EpochMode.COMPUTE
@@ -139,6 +143,7 @@ class StreamPlan(EpochPlan):
     limit: int | None = None
     seed: int = 0
     resume: StreamAt | None = None
+    replay: tuple[int, ...] | None = None
 
 
 @dataclass

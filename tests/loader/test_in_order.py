@@ -134,3 +134,32 @@ def test_a_stream_is_served_out_of_turn_and_resumes_exactly(tmp_path, workers):
         rest = [int(x) for x in loader]
         assert sorted(first + rest) == list(range(12))
         assert sorted(int(x) for x in loader) == list(range(12))  # the next epoch: all of it
+
+
+@pytest.mark.parametrize("workers", [{}, {"use_threading": True}, {"cache_setting": "prefix"}],
+                         ids=["processes", "threads", "processes-generate-epoch"])
+def test_a_stream_resumed_out_of_turn_skips_each_copys_own_batches(tmp_path, workers):
+    # The resumed run gets worker 1's batches first. A generate epoch iterates its copies again from their
+    # start (the samples are written again) and skipped the first 3 batches to arrive (samples 1 and 3),
+    # where worker 0 had served 0, 2 and 4: 1 and 3 were never served, 0, 2 and 4 twice.
+    from .streams.stream_datasets import SecondAhead
+
+    gate = tmp_path / "gate"
+    if "cache_setting" in workers:
+        workers = {"cache_setting": {"prefix": str(tmp_path / "cache"), "update_frequency": 2}}
+
+    def make() -> CachedLoader:
+        return CachedLoader(SecondAhead(12, str(gate), lead=3), batch_size=None, num_workers=2, in_order=False,
+                            timeout=60, **workers)
+
+    with make() as loader:
+        it = iter(loader)
+        first = [int(next(it)) for _ in range(3)]
+        state = loader.state_dict()
+    assert first == [0, 2, 4]
+    gate.touch()
+    with make() as loader:
+        loader.load_state_dict(state)
+        rest = [int(x) for x in loader]
+        assert sorted(first + rest) == list(range(12))
+        assert sorted(int(x) for x in loader) == list(range(12))

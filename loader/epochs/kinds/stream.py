@@ -194,7 +194,7 @@ class StreamGenerateEpoch(StreamEpoch):
             # pruned): iterated again from the start instead, as a stream without a state of its own is.
             log.info("the partial generation of epoch %d lacks the samples before the resume point: the stream "
                      "is iterated again from its start", plan.epoch)
-            plan = dataclasses.replace(plan, resume=None)
+            plan = dataclasses.replace(plan, resume=None, replay=plan.resume.taken)
         epoch = cls(ctx, place, plan)
         epoch.writer = writer
         # The samples written after the state was taken (a run that went on, then stopped) stay as they are.
@@ -245,10 +245,15 @@ class StreamGenerateEpoch(StreamEpoch):
         streams, finished = ctx.streams(), False
         # A stateful stream resumed goes on after the samples the adopted partial generation holds.
         written, served = (plan.resume.arrived, plan.skip) if plan.resume is not None else (0, 0)
+        # Iterated again from the start, out of turn: each copy's batches served before are its first ones.
+        replay = list(plan.replay) if plan.replay is not None and buffer is None else None
         try:
-            for _worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
-                                                          reseed=epoch_reseed(plan.seed, plan.epoch),
-                                                          in_order=s.in_order):
+            for worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
+                                                         reseed=epoch_reseed(plan.seed, plan.epoch),
+                                                         in_order=s.in_order):
+                again = replay is not None and replay[worker] > 0
+                if replay is not None and again:
+                    replay[worker] -= 1
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and written >= plan.limit:
@@ -266,7 +271,7 @@ class StreamGenerateEpoch(StreamEpoch):
                 while pending and (buffer is None or len(pending) >= s.batch_size):
                     batch, pending = pending[:s.batch_size], pending[s.batch_size:]
                     served += 1
-                    if served > plan.skip:
+                    if not again if replay is not None else served > plan.skip:
                         # Through a shuffle buffer, what was taken from the stream is more than was served.
                         self._mark(streams.at if buffer is None else None, served)
                         yield self._serve(batch, stats)

@@ -221,3 +221,25 @@ class Gated(IterableDataset):
             while worker == 1 and not os.path.exists(self.gate) and time.monotonic() < deadline:
                 time.sleep(0.01)  # the gate is the test's to open
             yield i
+
+
+class SecondAhead(Gated):
+    """:class:`Gated`; once the gate is open, worker 0 waits before each sample (up to a minute) until worker 1
+    has begun its `lead`-th (file ``<gate>.lead``): a run resumed then gets worker 1's batches first."""
+
+    def __init__(self, n: int, gate: str, lead: int) -> None:
+        super().__init__(n, gate)
+        self.lead = lead
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        lead = self.gate + b".lead"
+        for k, i in enumerate(super().__iter__()):
+            if worker == 1 and k + 1 == self.lead:
+                open(lead, "wb").close()
+            deadline = time.monotonic() + 60
+            while worker == 0 and os.path.exists(self.gate) and not os.path.exists(lead) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)  # worker 1's to open
+            yield i
