@@ -8,9 +8,10 @@ figures are ratios measured side by side:
   (target >= 0.8x);
 * **fetch** into another local prefix (every chunk and record verified, installed as a commit)
   vs raw GETs of the same objects into memory, same concurrency (target >= 0.8x); and, for
-  reference, vs the least any fetch does: raw GETs of the same objects streamed into new local
-  files and fsynced ("written": no checks, no manifest), which says what the local copy itself
-  costs on this machine (the page cache filled, the disk written) beside what the fetch adds;
+  reference, vs raw GETs of the same objects streamed into new local files and fsynced
+  ("written": no checks, no manifest), what a local copy that waits for the disk costs on this
+  machine (the fetch installs before its files are synced, cachestore/backends/settling.py, but
+  its writes still go through the page cache to the disk);
 * **direct reads** of 48 KiB samples in block order (blocks of 32 consecutive samples, batches of
   256 from 8 blocks) through ``RemoteStore.reader()`` vs raw ranged GETs of the same byte ranges
   (one ``get_ranges`` per object and batch, the same threads) (target >= 0.7x);

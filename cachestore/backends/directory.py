@@ -15,7 +15,7 @@ staging directory is then renamed to ``gen-NNNNNN`` in one ``rename(2)``, which
 is atomic, and the parent directory fsync'ed so the rename survives a power
 cut. A reader therefore sees a generation complete or not at all, and a crash
 at any point leaves only a ``.staging-*`` directory, which the next writer adopts
-(below) or removes.
+(below) or removes. A fetch installs before the fsync, marked (:mod:`.settling`).
 
 Partial generations: every staging area records its producer in
 ``staging.json`` (generation, sample count, compression and the hash of the

@@ -21,6 +21,7 @@ from ..format import codec
 from ..format.structure import parse_treedef
 from ..guard import safefs, untrusted
 from ..guard.trust import OWN, Trust
+from . import settling
 
 MANIFEST_NAME = "manifest.json"
 
@@ -88,7 +89,7 @@ def check_generation(gen_dir: Path, generation: int, check_files: Callable[[Path
         if st.st_size != expected:
             how = "truncated" if st.st_size < expected else "longer than written"
             return manifest, f"{gen_dir / name} is {how}: {st.st_size} bytes, the manifest recorded {expected}"
-    damage = check_files(gen_dir, manifest)
+    damage = settling.damage(gen_dir) or check_files(gen_dir, manifest)
     if damage is None and "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
         damage = f"{path} does not match its checksum (edited or damaged since the commit)"
     if damage is not None and not os.path.lexists(gen_dir):

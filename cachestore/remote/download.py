@@ -70,9 +70,10 @@ Landed = Callable[[str, int, int], None]
 
 
 def download_set(remote: "RemoteBase", generation: int, fs: FileSet, dest: Path,
-                 place: Placement | None = None, landed: Landed | None = None) -> None:
+                 place: Placement | None = None, landed: Landed | None = None, sync: bool = True) -> None:
     """Write every file of `fs` into the directory `dest` (or where `place` says), verified chunk by chunk;
-    `landed` is told of each chunk once it is."""
+    `landed` is told of each chunk once it is. The files are fsynced at the end unless not `sync` (their
+    writeback has begun: the caller settles them, :mod:`cachestore.backends.settling`)."""
     safefs.require_real_dir(dest, "download directory")
     prefix = layout.data_prefix(remote.key, generation, fs.name)
     fds: list[int] = []
@@ -102,7 +103,7 @@ def download_set(remote: "RemoteBase", generation: int, fs: FileSet, dest: Path,
                 future.result()
         finally:
             pool.shutdown(cancel_futures=True)  # after an error, the requests not started yet are not made
-        for fd in fds:
+        for fd in fds if sync else ():
             os.fsync(fd)
     finally:
         for fd in fds:

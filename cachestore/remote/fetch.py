@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..backends import settling
 from ..backends.base import GenerationInfo
 from ..backends.memmap_files import SCHEMA
 from ..errors import CacheStoreError, GenerationCommitted, GenerationNotFoundError
@@ -89,10 +90,18 @@ def _fetch(remote: "RemoteBase", local: Store, generation: int) -> GenerationInf
             staging = Path(writer.token.path)
             checked = _download(remote, local, generation, fs, staging, where)
             verify_generation(local.backend, staging, generation, m.num_samples, local.allow_pickle, where, checked)
-            return writer.install()
+            # Installed before the disk has the bytes (the remote's copy is the durable one), marked with this
+            # boot: a restart before they settle makes it damage, fetched again (cachestore/backends/settling.py).
+            marked = settling.mark(staging)
+            if not marked:
+                settling.sync_files(staging)
+            info = writer.install()
         except BaseException:
             writer.abort()
             raise
+    if marked and info.path is not None:
+        settling.settle_later(Path(info.path))
+    return info
 
 
 def _download(remote: "RemoteBase", local: Store, generation: int, fs: FileSet, staging: Path, where: str) -> bool:
@@ -100,13 +109,13 @@ def _download(remote: "RemoteBase", local: Store, generation: int, fs: FileSet, 
     generation with columns: its index and schema are downloaded first, for a :class:`ColumnCheck`)."""
     first = tuple(f for f in fs.files if f.name in (INDEX, SCHEMA))
     if local.backend_name != "memmap" or len(first) != 2:
-        download_set(remote, generation, fs, staging)
+        download_set(remote, generation, fs, staging, sync=False)
         return False
     rest = tuple(f for f in fs.files if f.name not in (INDEX, SCHEMA))
-    download_set(remote, generation, replace(fs, files=first), staging)
+    download_set(remote, generation, replace(fs, files=first), staging, sync=False)
     check = ColumnCheck(staging, local.allow_pickle, where)
     try:
-        download_set(remote, generation, replace(fs, files=rest), staging, landed=check.landed)
+        download_set(remote, generation, replace(fs, files=rest), staging, landed=check.landed, sync=False)
         check.finish()
     finally:
         check.close()

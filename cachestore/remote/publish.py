@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import layout
+from ..backends import settling
 from ..backends.base import GenerationInfo
 from ..errors import CacheStoreError, GenerationNotFoundError
 from ..guard import safefs
@@ -113,6 +114,8 @@ def generation_sources(gen_dir: Path) -> list[Source]:
     """The files of a committed generation directory, as sources (regular files only: a link is refused)."""
     sources = []
     for entry in sorted(gen_dir.iterdir(), key=lambda e: e.name):
+        if entry.name == settling.UNSYNCED:
+            continue  # this machine's note that the files are not known to be on its disk yet
         st = entry.lstat()
         if not stat.S_ISREG(st.st_mode):
             raise CacheStoreError(f"{entry} is {safefs.describe_entry(entry)}, not a file a generation holds: "
@@ -207,7 +210,8 @@ def publish(remote: "RemoteBase", local: Store, generation: int | None = None, *
             raise GenerationNotFoundError(f"{local.path} has no committed generation to publish")
     info = next((g for g in local.generations() if g.id == generation), None)
     total = 0 if info is None or info.path is None else sum(
-        e.lstat().st_size for e in Path(info.path).iterdir()) if os.path.isdir(info.path) else 0
+        e.lstat().st_size for e in Path(info.path).iterdir() if e.name != settling.UNSYNCED) \
+        if os.path.isdir(info.path) else 0
     handle = PublishHandle(f"generation {generation} of {local.path} to {remote.path}", total)
 
     def run() -> None:
