@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from ..guard import safefs
+from ..space.disk import is_out_of_space, out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,17 @@ def mark(directory: Path) -> bool:
     boot = boot_id()
     if boot is None:
         return False
-    fd = safefs.create_new(directory / UNSYNCED)
     try:
-        safefs.write_all(fd, boot.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = safefs.create_new(directory / UNSYNCED)
+        try:
+            safefs.write_all(fd, boot.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if is_out_of_space(exc):
+            raise out_of_space(exc, "marking a fetched generation", directory) from exc
+        raise
     return True
 
 

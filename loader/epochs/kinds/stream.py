@@ -251,9 +251,10 @@ class StreamGenerateEpoch(StreamEpoch):
             for worker, _count, samples in streams.items(plan.epoch, collate=False, resume=plan.resume,
                                                          reseed=epoch_reseed(plan.seed, plan.epoch),
                                                          in_order=s.in_order):
-                again = replay is not None and replay[worker] > 0
-                if replay is not None and again:
+                again = False  # a batch this copy gave before the resume
+                if replay is not None and replay[worker] > 0:
                     replay[worker] -= 1
+                    again = True
                 arrived = []
                 for sample in samples:
                     if plan.limit is not None and written >= plan.limit:
@@ -271,7 +272,8 @@ class StreamGenerateEpoch(StreamEpoch):
                 while pending and (buffer is None or len(pending) >= s.batch_size):
                     batch, pending = pending[:s.batch_size], pending[s.batch_size:]
                     served += 1
-                    if not again if replay is not None else served > plan.skip:
+                    before = again if replay is not None else served <= plan.skip  # served before the resume
+                    if not before:
                         # Through a shuffle buffer, what was taken from the stream is more than was served.
                         self._mark(streams.at if buffer is None else None, served)
                         yield self._serve(batch, stats)
