@@ -57,6 +57,18 @@ def _server() -> Any:
     return server
 
 
+def _generation(path: Path, name: str, n: int) -> Any:
+    """A local store at `path` holding generation 0: `n` samples of a 48 KiB array and a label."""
+    from cachestore import open_store
+
+    local = open_store(path, fingerprint={"bench": name, "n": n})
+    rng = np.random.default_rng(0)
+    with local.writer(0, n) as w:
+        for i in range(n):
+            w.put(i, {"x": rng.random(SHAPE, dtype=np.float32), "y": i})
+    return local
+
+
 def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive_n: int = 1000) -> dict[str, Any]:
     """Run the four comparisons; return their figures (seconds, GB/s, ratios)."""
     import obstore
@@ -70,11 +82,7 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
     tmp = Path(tempfile.mkdtemp(prefix="cachestore-bench-remote-"))
     opts = {"endpoint": server.endpoint, "access_key_id": server.key, "secret_access_key": server.secret}
     try:
-        local = open_store(tmp / "a", fingerprint={"bench": "remote", "n": n})
-        rng = np.random.default_rng(0)
-        with local.writer(0, n) as w:
-            for i in range(n):
-                w.put(i, {"x": rng.random(SHAPE, dtype=np.float32), "y": i})
+        local = _generation(tmp / "a", "remote", n)
         results: dict[str, Any] = {"n": n, "sample_bytes": int(np.prod(SHAPE)) * 4 + 8, "publish": [], "put": [],
                                    "fetch": [], "get": [], "written": [], "direct": [], "ranged": []}
         for r in range(repeats):
@@ -303,11 +311,7 @@ def fetch_scenario(mb: int = 256, repeats: int = 5, log: Any = print) -> dict[st
     tmp = Path(tempfile.mkdtemp(prefix="cachestore-bench-fetch-"))
     opts = {"endpoint": server.endpoint, "access_key_id": server.key, "secret_access_key": server.secret}
     try:
-        local = open_store(tmp / "a", fingerprint={"bench": "fetch", "n": n})
-        rng = np.random.default_rng(0)
-        with local.writer(0, n) as w:
-            for i in range(n):
-                w.put(i, {"x": rng.random(SHAPE, dtype=np.float32), "y": i})
+        local = _generation(tmp / "a", "fetch", n)
         url = f"s3://{server.bucket}/bench-fetch"
         remote = open_remote(url, opts, local=local)
         remote.publish(local, 0, background=False).wait()
