@@ -74,7 +74,7 @@ def ended_or_left(new: list[psutil.Process]) -> list[psutil.Process]:
         try:
             return p.name().startswith("ray::") or any(a.startswith("ray::") for a in p.cmdline()[:1])
         except psutil.NoSuchProcess:
-            return False
+            return True  # ended as it was looked at (a Ray worker the raylet stopped): wait_procs finds it gone
 
     _, alive = psutil.wait_procs([p for p in new if ray_worker(p)], timeout=60)
     return [p for p in new if not ray_worker(p)] + alive
