@@ -20,8 +20,8 @@ figures are ratios measured side by side:
   to close) vs a loader computing the expensive dataset (1000 samples of 5 ms, 2 workers, no cache,
   construction to close) (target >= 5x).
 
-``--fetch-only`` measures the fetch beside raw GETs and the written copy alone, each copy removed
-after its repeat (:func:`fetch_scenario`): what the fetch costs where the disk writes blocks it freed.
+The fetch is measured first, each copy removed right after it is measured (:func:`_fetch_phase`):
+what the fetch costs where the disk writes blocks it freed. ``--fetch-only`` runs that phase alone.
 
 Run ``python -m benchmarks.remote`` (``--mb 256`` for the size of the generation), or as the
 ``remote`` scenario of ``python -m benchmarks --only remote``. Needs the ``remote`` extra and
@@ -73,9 +73,7 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
     """Run the four comparisons; return their figures (seconds, GB/s, ratios)."""
     import obstore
 
-    from cachestore import open_store
-    from cachestore.remote import open_remote
-    from cachestore.remote import layout
+    from cachestore.remote import layout, open_remote
 
     n = max(BATCH, mb * 10**6 // (int(np.prod(SHAPE)) * 4))
     server = _server()
@@ -84,7 +82,9 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
     try:
         local = _generation(tmp / "a", "remote", n)
         results: dict[str, Any] = {"n": n, "sample_bytes": int(np.prod(SHAPE)) * 4 + 8, "publish": [], "put": [],
-                                   "fetch": [], "get": [], "written": [], "direct": [], "ranged": []}
+                                   "direct": [], "ranged": []}
+        # The fetch first, before the publishes below add 512 MB of new files a repeat on this disk.
+        results.update(_fetch_phase(server, tmp, opts, local, repeats, log))
         for r in range(repeats):
             url = f"s3://{server.bucket}/bench-{r}"
             remote = open_remote(url, opts, local=local)
@@ -104,25 +104,6 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
                               zip(range(len(blobs)), blobs)))
             results["put"].append(time.perf_counter() - t0)
             del blobs
-            other = open_store(tmp / f"b{r}", fingerprint=local.fingerprint)
-            # Taking turns at going first: a later one reads the server's warmer caches.
-            for what in ("fetch", "get", "written")[r % 3:] + ("fetch", "get", "written")[:r % 3]:
-                # The server keeps its objects on this machine's disk: the set-up's writes (the publish and
-                # the raw PUTs, 512 MB) reach the disk first, else the fetch's fsync (ext4 commits its
-                # journal with every dirty block before it) pays for writing them, and the GET does not.
-                os.sync()
-                t0 = time.perf_counter()
-                if what == "fetch":
-                    open_remote(url, opts, local=other).fetch(other, 0)
-                elif what == "written":
-                    _raw_written(store, keys, tmp / f"w{r}", remote.settings.concurrency)
-                else:
-                    with ThreadPoolExecutor(remote.settings.concurrency) as pool:
-                        sizes = list(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys))
-                    assert sum(sizes) == fs.nbytes
-                results[what].append(time.perf_counter() - t0)
-            shutil.rmtree(tmp / f"b{r}")
-            shutil.rmtree(tmp / f"w{r}")
             reader = remote.reader(0)
             order = _block_order(n, r)
             col = fs.file("col-0.bin")
@@ -139,19 +120,14 @@ def remote_scenario(mb: int = 256, repeats: int = 3, log: Any = print, expensive
             results["ranged"].append(time.perf_counter() - t0)
             reader.close()
             log(f"  remote repeat {r}: publish {results['publish'][-1]:.2f} s vs put {results['put'][-1]:.2f} s, "
-                f"fetch {results['fetch'][-1]:.2f} s vs get {results['get'][-1]:.2f} s "
-                f"(written {results['written'][-1]:.2f} s), "
                 f"direct {results['direct'][-1]:.2f} s vs ranged {results['ranged'][-1]:.2f} s")
         nbytes = fs.nbytes
         served = (n // BATCH) * BATCH * (width + 8)
-        for ours, base, name, goal in (("publish", "put", "publish_vs_put", 0.8), ("fetch", "get", "fetch_vs_get", 0.8),
+        for ours, base, name, goal in (("publish", "put", "publish_vs_put", 0.8),
                                        ("direct", "ranged", "direct_vs_ranged", 0.7)):
             ratios = [b / a for a, b in zip(results[ours], results[base])]
             results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
                              "goal": goal, "n": len(ratios)}
-        ratios = [b / a for a, b in zip(results["fetch"], results["written"])]
-        results["fetch_vs_written"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                       "n": len(ratios)}
         results["bytes"] = nbytes
         results["second_node"] = _second_node(server, tmp, opts, expensive_n, repeats, log)
         results["gb_per_s"] = {k: (nbytes if k in ("publish", "put", "fetch", "get", "written") else served) /
@@ -296,51 +272,58 @@ def _raw_ranges(remote: Any, fs: Any, col: Any, keys: list[str], idx: np.ndarray
     list(pool.map(lambda kv: obstore.get_ranges(store, keys[kv[0]], starts=kv[1][0], ends=kv[1][1]), groups.items()))
 
 
-def fetch_scenario(mb: int = 256, repeats: int = 5, log: Any = print) -> dict[str, Any]:
-    """The fetch alone beside raw GETs and the written copy, one generation published once, each copy
-    removed after its repeat: the disk writes blocks it freed, not new ones (on a VM's disk, writing
-    blocks never written before can be several times slower, and the full scenario keeps 768 MB of new
-    files per repeat, so its later fetches measure that)."""
+def _fetch_phase(server: Any, tmp: Path, opts: dict[str, Any], local: Any, repeats: int, log: Any) -> dict[str, Any]:
+    """The fetch beside raw GETs and the written copy: `local`'s generation 0 published once, then
+    `repeats` rounds taking turns at going first, each copy removed after it is measured, so the disk
+    writes blocks it freed (on a VM's disk, blocks never written before can be several times slower
+    to write: with the copies and the publishes' objects kept, later repeats measured that)."""
     import obstore
 
     from cachestore import open_store
     from cachestore.remote import layout, open_remote
 
+    url = f"s3://{server.bucket}/bench-fetch"
+    remote = open_remote(url, opts, local=local)
+    remote.publish(local, 0, background=False).wait()
+    fs = remote.manifest(0).sets[0]
+    keys = [layout.data_object(remote.key, 0, fs.name, name) for name, _ in fs.objects]
+    store = _raw_store(remote.settings)
+    out: dict[str, Any] = {"bytes": fs.nbytes, "fetch": [], "get": [], "written": []}
+    for r in range(repeats):
+        for what in ("fetch", "get", "written")[r % 3:] + ("fetch", "get", "written")[:r % 3]:
+            # The server keeps its objects on this machine's disk: the writes before (the publish, the
+            # last copy's removal) reach the disk first, else the measured one pays for them.
+            os.sync()
+            t0 = time.perf_counter()
+            if what == "fetch":
+                other = open_store(tmp / "fetched", fingerprint=local.fingerprint)
+                open_remote(url, opts, local=other).fetch(other, 0)
+            elif what == "written":
+                _raw_written(store, keys, tmp / "written", remote.settings.concurrency)
+            else:
+                with ThreadPoolExecutor(remote.settings.concurrency) as pool:
+                    assert sum(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys)) == fs.nbytes
+            out[what].append(time.perf_counter() - t0)
+            shutil.rmtree(tmp / "fetched", ignore_errors=True)
+            shutil.rmtree(tmp / "written", ignore_errors=True)
+        log(f"  fetch repeat {r}: fetch {out['fetch'][-1]:.2f} s vs get {out['get'][-1]:.2f} s "
+            f"(written {out['written'][-1]:.2f} s)")
+    for name, ours, base in (("fetch_vs_get", "fetch", "get"), ("fetch_vs_written", "fetch", "written"),
+                             ("written_vs_get", "written", "get")):
+        ratios = [b / a for a, b in zip(out[ours], out[base])]
+        out[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+    out["fetch_vs_get"]["goal"] = 0.8
+    return out
+
+
+def fetch_scenario(mb: int = 256, repeats: int = 5, log: Any = print) -> dict[str, Any]:
+    """The fetch alone (:func:`_fetch_phase`) on a server and a generation of its own."""
     n = max(BATCH, mb * 10**6 // (int(np.prod(SHAPE)) * 4))
     server = _server()
     tmp = Path(tempfile.mkdtemp(prefix="cachestore-bench-fetch-"))
     opts = {"endpoint": server.endpoint, "access_key_id": server.key, "secret_access_key": server.secret}
     try:
-        local = _generation(tmp / "a", "fetch", n)
-        url = f"s3://{server.bucket}/bench-fetch"
-        remote = open_remote(url, opts, local=local)
-        remote.publish(local, 0, background=False).wait()
-        fs = remote.manifest(0).sets[0]
-        keys = [layout.data_object(remote.key, 0, fs.name, name) for name, _ in fs.objects]
-        store = _raw_store(remote.settings)
-        results: dict[str, Any] = {"bytes": fs.nbytes, "fetch": [], "get": [], "written": []}
-        for r in range(repeats):
-            for what in ("fetch", "get", "written")[r % 3:] + ("fetch", "get", "written")[:r % 3]:
-                os.sync()
-                t0 = time.perf_counter()
-                if what == "fetch":
-                    other = open_store(tmp / "b", fingerprint=local.fingerprint)
-                    open_remote(url, opts, local=other).fetch(other, 0)
-                elif what == "written":
-                    _raw_written(store, keys, tmp / "w", remote.settings.concurrency)
-                else:
-                    with ThreadPoolExecutor(remote.settings.concurrency) as pool:
-                        assert sum(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys)) == fs.nbytes
-                results[what].append(time.perf_counter() - t0)
-                shutil.rmtree(tmp / "b", ignore_errors=True)
-                shutil.rmtree(tmp / "w", ignore_errors=True)
-            log(f"  fetch repeat {r}: fetch {results['fetch'][-1]:.2f} s vs get {results['get'][-1]:.2f} s "
-                f"(written {results['written'][-1]:.2f} s)")
-        for name, base in (("fetch_vs_get", "get"), ("fetch_vs_written", "written"), ("written_vs_get", "get")):
-            ours = "written" if name.startswith("written") else "fetch"
-            ratios = [b / a for a, b in zip(results[ours], results[base])]
-            results[name] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-        return results
+        return _fetch_phase(server, tmp, opts, _generation(tmp / "a", "fetch", n), repeats, log)
     finally:
         server.close()
         shutil.rmtree(tmp, ignore_errors=True)
