@@ -104,7 +104,8 @@ class EpochRunner:
         if ready is not None and layout.whole and layout.nodes > 1 and s.sampling is None:
             # Several nodes whose stores each hold the whole dataset (a cache with a remote).
             assert ctx.cache is not None
-            plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout, ready)
+            plan = plan_cluster_epoch(epoch, skip, s, ctx.indices, ctx.state.seed, ctx.cache, layout, ready,
+                                      ranks[2] if ranks is not None else ())
         else:
             plan = plan_epoch(epoch, 0 if unknown else skip, s, ctx.indices, ctx.state.seed, rotates, ctx.cache,
                               ready, ranks, shuffled_part=ctx.cache is None and layout.changes_per_epoch,

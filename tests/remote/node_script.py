@@ -34,8 +34,10 @@ def main() -> None:
     parser.add_argument("--part-timeout", type=float, default=120.0)
     parser.add_argument("--n", type=int, default=48)
     parser.add_argument("--k", type=float, default=None)  # update_frequency (the default: never rewrite)
-    parser.add_argument("--stop-after", type=int, default=None)  # batches of the first epoch, then state-<rank>.json
+    parser.add_argument("--stop-after", type=int, default=None)  # batches of an epoch, then state-<rank>.json
+    parser.add_argument("--stop-epoch", type=int, default=0)  # the epoch (of this run) --stop-after stops in
     parser.add_argument("--resume", action="store_true")  # from state-<rank>.json; writes node<rank>-resumed.json
+    parser.add_argument("--resume-from", type=int, default=None)  # every rank resumes from state-<this>.json
     parser.add_argument("--start-timeout", type=float, default=20.0)
     parser.add_argument("--retry-timeout", type=float, default=None)
     args = parser.parse_args()
@@ -67,17 +69,17 @@ def main() -> None:
     loader = CachedLoader(dataset, params, batch_size=4, nb_worker=args.workers, seed=11, cache_setting=cache, **ranks)
     result: dict[str, object] = {"rank": rank, "len": len(loader), "epochs": [], "modes": [], "computed": []}
     state_file = os.path.join(args.out, f"state-{rank}.json")
-    if args.resume:
-        with open(state_file) as f:
+    if args.resume or args.resume_from is not None:
+        with open(os.path.join(args.out, f"state-{rank if args.resume_from is None else args.resume_from}.json")) as f:
             loader.load_state_dict(json.load(f))
     with loader:
-        for _ in range(args.epochs):
+        for epoch in range(args.epochs):
             served: list[int] = []
             for batch in loader:
                 served += batch["y"].tolist()
                 if synced:
                     dist.all_reduce(torch.tensor([len(batch["y"])]))  # lockstep, as a DDP step would be
-                if args.stop_after is not None and len(served) == args.stop_after * 4:
+                if args.stop_after is not None and epoch == args.stop_epoch and len(served) == args.stop_after * 4:
                     with open(state_file, "w") as f:
                         json.dump(loader.state_dict(), f)
                     break
@@ -86,7 +88,8 @@ def main() -> None:
             result["computed"].append(loader.epoch_stats[-1].computed)  # type: ignore[attr-defined]
         result["store"] = loader.store.path if loader.store is not None else None
     result["calls"] = sorted(read_calls(calls))
-    with open(os.path.join(args.out, f"node{rank}{'-resumed' if args.resume else ''}.json"), "w") as f:
+    resumed = args.resume or args.resume_from is not None
+    with open(os.path.join(args.out, f"node{rank}{'-resumed' if resumed else ''}.json"), "w") as f:
         json.dump(result, f)
     if synced:
         dist.barrier()

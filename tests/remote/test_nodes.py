@@ -268,3 +268,46 @@ def test_one_node_of_two_ranks_publishes_what_it_computed(tmp_path, weed, remote
     stores_hold_everything([prefix])
     with open_store(prefix, readonly=True) as store:
         assert open_remote(remote_url, options(weed), local=store).generation_ids() == [0]  # whichever committed
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+@pytest.mark.parametrize("stopped_in", ["generate", "read"])
+def test_an_epoch_of_nodes_resumes_on_another_number_of_ranks(tmp_path, weed, remote_url, stopped_in):
+    # Two nodes of one rank stop after 3 batches of the generate epoch (computed in parts) or of the read
+    # epoch after it; rank 0's state is loaded on every rank of two nodes of two ranks each. The epoch goes
+    # on where the two ranks stopped (each sample served once across both runs, none computed twice). On
+    # one node the state is refused, saying why: the nodes split the generation by their number.
+    prefixes = [tmp_path / f"node{k}" / "cache" for k in range(2)]
+
+    def run(nodes: int, per_node: int, *extra: str) -> list[tuple[int, str]]:
+        port = free_port()
+        return finish([subprocess.Popen([str(TORCHRUN), f"--nnodes={nodes}", f"--nproc_per_node={per_node}",
+                                         f"--node_rank={k}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                                         "--local_addr=127.0.0.1", str(SCRIPT), str(tmp_path), str(prefixes[k]),
+                                         remote_url, *extra], env=node_env(weed), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                       for k in range(nodes)])
+
+    e = 0 if stopped_in == "generate" else 1
+    for code, err in run(2, 1, "--epochs", str(e + 1), "--stop-after", "3", "--stop-epoch", str(e)):
+        assert code == 0, err[-3000:]
+    first = [json.loads((tmp_path / f"node{r}.json").read_text()) for r in range(2)]
+    if not e:
+        (code, err), = run(1, 1, "--epochs", "2", "--resume-from", "0")
+        assert code != 0 and "taken on a job of another number of nodes (2; this one has 1)" in err, err[-3000:]
+    for code, err in run(2, 2, "--epochs", str(2 - e), "--resume-from", "0"):
+        assert code == 0, err[-3000:]
+    rest = [json.loads((tmp_path / f"node{r}-resumed.json").read_text()) for r in range(4)]
+    served = [i for r in first for i in r["epochs"][e]] + [i for r in rest for i in r["epochs"][0]]
+    assert sorted(served) == list(range(N)), "the rest of the epoch, each sample once"
+    assert len({len(r["epochs"][0]) for r in rest}) == 1, "every rank serves as many batches"
+    if not e:
+        for k in range(2):  # each node the rest of its own part
+            assert sorted(first[k]["epochs"][0] + rest[2 * k]["epochs"][0] + rest[2 * k + 1]["epochs"][0]) == list(
+                range(k * N // 2, (k + 1) * N // 2))
+    calls = [c for r in rest for c in r["calls"]]  # those of both runs (the files are added to)
+    assert sorted(calls) == list(range(N)), "each sample computed once"
+    assert all(r["modes"] == ["generate", "read"][e:] for r in rest)
+    if not e:  # the next epoch reads the whole
+        assert sorted(i for r in rest for i in r["epochs"][1]) == list(range(N))
+    stores_hold_everything(prefixes)
