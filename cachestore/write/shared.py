@@ -224,9 +224,21 @@ class SharedWriter:
         """Sorted indices every member together has written so far (all of them once it is committed)."""
         try:
             return np.flatnonzero(done_map(self.path, self.num_samples)).astype(np.int64)
-        except FileNotFoundError:  # committed by another member (or removed)
-            return (np.arange(self.num_samples, dtype=np.int64) if self._committed()
-                    else np.zeros(0, dtype=np.int64))
+        except FileNotFoundError:  # committed by another member, being committed, or removed
+            if not self._committed() and self.state == "open":
+                self._wait_for_committer()  # it unlinks the done map before the rename: nothing would look done
+            return np.arange(self.num_samples, dtype=np.int64) if self._committed() else np.zeros(0, dtype=np.int64)
+
+    def _wait_for_committer(self) -> None:
+        """Wait for the member holding the commit lock (on a description of its own: this writer's may hold it)."""
+        try:
+            fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDWR)
+        except OSError:
+            return
+        try:
+            _commit_lock(fd, wait=True)
+        finally:
+            os.close(fd)
 
     def complete(self) -> bool:
         """Whether every sample is in (written by some member, or committed)."""

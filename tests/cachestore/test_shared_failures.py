@@ -228,3 +228,72 @@ def test_an_area_written_again_after_its_generation_was_published_is_dropped_as_
         assert writer.commit() is None
         assert writer.state == "left"
         assert shared_areas(path) == [] and not members_path(writer.path).exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_join_that_meets_a_commit_under_way_waits_for_it_rather_than_finding_nothing_done(path, monkeypatch):
+    # The committer unlinks the done map before it renames the area: a process joining between the two
+    # found no sample done, computed them all again and served those values beside the committed ones
+    # (chaos seed 6193, under load). The interleaving is forced: the joiner reads the area's record (not
+    # committing yet), then the committer runs up to the rename and holds there, then the joiner reads
+    # the done map; the rename goes on once the joiner has looked whether the generation is committed.
+    import threading
+
+    from cachestore.write import shared
+
+    at_rename, release, looked = threading.Event(), threading.Event(), threading.Event()
+    store = open_store(path, "memmap", fingerprint=FP)
+    member = store.join(0, N)
+    for i in range(N):
+        member.put(i, sample(i))
+    real_commit = store.backend.commit
+
+    def held_commit(*args, **kwargs):
+        at_rename.set()
+        assert release.wait(60)
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(store.backend, "commit", held_commit)
+    committer = threading.Thread(target=member.commit)
+    joiner_thread: list[threading.Thread] = []
+    real_record, real_committed = shared.staging_record, shared.SharedWriter._committed
+
+    def record_then_commit(*args, **kwargs):
+        found = real_record(*args, **kwargs)
+        if threading.current_thread() in joiner_thread and not committer.is_alive() and not at_rename.is_set():
+            committer.start()
+            assert at_rename.wait(60)
+        return found
+
+    def committed(self):
+        answer = real_committed(self)
+        if threading.current_thread() in joiner_thread and at_rename.is_set():
+            looked.set()
+        return answer
+
+    monkeypatch.setattr(shared, "staging_record", record_then_commit)
+    monkeypatch.setattr(shared.SharedWriter, "_committed", committed)
+    outcome: list[object] = []
+
+    def join() -> None:
+        other = open_store(path, "memmap", fingerprint=FP)
+        try:
+            writer = other.join(0, N)
+            outcome.append(len(writer.present()))
+            writer.abort()
+        except GenerationCommitted:
+            outcome.append("committed")
+        finally:
+            other.close()
+
+    joiner = threading.Thread(target=join)
+    joiner_thread.append(joiner)
+    joiner.start()
+    assert looked.wait(60), "the joiner never looked whether the generation is committed"
+    release.set()
+    joiner.join(60)
+    committer.join(60)
+    assert not joiner.is_alive() and not committer.is_alive()
+    assert outcome == ["committed"], "the join found an area under commit and took its samples for not done"
+    store.close()
+    assert committed_values(path) == list(range(N))
