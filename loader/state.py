@@ -26,7 +26,7 @@ from .epochs.rotation import batch_sizes
 from .executors.positions import StreamAt
 from .settings import LoaderSettings, RotationSettings
 from .state_bounds import check_bounds
-from .state_fields import check_ahead, check_blocks, check_field, check_history, natural, torchdata_view
+from .state_fields import check_ahead, check_blocks, check_field, check_history, natural, other_node, torchdata_view
 
 #: 2: a stream copy's position is ``[its dataset's state, its iterator's]`` (1: the dataset's alone). A
 #: version 1 state without a stream position means the same in both, and loads.
@@ -179,15 +179,8 @@ def check_state(state: object, settings: LoaderSettings, num_samples: int, sampl
         "nb_consumer") == mine["nb_consumer"] and theirs.get("consumer_index") != mine["consumer_index"]
     if other_rank:
         theirs["consumer_index"] = mine["consumer_index"]
-    # Another node's state (rank 0's, loaded on every rank of every node): the nodes go on in step, each
-    # with its own part, as another rank's above; on another number of nodes the parts are not the same.
-    node, their_node = mine.get("node"), theirs.get("node")
-    if isinstance(node, list) and isinstance(their_node, list) and their_node != node:
-        if len(their_node) != 2 or their_node[1] != node[1]:
-            raise ValueError(f"this state was taken on a job of another number of nodes ({their_node[-1]!r}; this "
-                             f"one has {node[1]}): the nodes split each generation and epoch by their number, so "
-                             "a state resumes on as many nodes, each with any number of ranks")
-        other_rank, theirs["node"] = True, node
+    if other_node(mine, theirs):
+        other_rank = True
     for name, value in mine.items():
         if theirs.get(name) != value:
             raise ValueError(f"this state was taken from a loader with another {name} ({theirs.get(name)!r}; "

@@ -1,5 +1,6 @@
 """The fields of a loader state beyond where an epoch stopped, checked: the batches served out of order
-(``in_order=False``), the legs an epoch ran on other numbers of ranks, and the order it was served in.
+(``in_order=False``), the legs an epoch ran on other numbers of ranks, the order it was served in, and
+whether it is another node's.
 
 A state is input (docs/ARCHITECTURE.md, "Untrusted stores"): each field is checked for what it may hold
 before :func:`loader.state.check_state` builds the loaded state from it.
@@ -72,3 +73,23 @@ def torchdata_view(stream: dict[str, object]) -> dict[str, object]:
         workers[f"worker_{i}"] = {"worker_id": i, "dataset_state": ds,
                                   "fetcher_state": {"dataset_iter_state": it, "fetcher_ended": done}}
     return {"_worker_snapshots": workers}
+
+
+def other_node(mine: dict[str, object], theirs: dict[str, object]) -> bool:
+    """Whether `theirs` is another node's state (rank 0's, loaded on every rank of every node), made this
+    node's: the nodes go on in step, each with its own part, as another rank's does.
+
+    Raises
+    ------
+    ValueError
+        It was taken on another number of nodes, whose parts are not these.
+    """
+    node, their_node = mine.get("node"), theirs.get("node")
+    if not isinstance(node, list) or not isinstance(their_node, list) or their_node == node:
+        return False
+    if len(their_node) != 2 or their_node[1] != node[1]:
+        raise ValueError(f"this state was taken on a job of another number of nodes ({their_node[-1]!r}; this "
+                         f"one has {node[1]}): the nodes split each generation and epoch by their number, so "
+                         "a state resumes on as many nodes, each with any number of ranks")
+    theirs["node"] = node
+    return True

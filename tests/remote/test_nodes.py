@@ -271,7 +271,7 @@ def test_one_node_of_two_ranks_publishes_what_it_computed(tmp_path, weed, remote
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-@pytest.mark.parametrize("stopped_in", ["generate", "read"])
+@pytest.mark.parametrize("stopped_in", ["generate", pytest.param("read", marks=long)])
 def test_an_epoch_of_nodes_resumes_on_another_number_of_ranks(tmp_path, weed, remote_url, stopped_in):
     # Two nodes of one rank stop after 3 batches of the generate epoch (computed in parts) or of the read
     # epoch after it; rank 0's state is loaded on every rank of two nodes of two ranks each. The epoch goes
