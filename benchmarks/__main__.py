@@ -2,7 +2,7 @@
 
 How much faster than torch's ``DataLoader`` is CachedLoader, and how close to
 the machine's limits (memcpy bandwidth) does it get? Each scenario lives in its
-own module; this one picks the sizes (on 2 cores a full run takes about 18-21
+own module; this one picks the sizes (on 2 cores a full run takes about 24
 minutes, ``--quick`` about 6), runs them and hands the results to
 :mod:`benchmarks.report`. Results go to ``benchmarks/results/<date>.{json,md,png}``.
 

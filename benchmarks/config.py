@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # backend's throughput case leaves the heap fragmented: freed memory glibc does not hand back)
 SCENARIOS = ["memcpy", "memory",
              # a dataset of a million Python objects, each run a process of its own (memory_objects.py): about
-             # 8 minutes of a full run
+             # 2.5 minutes of a full run
              "memory_objects", "expensive", "rotation", "read_transform", "training_step", "setup_time", "throughput",
              "latency", "larger_than_memory",
              # several processes on one store (sweep.py, torchrun_node.py): about 2.5 minutes of a full run
