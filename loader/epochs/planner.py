@@ -199,25 +199,23 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     """
     n, per_rank = len(indices), layout.batches(s.batch_size, s.drop_last)
     generation, mode, notes = ready.choice.generation, ready.choice.mode, ready.choice.notes
-    # Resumed on another number of ranks a node (the nodes as many): the legs before served the first
-    # samples of their own deals (_split), the ranks there are now split the rest.
+    # Resumed on another number of ranks per node (as many nodes): the legs before served the first
+    # samples of their own deals (_split), and the ranks there are now split the rest.
     elastic = bool(skip) and (len(legs) > 1 or (legs and legs[0][0] != layout.local_ranks))
     if mode == EpochMode.READ:
-        deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
-        _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
-                                  per_rank, layout.even)
         if elastic:
             _, batches, skip, _ = _split(lambda count: node_deck(n, epoch, seed, count, s.shuffle), skip, s, (
                 layout.nb_consumer, layout.consumer_index, tuple((r * layout.nodes, upto) for r, upto in legs),
                 per_rank))
+        else:
+            deck = node_deck(n, epoch, seed, layout.nb_consumer, s.shuffle)
+            _, batches = rank_batches(deck, layout.nb_consumer, layout.consumer_index, s.batch_size, s.drop_last,
+                                      per_rank, layout.even)
         info, choice = ready.info(generation), ready.read_choice(generation)
         return ReadPlan(epoch, batches[skip:], indices, generation, notes, order=read_order(choice, s, None, dealt=True),
                         committed_at=info.created if info is not None else None, stream=choice.stream,
                         remote="direct" in notes)
     start, stop = cache.remote.own_part(n) if cache.remote is not None else (0, n)
-    cap = per_rank * s.batch_size  # what a read epoch serves; the rest of the share is written unserved
-    if layout.even:  # each rank serves n // ranks (DistributedSampler(drop_last=True))
-        cap = min(cap, layout.num_samples // layout.nb_consumer)
     if elastic:
         share, batches, skip, before = _split(
             lambda count: start + node_deck(stop - start, epoch, seed, count, s.shuffle), skip, s,
@@ -227,6 +225,9 @@ def plan_cluster_epoch(epoch: int, skip: int, s: LoaderSettings, indices: np.nda
     else:
         deck = start + node_deck(stop - start, epoch, seed, layout.local_ranks, s.shuffle)
         share = deck[layout.local_rank::layout.local_ranks]
+        cap = per_rank * s.batch_size  # what a read epoch serves; the rest of the share is written unserved
+        if layout.even:  # each rank serves n // ranks (DistributedSampler(drop_last=True))
+            cap = min(cap, layout.num_samples // layout.nb_consumer)
         mine, batches = rank_batches(share[:cap], 1, 0, s.batch_size, s.drop_last, per_rank)
         served = sum(len(b) for b in batches)
         rest = np.concatenate([mine[served:], share[cap:]])
