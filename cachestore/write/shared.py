@@ -225,9 +225,10 @@ class SharedWriter:
         try:
             return np.flatnonzero(done_map(self.path, self.num_samples)).astype(np.int64)
         except FileNotFoundError:  # committed by another member, being committed, or removed
-            if not self._committed() and self.state == "open":
+            if not (committed := self._committed()) and self.state == "open":
                 self._wait_for_committer()  # it unlinks the done map before the rename: nothing would look done
-            return np.arange(self.num_samples, dtype=np.int64) if self._committed() else np.zeros(0, dtype=np.int64)
+                committed = self._committed()
+            return np.arange(self.num_samples, dtype=np.int64) if committed else np.zeros(0, dtype=np.int64)
 
     def _wait_for_committer(self) -> None:
         """Wait for the member holding the commit lock (on a description of its own: this writer's may hold it)."""
@@ -261,9 +262,8 @@ class SharedWriter:
     def commit(self, extra: dict[str, object] | None = None) -> GenerationInfo | None:
         """Leave; when every sample is in, publish the generation (unless another member does now).
 
-        Returns the committed generation, or ``None`` when it is incomplete
-        (left to the members still writing, or a partial generation), or
-        committed by another member.
+        Returns the committed generation, or ``None`` when it is incomplete (left to the members still
+        writing, or a partial generation), or committed by another member.
         """
         self._check_open()
         self._close_own()
