@@ -6,8 +6,9 @@ default, on where it can work) or ``True``, the loader opens generation ``g + 1`
 its samples to the workers in small chunks, a few per worker queued ahead so
 the workers stay busy while the training loop runs; a worker always takes a
 batch task before a queued chunk, so a batch waits at most for the chunk being
-computed. At the first
-epoch of ``g + 1`` the rest (if any) is finished, the generation committed,
+computed. The last epoch of ``g`` commits it as it ends where every chunk is
+handed out (:meth:`loader.epochs.runner.EpochRunner._commit_refresh`); otherwise, at the
+first epoch of ``g + 1``, the rest is finished, the generation committed,
 and the epoch reads it like any other: the refresh epoch costs what a cached
 epoch costs. A refresh that completes before that asks the workers to close
 (and sync) their shards at once, in their idle time: done at the start of
@@ -227,8 +228,10 @@ def start_refresh(cache: CacheController, host: ExecutorHost, res: HostResources
 
 
 def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: ExecutorHost, res: HostResources,
-                     epoch: int, timeout: float | None) -> bool:
+                     epoch: int, timeout: float | None, prune: bool = True) -> bool:
     """The first epoch of the refreshed generation: finish and commit it; ``False`` to write it the usual way.
+    `prune`: older generations go with the commit (``False``: committed as the epoch before ends, which
+    the caller prunes at the new generation's first epoch).
 
     A refresh that cannot complete (a worker's shard failed to close, the
     commit does not fit) gives up for the rest of the run, with a log line.
@@ -241,7 +244,7 @@ def complete_refresh(refresh: BackgroundRefresh, cache: CacheController, host: E
         problem = refresh.failed or build.finish(executor) or "; ".join(refresh.flush_errors) or None
         if problem is None:
             try:
-                if cache.commit(build, epoch, background=True) is not None:
+                if cache.commit(build, epoch, background=True, prune=prune) is not None:
                     return True
                 if len(build.writer.present()) == len(build.have):
                     # Written together with other processes, one of which commits it: the epoch reads it.

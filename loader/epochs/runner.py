@@ -13,6 +13,7 @@ chosen once, when the loader starts. The path of a batch is described in
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict
 from typing import Iterator
@@ -42,6 +43,8 @@ from .planner import plan_cluster_epoch, plan_epoch, stream_plan
 from .prepare import prepare
 from .windows import DiskWindow
 
+log = logging.getLogger(__name__)
+
 #: Epochs that show progress (see the ``progress`` argument) do once they take this many seconds.
 PROGRESS_DELAY = 3.0
 
@@ -68,6 +71,7 @@ class EpochRunner:
         # (epoch, batches served, batches past them served out of order) of the epoch being planned
         self._ahead: tuple[int, int, frozenset[int]] | None = None
         self._blocks_before: tuple[int, bool] | None = None  # (epoch, served in block order) of a loaded state
+        self._unpruned: int | None = None  # a generation committed early; older ones go at its first epoch
         if settings.rotation is not None:
             self.ctx.open_window()
         if not settings.dataset.stream:  # a stream's workers start at its first epoch that iterates it
@@ -177,6 +181,7 @@ class EpochRunner:
             ctx.host.shrink_slots()
         self._slots_sized = False
         waited = settle_stream_refresh(ctx, epoch)  # a stream's next generation, written in the background
+        self._prune_before(epoch)
         kind = self.choose(epoch, skip)
         plan = kind.plan
         stats = EpochStats(epoch, plan.mode, plan.generation, extra={**plan.notes, **waited})
@@ -186,6 +191,7 @@ class EpochRunner:
             ctx.res.executor.begin_epoch()  # max_worker_restarts counts per epoch
         kind.begin(stats)
         yield from self._serve(kind, stats, start)
+        self._commit_refresh(epoch, stats)
         if ctx.retire_workers:
             # As the epoch ends (the loop may validate before the next one), once what it held here
             # (its plan, its build) is freed: fresh forks would share those pages, and keep them alive
@@ -194,6 +200,31 @@ class EpochRunner:
             ctx.retire_workers = False
             ctx.host.retire()
             trim_heap()  # what the epoch's batches freed, kept by the allocator (loader/heap.py)
+
+    def _commit_refresh(self, epoch: int, stats: EpochStats) -> None:
+        """As the last epoch of a generation ends: commit the next one now where a background refresh handed out
+        all of it (waiting for its last chunks), so that the next epoch's first batch waits only for its own
+        reads (docs/epochs.md, "Epoch plan"). Its time counts as this epoch's wait. The older generations stay
+        until the new one's first epoch (:meth:`_prune_before`): the loop may go back to an epoch of theirs
+        (``set_epoch``) first."""
+        ctx, refresh = self.ctx, self.ctx.refresh
+        if (refresh is None or refresh.todo or refresh.failed is not None or ctx.cache is None
+                or ctx.cache.generation_for(epoch + 1) != refresh.generation):
+            return
+        t0 = time.perf_counter()
+        if refreshed(ctx, refresh.generation, epoch + 1, prune=False):
+            self._unpruned = refresh.generation
+        stats.wait_seconds += time.perf_counter() - t0
+
+    def _prune_before(self, epoch: int) -> None:
+        """At the first epoch of a generation committed early (:meth:`_commit_refresh`): prune the older ones."""
+        cache, generation = self.ctx.cache, self._unpruned
+        if cache is None or generation is None or cache.generation_for(epoch) < generation:
+            return
+        self._unpruned = None
+        removed = cache.store.prune(keep=1)
+        log.info("epoch %d reads generation %d, committed as the epoch before it ended; pruned %d old item(s)",
+                 epoch, generation, len(removed))
 
     def _serve(self, kind: EpochKind, stats: EpochStats, start: float) -> Iterator[Batch]:
         """The batches `kind` yields, timed (the training loop's time is not the epoch's), moved."""

@@ -5,9 +5,10 @@ epoch starts the refresh of the next generation (or goes on with the one
 running) and is read by the workers, whose spare time the refresh takes
 (:mod:`loader.cache.refresh` schedules its chunks between the batch tasks).
 When no refresh is due (the next generation is committed, or the budget has
-no room for it) the epoch reads as any read epoch does. The first epoch of
-``g + 1`` finishes the refresh and commits it (:func:`refreshed`, a step
-before its plan: :mod:`loader.epochs.prepare`), then reads it.
+no room for it) the epoch reads as any read epoch does. The last epoch of ``g``
+commits the refresh as it ends where every chunk is handed out; otherwise the
+first epoch of ``g + 1`` finishes the refresh and commits it (:func:`refreshed`,
+a step before its plan: :mod:`loader.epochs.prepare`), then reads it.
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ class RefreshEpoch(ReadEpoch):
         return workers
 
 
-def refreshed(ctx: EpochContext, generation: int, epoch: int) -> bool:
+def refreshed(ctx: EpochContext, generation: int, epoch: int, prune: bool = True) -> bool:
     """Whether a background refresh had computed `generation` and committed it now (epoch `epoch`, the
-    generation's first, then reads it); ``False``: the epoch writes it the usual way."""
+    generation's first, then reads it; `prune`: older generations go with the commit); ``False``: the
+    epoch writes it the usual way."""
     refresh = ctx.refresh
     if refresh is None or refresh.generation != generation or ctx.cache is None:
         return False
     ctx.refresh = None
     try:
-        done = complete_refresh(refresh, ctx.cache, ctx.host, ctx.res, epoch, ctx.settings.timeout)
+        done = complete_refresh(refresh, ctx.cache, ctx.host, ctx.res, epoch, ctx.settings.timeout, prune)
     except BaseException:
         ctx.refresh = None  # the workers were killed with it
         raise

@@ -156,3 +156,39 @@ def test_a_completed_refresh_has_the_workers_close_their_shards_at_once():
     assert executor.flushes == 1, "asked once"
     assert refresh.handle(m.ShardFlushed(0)) and refresh.handle(m.ShardFlushed(1, error="OSError: disk full"))
     assert refresh.flush_errors == ["OSError: disk full"]
+
+
+def test_the_last_epoch_of_a_generation_commits_the_refresh_as_it_ends(no_leaks):
+    """Every chunk of generation 1 is handed out in epoch 1 (8 samples, 8 chunks in flight): epoch 2, the last of
+    generation 0, commits it in the `next()` that ends it, so epoch 3's first batch waits only for its reads.
+    Generation 0 goes at epoch 3 (the loop might have gone back to one of its epochs: see
+    tests/loader/test_accidents.py, ``set_epoch``)."""
+    prefix = no_leaks / "c"
+    gens = lambda: sorted(p.name for p in prefix.iterdir() if p.name.startswith("gen-"))  # noqa: E731
+    with CachedLoader(ArangeDataset, {"n": 8, "augment": True}, batch_size=4, nb_worker=2, seed=1,
+                      cache_setting={"prefix": str(prefix), "update_frequency": 3,
+                                     "background_refresh": True}) as loader:
+        epochs = [served(loader) for _ in range(2)]
+        assert gens() == ["gen-000000"]
+        it = iter(loader)
+        epochs.append(served_from(it, 2))
+        assert gens() == ["gen-000000"], "read while its last batch is in the loop"
+        with pytest.raises(StopIteration):
+            next(it)
+        assert gens() == ["gen-000000", "gen-000001"], "committed as epoch 2 ended; generation 0 kept"
+        epochs.append(served(loader))
+        assert gens() == ["gen-000001"], "pruned at generation 1's first epoch"
+        stats = loader.epoch_stats
+    assert [s.mode for s in stats] == ["generate", "read", "read", "read"]
+    assert [s.generation for s in stats] == [0, 0, 0, 1]
+    assert all(sorted(e) == list(range(8)) for e in epochs)
+    assert not all(np.array_equal(epochs[0][i], epochs[3][i]) for i in range(8)), "epoch 3 reads the refresh"
+
+
+def served_from(it, batches: int) -> dict[int, np.ndarray]:
+    """The samples of the next `batches` batches of the epoch `it` iterates."""
+    out = {}
+    for _ in range(batches):
+        b = next(it)
+        out.update({y: np.array(x) for y, x in zip(b["y"].tolist(), b["x"])})
+    return out
