@@ -28,6 +28,7 @@ class WorkerSegments:
 
     def __init__(self) -> None:
         self._maps: dict[int, tuple[str, int, mmap.mmap]] = {}  # slot -> (name, fd, mapping)
+        self._allocated: dict[int, int] = {}  # slot -> bytes this worker made sure are allocated
 
     def get(self, slot: int, name: str, size: int = 0) -> mmap.mmap:
         """A mapping of slot `name`, at least `size` bytes long (the file may have grown)."""
@@ -58,9 +59,14 @@ class WorkerSegments:
         return m
 
     def buffer_for(self, slot: int, name: str, size: int, needed: int) -> tuple[mmap.mmap, str, int]:
-        """A mapping of at least `needed` bytes for `slot`, growing the slot when it is smaller."""
+        """A mapping of at least `needed` bytes for `slot`, growing the slot when it is smaller; their pages
+        allocated (:mod:`loader.executors.process.shm`)."""
         if needed <= size:
-            return self.get(slot, name, size), name, size
+            m = self.get(slot, name, size)
+            if self._allocated.get(slot, 0) < needed:
+                allocate(self._maps[slot][1], size, needed)
+                self._allocated[slot] = needed
+            return m, name, size
         new_size = slot_size_for(needed)
         old = self.get(slot, name, size)
         _, fd, _ = self._maps[slot]
@@ -68,8 +74,9 @@ class WorkerSegments:
         # In place: the slot keeps its name, and the training process maps the new size when the
         # result tells it. The slot is lent to this task alone, so nobody reads it meanwhile.
         try:
-            allocate(fd, new_size)
+            allocate(fd, new_size, needed)
             m = mmap.mmap(fd, new_size)
+            self._allocated[slot] = needed
         except BaseException:
             self._drop(slot)  # its closed mapping must not be served to the next task (it maps the slot anew)
             raise
@@ -92,6 +99,7 @@ class WorkerSegments:
         return len(self._maps)
 
     def _drop(self, slot: int) -> None:
+        self._allocated.pop(slot, None)
         _, fd, m = self._maps.pop(slot)
         close_quietly(m)
         os.close(fd)

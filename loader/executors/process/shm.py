@@ -28,9 +28,13 @@ last view dies (a ``weakref.finalize`` on a per-batch ctypes exporter, the
 one object every view keeps alive). A batch larger than its slot is written
 by the worker after growing the slot's file in place (``ftruncate``); the
 training process maps the larger size when the result says so. A slot's
-pages are allocated when it is created or grown (``posix_fallocate``), so a
-full ``/dev/shm`` or memory limit is an ``OSError`` there, never a SIGBUS
-when a page is first touched.
+pages are allocated before a batch is written into them (``posix_fallocate``:
+by the training process for the bytes of the largest batch it has seen, when
+it creates the slot, and by the worker for the bytes of the batch it writes),
+so a full ``/dev/shm`` or memory limit is an ``OSError`` there, never a SIGBUS
+when a page is first touched. The spare quarter a slot is sized with (for a
+batch a little larger than the last) is only allocated where a batch needs
+it: resident, it was a quarter more memory for every slot of every epoch.
 """
 
 from __future__ import annotations
@@ -94,11 +98,13 @@ def path_of(name: str) -> str:
     return os.path.join(_SHM_DIR, name)
 
 
-def allocate(fd: int, size: int) -> None:
-    """Make the file of `fd` `size` bytes long, with its pages allocated now (see the module docstring)."""
+def allocate(fd: int, size: int, used: int | None = None) -> None:
+    """Make the file of `fd` at least `size` bytes long, with the pages of its first `used` bytes (all of them by
+    default) allocated now (see the module docstring)."""
     try:
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, min(size, size if used is None else max(1, used)))
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
             return  # no fallocate here: pages come on first touch, as with any mapping

@@ -107,6 +107,7 @@ class SlotPool:
         # allocation made while this thread holds the lock (in acquire or shrink).
         self._lock = threading.RLock()
         self.size_hint = MIN_SLOT
+        self.used_hint = MIN_SLOT  # bytes of a new slot allocated now: the largest batch of the last epoch
         self.closed = False
         self._orphans: dict[tuple[int, int, int], int] = {}
         self.floor = initial_slots
@@ -136,7 +137,7 @@ class SlotPool:
                 raise too_many_open_files(len(self._names)) from exc
             raise
         try:
-            allocate(fd, size)
+            allocate(fd, size, self.used_hint)
             m = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -248,7 +249,7 @@ class SlotPool:
             for slot in retire:
                 self._free.remove(slot)
             if largest:
-                self.size_hint = slot_size_for(largest)
+                self.size_hint, self.used_hint = slot_size_for(largest), largest
             return [self._retire(slot) for slot in retire]
 
     def _retire(self, slot: int) -> str:

@@ -131,6 +131,61 @@ def test_a_slot_grown_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
         assert not [p for p in os.listdir(mount) if p.startswith("cachestore-")]
 
 
+def _write_past_the_allocated_part_on_full_shm(mount: str, conn) -> None:
+    """In a child whose slots are files on the small tmpfs `mount`: a slot of 4 MiB with 1 MiB allocated, the
+    mount filled, a batch of 3 MiB written into it (no growth: it fits the slot's size); report."""
+    shm._SHM_DIR = mount
+    pool = SlotPool(0, memfd=False)
+    pool.size_hint, pool.used_hint = 4 << 20, 1 << 20
+    worker = WorkerSegments()
+    try:
+        slot, name, size = pool.acquire()
+        fill(mount)
+        try:
+            write_batch(worker, slot, name, size, {"x": np.zeros(3 << 17, np.int64)})
+            conn.send("written")
+        except OSError as exc:
+            conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        worker.close()
+        pool.close()
+
+
+def test_a_batch_past_a_slots_allocated_part_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
+    # A slot's spare quarter is not allocated when the slot is made: the worker allocates what its batch
+    # needs before writing it, so the full tmpfs is an OSError there, not a SIGBUS in the copy.
+    with mounted_tmpfs(tmp_path / "shm", "4m") as mount:
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_write_past_the_allocated_part_on_full_shm, args=(str(mount), theirs))
+        proc.start()
+        try:
+            assert ours.poll(30), f"the worker died with exit code {proc.exitcode} (-7: a SIGBUS)"
+            assert "cannot allocate" in ours.recv()
+        finally:
+            proc.join(30)
+        assert proc.exitcode == 0
+
+
+@pytest.mark.parametrize("memfd", MODES)
+def test_a_slots_spare_quarter_takes_no_memory_until_a_batch_needs_it(memfd):
+    pool = SlotPool(0, memfd=memfd)
+    pool.size_hint, pool.used_hint = shm.slot_size_for(3 << 20), 3 << 20  # as after an epoch of 3 MiB batches
+    worker = WorkerSegments()
+    try:
+        slot, name, size = pool.acquire()
+        fd = os.open(shm.path_of(name), os.O_RDONLY)
+        try:
+            assert size == 4 << 20 and os.fstat(fd).st_blocks * 512 == 3 << 20, "the batch's bytes, not the spare"
+            write_batch(worker, slot, name, size, {"x": np.ones((7 << 20) // 16, np.int64)})  # 3.5 MiB
+            assert os.fstat(fd).st_blocks * 512 == 7 << 19, "allocated by the worker before it wrote"
+        finally:
+            os.close(fd)
+    finally:
+        worker.close()
+        pool.close()
+
+
 _KEEP_EVERY_BATCH = """
 import resource, sys
 import numpy as np
