@@ -104,7 +104,7 @@ def allocate(fd: int, size: int, used: int | None = None) -> None:
     try:
         if os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, min(size, size if used is None else max(1, used)))
+        os.posix_fallocate(fd, 0, size if used is None else max(1, min(used, size)))
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
             return  # no fallocate here: pages come on first touch, as with any mapping
