@@ -95,16 +95,20 @@ def test_the_sweep_of_dead_segments_leaves_names_it_did_not_make(pid):
         os.unlink(path)
 
 
-def _grow_on_full_shm(mount: str, conn) -> None:
-    """In a child whose slots are files on the small tmpfs `mount`: fill it, grow a slot; report."""
+def _write_on_full_shm(mount: str, conn, hints: tuple[int, int] | None, elements: int) -> None:
+    """In a child whose slots are files on the small tmpfs `mount`: a slot (of `hints`: its size and the bytes
+    allocated when it is made, else the pool's first), the mount filled, a batch of `elements` int64 written into
+    it; report."""
     shm._SHM_DIR = mount
-    pool = SlotPool(1, memfd=False)
+    pool = SlotPool(1 if hints is None else 0, memfd=False)
+    if hints is not None:
+        pool.size_hint, pool.used_hint = hints
     worker = WorkerSegments()
     try:
         slot, name, size = pool.acquire()
         fill(mount)
         try:
-            write_batch(worker, slot, name, size, {"x": np.zeros(3 << 18, np.int64)})  # 6 MiB: grows the slot
+            write_batch(worker, slot, name, size, {"x": np.zeros(elements, np.int64)})
             conn.send("written")
         except OSError as exc:
             conn.send(f"{type(exc).__name__}: {exc}")
@@ -113,14 +117,21 @@ def _grow_on_full_shm(mount: str, conn) -> None:
         pool.close()
 
 
-def test_a_slot_grown_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
-    # A slot's pages are allocated when it is made or grown: a full /dev/shm (here a small tmpfs standing in
-    # for it) is an OSError there, not a SIGBUS when the batch is copied in. memfd slots are not in
-    # /dev/shm at all: their pages are charged to memory, allocated the same way.
+@pytest.mark.parametrize("hints,elements", [
+    # A slot's pages are allocated when it is made or grown: 6 MiB grows the 1 MiB slot.
+    pytest.param(None, 3 << 18, id="grown"),
+    # Its spare quarter is not allocated when it is made: the worker allocates what its batch needs before
+    # writing it (3 MiB into a 4 MiB slot made with 1 MiB allocated: no growth).
+    pytest.param((4 << 20, 1 << 20), 3 << 17, id="past-the-allocated-part"),
+])
+def test_a_slot_written_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path, hints, elements):
+    # A full /dev/shm (here a small tmpfs standing in for it) is an OSError where the pages are allocated, not
+    # a SIGBUS when the batch is copied in. memfd slots are not in /dev/shm at all: their pages are charged
+    # to memory, allocated the same way.
     with mounted_tmpfs(tmp_path / "shm", "4m") as mount:
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_grow_on_full_shm, args=(str(mount), theirs))
+        proc = ctx.Process(target=_write_on_full_shm, args=(str(mount), theirs, hints, elements))
         proc.start()
         try:
             assert ours.poll(30), f"the worker died with exit code {proc.exitcode} (-7: a SIGBUS)"
@@ -129,42 +140,6 @@ def test_a_slot_grown_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
             proc.join(30)
         assert proc.exitcode == 0
         assert not [p for p in os.listdir(mount) if p.startswith("cachestore-")]
-
-
-def _write_past_the_allocated_part_on_full_shm(mount: str, conn) -> None:
-    """In a child whose slots are files on the small tmpfs `mount`: a slot of 4 MiB with 1 MiB allocated, the
-    mount filled, a batch of 3 MiB written into it (no growth: it fits the slot's size); report."""
-    shm._SHM_DIR = mount
-    pool = SlotPool(0, memfd=False)
-    pool.size_hint, pool.used_hint = 4 << 20, 1 << 20
-    worker = WorkerSegments()
-    try:
-        slot, name, size = pool.acquire()
-        fill(mount)
-        try:
-            write_batch(worker, slot, name, size, {"x": np.zeros(3 << 17, np.int64)})
-            conn.send("written")
-        except OSError as exc:
-            conn.send(f"{type(exc).__name__}: {exc}")
-    finally:
-        worker.close()
-        pool.close()
-
-
-def test_a_batch_past_a_slots_allocated_part_on_a_full_dev_shm_is_an_error_not_a_sigbus(tmp_path):
-    # A slot's spare quarter is not allocated when the slot is made: the worker allocates what its batch
-    # needs before writing it, so the full tmpfs is an OSError there, not a SIGBUS in the copy.
-    with mounted_tmpfs(tmp_path / "shm", "4m") as mount:
-        ctx = mp.get_context("spawn")
-        ours, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_write_past_the_allocated_part_on_full_shm, args=(str(mount), theirs))
-        proc.start()
-        try:
-            assert ours.poll(30), f"the worker died with exit code {proc.exitcode} (-7: a SIGBUS)"
-            assert "cannot allocate" in ours.recv()
-        finally:
-            proc.join(30)
-        assert proc.exitcode == 0
 
 
 @pytest.mark.parametrize("memfd", MODES)
